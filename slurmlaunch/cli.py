@@ -1,0 +1,166 @@
+"""Command-line front end. `launch` takes a fast path with no argparse; everything else uses argparse.
+
+Errors of the SlurmLaunchError family become one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from .errors import SlurmLaunchError
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"slurmlaunch: error: {message}\n")
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if args and args[0] == "launch":
+            from .launch import main as launch_main
+
+            return launch_main(args[1:])
+        return _dispatch(args)
+    except SlurmLaunchError as e:
+        return _fail(str(e))
+    except KeyboardInterrupt:
+        sys.stderr.write("slurmlaunch: interrupted\n")
+        return 130
+
+
+def _parser() -> Any:
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse prints usage too)
+            sys.stderr.write(f"{self.prog}: error: {message}\n")
+            raise SystemExit(2)
+
+    top = Parser(prog="slurmlaunch", allow_abbrev=False,
+                 description="Multi-node PyTorch on Slurm and on this machine, without hand-written scripts.")
+    sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    sub.add_parser("launch", help="inside an allocation: map the task's variables and exec SCRIPT "
+                   "(see slurmlaunch launch --help)", add_help=False)
+
+    env = sub.add_parser("env", allow_abbrev=False, help="show what `launch` would export here")
+    env.add_argument("--json", action="store_true", help="one JSON object of the exported variables")
+
+    hosts = sub.add_parser("hostnames", allow_abbrev=False,
+                           help="expand a Slurm node list, one host per line (like scontrol show hostnames)")
+    hosts.add_argument("expression", nargs="?", help="node list; default $SLURM_JOB_NODELIST")
+
+    s = sub.add_parser("submit", allow_abbrev=False, help="submit SCRIPT as a distributed job")
+    add_submit_options(s)
+    return top
+
+
+def add_submit_options(s: Any) -> None:
+    import argparse
+
+    g = s.add_argument_group("resources")
+    g.add_argument("--nodes", "-N", type=int, default=1, help="nodes (default 1)")
+    g.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node; one rank per GPU (default 0)")
+    g.add_argument("--tasks-per-node", type=int, help="ranks per node (default: GPUs per node, or 1)")
+    g.add_argument("--cpus-per-task", type=int, help="CPUs per rank (sets OMP_NUM_THREADS)")
+    g.add_argument("--cpus-per-gpu", type=int, help="CPUs per GPU (= per rank)")
+    g.add_argument("--mem", help="memory per node, e.g. 64G")
+    g.add_argument("--time", help="time limit: minutes, HH:MM:SS, D-HH:MM:SS")
+    g.add_argument("--partition", "-p")
+    g.add_argument("--account", "-A")
+    g.add_argument("--qos")
+    g.add_argument("--constraint", "-C")
+    g.add_argument("--exclusive", action="store_true")
+    g.add_argument("--gpu-flag", choices=["gpus-per-node", "gres"], default="gpus-per-node",
+                   help="how GPUs are requested: --gpus-per-node=N (default) or --gres=gpu:N")
+    g = s.add_argument_group("job")
+    g.add_argument("--job-name", "-J")
+    g.add_argument("--output-dir", "-o", default="slurmlaunch-logs",
+                   help="logs, the rendered script and the submission record (default ./slurmlaunch-logs)")
+    g.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="export KEY=VALUE to every rank, byte for byte (repeatable)")
+    g.add_argument("--setup", action="append", default=[], metavar="'SHELL LINE'",
+                   help="a shell line run before the ranks start, e.g. 'module load cuda' (repeatable; "
+                        "this one IS run by the shell)")
+    g.add_argument("--sbatch-arg", action="append", default=[], metavar="--OPTION=VALUE",
+                   help="extra sbatch option, written as an #SBATCH line (repeatable)")
+    g.add_argument("--master-port", type=int, help="MASTER_PORT (default: derived from the job id)")
+    g.add_argument("--python", default=sys.executable,
+                   help="interpreter for the ranks (default: this one, %(default)s)")
+    g.add_argument("--template-dir", help="look for templates here first ($SLURMLAUNCH_TEMPLATE_DIR, "
+                   "~/.config/slurmlaunch/templates, then the shipped ones)")
+    g.add_argument("--scheduler", choices=["auto", "slurm", "local"], default="auto",
+                   help="auto: slurm when sbatch is on PATH, else local")
+    g = s.add_argument_group("what and how")
+    g.add_argument("-m", "--module", action="store_true", help="SCRIPT is a Python module")
+    g.add_argument("--no-python", action="store_true", help="SCRIPT is an executable")
+    g.add_argument("--dry-run", action="store_true", help="print the script (or local commands); submit nothing")
+    g.add_argument("--wait", action="store_true", help="follow the job until it ends; exit with its code")
+    g.add_argument("--wait-timeout", type=float, help="give up following after this many seconds")
+    g.add_argument("--cancel-on-interrupt", action="store_true",
+                   help="with --wait: Ctrl-C cancels the job without asking")
+    s.add_argument("script", metavar="SCRIPT")
+    s.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to SCRIPT unchanged")
+
+
+def _dispatch(args: list[str]) -> int:
+    ns = _parser().parse_args(args)
+    if ns.command == "launch":  # only reached with no arguments at all
+        from .launch import main as launch_main
+
+        return launch_main([])
+    if ns.command == "env":
+        return cmd_env(ns.json)
+    if ns.command == "hostnames":
+        return cmd_hostnames(ns.expression)
+    if ns.command == "submit":
+        from .submit import cmd_submit
+
+        return cmd_submit(ns)
+    raise AssertionError(ns.command)
+
+
+def cmd_env(as_json: bool) -> int:
+    import json
+    import os
+
+    from .distenv import mask
+    from .launch import resolve
+
+    dist = resolve(os.environ)
+    exports = dist.exports(os.environ)
+    if as_json:
+        print(json.dumps({k: mask(k, v) for k, v in exports.items()}, sort_keys=True))
+        return 0
+    print(f"detected: {dist.source}" + (" (torchrun owns this process; nothing is changed)"
+                                        if dist.owned_by_torchrun else ""))
+    for note in dist.notes:
+        print(f"note: {note}")
+    same_as = {"GROUP_RANK": "NODE_RANK", "ROLE_RANK": "RANK", "ROLE_WORLD_SIZE": "WORLD_SIZE"}
+    origins = {k: dist.origins.get(k) or dist.origins.get(same_as.get(k, ""), "") for k in exports}
+    origins.setdefault("ROLE_NAME", "torchrun's default role")
+    if "SLURMLAUNCH_LOCAL_DEVICE" in exports:
+        origins["SLURMLAUNCH_LOCAL_DEVICE"] = "CUDA_VISIBLE_DEVICES / LOCAL_RANK (README: GPU rule)"
+    rows = [(k, mask(k, v), origins[k] or "fixed for " + dist.source) for k, v in exports.items()]
+    width = max((len(k) + len(v) for k, v, _ in rows), default=0) + 1
+    for k, v, origin in rows:
+        print(f"  {k}={v}".ljust(width + 3) + f" <- {origin}")
+    return 0
+
+
+def cmd_hostnames(expression: str | None) -> int:
+    import os
+
+    from . import hostlist
+
+    expr = expression if expression is not None else os.environ.get("SLURM_JOB_NODELIST")
+    if expr is None:
+        raise SlurmLaunchError("hostnames: no EXPRESSION given and SLURM_JOB_NODELIST is not set")
+    out = sys.stdout
+    for host in hostlist.iter_hosts(expr):
+        out.write(host + "\n")
+    return 0

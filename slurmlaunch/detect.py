@@ -1,0 +1,296 @@
+"""Which launcher started this task, and the torch distributed environment that follows from it.
+
+Pure: every reader takes a plain mapping of variables plus a :class:`Context` (host name, file reader,
+GPU device count) and returns a :class:`DistEnv`, or None when the environment is not its own.
+Detection order (first match wins), see :data:`READERS`:
+
+1. torchrun owns the process (TORCHELASTIC_RUN_ID set): its variables are left alone;
+2. a Slurm step (SLURM_JOB_ID and SLURM_STEP_ID set); the batch step of a multi-task job is refused;
+3. a plain single process: a world of 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from . import hostlist
+from .distenv import DistEnv
+from .errors import EnvironmentMappingError, HostlistError, PreflightError
+
+Env = Mapping[str, str]
+
+# MASTER_PORT = PORT_BASE + (job id + 1009 * step id) mod PORT_SPAN: below Linux's ephemeral range
+# (32768-60999, where the kernel hands out client ports that could take ours) and above the well-known ones.
+PORT_BASE = 15000
+PORT_SPAN = 17000
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a reader may know beyond the variables; filled in by launch.py, faked freely in tests."""
+
+    hostname: str = "localhost"
+    read_file: Callable[[str], str] = lambda path: ""
+    gpu_device_count: Callable[[], int] = lambda: 0
+
+
+def _first(env: Env, *names: str) -> tuple[str, str] | None:
+    for name in names:
+        value = env.get(name)
+        if value is not None and value != "":
+            return name, value
+    return None
+
+
+def _require(env: Env, *names: str) -> tuple[str, str]:
+    found = _first(env, *names)
+    if found is None:
+        raise EnvironmentMappingError(f"{' or '.join(names)} is not set (needed to place this task)")
+    return found
+
+
+def _int(name: str, value: str, minimum: int = 0) -> int:
+    if not (value.isascii() and value.isdigit()) or int(value) < minimum:
+        raise EnvironmentMappingError(
+            f"{name}={value!r} is not valid (expected an integer >= {minimum})"
+        )
+    return int(value)
+
+
+def derive_port(job_id: int, step_id: int = 0) -> int:
+    """The MASTER_PORT every task of a step computes alike, without talking to the others."""
+    return PORT_BASE + (job_id + 1009 * step_id) % PORT_SPAN
+
+
+def local_device(env: Env, local_rank: int, local_world_size: int, ctx: Context, host: str) -> int | None:
+    """Index of this rank's GPU among those it can see, or None to run on the CPU.
+
+    Reads SLURMLAUNCH_DEVICE ("cpu" forces the CPU), CUDA_VISIBLE_DEVICES (kept as Slurm set it: it is
+    never rewritten), SLURM_GPUS_ON_NODE, and, when CUDA_VISIBLE_DEVICES is unset, the count of
+    /dev/nvidiaN devices. The rule: when a rank sees at least as many GPUs as there are ranks on its
+    node, it uses GPU LOCAL_RANK (Slurm's --gpus-per-node / --gres layout, which slurmlaunch generates);
+    when Slurm bound a subset to each task (--gpus-per-task, --gpu-bind), it uses its first, index 0.
+    """
+    if env.get("SLURMLAUNCH_DEVICE", "").lower() == "cpu":
+        return None
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        visible = ctx.gpu_device_count()
+        described = f"{visible} GPU device(s) in /dev"
+    else:
+        ids = [] if cvd.strip() in ("", "NoDevFiles") else cvd.split(",")
+        visible = len(ids)
+        described = f"CUDA_VISIBLE_DEVICES={cvd!r}"
+    if visible == 0:
+        return None
+    if visible >= local_world_size:
+        return local_rank
+    node_gpus = env.get("SLURM_GPUS_ON_NODE", "")
+    if cvd is not None and node_gpus.isdigit() and int(node_gpus) >= local_world_size:
+        return 0
+    raise PreflightError(
+        f"{local_world_size} ranks on {host} but only {visible} GPU(s) visible ({described}): "
+        f"request at least {local_world_size} GPUs per node, start fewer ranks per node, "
+        f"or set SLURMLAUNCH_DEVICE=cpu to run on the CPU"
+    )
+
+
+def read_torchrun(env: Env, ctx: Context) -> DistEnv | None:
+    """torchrun (torch.distributed.elastic) already set everything: report it, change nothing."""
+    if "TORCHELASTIC_RUN_ID" not in env:
+        return None
+    vals = {}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE"):
+        vals[name] = _int(name, _require(env, name)[1])
+    return DistEnv(
+        source="torchrun",
+        rank=vals["RANK"],
+        local_rank=vals["LOCAL_RANK"],
+        world_size=vals["WORLD_SIZE"],
+        local_world_size=vals["LOCAL_WORLD_SIZE"],
+        node_rank=vals["GROUP_RANK"],
+        num_nodes=vals["GROUP_WORLD_SIZE"],
+        master_addr=env.get("MASTER_ADDR", ""),
+        master_port=_int("MASTER_PORT", env.get("MASTER_PORT", "0")),
+        this_host=ctx.hostname,
+        owned_by_torchrun=True,
+        origins={name: f"{name} (set by torchrun, TORCHELASTIC_RUN_ID={env['TORCHELASTIC_RUN_ID']})"
+                 for name in vals},
+    )
+
+
+def _master(env: Env, default_addr: str, addr_origin: str, default_port: int, port_origin: str
+            ) -> tuple[str, int, dict[str, str]]:
+    """A user-set MASTER_ADDR / MASTER_PORT wins over the derived ones."""
+    origins = {}
+    addr = env.get("MASTER_ADDR") or default_addr
+    origins["MASTER_ADDR"] = "MASTER_ADDR (set by the user)" if env.get("MASTER_ADDR") else addr_origin
+    if env.get("MASTER_PORT"):
+        port = _int("MASTER_PORT", env["MASTER_PORT"], 1)
+        if port > 65535:
+            raise EnvironmentMappingError(f"MASTER_PORT={port} is not valid (expected 1-65535)")
+        origins["MASTER_PORT"] = "MASTER_PORT (set by the user)"
+    else:
+        port, origins["MASTER_PORT"] = default_port, port_origin
+    return addr, port, origins
+
+
+def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
+    """A task of a Slurm job step (started by srun).
+
+    Reads, step-scoped first: SLURM_PROCID; SLURM_STEP_NUM_TASKS > SLURM_NTASKS; SLURM_STEP_NODELIST >
+    SLURM_NODELIST > SLURM_JOB_NODELIST; SLURM_STEP_NUM_NODES > SLURM_NNODES; SLURM_STEP_TASKS_PER_NODE >
+    SLURM_TASKS_PER_NODE; SLURM_NODEID; SLURM_LOCALID; SLURMD_NODENAME; SLURM_JOB_ID; SLURM_STEP_ID;
+    SLURM_CPUS_PER_TASK; SLURM_DISTRIBUTION and SLURM_HOSTFILE (arbitrary distribution: rank 0 runs
+    on the hostfile's first host, not on the first host of the sorted node list).
+    """
+    job = _first(env, "SLURM_JOB_ID", "SLURM_JOBID")
+    if job is None:
+        return None
+    job_id = _int(job[0], job[1])
+    step = _first(env, "SLURM_STEP_ID", "SLURM_STEPID")
+    if step is None:
+        # The batch script (or an salloc shell) carries SLURM_PROCID=0 and the job's SLURM_NTASKS, but
+        # it is no task of a step: treating it as rank 0 of N makes it wait for N-1 ranks forever.
+        ntasks = env.get("SLURM_NTASKS", "1")
+        if ntasks.isdigit() and int(ntasks) > 1:
+            raise EnvironmentMappingError(
+                f"this is the batch step of Slurm job {job_id} (SLURM_STEP_ID is not set, "
+                f"SLURM_NTASKS={ntasks}): start the ranks with srun "
+                f"(srun slurmlaunch launch SCRIPT), not directly in the batch script"
+            )
+        return None
+    step_id = _int(step[0], step[1])
+
+    procid_name, procid_text = _require(env, "SLURM_PROCID")
+    rank = _int(procid_name, procid_text)
+    ntasks_name, ntasks_text = _require(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    world = _int(ntasks_name, ntasks_text, 1)
+    if rank >= world:
+        raise EnvironmentMappingError(
+            f"SLURM_PROCID={rank} is not valid with {ntasks_name}={world} (expected 0..{world - 1})"
+        )
+    nodelist_name, nodelist = _require(env, "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
+    try:
+        hosts_in_list = hostlist.count(nodelist)
+    except HostlistError as e:
+        raise EnvironmentMappingError(f"{nodelist_name}: {e}") from None
+    nnodes_found = _first(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES")
+    nnodes = _int(nnodes_found[0], nnodes_found[1], 1) if nnodes_found else hosts_in_list
+    if nnodes != hosts_in_list:
+        raise EnvironmentMappingError(
+            f"{nodelist_name}={nodelist!r} names {hosts_in_list} hosts but the step has {nnodes} nodes "
+            f"({nnodes_found[0] if nnodes_found else 'count'}={nnodes})"
+        )
+    tpn_name, tpn_text = _require(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+    try:
+        tpn = hostlist.parse_counts(tpn_text)
+    except HostlistError as e:
+        raise EnvironmentMappingError(f"{tpn_name}: {e}") from None
+    if hostlist.counts_length(tpn) != nnodes or hostlist.counts_total(tpn) != world:
+        raise EnvironmentMappingError(
+            f"{tpn_name}={tpn_text!r} is not valid for {nnodes} nodes and {world} tasks "
+            f"(expected {nnodes} counts adding up to {world})"
+        )
+    node_rank = _int("SLURM_NODEID", _require(env, "SLURM_NODEID")[1])
+    if node_rank >= nnodes:
+        raise EnvironmentMappingError(
+            f"SLURM_NODEID={node_rank} is not valid for a step on {nnodes} nodes (expected 0..{nnodes - 1})"
+        )
+    local_world = hostlist.count_at(tpn, node_rank) or 0
+    local_rank = _int("SLURM_LOCALID", _require(env, "SLURM_LOCALID")[1])
+    if local_rank >= local_world:
+        raise EnvironmentMappingError(
+            f"SLURM_LOCALID={local_rank} is not valid with {local_world} tasks on node {node_rank} "
+            f"({tpn_name}={tpn_text!r}; expected 0..{local_world - 1})"
+        )
+    my_host = hostlist.nth_host(nodelist, node_rank)
+    node_name = env.get("SLURMD_NODENAME")
+    if node_name and node_name != my_host:
+        raise EnvironmentMappingError(
+            f"SLURMD_NODENAME={node_name!r} is not node {node_rank} of {nodelist_name}={nodelist!r} "
+            f"(that is {my_host!r})"
+        )
+
+    rank0_host = hostlist.first_host(nodelist)
+    rank0_origin = f"first host of {nodelist_name}={nodelist}"
+    hostfile = env.get("SLURM_HOSTFILE")
+    if env.get("SLURM_DISTRIBUTION", "").startswith("arbitrary") and hostfile:
+        first_line = next((ln.strip() for ln in ctx.read_file(hostfile).splitlines() if ln.strip()), "")
+        if not first_line:
+            raise EnvironmentMappingError(f"SLURM_HOSTFILE={hostfile!r} names no host")
+        try:
+            rank0_host = hostlist.first_host(first_line)
+        except HostlistError as e:
+            raise EnvironmentMappingError(f"SLURM_HOSTFILE={hostfile!r}: {e}") from None
+        rank0_origin = f"first host of SLURM_HOSTFILE={hostfile} (arbitrary distribution)"
+
+    addr, port, origins = _master(
+        env, rank0_host, rank0_origin, derive_port(job_id, step_id),
+        f"derived from SLURM_JOB_ID={job_id}, SLURM_STEP_ID={step_id}",
+    )
+    cpus = env.get("SLURM_CPUS_PER_TASK", "")
+    origins.update({
+        "RANK": f"{procid_name}={procid_text}",
+        "WORLD_SIZE": f"{ntasks_name}={ntasks_text}",
+        "LOCAL_RANK": f"SLURM_LOCALID={local_rank}",
+        "LOCAL_WORLD_SIZE": f"{tpn_name}={tpn_text} at node {node_rank}",
+        "NODE_RANK": f"SLURM_NODEID={node_rank}",
+        "GROUP_WORLD_SIZE": f"{nodelist_name}={nodelist}",
+    })
+    if cpus.isdigit():
+        origins["OMP_NUM_THREADS"] = f"SLURM_CPUS_PER_TASK={cpus}"
+    return DistEnv(
+        source="slurm",
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        local_world_size=local_world,
+        node_rank=node_rank,
+        num_nodes=nnodes,
+        master_addr=addr,
+        master_port=port,
+        rank0_host=rank0_host,
+        this_host=node_name or my_host,
+        omp_num_threads=int(cpus) if cpus.isdigit() and int(cpus) > 0 else None,
+        local_device=local_device(env, local_rank, local_world, ctx, node_name or my_host),
+        origins=origins,
+    )
+
+
+def read_single(env: Env, ctx: Context) -> DistEnv:
+    """No launcher around us: a world of 1 on this host (a free port is picked at launch)."""
+    addr, port, origins = _master(env, "127.0.0.1", "default for a world of 1", 0, "a free port, picked at launch")
+    return DistEnv(
+        source="single",
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        local_world_size=1,
+        node_rank=0,
+        num_nodes=1,
+        master_addr=addr,
+        master_port=port,
+        rank0_host=ctx.hostname,
+        this_host=ctx.hostname,
+        local_device=local_device(env, 0, 1, ctx, ctx.hostname),
+        origins=origins,
+        notes=("no scheduler or launcher variables found: running as a world of 1",),
+    )
+
+
+Reader = Callable[[Env, Context], "DistEnv | None"]
+
+#: The detection order. The PBS/MPI issue inserts its readers after Slurm.
+READERS: tuple[Reader, ...] = (read_torchrun, read_slurm)
+
+
+def detect(env: Env, ctx: Context | None = None) -> DistEnv:
+    """The first reader in :data:`READERS` that recognises ``env``; a world of 1 when none does."""
+    ctx = ctx or Context()
+    for reader in READERS:
+        found = reader(env, ctx)
+        if found is not None:
+            return found
+    return read_single(env, ctx)

@@ -1,0 +1,29 @@
+"""One error family. Messages say what was wrong, the value, and what would be right."""
+
+from __future__ import annotations
+
+
+class SlurmLaunchError(Exception):
+    """Base of every error slurmlaunch raises on purpose; the CLI prints it as one line, exit code 2."""
+
+    exit_code = 2
+
+
+class HostlistError(SlurmLaunchError):
+    """A node-list expression Slurm would reject."""
+
+
+class EnvironmentMappingError(SlurmLaunchError):
+    """A scheduler or launcher variable that is malformed or inconsistent with the others."""
+
+
+class SpecError(SlurmLaunchError):
+    """A job request that is invalid before anything is submitted."""
+
+
+class SchedulerError(SlurmLaunchError):
+    """The scheduler refused or failed a command; the message carries the command and its output."""
+
+
+class PreflightError(SlurmLaunchError):
+    """A check before exec failed (port not bindable, rank 0 on the wrong host, too few GPUs)."""

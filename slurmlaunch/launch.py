@@ -1,0 +1,195 @@
+"""The in-allocation launcher: the only module that reads os.environ and calls exec.
+
+Runs once per rank on possibly thousands of ranks, so it imports only small standard-library modules:
+no torch, jinja2, submitit, argparse or subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import NoReturn
+
+from .detect import Context, detect
+from .distenv import DistEnv, mask
+from .errors import PreflightError, SlurmLaunchError
+
+USAGE = """usage: slurmlaunch launch [options] SCRIPT [ARGS...]
+
+Map the scheduler's variables of this task onto torch's (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...)
+and exec SCRIPT, so that the training process is the task itself.
+
+options:
+  -m, --module              SCRIPT is a Python module name (python -m SCRIPT)
+  --no-python               SCRIPT is an executable; run it without the Python interpreter
+  --print-env               print this rank's place and exported variables on stderr before exec
+  --legacy-local-rank-arg   pass --local-rank=N to the script (torch.distributed.launch style)
+  --no-preflight            skip the checks before exec (rank 0's host and MASTER_PORT)
+  -h, --help                show this help
+Everything after SCRIPT is passed to it unchanged.
+"""
+
+
+class LaunchOptions:
+    __slots__ = ("module", "no_python", "print_env", "legacy_local_rank", "preflight", "script", "args")
+
+    def __init__(self) -> None:
+        self.module = False
+        self.no_python = False
+        self.print_env = False
+        self.legacy_local_rank = False
+        self.preflight = True
+        self.script = ""
+        self.args: list[str] = []
+
+
+def parse_launch_args(argv: Sequence[str]) -> LaunchOptions | None:
+    """Options up to the first non-option (SCRIPT); everything after it is the script's. None: --help."""
+    opts = LaunchOptions()
+    flags = {
+        "-m": "module", "--module": "module", "--no-python": "no_python", "--no_python": "no_python",
+        "--print-env": "print_env", "--legacy-local-rank-arg": "legacy_local_rank",
+    }
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-h", "--help"):
+            return None
+        if arg == "--":
+            i += 1
+            break
+        if arg in flags:
+            setattr(opts, flags[arg], True)
+        elif arg == "--no-preflight":
+            opts.preflight = False
+        elif arg.startswith("-") and arg != "-":
+            raise SlurmLaunchError(
+                f"launch: unknown option {arg!r} (valid: -m, --no-python, --print-env, "
+                f"--legacy-local-rank-arg, --no-preflight; put the script's own options after SCRIPT)"
+            )
+        else:
+            break
+        i += 1
+    if i >= len(argv):
+        raise SlurmLaunchError("launch: no SCRIPT given (usage: slurmlaunch launch [options] SCRIPT [ARGS...])")
+    if opts.module and opts.no_python:
+        raise SlurmLaunchError("launch: -m and --no-python cannot be used together")
+    opts.script = argv[i]
+    opts.args = list(argv[i + 1 :])
+    return opts
+
+
+def command(opts: LaunchOptions, dist: DistEnv) -> list[str]:
+    """The argv to exec; like torchrun, Python runs unbuffered (-u) so logs follow the training."""
+    if opts.no_python:
+        cmd = [opts.script]
+    elif opts.module:
+        cmd = [sys.executable, "-u", "-m", opts.script]
+    else:
+        cmd = [sys.executable, "-u", opts.script]
+    if opts.legacy_local_rank:
+        cmd.append(f"--local-rank={dist.local_rank}")
+    return cmd + opts.args
+
+
+def _count_gpu_devices() -> int:
+    try:
+        return sum(1 for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit())
+    except OSError:
+        return 0
+
+
+def _read_file(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(1 << 20)  # the first host is on the first line; never read a huge file whole
+    except OSError as e:
+        raise SlurmLaunchError(f"cannot read {path!r}: {e.strerror}") from None
+
+
+def context() -> Context:
+    return Context(hostname=socket.gethostname(), read_file=_read_file, gpu_device_count=_count_gpu_devices)
+
+
+def _bindable(port: int) -> OSError | None:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # TCPStore listens with SO_REUSEADDR too, so a port in TIME_WAIT is no obstacle for it either.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("", port))
+        s.listen(1)
+        return None
+    except OSError as e:
+        return e
+    finally:
+        s.close()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def preflight(dist: DistEnv, environ: dict[str, str] | os._Environ[str]) -> DistEnv:
+    """Rank 0 checks it runs where everybody expects it, and that it can listen on MASTER_PORT."""
+    if dist.owned_by_torchrun or dist.rank != 0:
+        return dist
+    if (not environ.get("MASTER_ADDR") and dist.rank0_host and dist.this_host
+            and dist.rank0_host != dist.this_host):
+        raise PreflightError(
+            f"rank 0 runs on {dist.this_host!r} but every rank computed MASTER_ADDR={dist.rank0_host!r}: "
+            f"the others would wait for a master that is not there (a hostfile or distribution that puts "
+            f"rank 0 elsewhere? set MASTER_ADDR to the host of rank 0)"
+        )
+    err = _bindable(dist.master_port)
+    if err is not None:
+        raise PreflightError(
+            f"rank 0 cannot listen on MASTER_PORT={dist.master_port} on {dist.this_host or 'this host'} "
+            f"({err.strerror}): another job may hold it; set MASTER_PORT (or submit --master-port) "
+            f"to a free port outside 32768-60999"
+        )
+    return dist
+
+
+def resolve(environ: dict[str, str] | os._Environ[str]) -> DistEnv:
+    """This process's distributed environment; a world of 1 gets a free port here."""
+    dist = detect(environ, context())
+    if dist.master_port == 0 and not dist.owned_by_torchrun:
+        dist = replace(dist, master_port=_free_port())
+    return dist
+
+
+def describe(dist: DistEnv, exports: dict[str, str]) -> str:
+    values = " ".join(f"{k}={mask(k, v)}" for k, v in exports.items())
+    return f"{dist.summary()} :: {values}"
+
+
+def main(argv: Sequence[str]) -> int | NoReturn:
+    """`slurmlaunch launch`: detect, check, export, exec. Returns only on --help."""
+    opts = parse_launch_args(argv)
+    if opts is None:
+        sys.stdout.write(USAGE)
+        return 0
+    environ = os.environ
+    dist = resolve(environ)
+    if opts.preflight:
+        dist = preflight(dist, environ)
+    exports = dist.exports(environ)
+    for note in dist.notes:
+        sys.stderr.write(f"slurmlaunch: {note}\n")
+    if opts.print_env:
+        sys.stderr.write(describe(dist, exports) + "\n")
+    cmd = command(opts, dist)
+    if not opts.no_python and not opts.module and not os.path.exists(opts.script):
+        raise SlurmLaunchError(f"launch: script {opts.script!r} not found (cwd {os.getcwd()!r})")
+    environ.update(exports)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(cmd[0], cmd)
+    except OSError as e:
+        raise SlurmLaunchError(f"launch: cannot run {cmd[0]!r}: {e.strerror}") from None

@@ -1,0 +1,77 @@
+"""Thin edges to the schedulers: the only modules that run scheduler commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import SchedulerError
+from ..spec import JobSpec
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    state: str  # Slurm's words: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...
+    exit_code: int | None = None  # known once the job has ended
+    nodes: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
+                                  "REQUEUED", "RESIZING", "STOPPED", "SIGNALING", "STAGE_OUT", "UNKNOWN")
+
+
+def run_command(cmd: Sequence[str], timeout: float = 60.0, input_text: str | None = None,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a scheduler command without a shell; failures raise SchedulerError with the command and output."""
+    try:
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, input=input_text,
+                              env=env, errors="replace")
+    except FileNotFoundError:
+        raise SchedulerError(f"{cmd[0]!r} not found on PATH (is the scheduler's client installed?)") from None
+    except subprocess.TimeoutExpired:
+        raise SchedulerError(f"no answer within {timeout:.0f}s from: {shlex.join(cmd)}") from None
+    if proc.returncode != 0:
+        output = (proc.stderr.strip() or proc.stdout.strip() or "(no output)").replace("\n", " | ")
+        raise SchedulerError(f"{shlex.join(cmd)} failed (exit {proc.returncode}): {output}")
+    return proc
+
+
+def write_private(path: str, text: str, mode: int = 0o640) -> None:
+    """Write a file that is not world-writable (nor world-readable): scripts and records hold env values."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, mode)
+
+
+def make_log_dir(path: str) -> None:
+    os.makedirs(path, mode=0o750, exist_ok=True)
+
+
+def write_record(spec: JobSpec, job_id: str, scheduler: str, command: Sequence[str],
+                 extra: dict[str, Any] | None = None) -> str:
+    """The record of a submission beside its logs: what was asked, how it was submitted, where logs go."""
+    path = os.path.join(spec.log_dir, f"job-{job_id}.json")
+    record = {
+        "job_id": job_id,
+        "scheduler": scheduler,
+        "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": list(command),
+        "log_dir": spec.log_dir,
+        "rank_log": os.path.join(spec.log_dir, f"job-{job_id}.rank-{{rank}}.log"),
+        "spec": asdict(spec),
+        **(extra or {}),
+    }
+    write_private(path, json.dumps(record, indent=2) + "\n")
+    return path
+
+
+def rank_log(spec: JobSpec, job_id: str, rank: int) -> str:
+    return os.path.join(spec.log_dir, f"job-{job_id}.rank-{rank}.log")

@@ -1,0 +1,120 @@
+"""The local scheduler: emulates a Slurm allocation on this machine.
+
+It starts nodes x tasks-per-node processes with the variables a real srun step sets (SLURM_PROCID,
+SLURM_LOCALID, SLURM_NODEID, the step's node list and task counts, SLURMD_NODENAME, ...), so each rank
+goes through exactly the launcher path it takes on a cluster. The emulated node names do not resolve,
+so MASTER_ADDR is 127.0.0.1 unless the user set one. It runs in the foreground (as if --wait).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Mapping
+
+from ..errors import SpecError
+from ..spec import JobSpec
+from ..supervisor import Outcome, RankProcess, supervise
+from . import make_log_dir, rank_log, write_record
+from .slurm import launch_command
+
+NODE_PREFIX = "local-node"
+
+
+def node_list(nodes: int) -> str:
+    return f"{NODE_PREFIX}0" if nodes == 1 else f"{NODE_PREFIX}[0-{nodes - 1}]"
+
+
+def visible_gpus(environ: Mapping[str, str]) -> list[str]:
+    cvd = environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        return [] if cvd.strip() in ("", "NoDevFiles") else cvd.split(",")
+    try:
+        return sorted(n[6:] for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit())
+    except OSError:
+        return []
+
+
+def gpu_plan(spec: JobSpec, environ: Mapping[str, str]) -> tuple[list[str] | None, str | None]:
+    """(the GPUs to hand out, in node order; None: CPU) and a note to print once."""
+    if spec.gpus_per_node == 0:
+        return None, None
+    gpus = visible_gpus(environ)
+    need = spec.nodes * spec.gpus_per_node
+    if not gpus:
+        return None, (f"no GPU on this machine: the {spec.world_size} ranks run on the CPU "
+                      f"(the example falls back to gloo)")
+    if len(gpus) < need:
+        raise SpecError(
+            f"--nodes {spec.nodes} --gpus-per-node {spec.gpus_per_node} needs {need} GPUs on this machine "
+            f"for the local scheduler, but {len(gpus)} are visible ({','.join(gpus)})"
+        )
+    return gpus[:need], None
+
+
+def rank_processes(spec: JobSpec, job_id: str, environ: Mapping[str, str]) -> list[RankProcess]:
+    gpus, _ = gpu_plan(spec, environ)
+    # The emulated step must not mix with a real Slurm job's variables we might be running inside.
+    base = {k: v for k, v in environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
+    base.update(spec.env)
+    base.setdefault("MASTER_ADDR", "127.0.0.1")
+    if spec.master_port is not None:
+        base["MASTER_PORT"] = str(spec.master_port)
+    base.setdefault("PYTHONUNBUFFERED", "1")
+    tpn = spec.ntasks_per_node
+    nodelist = node_list(spec.nodes)
+    counts = str(tpn) if spec.nodes == 1 else f"{tpn}(x{spec.nodes})"
+    common = {
+        "SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
+        "SLURM_JOB_NAME": spec.name, "SLURM_NTASKS": str(spec.world_size),
+        "SLURM_STEP_NUM_TASKS": str(spec.world_size), "SLURM_NNODES": str(spec.nodes),
+        "SLURM_JOB_NUM_NODES": str(spec.nodes), "SLURM_STEP_NUM_NODES": str(spec.nodes),
+        "SLURM_NODELIST": nodelist, "SLURM_JOB_NODELIST": nodelist, "SLURM_STEP_NODELIST": nodelist,
+        "SLURM_TASKS_PER_NODE": counts, "SLURM_STEP_TASKS_PER_NODE": counts,
+        "SLURM_SUBMIT_DIR": spec.workdir, "SLURMLAUNCH_SCHEDULER": "local",
+    }
+    if spec.per_task_cpus is not None:
+        common["SLURM_CPUS_PER_TASK"] = str(spec.per_task_cpus)
+    argv = launch_command(spec)
+    if spec.setup:
+        # --setup lines are shell by design; the command itself reaches exec as argv, unparsed.
+        argv = ["bash", "-c", "\n".join(spec.setup) + '\nexec "$@"', "slurmlaunch-setup", *argv]
+    out = []
+    for node in range(spec.nodes):
+        node_env = dict(base, **common, SLURM_NODEID=str(node), SLURMD_NODENAME=f"{NODE_PREFIX}{node}")
+        if gpus is not None:
+            mine = gpus[node * spec.gpus_per_node:(node + 1) * spec.gpus_per_node]
+            node_env.update(CUDA_VISIBLE_DEVICES=",".join(mine), SLURM_GPUS_ON_NODE=str(len(mine)))
+        for local in range(tpn):
+            rank = node * tpn + local
+            env = dict(node_env, SLURM_PROCID=str(rank), SLURM_LOCALID=str(local))
+            out.append(RankProcess(rank, argv, env, rank_log(spec, job_id, rank), spec.workdir))
+    return out
+
+
+def dry_run(spec: JobSpec, environ: Mapping[str, str]) -> str:
+    lines = []
+    for r in rank_processes(spec, "<job id>", environ):
+        emulated = {k: v for k, v in r.env.items() if k.startswith(("SLURM", "CUDA_", "MASTER_"))}
+        lines.append(f"# rank {r.rank}: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(emulated.items())))
+        lines.append(shlex.join(r.argv))
+    return "\n".join(lines) + "\n"
+
+
+def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple[str, Outcome]:
+    """Run the job in the foreground; returns (job id, outcome)."""
+    _, note = gpu_plan(spec, environ)
+    job_id = str(os.getpid())
+    make_log_dir(spec.log_dir)
+    ranks = rank_processes(spec, job_id, environ)
+    write_record(spec, job_id, "local", ranks[0].argv)
+    if note:
+        sys.stderr.write(f"slurmlaunch: {note}\n")
+    sys.stderr.write(f"slurmlaunch: local job {job_id}: {spec.world_size} rank(s) on {spec.nodes} emulated "
+                     f"node(s) {node_list(spec.nodes)}; logs in {spec.log_dir}\n")
+    outcome = supervise(ranks, grace=grace)
+    if outcome.first_failed_rank is not None:
+        sys.stderr.write(f"slurmlaunch: rank {outcome.first_failed_rank} failed first with exit code "
+                         f"{outcome.exit_code}; the other ranks were stopped\n")
+    return job_id, outcome

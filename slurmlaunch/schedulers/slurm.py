@@ -1,0 +1,180 @@
+"""Slurm: render the sbatch script, submit it, ask for its state, cancel it."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+from .. import __version__
+from ..errors import SchedulerError
+from ..render import render
+from ..spec import JobSpec
+from . import JobStatus, make_log_dir, rank_log, run_command, write_private, write_record
+
+TEMPLATE = "slurm.sbatch.j2"
+
+
+def available() -> bool:
+    return shutil.which("sbatch") is not None
+
+
+def launch_command(spec: JobSpec) -> list[str]:
+    """What each task runs: the launcher in front of the script (no shell in between)."""
+    cmd = [spec.python, "-m", "slurmlaunch", "launch"]
+    if spec.module:
+        cmd.append("-m")
+    if spec.no_python:
+        cmd.append("--no-python")
+    script = spec.script
+    if not (spec.module or spec.no_python or os.path.isabs(script)):
+        script = os.path.join(spec.workdir, script)
+    return [*cmd, script, *spec.args]
+
+
+def directives(spec: JobSpec) -> list[str]:
+    """The #SBATCH lines. Free text (job name, log paths) goes on sbatch's command line instead, where
+    no quoting rule of the #SBATCH parser can cut or reinterpret it."""
+    out = [f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.ntasks_per_node}"]
+    if spec.gpus_per_node:
+        out.append(f"--gpus-per-node={spec.gpus_per_node}" if spec.gpu_flag == "gpus-per-node"
+                   else f"--gres=gpu:{spec.gpus_per_node}")
+    if spec.per_task_cpus is not None:
+        out.append(f"--cpus-per-task={spec.per_task_cpus}")
+    for flag, value in (("mem", spec.mem), ("time", spec.time), ("partition", spec.partition),
+                        ("account", spec.account), ("qos", spec.qos), ("constraint", spec.constraint)):
+        if value is not None:
+            out.append(f"--{flag}={value}")
+    if spec.exclusive:
+        out.append("--exclusive")
+    out.append("--open-mode=append")
+    out.extend(spec.sbatch_args)
+    return out
+
+
+def srun_args(spec: JobSpec) -> list[str]:
+    args = [
+        "--kill-on-bad-exit=1",
+        f"--nodes={spec.nodes}",
+        f"--ntasks-per-node={spec.ntasks_per_node}",
+        f"--ntasks={spec.world_size}",
+    ]
+    if spec.per_task_cpus is not None:
+        # Since Slurm 22.05 srun no longer inherits --cpus-per-task from the batch allocation.
+        args.append(f"--cpus-per-task={spec.per_task_cpus}")
+    args += ["--open-mode=append", "--output", os.path.join(spec.log_dir, "job-%j.rank-%t.log")]
+    return args
+
+
+def script_context(spec: JobSpec) -> dict[str, Any]:
+    env = list(spec.env)
+    if spec.master_port is not None:
+        env.append(("MASTER_PORT", str(spec.master_port)))
+    return {
+        "version": __version__,
+        "world_size": spec.world_size,
+        "nodes": spec.nodes,
+        "tasks_per_node": spec.ntasks_per_node,
+        "directives": directives(spec),
+        "setup": list(spec.setup),
+        "env": env,
+        "log_dir": spec.log_dir,
+        "workdir": spec.workdir,
+        "srun_args": srun_args(spec),
+        "launch_cmd": launch_command(spec),
+    }
+
+
+def render_script(spec: JobSpec, template_dir: str | None = None) -> str:
+    return render(TEMPLATE, script_context(spec), template_dir)
+
+
+def sbatch_command(spec: JobSpec, script_path: str) -> list[str]:
+    return [
+        "sbatch", "--parsable",
+        f"--job-name={spec.name}",
+        f"--output={os.path.join(spec.log_dir, 'job-%j.batch.log')}",
+        f"--chdir={spec.workdir}",
+        script_path,
+    ]
+
+
+@dataclass(frozen=True)
+class Submission:
+    job_id: str
+    script_path: str
+    record_path: str
+    command: list[str]
+
+
+def submit(spec: JobSpec, script_text: str) -> Submission:
+    """Save the script beside the logs, sbatch it, and keep a record; SchedulerError when Slurm refuses."""
+    make_log_dir(spec.log_dir)
+    pending = os.path.join(spec.log_dir, f"job-pending-{os.getpid()}.sbatch")
+    write_private(pending, script_text, 0o750)
+    cmd = sbatch_command(spec, pending)
+    try:
+        out = run_command(cmd).stdout.strip()
+    except SchedulerError:
+        os.unlink(pending)
+        raise
+    job_id = out.split(";")[0]
+    if not job_id.isdigit():
+        raise SchedulerError(f"{shlex.join(cmd)} printed {out!r}, not a job id")
+    script_path = os.path.join(spec.log_dir, f"job-{job_id}.sbatch")
+    os.replace(pending, script_path)
+    cmd[-1] = script_path
+    record = write_record(spec, job_id, "slurm", cmd, {"script": script_path})
+    return Submission(job_id, script_path, record, cmd)
+
+
+_FIELD = re.compile(r"\b(JobState|ExitCode|NodeList)=(\S+)")
+
+
+def status(job_id: str, log_dir: str | None = None) -> JobStatus:
+    """squeue while the job is known to it, then scontrol; the exit code comes from the file the batch
+    script writes at its end (exact even without accounting), else from scontrol's ExitCode."""
+    try:
+        line = run_command(["squeue", "-h", "-j", job_id, "-o", "%T %N"], timeout=30).stdout.strip()
+    except SchedulerError as e:
+        if "Invalid job id" not in str(e):
+            raise
+        line = ""  # squeue forgets a job MinJobAge seconds after it ended
+    if line:
+        state, _, nodes = line.partition(" ")
+        if state not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                         "PREEMPTED", "BOOT_FAIL", "DEADLINE"):
+            return JobStatus(state, None, nodes or None)
+    fields: dict[str, str] = {}
+    try:
+        shown = run_command(["scontrol", "show", "job", "-o", job_id], timeout=30)
+        fields = dict(_FIELD.findall(shown.stdout))
+    except SchedulerError:
+        pass  # the record is gone after MinJobAge; fall back to our exit-code file
+    code: int | None = None
+    if log_dir:
+        try:
+            with open(os.path.join(log_dir, f"job-{job_id}.exitcode")) as f:
+                code = int(f.read().strip())
+        except (OSError, ValueError):
+            code = None
+    state = fields.get("JobState") or ("COMPLETED" if code == 0 else "FAILED" if code else "GONE")
+    if code is None and "ExitCode" in fields:
+        status_code, _, signal = fields["ExitCode"].partition(":")
+        code = int(status_code) if status_code.isdigit() else None
+        if code == 0 and signal.isdigit() and int(signal):
+            code = 128 + int(signal)
+    if code is None or (code == 0 and state != "COMPLETED"):
+        code = 0 if state == "COMPLETED" else 1
+    return JobStatus(state, code, fields.get("NodeList"))
+
+
+def cancel(job_id: str) -> None:
+    run_command(["scancel", job_id], timeout=30)
+
+
+def rank0_log(spec: JobSpec, job_id: str) -> str:
+    return rank_log(spec, job_id, 0)

@@ -1,0 +1,154 @@
+"""The job description shared by the CLI and the Python API, and its validation.
+
+Validation happens here, before anything is rendered or submitted; every failure is a SpecError whose
+message names the bad value and what would be valid.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+
+from .errors import SpecError
+
+SCHEDULERS = ("auto", "slurm", "local")
+
+# Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (and the unlimited spellings).
+_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-\d{1,2}:\d{1,2}|\d+-\d{1,2}:\d{1,2}:\d{1,2})$")
+_MEM = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One distributed job: where, how big, and what each rank runs."""
+
+    script: str
+    args: tuple[str, ...] = ()
+    module: bool = False
+    no_python: bool = False
+    nodes: int = 1
+    gpus_per_node: int = 0
+    tasks_per_node: int | None = None  # default: one per GPU, or 1 without GPUs
+    cpus_per_task: int | None = None
+    cpus_per_gpu: int | None = None
+    mem: str | None = None
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool = False
+    job_name: str | None = None
+    output_dir: str = "slurmlaunch-logs"
+    env: tuple[tuple[str, str], ...] = ()
+    setup: tuple[str, ...] = ()
+    sbatch_args: tuple[str, ...] = ()
+    master_port: int | None = None
+    python: str = field(default_factory=lambda: sys.executable)
+    workdir: str = field(default_factory=os.getcwd)
+    gpu_flag: str = "gpus-per-node"  # or "gres": --gres=gpu:N for sites that refuse --gpus-per-node
+
+    @property
+    def ntasks_per_node(self) -> int:
+        if self.tasks_per_node is not None:
+            return self.tasks_per_node
+        return self.gpus_per_node if self.gpus_per_node > 0 else 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ntasks_per_node
+
+    @property
+    def name(self) -> str:
+        if self.job_name is not None:
+            return self.job_name
+        base = os.path.basename(self.script) if not self.module else self.script
+        return base or "slurmlaunch"
+
+    @property
+    def per_task_cpus(self) -> int | None:
+        if self.cpus_per_task is not None:
+            return self.cpus_per_task
+        return self.cpus_per_gpu  # one task per GPU: CPUs per GPU are CPUs per task
+
+    @property
+    def log_dir(self) -> str:
+        return os.path.join(self.workdir, self.output_dir)
+
+
+def _positive(name: str, value: int | None, minimum: int = 1) -> None:
+    if value is not None and value < minimum:
+        raise SpecError(f"{name} {value} is not valid (expected an integer >= {minimum})")
+
+
+def parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
+    """--env KEY=VALUE items; the value is kept byte for byte (it may hold '=', quotes, newlines)."""
+    out = []
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not _ENV_KEY.match(key):
+            raise SpecError(
+                f"--env {item!r} is not valid (expected KEY=VALUE with KEY a shell variable name, e.g. FOO=1)"
+            )
+        out.append((key, value))
+    return tuple(out)
+
+
+def validate(spec: JobSpec) -> JobSpec:
+    """Raise SpecError for the first thing wrong with ``spec``; return it unchanged otherwise."""
+    _positive("--nodes", spec.nodes)
+    _positive("--gpus-per-node", spec.gpus_per_node, 0)
+    _positive("--tasks-per-node", spec.tasks_per_node)
+    _positive("--cpus-per-task", spec.cpus_per_task)
+    _positive("--cpus-per-gpu", spec.cpus_per_gpu)
+    if spec.cpus_per_task is not None and spec.cpus_per_gpu is not None:
+        raise SpecError("--cpus-per-task and --cpus-per-gpu cannot be used together (give one of them)")
+    if spec.cpus_per_gpu is not None and spec.gpus_per_node == 0:
+        raise SpecError("--cpus-per-gpu needs --gpus-per-node > 0 (or use --cpus-per-task)")
+    if spec.gpus_per_node > 0 and spec.tasks_per_node not in (None, spec.gpus_per_node):
+        raise SpecError(
+            f"--tasks-per-node {spec.tasks_per_node} is not valid with --gpus-per-node {spec.gpus_per_node} "
+            f"(one rank per GPU: tasks per node must equal GPUs per node)"
+        )
+    if spec.time is not None and spec.time.upper() not in ("UNLIMITED", "INFINITE") and not _TIME.match(spec.time):
+        raise SpecError(
+            f"--time {spec.time!r} is not a time Slurm accepts "
+            f"(expected minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)"
+        )
+    if spec.mem is not None and not _MEM.match(spec.mem):
+        raise SpecError(f"--mem {spec.mem!r} is not valid (expected a size such as 4000, 16G or 512M)")
+    if spec.master_port is not None and not 1 <= spec.master_port <= 65535:
+        raise SpecError(f"--master-port {spec.master_port} is not valid (expected 1-65535)")
+    if spec.gpu_flag not in ("gpus-per-node", "gres"):
+        raise SpecError(f"--gpu-flag {spec.gpu_flag!r} is not valid (expected gpus-per-node or gres)")
+    for bad in ("%", "\\"):
+        if bad in spec.output_dir:
+            raise SpecError(
+                f"--output-dir {spec.output_dir!r} contains {bad!r}, which Slurm reads as a file-name "
+                f"pattern (choose a directory without '%' and '\\\\')"
+            )
+    if "\n" in spec.output_dir or "\x00" in spec.output_dir:
+        raise SpecError(f"--output-dir {spec.output_dir!r} contains a newline (choose a one-line path)")
+    for arg in spec.sbatch_args:
+        if "\n" in arg or "\r" in arg or not arg.startswith("-"):
+            raise SpecError(
+                f"--sbatch-arg {arg!r} is not valid (expected one sbatch option on one line, e.g. --mail-type=END)"
+            )
+    for name, value in (("--partition", spec.partition), ("--account", spec.account), ("--qos", spec.qos),
+                        ("--constraint", spec.constraint)):
+        if value is not None and (not value or any(c.isspace() for c in value)):
+            raise SpecError(f"{name} {value!r} is not valid (expected a non-empty name without spaces)")
+    if spec.module or spec.no_python:
+        if not spec.script:
+            raise SpecError("no SCRIPT given")
+        if spec.no_python and not (os.path.exists(spec.script) or shutil.which(spec.script)):
+            raise SpecError(f"--no-python executable {spec.script!r} not found (a path or a command on PATH)")
+    elif not os.path.isfile(os.path.join(spec.workdir, spec.script)):
+        raise SpecError(f"script {spec.script!r} not found (expected a file, relative to {spec.workdir!r})")
+    if not os.path.isfile(spec.python):
+        raise SpecError(f"--python {spec.python!r} not found (expected the interpreter that runs the ranks)")
+    return spec

@@ -1,0 +1,92 @@
+"""`slurmlaunch submit`: options -> validated JobSpec -> scheduler (slurm or local) -> follow."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from typing import Any
+
+from .errors import SpecError
+from .spec import JobSpec, parse_env, validate
+
+
+def spec_from_args(ns: Any) -> JobSpec:
+    if ns.module and ns.no_python:
+        raise SpecError("-m/--module and --no-python cannot be used together")
+    return validate(JobSpec(
+        script=ns.script, args=tuple(ns.args), module=ns.module, no_python=ns.no_python,
+        nodes=ns.nodes, gpus_per_node=ns.gpus_per_node, tasks_per_node=ns.tasks_per_node,
+        cpus_per_task=ns.cpus_per_task, cpus_per_gpu=ns.cpus_per_gpu, mem=ns.mem, time=ns.time,
+        partition=ns.partition, account=ns.account, qos=ns.qos, constraint=ns.constraint,
+        exclusive=ns.exclusive, job_name=ns.job_name, output_dir=ns.output_dir, env=parse_env(ns.env),
+        setup=tuple(ns.setup), sbatch_args=tuple(ns.sbatch_arg), master_port=ns.master_port,
+        python=ns.python, gpu_flag=ns.gpu_flag,
+    ))
+
+
+def choose_scheduler(requested: str) -> str:
+    from .schedulers import slurm
+
+    if requested != "auto":
+        if requested == "slurm" and not slurm.available():
+            raise SpecError("--scheduler slurm: sbatch is not on PATH (use --scheduler local on this machine)")
+        return requested
+    chosen = "slurm" if slurm.available() else "local"
+    why = "sbatch is on PATH" if chosen == "slurm" else "no sbatch on PATH"
+    sys.stderr.write(f"slurmlaunch: --scheduler auto chose {chosen} ({why})\n")
+    return chosen
+
+
+def cmd_submit(ns: Any) -> int:
+    spec = spec_from_args(ns)
+    scheduler = choose_scheduler(ns.scheduler)
+    if scheduler == "local":
+        from .schedulers import local
+
+        if ns.dry_run:
+            sys.stdout.write(local.dry_run(spec, os.environ))
+            return 0
+        _, outcome = local.run(spec, os.environ)
+        return outcome.exit_code
+    from .schedulers import slurm
+
+    script = slurm.render_script(spec, ns.template_dir)
+    if ns.dry_run:
+        sys.stderr.write("# would run: " + shlex.join(slurm.sbatch_command(spec, "<this script>")) + "\n")
+        sys.stdout.write(script)
+        return 0
+    sub = slurm.submit(spec, script)
+    sys.stderr.write(f"slurmlaunch: submitted job {sub.job_id} ({spec.world_size} ranks on {spec.nodes} "
+                     f"node(s)); script {sub.script_path}\n")
+    print(sub.job_id)
+    if not ns.wait:
+        return 0
+    return wait_for(sub.job_id, spec, ns.cancel_on_interrupt, ns.wait_timeout)
+
+
+def wait_for(job_id: str, spec: JobSpec, cancel_on_interrupt: bool, timeout: float | None) -> int:
+    from .follow import follow
+    from .schedulers import slurm
+
+    try:
+        return follow(job_id, lambda: slurm.status(job_id, spec.log_dir), slurm.rank0_log(spec, job_id),
+                      timeout=timeout)
+    except KeyboardInterrupt:
+        if cancel_on_interrupt or _ask(f"\nslurmlaunch: cancel job {job_id}? [y/N] "):
+            slurm.cancel(job_id)
+            sys.stderr.write(f"slurmlaunch: cancelled job {job_id}\n")
+        else:
+            sys.stderr.write(f"slurmlaunch: job {job_id} keeps running (scancel {job_id} to stop it)\n")
+        return 130
+
+
+def _ask(question: str) -> bool:
+    if not sys.stdin.isatty():
+        return False
+    sys.stderr.write(question)
+    sys.stderr.flush()
+    try:
+        return sys.stdin.readline().strip().lower() in ("y", "yes")
+    except (KeyboardInterrupt, EOFError):
+        return False

@@ -1,0 +1,1 @@
+"""Batch-script templates shipped with slurmlaunch (installed as slurmlaunch/templates)."""

@@ -1,0 +1,203 @@
+"""A real Slurm cluster of several slurmd nodes on this one machine, for tests and for people.
+
+    python tests/cluster/slurmcluster.py up DIR [--nodes 4] [--gpus 4]   # prints the SLURM_CONF to export
+    python tests/cluster/slurmcluster.py down DIR
+
+Every daemon writes a pid file under DIR; `down` stops exactly those pids (never by name).
+Each slurmd runs in its own UTS + mount namespace so that `hostname` inside a job is the node's name and
+every node name resolves (a private /etc/hosts is bind-mounted): without that gloo hangs on an
+unresolvable MASTER_ADDR. Needs root and Debian's slurmctld, slurmd and slurm-client packages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PACKAGES = ("slurmctld", "slurmd", "slurm-client")
+
+
+def missing_requirements() -> str | None:
+    """Why a cluster cannot be started here, or None when it can."""
+    if os.geteuid() != 0:
+        return "the local Slurm cluster needs root (slurmd, unshare, bind mounts)"
+    for tool in ("slurmctld", "slurmd", "sbatch", "unshare"):
+        if shutil.which(tool) is None:
+            return f"{tool} not found (apt-get install {' '.join(PACKAGES)})"
+    return None
+
+
+def _free_port_block(count: int) -> int:
+    """A base port such that base..base+count are free now (checked by binding each)."""
+    for base in range(17000, 29000, 97):
+        socks = []
+        try:
+            for port in range(base, base + count + 1):
+                s = socket.socket()
+                s.bind(("127.0.0.1", port))
+                socks.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free block of ports for the test cluster")
+
+
+def write_config(root: Path, nodes: int, gpus: int, cpus: int) -> Path:
+    for sub in ("state", "spool", "log", "dev"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    base = _free_port_block(nodes + 1)
+    names = [f"node{i}" for i in range(1, nodes + 1)]
+    host = socket.gethostname()
+    lines = [
+        "ClusterName=sltest",
+        f"SlurmctldHost={host}(127.0.0.1)",
+        f"SlurmctldPort={base}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        f"StateSaveLocation={root}/state",
+        f"SlurmdSpoolDir={root}/spool/%n",
+        f"SlurmctldPidFile={root}/slurmctld.pid",
+        f"SlurmdPidFile={root}/slurmd-%n.pid",
+        f"SlurmctldLogFile={root}/log/slurmctld.log",
+        f"SlurmdLogFile={root}/log/slurmd-%n.log",
+        "AuthType=auth/none",
+        "CredType=cred/none",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "SlurmdParameters=config_overrides",
+        "GresTypes=gpu",
+        "SchedulerParameters=batch_sched_delay=0,sched_interval=2,bf_interval=2",
+        "MinJobAge=5",
+        "KillWait=2",
+        "MessageTimeout=5",
+        "ReturnToService=2",
+        "MpiDefault=none",
+        "InactiveLimit=0",
+    ]
+    for i, name in enumerate(names, start=1):
+        lines.append(
+            f"NodeName={name} NodeAddr=127.0.0.1 Port={base + i} CPUs={cpus} RealMemory=4000"
+            + (f" Gres=gpu:{gpus}" if gpus else "")
+            + " State=UNKNOWN"
+        )
+    lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+    conf = root / "slurm.conf"
+    conf.write_text("\n".join(lines) + "\n")
+    # Slurm drops GPUs without device files (the node goes INVAL): fake them with /dev/null links.
+    for g in range(gpus):
+        link = root / "dev" / f"nvidia{g}"
+        if not link.exists():
+            link.symlink_to("/dev/null")
+    gres = ["AutoDetect=off"]
+    if gpus:
+        gres.append(f"NodeName=node[1-{nodes}] Name=gpu File={root}/dev/nvidia[0-{gpus - 1}]")
+    (root / "gres.conf").write_text("\n".join(gres) + "\n")
+    hosts = "127.0.0.1 localhost " + " ".join(names) + f" {host}\n::1 localhost ip6-localhost\n"
+    (root / "hosts").write_text(hosts)
+    return conf
+
+
+def _wait_pidfile(path: Path, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return int(path.read_text().strip())
+        except (OSError, ValueError):
+            time.sleep(0.05)
+    raise RuntimeError(f"{path} did not appear within {timeout:.0f}s")
+
+
+def up(root: Path, nodes: int = 4, gpus: int = 4, cpus: int = 8, timeout: float = 30.0) -> dict[str, str]:
+    """Start slurmctld and `nodes` slurmd; return the environment variables a client needs."""
+    why = missing_requirements()
+    if why:
+        raise RuntimeError(why)
+    root = root.resolve()
+    conf = write_config(root, nodes, gpus, cpus)
+    env = dict(os.environ, SLURM_CONF=str(conf))
+    subprocess.run(["slurmctld", "-f", str(conf), "-c"], env=env, check=True)
+    _wait_pidfile(root / "slurmctld.pid", timeout)
+    for i in range(1, nodes + 1):
+        name = f"node{i}"
+        (root / "spool" / name).mkdir(parents=True, exist_ok=True)
+        inner = (
+            f"hostname {name} && mount --bind {root}/hosts /etc/hosts && "
+            f"exec slurmd -f {conf} -N {name} -c"
+        )
+        subprocess.run(["unshare", "--mount", "--uts", "--", "sh", "-c", inner], env=env, check=True)
+    for i in range(1, nodes + 1):
+        _wait_pidfile(root / f"slurmd-node{i}.pid", timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True
+        ).stdout.split()
+        states = out[1::2]
+        if len(states) == nodes and all(s == "idle" for s in states):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nodes not idle within {timeout:.0f}s: {out}")
+        time.sleep(0.2)
+    return {"SLURM_CONF": str(conf)}
+
+
+def down(root: Path, timeout: float = 10.0) -> None:
+    """Stop every daemon that has a pid file under root: TERM, then KILL after `timeout`."""
+    pids = []
+    for pidfile in sorted(root.glob("*.pid")):
+        try:
+            pid = int(pidfile.read_text().strip())
+            os.kill(pid, signal.SIGTERM)
+            pids.append(pid)
+        except (OSError, ValueError):
+            pass
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                break
+            time.sleep(0.05)
+        else:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    for pidfile in root.glob("*.pid"):
+        pidfile.unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="a local multi-node Slurm cluster for tests")
+    p.add_argument("action", choices=["up", "down"])
+    p.add_argument("dir", type=Path)
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--gpus", type=int, default=4)
+    p.add_argument("--cpus", type=int, default=8)
+    a = p.parse_args(argv)
+    if a.action == "up":
+        env = up(a.dir, a.nodes, a.gpus, a.cpus)
+        for k, v in env.items():
+            print(f"export {k}={v}")
+    else:
+        down(a.dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
