@@ -163,9 +163,18 @@ def resolve(environ: dict[str, str] | os._Environ[str]) -> DistEnv:
     return dist
 
 
-def describe(dist: DistEnv, exports: dict[str, str]) -> str:
-    values = " ".join(f"{k}={mask(k, v)}" for k, v in exports.items())
-    return f"{dist.summary()} :: {values}"
+_INPUT_PREFIXES = ("SLURM_", "SLURMD_", "CUDA_", "NCCL_", "GLOO_", "OMP_", "TORCH_", "PET_", "MASTER_")
+
+
+def describe(dist: DistEnv, exports: dict[str, str], environ: dict[str, str] | os._Environ[str]) -> str:
+    """One line: this rank's place, what it exports, and the inputs that matter for debugging a launch
+    (scheduler, CUDA, NCCL/gloo variables); values of secret-looking names show as ****."""
+    exported = " ".join(f"{k}={mask(k, v)}" for k, v in exports.items())
+    inputs = " ".join(
+        f"{k}={mask(k, v)!r}" for k, v in sorted(environ.items())
+        if k not in exports and (k.startswith(_INPUT_PREFIXES) or mask(k, v) != v)
+    )
+    return f"{dist.summary()} :: {exported} :: {inputs}"
 
 
 def main(argv: Sequence[str]) -> int | NoReturn:
@@ -174,6 +183,8 @@ def main(argv: Sequence[str]) -> int | NoReturn:
     if opts is None:
         sys.stdout.write(USAGE)
         return 0
+    if not opts.no_python and not opts.module and not os.path.exists(opts.script):
+        raise SlurmLaunchError(f"launch: script {opts.script!r} not found (cwd {os.getcwd()!r})")
     environ = os.environ
     dist = resolve(environ)
     if opts.preflight:
@@ -182,10 +193,8 @@ def main(argv: Sequence[str]) -> int | NoReturn:
     for note in dist.notes:
         sys.stderr.write(f"slurmlaunch: {note}\n")
     if opts.print_env:
-        sys.stderr.write(describe(dist, exports) + "\n")
+        sys.stderr.write(describe(dist, exports, environ) + "\n")
     cmd = command(opts, dist)
-    if not opts.no_python and not opts.module and not os.path.exists(opts.script):
-        raise SlurmLaunchError(f"launch: script {opts.script!r} not found (cwd {os.getcwd()!r})")
     environ.update(exports)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -1,0 +1,68 @@
+"""Shared fixtures. The real local Slurm cluster is session-wide: brought up once, torn down by pid files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import slurmcluster
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def skip_or_fail(reason: str) -> None:
+    """Under CI a missing piece is a failure, never a skip."""
+    if IN_CI:
+        pytest.fail(f"required under CI=true: {reason}")
+    pytest.skip(reason)
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None,
+            timeout: float = 120, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+    """slurmlaunch as a user runs it: a separate process, its exit code and both streams."""
+    return subprocess.run([sys.executable, "-m", "slurmlaunch", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=timeout, input=input_text)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[dict[str, str]]:
+    why = slurmcluster.missing_requirements()
+    if why:
+        skip_or_fail(why)
+    root = Path(tempfile.mkdtemp(prefix="slurmlaunch-cluster-"))
+    try:
+        env = slurmcluster.up(root, nodes=4, gpus=4, cpus=8)
+    except Exception as e:  # show the daemons' logs: a cluster that did not come up is hard to debug
+        logs = "".join(p.read_text(errors="replace")[-2000:] for p in (root / "log").glob("*.log"))
+        slurmcluster.down(root)
+        pytest.fail(f"local Slurm cluster did not come up: {e}\n{logs}")
+    yield {**os.environ, **env}
+    slurmcluster.down(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster_env(slurm_cluster: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """The cluster's client environment, with a fresh working directory per test (job ids restart at 1)."""
+    return dict(slurm_cluster)
+
+
+def needs_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        skip_or_fail("torch is not installed (pip install torch==2.13.0)")
+
+
+@pytest.fixture
+def torch_available() -> None:
+    needs_torch()

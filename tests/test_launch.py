@@ -1,0 +1,252 @@
+"""The launcher as a real process: exec, exported variables, refusals, and a gloo world through it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXAMPLES, run_cli
+from tests.test_detect import step_env
+
+DUMP = """
+import json, os, sys
+print(json.dumps({"pid": os.getpid(), "argv": sys.argv[1:], "env": dict(os.environ)}))
+"""
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("SLURM", "MASTER_", "RANK", "WORLD_", "LOCAL_", "TORCHELASTIC", "OMP_",
+                                 "CUDA_VISIBLE"))}
+    base.update(extra)
+    return base
+
+
+@pytest.fixture
+def dump_script(tmp_path: Path) -> Path:
+    p = tmp_path / "dump.py"
+    p.write_text(DUMP)
+    return p
+
+
+def launch(*args: str, env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "slurmlaunch", "launch", *args], env=env, cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_exec_exports_torch_variables_and_is_the_task(dump_script: Path) -> None:
+    env = clean_env(**step_env("localhost,localhost", [2, 2], 3, MASTER_ADDR="127.0.0.1",
+                               SLURM_CPUS_PER_TASK="3"))
+    p = launch(str(dump_script), "--lr", "0.1", env=env)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    got = json.loads(out)
+    assert got["pid"] == p.pid  # exec'd: the training process is the task (signals and exit code are its own)
+    assert got["argv"] == ["--lr", "0.1"]
+    e = got["env"]
+    assert {k: e[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+                              "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR",
+                              "OMP_NUM_THREADS")} == {
+        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "1",
+        "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "ROLE_RANK": "3", "ROLE_WORLD_SIZE": "4",
+        "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "3"}
+    assert 15000 <= int(e["MASTER_PORT"]) < 32000
+
+
+HOSTILE = ["$(touch /tmp/slurmlaunch-pwned)", "`id`", "a b", "'", '"', "\\", "\n", ";rm -rf x", "--flag", "-m",
+           "é\u00a0ü", "*", "$HOME", "%s%n", ""]
+
+
+def test_arguments_reach_the_script_verbatim(dump_script: Path) -> None:
+    p = launch(str(dump_script), *HOSTILE, env=clean_env())
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert json.loads(out)["argv"] == HOSTILE
+    assert not os.path.exists("/tmp/slurmlaunch-pwned")
+
+
+def test_exit_code_is_the_scripts(tmp_path: Path) -> None:
+    script = tmp_path / "fail.py"
+    script.write_text("import sys; sys.exit(7)")
+    p = launch(str(script), env=clean_env())
+    p.communicate(timeout=60)
+    assert p.returncode == 7
+
+
+def test_module_and_no_python(tmp_path: Path) -> None:
+    (tmp_path / "mymod.py").write_text("import os, sys; print(os.environ['RANK'], sys.argv[1:])")
+    p = launch("-m", "mymod", "x", env=clean_env(PYTHONPATH=str(tmp_path)), cwd=tmp_path)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert out.strip() == "0 ['x']"
+    p = launch("--no-python", "sh", "-c", 'echo "$RANK/$WORLD_SIZE $1"', "sh", "arg one", env=clean_env())
+    out, _ = p.communicate(timeout=60)
+    assert out.strip() == "0/1 arg one"
+
+
+def test_world_of_one_says_so(dump_script: Path) -> None:
+    p = launch(str(dump_script), env=clean_env())
+    out, err = p.communicate(timeout=60)
+    assert "world of 1" in err
+    env = json.loads(out)["env"]
+    assert env["WORLD_SIZE"] == "1" and env["RANK"] == "0" and int(env["MASTER_PORT"]) > 0
+
+
+def test_legacy_local_rank_arg(dump_script: Path) -> None:
+    env = clean_env(**step_env("localhost", [2], 1, MASTER_ADDR="127.0.0.1"))
+    p = launch("--legacy-local-rank-arg", str(dump_script), "--lr", "1", env=env)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert json.loads(out)["argv"] == ["--local-rank=1", "--lr", "1"]
+
+
+def test_print_env_one_line_with_secrets_masked(dump_script: Path) -> None:
+    env = clean_env(**step_env("localhost", [2], 1, MASTER_ADDR="127.0.0.1"), WANDB_API_KEY="hunter2",
+                    HF_TOKEN="abc123", NCCL_DEBUG="INFO")
+    p = launch("--print-env", str(dump_script), env=env)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("slurmlaunch[")]
+    assert len(lines) == 1
+    line = lines[0]
+    assert "rank 1/2" in line and "RANK=1" in line and "NCCL_DEBUG='INFO'" in line
+    assert "hunter2" not in line and "abc123" not in line and "WANDB_API_KEY='****'" in line
+
+
+def test_torchrun_owned_variables_untouched(dump_script: Path) -> None:
+    owned = {"TORCHELASTIC_RUN_ID": "r", "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8",
+             "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "m",
+             "MASTER_PORT": "29400"}
+    env = clean_env(**step_env("localhost", [2], 0), **owned)
+    p = launch(str(dump_script), env=env)
+    out, err = p.communicate(timeout=60)
+    got = json.loads(out)["env"]
+    assert {k: got[k] for k in owned} == owned and "NODE_RANK" not in got
+
+
+# --- refusals: one line, exit 2, the script never starts -------------------------------------------
+
+def _refused(args: list[str], env: dict[str, str], marker: Path, expect: str) -> None:
+    p = launch(*args, env=env)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 2, (out, err)
+    assert err.count("\n") == 1 and "Traceback" not in err and expect in err, err
+    assert not marker.exists()
+
+
+@pytest.fixture
+def marker_script(tmp_path: Path) -> tuple[Path, Path]:
+    marker = tmp_path / "started"
+    script = tmp_path / "touch.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()")
+    return script, marker
+
+
+@pytest.mark.parametrize(("change", "expect"), [
+    ({"SLURM_PROCID": "abc"}, "SLURM_PROCID='abc'"),
+    ({"SLURM_PROCID": "9"}, "SLURM_PROCID=9"),
+    ({"SLURM_STEP_NODELIST": "node[1-"}, "SLURM_STEP_NODELIST"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "2(x3"}, "SLURM_STEP_TASKS_PER_NODE"),
+    ({"SLURMD_NODENAME": "elsewhere"}, "SLURMD_NODENAME='elsewhere'"),
+    ({"SLURM_STEP_ID": "", "SLURM_STEPID": ""}, "batch step"),
+    ({"CUDA_VISIBLE_DEVICES": "0", "SLURM_GPUS_ON_NODE": "1"}, "2 ranks on localhost but only 1 GPU"),
+])
+def test_bad_environment_refused(change: dict[str, str], expect: str, marker_script: tuple[Path, Path]) -> None:
+    script, marker = marker_script
+    env = clean_env(**step_env("localhost", [2], 1, MASTER_ADDR="127.0.0.1"))
+    env.update(change)
+    _refused([str(script)], env, marker, expect)
+
+
+def test_bad_options_refused(marker_script: tuple[Path, Path]) -> None:
+    script, marker = marker_script
+    _refused(["--bogus", str(script)], clean_env(), marker, "'--bogus'")
+    _refused([], clean_env(), marker, "no SCRIPT")
+    _refused(["/nonexistent/train.py"], clean_env(), marker, "'/nonexistent/train.py' not found")
+    _refused(["-m", "--no-python", str(script)], clean_env(), marker, "cannot be used together")
+
+
+def test_rank0_port_taken_is_refused(marker_script: tuple[Path, Path]) -> None:
+    script, marker = marker_script
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        env = clean_env(**step_env("localhost", [2], 0, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+        _refused([str(script)], env, marker, f"MASTER_PORT={port}")
+
+
+def test_rank0_on_the_wrong_host_is_refused(marker_script: tuple[Path, Path], tmp_path: Path) -> None:
+    script, marker = marker_script
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node2\nnode1\n")
+    env = clean_env(**step_env("node[1-2]", [1, 1], 0, SLURM_DISTRIBUTION="arbitrary",
+                               SLURM_HOSTFILE=str(hostfile)))
+    # node1 runs rank 0 here, but the hostfile puts rank 0 on node2: a mismatch to report, not to hang on.
+    _refused([str(script)], env, marker, "rank 0 runs on 'node1'")
+
+
+def test_env_command_table_and_json() -> None:
+    env = clean_env(**step_env("node[1-2]", [2, 2], 2, MASTER_PORT="23456"))
+    r = run_cli("env", env=env)
+    assert r.returncode == 0 and "detected: slurm" in r.stdout
+    assert "RANK=2" in r.stdout and "SLURM_PROCID=2" in r.stdout and "MASTER_ADDR=node1" in r.stdout
+    r = run_cli("env", "--json", env=env)
+    got = json.loads(r.stdout)
+    assert got["RANK"] == "2" and got["NODE_RANK"] == "1" and got["MASTER_PORT"] == "23456"
+    r = run_cli("env", env=clean_env(SLURM_JOB_ID="1", SLURM_STEP_ID="0", SLURM_PROCID="zz"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+
+
+def test_launcher_path_imports_nothing_heavy(tmp_path: Path) -> None:
+    probe = (
+        "import os, sys\n"
+        "def fake_exec(*a):\n"
+        "    heavy = {'torch', 'jinja2', 'submitit', 'argparse', 'subprocess', 'json', 'numpy'}\n"
+        "    print(sorted(m for m in sys.modules if m.split('.')[0] in heavy)); sys.exit(0)\n"
+        "os.execvp = fake_exec\n"
+        "from slurmlaunch.cli import main\n"
+        "main(['launch', '--no-python', 'true'])\n"
+    )
+    env = clean_env(**step_env("localhost", [2], 1, MASTER_ADDR="127.0.0.1"))
+    r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_gloo_all_reduce_through_the_launcher(torch_available: None, tmp_path: Path) -> None:
+    script = tmp_path / "allreduce.py"
+    script.write_text(
+        "import os, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "t = torch.tensor([float(dist.get_rank() + 1)])\n"
+        "dist.all_reduce(t)\n"
+        "print(os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['NODE_RANK'], int(t.item()))\n"
+    )
+    counts = [2, 2]
+    procs = []
+    for rank in range(4):
+        env = clean_env(**step_env("localhost,localhost", counts, rank, job=4242))
+        procs.append(launch(str(script), env=env))
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        outs.append(out.split())
+    assert sorted(outs) == [["0", "0", "0", "10"], ["1", "1", "0", "10"], ["2", "0", "1", "10"],
+                            ["3", "1", "1", "10"]]
+
+
+def test_legacy_example_through_the_launcher(torch_available: None) -> None:
+    procs = [launch("--legacy-local-rank-arg", str(EXAMPLES / "legacy_local_rank.py"),
+                    env=clean_env(**step_env("localhost", [2], r, job=777))) for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert sorted(o[0].strip() for o in outs) == [
+        "rank=0 --local-rank=0 LOCAL_RANK=0 all_reduce=2", "rank=1 --local-rank=1 LOCAL_RANK=1 all_reduce=2"]
