@@ -1,0 +1,125 @@
+"""The local scheduler (the default without sbatch): real processes, real gloo, real signals."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXAMPLES, run_cli
+from tests.test_submit import no_slurm_env
+
+SLEEPER = """
+import os, signal, sys, time
+rank = int(os.environ["RANK"])
+open(os.path.join(sys.argv[1], f"pid-{rank}"), "w").write(str(os.getpid()))
+def on_usr1(*_):
+    open(os.path.join(sys.argv[1], f"usr1-{rank}"), "w").close()
+signal.signal(signal.SIGUSR1, on_usr1)
+if rank == int(sys.argv[2]):
+    time.sleep(1)
+    sys.exit(int(sys.argv[3]))
+time.sleep(120)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is not alive for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for_files(d: Path, pattern: str, n: int, timeout: float = 60) -> list[Path]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = sorted(d.glob(pattern))
+        if len(found) >= n:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"{n} files {pattern} did not appear in {d} within {timeout}s")
+
+
+def test_example_trains_on_two_emulated_nodes(torch_available: None, tmp_path: Path) -> None:
+    r = run_cli("submit", "--nodes", "2", "--gpus-per-node", "2", "--wait", str(EXAMPLES / "train_ddp.py"),
+                "--epochs", "1", env=no_slurm_env(tmp_path), cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "auto chose local" in r.stderr and "run on the CPU" in r.stderr
+    ranks = sorted(re.findall(r"\[rank (\d)\] rank=(\d) local_rank=(\d) node_rank=(\d) world_size=(\d)", r.stdout))
+    assert ranks == [("0", "0", "0", "0", "4"), ("1", "1", "1", "0", "4"), ("2", "2", "0", "1", "4"),
+                     ("3", "3", "1", "1", "4")]
+    assert "[rank 0] done: world_size=4 sum_of_ranks=6" in r.stdout
+    logs = sorted(p.name for p in (tmp_path / "slurmlaunch-logs").glob("*.rank-*.log"))
+    assert len(logs) == 4 and all(re.fullmatch(r"job-\d+\.rank-\d\.log", n) for n in logs)
+    assert (tmp_path / "checkpoint.pt").exists()
+
+
+def test_first_failure_stops_the_rest(tmp_path: Path) -> None:
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    start = time.monotonic()
+    r = run_cli("submit", "--nodes", "2", "--tasks-per-node", "2", str(script), str(tmp_path), "2", "7",
+                env=no_slurm_env(tmp_path), cwd=tmp_path, timeout=120)
+    assert r.returncode == 7, r.stderr
+    assert time.monotonic() - start < 30
+    assert "rank 2 failed first with exit code 7" in r.stderr
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
+    assert len(pids) == 4 and not any(alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_stops_every_rank(sig: int, tmp_path: Path) -> None:
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    p = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "submit", "--nodes", "2", "--tasks-per-node", "2",
+                          str(script), str(tmp_path), "-1", "0"], env=no_slurm_env(tmp_path), cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pid_files = wait_for_files(tmp_path, "pid-*", 4)
+    time.sleep(0.5)  # let the signal handlers be installed
+    p.send_signal(signal.SIGUSR1)  # forwarded, not fatal
+    wait_for_files(tmp_path, "usr1-*", 4, timeout=20)
+    p.send_signal(sig)
+    p.communicate(timeout=60)
+    assert p.returncode == 128 + sig
+    assert not any(alive(int(f.read_text())) for f in pid_files)
+
+
+def test_dry_run_local_shows_the_emulated_step(tmp_path: Path) -> None:
+    r = run_cli("submit", "--scheduler", "local", "--dry-run", "--nodes", "2", "--tasks-per-node", "2",
+                str(EXAMPLES / "train_ddp.py"), env=no_slurm_env(tmp_path), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("# rank ") == 4 and "SLURM_STEP_NODELIST='local-node[0-1]'" in r.stdout
+    assert not (tmp_path / "slurmlaunch-logs").exists()
+
+
+def test_setup_lines_run_in_a_shell_but_arguments_do_not(tmp_path: Path) -> None:
+    script = tmp_path / "show.py"
+    script.write_text("import os, sys; print(repr(os.environ['FROM_SETUP']), repr(sys.argv[1:]), "
+                      "repr(os.environ['HOSTILE']))")
+    hostile = "$(touch PWNED) `x` 'q\"\n"
+    r = run_cli("submit", "--setup", "export FROM_SETUP=$((20+22))", "--env", f"HOSTILE={hostile}",
+                str(script), hostile, env=no_slurm_env(tmp_path), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"'42' {[hostile]!r} {hostile!r}" in r.stdout
+    assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_logs_are_not_world_writable(tmp_path: Path) -> None:
+    script = tmp_path / "ok.py"
+    script.write_text("print('ok')")
+    r = run_cli("submit", str(script), env=no_slurm_env(tmp_path), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    for f in (tmp_path / "slurmlaunch-logs").iterdir():
+        assert f.stat().st_mode & 0o002 == 0, f

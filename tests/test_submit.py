@@ -1,0 +1,210 @@
+"""submit without a cluster: validation, golden scripts, templates, hostile strings in the script."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurmlaunch.errors import SpecError
+from slurmlaunch.render import render
+from slurmlaunch.schedulers import slurm
+from slurmlaunch.spec import JobSpec, validate
+from tests.conftest import EXAMPLES, ROOT, run_cli
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def no_slurm_env(tmp_path: Path) -> dict[str, str]:
+    """A PATH without sbatch (as on a laptop), HOME in tmp (no user templates)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    env["HOME"] = str(tmp_path)
+    env.pop("XDG_CONFIG_HOME", None)
+    tools = tmp_path / "no-slurm-bin"
+    tools.mkdir(exist_ok=True)
+    for tool in ("bash", "sh", "env", "true"):
+        found = shutil.which(tool)
+        if found and not (tools / tool).exists():
+            (tools / tool).symlink_to(found)
+    env["PATH"] = f"{Path(sys.executable).parent}:{tools}"
+    return env
+
+
+# --- bad requests: one line, exit 2, nothing submitted ----------------------------------------------
+
+BAD = [
+    (["--nodes", "0"], "--nodes 0"),
+    (["--nodes", "-3"], "--nodes -3"),
+    (["--nodes", "two"], "'two'"),
+    (["--gpus-per-node", "-1"], "--gpus-per-node -1"),
+    (["--gpus-per-node", "4", "--tasks-per-node", "2"], "tasks per node must equal GPUs per node"),
+    (["--cpus-per-task", "0"], "--cpus-per-task 0"),
+    (["--cpus-per-task", "2", "--cpus-per-gpu", "2", "--gpus-per-node", "1"], "cannot be used together"),
+    (["--time", "1h"], "--time '1h'"),
+    (["--time", "10:99:99:99"], "--time '10:99:99:99'"),
+    (["--mem", "lots"], "--mem 'lots'"),
+    (["--master-port", "70000"], "--master-port 70000"),
+    (["--env", "1BAD=x"], "--env '1BAD=x'"),
+    (["--env", "NOEQUALS"], "--env 'NOEQUALS'"),
+    (["--partition", "a b"], "--partition 'a b'"),
+    (["--output-dir", "logs%j"], "--output-dir 'logs%j'"),
+    (["--sbatch-arg", "--mail-type=END\n#SBATCH --x"], "--sbatch-arg"),
+    (["--scheduler", "pbs"], "invalid choice: 'pbs'"),
+    (["--bogus-option"], "--bogus-option"),
+    (["-m", "--no-python"], "cannot be used together"),
+    (["--python", "/nonexistent/python"], "--python '/nonexistent/python'"),
+]
+
+
+@pytest.mark.parametrize(("args", "expect"), BAD)
+def test_bad_requests(args: list[str], expect: str, tmp_path: Path) -> None:
+    r = run_cli("submit", "--scheduler", "local", *args, str(EXAMPLES / "train_ddp.py"),
+                env=no_slurm_env(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2, r
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and expect in r.stderr, r.stderr
+    assert not (tmp_path / "slurmlaunch-logs").exists()  # nothing started, nothing submitted
+
+
+def test_missing_script(tmp_path: Path) -> None:
+    r = run_cli("submit", "--scheduler", "local", "nope.py", env=no_slurm_env(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and "script 'nope.py' not found" in r.stderr and r.stderr.count("\n") == 1
+    r = run_cli("submit", env=no_slurm_env(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "SCRIPT" in r.stderr
+
+
+def test_scheduler_slurm_without_sbatch(tmp_path: Path) -> None:
+    env = no_slurm_env(tmp_path)
+    r = run_cli("submit", "--scheduler", "slurm", str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
+    assert r.returncode == 2 and "sbatch is not on PATH" in r.stderr
+
+
+# --- golden scripts ---------------------------------------------------------------------------------
+
+def golden_spec(**kw: object) -> JobSpec:
+    base: dict[str, object] = dict(script="train.py", args=("--lr", "0.1"), nodes=2, gpus_per_node=4,
+                                   python="/opt/venv/bin/python", workdir="/home/me/project")
+    base.update(kw)
+    return JobSpec(**base)  # type: ignore[arg-type]
+
+
+GOLDEN_CASES = {
+    "slurm_basic.sbatch": golden_spec(),
+    "slurm_full.sbatch": golden_spec(
+        cpus_per_gpu=8, mem="64G", time="1-00:00:00", partition="gpu", account="proj42", qos="high",
+        constraint="a100", exclusive=True, env=(("WANDB_MODE", "offline"), ("WEIRD", "it's $(x) `y`\nz")),
+        setup=("module load cuda/12.4", "source /opt/venv/bin/activate"), sbatch_args=("--mail-type=END",),
+        master_port=23456, gpu_flag="gres", output_dir="logs"),
+    "slurm_cpu_module.sbatch": golden_spec(script="pkg.train", module=True, gpus_per_node=0, tasks_per_node=3,
+                                           nodes=1, args=()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
+def test_golden_scripts(name: str) -> None:
+    text = slurm.render_script(GOLDEN_CASES[name], template_dir=None)
+    path = GOLDEN / name
+    if os.environ.get("SLURMLAUNCH_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"rendered script differs from {path} (SLURMLAUNCH_UPDATE_GOLDEN=1)"
+
+
+def test_golden_scripts_are_valid_bash() -> None:
+    for name in GOLDEN_CASES:
+        r = subprocess.run(["bash", "-n", str(GOLDEN / name)], capture_output=True, text=True)
+        assert r.returncode == 0, (name, r.stderr)
+
+
+def test_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text(f"#!/bin/sh\ntouch {tmp_path}/SUBMITTED\n")
+    (fake / "sbatch").chmod(0o755)
+    env = no_slurm_env(tmp_path)
+    env["PATH"] = f"{fake}:{env['PATH']}"
+    shutil.copy(EXAMPLES / "train_ddp.py", tmp_path / "train.py")
+    r = run_cli("submit", "--dry-run", "--nodes", "2", "--gpus-per-node", "4", "train.py", "--lr", "0.1",
+                env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("#!/bin/bash") and "#SBATCH --nodes=2" in r.stdout
+    assert "--job-name=train.py" in r.stderr and "auto chose slurm" in r.stderr
+    assert not (tmp_path / "SUBMITTED").exists()
+
+
+# --- templates --------------------------------------------------------------------------------------
+
+def test_user_template_dir_wins_and_env_var_and_config_dir(tmp_path: Path) -> None:
+    spec = golden_spec()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "slurm.sbatch.j2").write_text("#!/bin/bash\n# mine {{ world_size }}\n")
+    assert slurm.render_script(spec, str(mine)) == "#!/bin/bash\n# mine 8\n"
+    cfg = tmp_path / "cfg" / "slurmlaunch" / "templates"
+    cfg.mkdir(parents=True)
+    (cfg / "slurm.sbatch.j2").write_text("# from config {{ nodes }}\n")
+    ctx = slurm.script_context(spec)
+    assert render("slurm.sbatch.j2", ctx, None, {"XDG_CONFIG_HOME": str(tmp_path / "cfg")}) == \
+        "# from config 2\n"
+    assert render("slurm.sbatch.j2", ctx, None, {"XDG_CONFIG_HOME": str(tmp_path / "cfg"),
+                                                 "SLURMLAUNCH_TEMPLATE_DIR": str(mine)}) == "#!/bin/bash\n# mine 8\n"
+
+
+def test_missing_template_variable_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "slurm.sbatch.j2").write_text("#SBATCH --x={{ no_such_thing }}\n")
+    with pytest.raises(SpecError, match="no_such_thing"):
+        slurm.render_script(golden_spec(), str(tmp_path))
+    r = run_cli("submit", "--dry-run", "--scheduler", "slurm", "--template-dir", str(tmp_path),
+                str(EXAMPLES / "train_ddp.py"), env={**no_slurm_env(tmp_path),
+                                                      "PATH": f"{_fake_sbatch(tmp_path)}:{os.environ['PATH']}"})
+    assert r.returncode == 2 and "no_such_thing" in r.stderr and r.stderr.count("\n") == 1
+
+
+def _fake_sbatch(tmp_path: Path) -> Path:
+    fake = tmp_path / "fakebin"
+    fake.mkdir(exist_ok=True)
+    (fake / "sbatch").write_text("#!/bin/sh\nexit 99\n")
+    (fake / "sbatch").chmod(0o755)
+    return fake
+
+
+def test_shipped_templates_are_found_from_the_package() -> None:
+    from slurmlaunch.render import shipped_template_dir
+
+    assert (shipped_template_dir() / "slurm.sbatch.j2").is_file()
+    assert (ROOT / "templates" / "slurm.sbatch.j2").read_text() == (shipped_template_dir() / "slurm.sbatch.j2").read_text()
+
+
+# --- hostile strings in the script: run the rendered script's env/argv part with bash ---------------
+
+HOSTILE = ["$(touch PWNED)", "`touch PWNED`", "a b  c", "it's", 'say "hi"', "back\\slash", "new\nline",
+           "; touch PWNED", "&& touch PWNED", "| touch PWNED", "$HOME", "${PATH}", "*", "~", "#not a comment",
+           "--job-name=x", "\t", "é ü 中文", "!!", "$((1+1))", "<(touch PWNED)", "> PWNED", "%j %t", "\\n",
+           "'$(touch PWNED)'", '"$(touch PWNED)"', "\r", "-", "", "a=b"]
+
+
+def test_hostile_values_in_env_and_args_arrive_verbatim(tmp_path: Path) -> None:
+    """Render a real script, swap srun for a recorder, run it with bash: every value arrives intact."""
+    assert len(HOSTILE) >= 30
+    spec = validate(JobSpec(script=str(EXAMPLES / "train_ddp.py"), args=tuple(HOSTILE), workdir=str(tmp_path),
+                            env=tuple((f"V{i}", v) for i, v in enumerate(HOSTILE)), output_dir="logs"))
+    script = slurm.render_script(spec)
+    recorder = tmp_path / "bin" / "srun"
+    recorder.parent.mkdir()
+    recorder.write_text(
+        "#!/usr/bin/env python3\nimport json, os, sys\n"
+        f"json.dump({{'argv': sys.argv[1:], 'env': dict(os.environ)}}, open({str(tmp_path / 'rec.json')!r}, 'w'))\n"
+    )
+    recorder.chmod(0o755)
+    (tmp_path / "logs").mkdir()
+    env = {"PATH": f"{recorder.parent}:/usr/bin:/bin", "SLURM_JOB_ID": "1", "HOME": str(tmp_path)}
+    r = subprocess.run(["bash", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    import json
+
+    rec = json.loads((tmp_path / "rec.json").read_text())
+    assert rec["argv"][-len(HOSTILE):] == HOSTILE
+    assert [rec["env"][f"V{i}"] for i in range(len(HOSTILE))] == HOSTILE
+    assert not list(tmp_path.rglob("PWNED"))
