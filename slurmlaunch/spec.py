@@ -17,7 +17,7 @@ from .errors import SpecError
 SCHEDULERS = ("auto", "slurm", "local")
 
 # Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (and the unlimited spellings).
-_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-\d{1,2}:\d{1,2}|\d+-\d{1,2}:\d{1,2}:\d{1,2})$")
+_TIME = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2})$")
 _MEM = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

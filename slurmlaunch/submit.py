@@ -32,8 +32,12 @@ def choose_scheduler(requested: str) -> str:
         if requested == "slurm" and not slurm.available():
             raise SpecError("--scheduler slurm: sbatch is not on PATH (use --scheduler local on this machine)")
         return requested
-    chosen = "slurm" if slurm.available() else "local"
-    why = "sbatch is on PATH" if chosen == "slurm" else "no sbatch on PATH"
+    if not slurm.available():
+        chosen, why = "local", "no sbatch on PATH"
+    else:
+        up, _ = slurm.controller_answers()
+        chosen, why = ("slurm", "sbatch is on PATH and slurmctld answers") if up else \
+            ("local", "sbatch is on PATH but no Slurm controller answers scontrol ping")
     sys.stderr.write(f"slurmlaunch: --scheduler auto chose {chosen} ({why})\n")
     return chosen
 

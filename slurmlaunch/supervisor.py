@@ -88,7 +88,7 @@ def supervise(ranks: Sequence[RankProcess], *, grace: float = 10.0, prefix: bool
     stop_deadline: float | None = None
     try:
         for r in ranks:
-            log = None
+            log: BinaryIO | None = None
             if r.log_path:
                 fd = os.open(r.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
                 log = os.fdopen(fd, "ab")
@@ -131,8 +131,8 @@ def supervise(ranks: Sequence[RankProcess], *, grace: float = 10.0, prefix: bool
             _signal_group(p, signal.SIGKILL)
         for t in threads:
             t.join(timeout=5)
-        for log in logs:
-            log.close()
+        for opened in logs:
+            opened.close()
         if in_main_thread:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

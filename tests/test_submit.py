@@ -126,12 +126,24 @@ def test_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
     env = no_slurm_env(tmp_path)
     env["PATH"] = f"{fake}:{env['PATH']}"
     shutil.copy(EXAMPLES / "train_ddp.py", tmp_path / "train.py")
-    r = run_cli("submit", "--dry-run", "--nodes", "2", "--gpus-per-node", "4", "train.py", "--lr", "0.1",
+    r = run_cli("submit", "--dry-run", "--scheduler", "slurm", "--nodes", "2", "--gpus-per-node", "4", "train.py",
+                "--lr", "0.1",
                 env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("#!/bin/bash") and "#SBATCH --nodes=2" in r.stdout
-    assert "--job-name=train.py" in r.stderr and "auto chose slurm" in r.stderr
+    assert "--job-name=train.py" in r.stderr
     assert not (tmp_path / "SUBMITTED").exists()
+
+
+def test_auto_needs_a_controller_not_just_sbatch(tmp_path: Path) -> None:
+    fake = _fake_sbatch(tmp_path)
+    (fake / "scontrol").write_text("#!/bin/sh\necho 'scontrol: error: Could not establish a configuration source' >&2\n"
+                                   "exit 1\n")
+    (fake / "scontrol").chmod(0o755)
+    env = no_slurm_env(tmp_path)
+    env["PATH"] = f"{fake}:{env['PATH']}"
+    r = run_cli("submit", "--dry-run", str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
+    assert r.returncode == 0 and "auto chose local (sbatch is on PATH but no Slurm controller" in r.stderr
 
 
 # --- templates --------------------------------------------------------------------------------------
@@ -174,7 +186,8 @@ def test_shipped_templates_are_found_from_the_package() -> None:
     from slurmlaunch.render import shipped_template_dir
 
     assert (shipped_template_dir() / "slurm.sbatch.j2").is_file()
-    assert (ROOT / "templates" / "slurm.sbatch.j2").read_text() == (shipped_template_dir() / "slurm.sbatch.j2").read_text()
+    shipped = (shipped_template_dir() / "slurm.sbatch.j2").read_text()
+    assert (ROOT / "templates" / "slurm.sbatch.j2").read_text() == shipped
 
 
 # --- hostile strings in the script: run the rendered script's env/argv part with bash ---------------

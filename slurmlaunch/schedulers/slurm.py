@@ -22,6 +22,15 @@ def available() -> bool:
     return shutil.which("sbatch") is not None
 
 
+def controller_answers(timeout: float = 10.0) -> tuple[bool, str]:
+    """Whether a Slurm controller answers `scontrol ping` (an installed client alone is no cluster)."""
+    try:
+        out = run_command(["scontrol", "ping"], timeout=timeout).stdout
+    except SchedulerError as e:
+        return False, str(e)
+    return "UP" in out, out.strip()
+
+
 def launch_command(spec: JobSpec) -> list[str]:
     """What each task runs: the launcher in front of the script (no shell in between)."""
     cmd = [spec.python, "-m", "slurmlaunch", "launch"]
@@ -150,8 +159,9 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
             return JobStatus(state, None, nodes or None)
     fields: dict[str, str] = {}
     try:
-        shown = run_command(["scontrol", "show", "job", "-o", job_id], timeout=30)
-        fields = dict(_FIELD.findall(shown.stdout))
+        shown = run_command(["scontrol", "show", "job", "-o", job_id], timeout=30).stdout
+        # JobName, free text that could read "JobState=...", comes before UserId; the fields we want after.
+        fields = dict(reversed(_FIELD.findall(shown.split(" UserId=", 1)[-1])))
     except SchedulerError:
         pass  # the record is gone after MinJobAge; fall back to our exit-code file
     code: int | None = None

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs and runs all of it:
+#   - Debian's Slurm (slurmctld, slurmd, slurm-client) for the real multi-node cluster the tests start;
+#   - a virtual environment .venv with torch==2.13.0 (the CPU build) and slurmlaunch with its test extras.
+# Usage: bash tests/run.sh [pytest arguments]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(slurmctld slurmd slurm-client)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" -eq 0 ]; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+        echo "tests/run.sh: not root, cannot install ${missing[*]}: the real-Slurm tests will skip" >&2
+    fi
+fi
+
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e ".[test]"
+.venv/bin/python -m ruff check slurmlaunch tests examples benchmarks
+.venv/bin/python -m mypy
+export PATH="$PWD/.venv/bin:$PATH"
+exec .venv/bin/python -m pytest "$@"

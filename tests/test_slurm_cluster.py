@@ -1,0 +1,187 @@
+"""Against the real local Slurm cluster (4 slurmd nodes x 4 fake GPUs on this machine).
+
+These skip without root or Slurm's packages, and fail instead under CI=true.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXAMPLES, run_cli
+from tests.test_local import SLEEPER, alive
+
+pytestmark = pytest.mark.slurm
+
+DUMP = """
+import json, os, socket, sys
+keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR",
+        "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "SLURMLAUNCH_LOCAL_DEVICE", "OMP_NUM_THREADS", "HOSTILE"]
+rec = {"tag": sys.argv[1], "host": socket.gethostname(), "pid": os.getpid(), "argv": sys.argv[2:],
+       **{k: os.environ.get(k) for k in keys}}
+with open(os.path.join(os.environ["OUT_DIR"], f"{sys.argv[1]}-{os.environ['RANK']}.json"), "w") as f:
+    json.dump(rec, f)
+"""
+
+
+def records(d: Path, tag: str) -> list[dict[str, object]]:
+    return sorted((json.loads(p.read_text()) for p in d.glob(f"{tag}-*.json")), key=lambda r: int(str(r["RANK"])))
+
+
+def test_example_trains_across_two_nodes(cluster_env: dict[str, str], tmp_path: Path,
+                                         torch_available: None) -> None:
+    r = run_cli("submit", "--nodes", "2", "--gpus-per-node", "2", "--cpus-per-task", "1", "--wait",
+                str(EXAMPLES / "train_ddp.py"), "--epochs", "2", env=cluster_env, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "auto chose slurm" in r.stderr and re.search(r"job \d+ RUNNING on node\[1-2\]", r.stderr)
+    assert "done: world_size=4 sum_of_ranks=6" in r.stdout  # rank 0's output, followed live
+    job = re.search(r"submitted job (\d+)", r.stderr).group(1)  # type: ignore[union-attr]
+    logs = tmp_path / "slurmlaunch-logs"
+    seen = []
+    for rank in range(4):
+        text = (logs / f"job-{job}.rank-{rank}.log").read_text()
+        m = re.search(r"rank=(\d) local_rank=(\d) node_rank=(\d) world_size=(\d) host=(\S+)", text)
+        assert m, text
+        seen.append(m.groups())
+    assert seen == [("0", "0", "0", "4", "node1"), ("1", "1", "0", "4", "node1"),
+                    ("2", "0", "1", "4", "node2"), ("3", "1", "1", "4", "node2")]
+    assert (logs / f"job-{job}.sbatch").is_file() and (logs / f"job-{job}.batch.log").is_file()
+    record = json.loads((logs / f"job-{job}.json").read_text())
+    assert record["job_id"] == job and record["command"][0] == "sbatch"
+
+
+def test_failing_rank_ends_the_job_with_its_code(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    start = time.monotonic()
+    r = run_cli("submit", "--nodes", "2", "--tasks-per-node", "2", "--wait", str(script), str(tmp_path), "2", "7",
+                env=cluster_env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 7, r.stdout + r.stderr
+    assert time.monotonic() - start < 60
+    batch_log = next((tmp_path / "slurmlaunch-logs").glob("*.batch.log")).read_text()
+    assert "rank 2 on node2 failed first with exit code 7" in batch_log
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
+    assert len(pids) == 4 and not any(alive(p) for p in pids)  # the nodes share this machine's pid space
+
+
+@pytest.mark.parametrize(("args", "expect"), [
+    (["--partition", "nosuchpartition"], "invalid partition"),
+    (["--gpus-per-node", "8"], "Requested node configuration is not available"),
+])
+def test_slurm_refusals_shown_with_the_command(args: list[str], expect: str, cluster_env: dict[str, str],
+                                               tmp_path: Path) -> None:
+    script = tmp_path / "ok.py"
+    script.write_text("print('ok')")
+    r = run_cli("submit", *args, str(script), env=cluster_env, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("slurmlaunch: error: sbatch --parsable") and "failed (exit 1)" in line
+    assert expect in line.lower() or expect in line
+    assert "Traceback" not in r.stderr
+
+
+def test_hostile_job_name_args_and_env_arrive_byte_for_byte(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    from tests.test_submit import HOSTILE
+
+    script = tmp_path / "dump.py"
+    script.write_text(DUMP)
+    name = "job $(touch PWNED) `x` it's\n#SBATCH --nodes=4"
+    env_value = "v $(touch PWNED) 'q' \"d\"\nline2 `x` %j"
+    r = run_cli("submit", "--nodes", "2", "--wait", "--job-name", name, "--env", f"HOSTILE={env_value}",
+                "--env", f"OUT_DIR={tmp_path}", str(script), "hostile", *HOSTILE,
+                env=cluster_env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    recs = records(tmp_path, "hostile")
+    assert len(recs) == 2
+    for rec in recs:
+        assert rec["argv"] == HOSTILE and rec["HOSTILE"] == env_value
+    job = re.search(r"submitted job (\d+)", r.stderr).group(1)  # type: ignore[union-attr]
+    info = subprocess.run(["scontrol", "show", "job", job], env=cluster_env, capture_output=True, text=True).stdout
+    assert f"JobName={name} " in info or f"JobName={name}\n" in info
+    assert not list(tmp_path.rglob("PWNED"))
+
+
+LAYOUTS = r"""#!/bin/bash
+set -u
+L="$PY -m slurmlaunch launch"
+srun --nodes=2 --ntasks-per-node=2 --gpus-per-node=2 $L "$DUMP" pernode
+srun --nodes=2 --ntasks-per-node=2 --gpus-per-task=1 $L "$DUMP" pertask
+srun --nodes=2 --ntasks=3 $L "$DUMP" uneven
+srun --nodes=1 --ntasks=2 -w node2 $L "$DUMP" subset
+printf 'node2\nnode1\n' > "$OUT_DIR/hostfile"
+SLURM_HOSTFILE="$OUT_DIR/hostfile" srun --distribution=arbitrary --ntasks=2 $L "$DUMP" arbitrary
+srun --nodes=2 --ntasks-per-node=2 --cpus-per-task=2 $L "$DUMP" cpus
+$L "$DUMP" batchstep 2> "$OUT_DIR/batchstep.err"; echo $? > "$OUT_DIR/batchstep.rc"
+"""
+
+
+def test_launcher_under_real_srun_layouts(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "dump.py").write_text(DUMP)
+    (tmp_path / "layouts.sh").write_text(LAYOUTS)
+    env = dict(cluster_env, PY=sys.executable, DUMP=str(tmp_path / "dump.py"), OUT_DIR=str(tmp_path))
+    r = subprocess.run(["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2",
+                        "--cpus-per-task=2", "-o", str(tmp_path / "out.log"), str(tmp_path / "layouts.sh")],
+                       env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    out = (tmp_path / "out.log").read_text() if (tmp_path / "out.log").exists() else ""
+    assert r.returncode == 0, r.stderr + out
+
+    def view(tag: str, *keys: str) -> list[tuple[object, ...]]:
+        return [tuple(rec[k] for k in keys) for rec in records(tmp_path, tag)]
+
+    # --gpus-per-node: every task sees the node's GPUs and uses GPU LOCAL_RANK
+    assert view("pernode", "RANK", "LOCAL_RANK", "NODE_RANK", "host", "CUDA_VISIBLE_DEVICES",
+                "SLURMLAUNCH_LOCAL_DEVICE", "MASTER_ADDR") == [
+        ("0", "0", "0", "node1", "0,1", "0", "node1"), ("1", "1", "0", "node1", "0,1", "1", "node1"),
+        ("2", "0", "1", "node2", "0,1", "0", "node1"), ("3", "1", "1", "node2", "0,1", "1", "node1")]
+    # --gpus-per-task=1: Slurm narrowed CUDA_VISIBLE_DEVICES per task; each uses its own, index 0
+    pertask = view("pertask", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "SLURMLAUNCH_LOCAL_DEVICE")
+    assert [p[2] for p in pertask] == ["0"] * 4 and {p[1] for p in pertask[:2]} == {"0", "1"}
+    # uneven: 3 tasks on 2 nodes
+    assert view("uneven", "RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE") == [
+        ("0", "0", "0", "2", "3"), ("1", "1", "0", "2", "3"), ("2", "0", "1", "1", "3")]
+    # a step on a subset of the allocation: the step's node list, not the job's
+    assert view("subset", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR", "host") == [
+        ("0", "2", "0", "1", "node2", "node2"), ("1", "2", "0", "1", "node2", "node2")]
+    # arbitrary distribution: rank 0 runs on node2, the hostfile's first line, which is not the list's first
+    assert view("arbitrary", "RANK", "host", "MASTER_ADDR") == [("0", "node2", "node2"), ("1", "node1", "node2")]
+    assert {r[0] for r in view("cpus", "OMP_NUM_THREADS")} == {"2"}
+    # every rank of a step computed the same port
+    assert len({r[0] for r in view("pernode", "MASTER_PORT")}) == 1
+    # the batch step pretending to be rank 0 of 4 is refused
+    assert (tmp_path / "batchstep.rc").read_text().strip() == "2"
+    assert "batch step" in (tmp_path / "batchstep.err").read_text()
+    assert not list(tmp_path.glob("batchstep-*.json"))
+
+
+def test_gloo_world_over_srun_arbitrary_distribution(cluster_env: dict[str, str], tmp_path: Path,
+                                                     torch_available: None) -> None:
+    """MASTER_ADDR = the host of rank 0 even when that is not the node list's first: gloo must connect."""
+    script = tmp_path / "ar.py"
+    script.write_text("import socket, torch, torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "t = torch.ones(1); dist.all_reduce(t)\n"
+                      "print(dist.get_rank(), socket.gethostname(), int(t.item()), flush=True)\n")
+    (tmp_path / "hf").write_text("node2\nnode1\nnode1\n")
+    batch = (f"#!/bin/bash\nSLURM_HOSTFILE={tmp_path}/hf srun --distribution=arbitrary --ntasks=3 "
+             f"{sys.executable} -m slurmlaunch launch {script}\n")
+    (tmp_path / "b.sh").write_text(batch)
+    r = subprocess.run(["sbatch", "--wait", "--nodes=2", "--ntasks=3", "-o", str(tmp_path / "o.log"),
+                        str(tmp_path / "b.sh")], env=cluster_env, capture_output=True, text=True, timeout=180)
+    out = (tmp_path / "o.log").read_text()
+    assert r.returncode == 0, out
+    assert sorted(out.split("\n")[:3]) == ["0 node2 3", "1 node1 3", "2 node1 3"]
+
+
+def test_scontrol_agrees_on_cluster_node_lists(cluster_env: dict[str, str]) -> None:
+    from slurmlaunch import hostlist
+
+    out = subprocess.run(["sinfo", "-h", "-o", "%N"], env=cluster_env, capture_output=True, text=True).stdout.strip()
+    hosts = subprocess.run(["scontrol", "show", "hostnames", out], env=cluster_env, capture_output=True,
+                           text=True).stdout.split()
+    assert hostlist.expand(out) == hosts == ["node1", "node2", "node3", "node4"]
