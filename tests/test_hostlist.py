@@ -183,10 +183,9 @@ def scontrol_conf(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(conf)
 
 
-@pytest.mark.parametrize(("expr", "hosts"), VALID)
+# scontrol prints hosts one per line, so a host holding a newline cannot be compared through it.
+@pytest.mark.parametrize(("expr", "hosts"), [(e, h) for e, h in VALID if "\n" not in e])
 def test_table_agrees_with_scontrol(expr: str, hosts: list[str], scontrol_conf: str) -> None:
-    if expr.startswith("-") or "\n" in expr:
-        pytest.skip("scontrol cannot take this one on its command line unambiguously")
     assert _scontrol(expr, scontrol_conf) == hosts
 
 
