@@ -186,3 +186,26 @@ def test_scontrol_agrees_on_cluster_node_lists(cluster_env: dict[str, str]) -> N
     hosts = subprocess.run(["scontrol", "show", "hostnames", out], env=cluster_env, capture_output=True,
                            text=True).stdout.split()
     assert hostlist.expand(out) == hosts == ["node1", "node2", "node3", "node4"]
+
+
+def test_wait_interrupt_cancels_the_job(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    import signal
+
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    p = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "submit", "--nodes", "2", "--wait",
+                          "--cancel-on-interrupt", str(script), str(tmp_path), "-1", "0"],
+                         env=cluster_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("pid-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    job = re.search(r"submitted job (\d+)", err).group(1)  # type: ignore[union-attr]
+    assert f"cancelled job {job}" in err
+    deadline = time.monotonic() + 30
+    pids = [int(f.read_text()) for f in tmp_path.glob("pid-*")]
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(pid) for pid in pids)
