@@ -56,6 +56,14 @@ def _parser() -> Any:
 
     s = sub.add_parser("submit", allow_abbrev=False, help="submit SCRIPT as a distributed job")
     add_submit_options(s)
+
+    import os
+
+    from .run import add_run_options
+
+    r = sub.add_parser("run", allow_abbrev=False, help="torchrun's flags, without a scheduler: start this "
+                       "node's ranks (swap `torchrun` or `python -m torch.distributed.launch` for `slurmlaunch run`)")
+    add_run_options(r, os.environ)
     return top
 
 
@@ -117,6 +125,10 @@ def _dispatch(args: list[str]) -> int:
         return cmd_env(ns.json)
     if ns.command == "hostnames":
         return cmd_hostnames(ns.expression)
+    if ns.command == "run":
+        from .run import cmd_run
+
+        return cmd_run(ns)
     if ns.command == "submit":
         from .submit import cmd_submit
 

@@ -5,8 +5,9 @@ GPU device count) and returns a :class:`DistEnv`, or None when the environment i
 Detection order (first match wins), see :data:`READERS`:
 
 1. torchrun owns the process (TORCHELASTIC_RUN_ID set): its variables are left alone;
-2. a Slurm step (SLURM_JOB_ID and SLURM_STEP_ID set); the batch step of a multi-task job is refused;
-3. a plain single process: a world of 1.
+2. `slurmlaunch run` started it (SLURMLAUNCH_RUN=1), even inside a Slurm allocation;
+3. a Slurm step (SLURM_JOB_ID and SLURM_STEP_ID set); the batch step of a multi-task job is refused;
+4. a plain single process: a world of 1.
 """
 
 from __future__ import annotations
@@ -259,6 +260,44 @@ def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
     )
 
 
+def read_run(env: Env, ctx: Context) -> DistEnv | None:
+    """A rank started by `slurmlaunch run` (torchrun's flags on a machine without a scheduler).
+
+    Reads SLURMLAUNCH_NNODES, SLURMLAUNCH_NODE_RANK, SLURMLAUNCH_NPROC_PER_NODE, SLURMLAUNCH_LOCAL_RANK,
+    MASTER_ADDR and MASTER_PORT, all set by `run` for each rank it starts.
+    """
+    if env.get("SLURMLAUNCH_RUN") != "1":
+        return None
+    nnodes = _int("SLURMLAUNCH_NNODES", _require(env, "SLURMLAUNCH_NNODES")[1], 1)
+    node_rank = _int("SLURMLAUNCH_NODE_RANK", _require(env, "SLURMLAUNCH_NODE_RANK")[1])
+    nproc = _int("SLURMLAUNCH_NPROC_PER_NODE", _require(env, "SLURMLAUNCH_NPROC_PER_NODE")[1], 1)
+    local_rank = _int("SLURMLAUNCH_LOCAL_RANK", _require(env, "SLURMLAUNCH_LOCAL_RANK")[1])
+    if node_rank >= nnodes or local_rank >= nproc:
+        raise EnvironmentMappingError(
+            f"SLURMLAUNCH_NODE_RANK={node_rank}/SLURMLAUNCH_LOCAL_RANK={local_rank} are not valid for "
+            f"{nnodes} node(s) x {nproc} process(es) (expected node rank < nnodes, local rank < nproc)"
+        )
+    addr = _require(env, "MASTER_ADDR")[1]
+    port = _int("MASTER_PORT", _require(env, "MASTER_PORT")[1], 1)
+    return DistEnv(
+        source="run",
+        rank=node_rank * nproc + local_rank,
+        local_rank=local_rank,
+        world_size=nnodes * nproc,
+        local_world_size=nproc,
+        node_rank=node_rank,
+        num_nodes=nnodes,
+        master_addr=addr,
+        master_port=port,
+        this_host=ctx.hostname,
+        local_device=local_device(env, local_rank, nproc, ctx, ctx.hostname),
+        origins={"RANK": "--node-rank x --nproc-per-node + local rank", "WORLD_SIZE": "--nnodes x --nproc-per-node",
+                 "LOCAL_RANK": "the process's index on this node", "LOCAL_WORLD_SIZE": "--nproc-per-node",
+                 "NODE_RANK": "--node-rank", "GROUP_WORLD_SIZE": "--nnodes", "MASTER_ADDR": "--master-addr",
+                 "MASTER_PORT": "--master-port"},
+    )
+
+
 def read_single(env: Env, ctx: Context) -> DistEnv:
     """No launcher around us: a world of 1 on this host (a free port is picked at launch)."""
     addr, port, origins = _master(env, "127.0.0.1", "default for a world of 1", 0, "a free port, picked at launch")
@@ -283,7 +322,7 @@ def read_single(env: Env, ctx: Context) -> DistEnv:
 Reader = Callable[[Env, Context], "DistEnv | None"]
 
 #: The detection order. The PBS/MPI issue inserts its readers after Slurm.
-READERS: tuple[Reader, ...] = (read_torchrun, read_slurm)
+READERS: tuple[Reader, ...] = (read_torchrun, read_run, read_slurm)
 
 
 def detect(env: Env, ctx: Context | None = None) -> DistEnv:

@@ -109,7 +109,7 @@ def test_outside_everything_is_a_world_of_one() -> None:
 
 
 def test_detection_order_is_explicit() -> None:
-    assert [r.__name__ for r in READERS] == ["read_torchrun", "read_slurm"]
+    assert [r.__name__ for r in READERS] == ["read_torchrun", "read_run", "read_slurm"]
 
 
 def test_batch_step_with_many_tasks_is_refused() -> None:

@@ -1,0 +1,200 @@
+"""`slurmlaunch run`: torchrun's (and torch.distributed.launch's) flags on machines without a scheduler.
+
+Each node runs `slurmlaunch run --nnodes N --node-rank K --master-addr A ...`; it starts M local ranks,
+each through `slurmlaunch launch` (same mapping, checks and exec), under the supervisor the local
+scheduler uses. The classic traps become one-line refusals before anything starts.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .errors import SlurmLaunchError, SpecError
+from .schedulers.local import visible_gpus
+from .supervisor import RankProcess, supervise
+
+DEFAULT_PORT = 29500  # torchrun's
+
+
+def add_run_options(p: Any, environ: Mapping[str, str]) -> None:
+    import argparse
+
+    def pet(name: str, default: object) -> object:
+        return environ.get(f"PET_{name}", default)  # torchrun reads its flags from PET_* too
+
+    p.add_argument("--nnodes", default=pet("NNODES", "1"), help="number of nodes (N, or N:N)")
+    p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=int(str(pet("NODE_RANK", 0))))
+    p.add_argument("--master-addr", "--master_addr", dest="master_addr", default=pet("MASTER_ADDR", "127.0.0.1"))
+    p.add_argument("--master-port", "--master_port", dest="master_port", type=int,
+                   default=int(str(pet("MASTER_PORT", DEFAULT_PORT))))
+    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default=pet("RDZV_ENDPOINT", None),
+                   help="HOST:PORT, the same as --master-addr HOST --master-port PORT")
+    p.add_argument("--rdzv-backend", "--rdzv_backend", "--rdzv-id", "--rdzv_id", dest="ignored", default=None,
+                   help="accepted for torchrun compatibility; the rendezvous is always static (env://)")
+    p.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc", default=pet("NPROC_PER_NODE", "1"),
+                   help="processes on this node: a number, gpu (one per visible GPU), cpu (one per core) or auto")
+    p.add_argument("--standalone", action="store_true", default=pet("STANDALONE", "") not in ("", "0"),
+                   help="a single node on 127.0.0.1 with a free port")
+    p.add_argument("--cpu", action="store_true", help="run the processes on the CPU even with GPUs visible")
+    p.add_argument("--allow-loopback", action="store_true",
+                   help="accept a loopback --master-addr with --nnodes > 1 (all 'nodes' on this one machine)")
+    p.add_argument("--master-timeout", type=float, default=300.0,
+                   help="seconds a non-master node waits for the master to listen (default 300)")
+    p.add_argument("--log-dir", "--log_dir", dest="log_dir", help="also write each rank's output to LOG_DIR/rank-N.log")
+    p.add_argument("--use-env", "--use_env", dest="use_env", action="store_true",
+                   help="accepted for torch.distributed.launch compatibility (the variables are always set)")
+    p.add_argument("--print-env", action="store_true", help="each rank prints its variables (secrets masked)")
+    p.add_argument("--legacy-local-rank-arg", action="store_true", help="pass --local-rank=N to the script")
+    p.add_argument("-m", "--module", action="store_true")
+    p.add_argument("--no-python", "--no_python", dest="no_python", action="store_true")
+    p.add_argument("script", metavar="SCRIPT")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
+
+
+def parse_nnodes(text: str) -> int:
+    lo, _, hi = str(text).partition(":")
+    if not lo.isdigit() or (hi and hi != lo) or int(lo) < 1:
+        raise SpecError(f"--nnodes {text!r} is not valid (expected a positive number; elastic MIN:MAX ranges "
+                        f"are not supported by `run`)")
+    return int(lo)
+
+
+def plan_processes(nproc: str, use_cpu: bool, environ: Mapping[str, str]) -> tuple[int, bool, str | None]:
+    """(processes on this node, run on the CPU?, a note to print once)."""
+    gpus = len(visible_gpus(environ))
+    if nproc == "auto":
+        nproc = "gpu" if gpus else "cpu"
+    if nproc == "gpu":
+        if gpus == 0:
+            raise SpecError("--nproc-per-node gpu: no GPU is visible on this machine (use a number, or cpu)")
+        return gpus, False, None
+    if nproc == "cpu":
+        return os.cpu_count() or 1, True, None
+    if not nproc.isdigit() or int(nproc) < 1:
+        raise SpecError(f"--nproc-per-node {nproc!r} is not valid (expected a positive number, gpu, cpu or auto)")
+    count = int(nproc)
+    if use_cpu:
+        return count, True, None
+    if gpus == 0:
+        return count, True, f"no GPU visible: the {count} process(es) run on the CPU"
+    if count > gpus:
+        raise SpecError(f"--nproc-per-node {count} is more than the {gpus} GPU(s) visible here "
+                        f"(use --nproc-per-node gpu, or --cpu to run CPU processes)")
+    return count, False, None
+
+
+def resolve_master(addr: str) -> list[str]:
+    try:
+        infos = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise SpecError(f"--master-addr {addr!r} does not resolve ({e}): give a host name or address that every "
+                        f"node can resolve") from None
+    return sorted({str(info[4][0]) for info in infos})
+
+
+def is_loopback(addresses: Sequence[str]) -> bool:
+    return all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_master(addr: str, port: int, timeout: float, node_rank: int) -> None:
+    """Non-master nodes start their ranks only once the master listens, up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while True:
+        try:
+            with socket.create_connection((addr, port), timeout=min(5.0, max(0.1, deadline - time.monotonic()))):
+                return
+        except OSError as e:
+            last = e.strerror or str(e)
+        if time.monotonic() >= deadline:
+            raise SlurmLaunchError(
+                f"node {node_rank} could not reach the master at {addr}:{port} within {timeout:.0f}s ({last}): "
+                f"is node 0 started with the same --master-addr and --master-port, and is the port open?"
+            )
+        time.sleep(0.2)
+
+
+def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
+    nnodes = parse_nnodes(ns.nnodes)
+    if ns.module and ns.no_python:
+        raise SpecError("-m/--module and --no-python cannot be used together")
+    if ns.rdzv_endpoint:
+        host, _, port_text = ns.rdzv_endpoint.rpartition(":")
+        if not host or not port_text.isdigit():
+            raise SpecError(f"--rdzv-endpoint {ns.rdzv_endpoint!r} is not valid (expected HOST:PORT)")
+        ns.master_addr, ns.master_port = host, int(port_text)
+    if ns.standalone:
+        if nnodes != 1:
+            raise SpecError(f"--standalone is for one node, not --nnodes {nnodes}")
+        ns.master_addr, ns.master_port = "127.0.0.1", free_port()
+    if not 0 <= ns.node_rank < nnodes:
+        raise SpecError(f"--node-rank {ns.node_rank} is not valid with --nnodes {nnodes} (expected 0..{nnodes - 1})")
+    if not 1 <= ns.master_port <= 65535:
+        raise SpecError(f"--master-port {ns.master_port} is not valid (expected 1-65535)")
+    if not (ns.no_python or ns.module or os.path.isfile(ns.script)):
+        raise SpecError(f"script {ns.script!r} not found")
+    nproc, on_cpu, note = plan_processes(str(ns.nproc), ns.cpu, environ)
+    addresses = resolve_master(ns.master_addr)
+    if nnodes > 1 and is_loopback(addresses) and not ns.allow_loopback:
+        raise SpecError(
+            f"--master-addr {ns.master_addr!r} is a loopback address ({', '.join(addresses)}) but --nnodes is "
+            f"{nnodes}: other machines cannot reach it. Give node 0's name or address on the network shared by the "
+            f"nodes (hint: the 127.0.1.1 line of /etc/hosts; NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME pick the "
+            f"interface), or --allow-loopback if every node runs on this machine"
+        )
+    if ns.node_rank == 0 and not ns.standalone and not port_free(ns.master_port):
+        raise SpecError(f"--master-port {ns.master_port} is already in use on this machine (the master): "
+                        f"choose a free port, or --standalone for a single node")
+    if ns.node_rank > 0:
+        wait_for_master(ns.master_addr, ns.master_port, ns.master_timeout, ns.node_rank)
+    if note:
+        sys.stderr.write(f"slurmlaunch: {note}\n")
+    return start_ranks(ns, nnodes, nproc, on_cpu, environ)
+
+
+def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping[str, str]) -> int:
+    launch = [sys.executable, "-m", "slurmlaunch", "launch"]
+    for flag, on in (("--print-env", ns.print_env), ("--legacy-local-rank-arg", ns.legacy_local_rank_arg),
+                     ("-m", ns.module), ("--no-python", ns.no_python)):
+        if on:
+            launch.append(flag)
+    argv = [*launch, ns.script, *ns.args]
+    base = {k: v for k, v in environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
+    base.update(SLURMLAUNCH_RUN="1", SLURMLAUNCH_NNODES=str(nnodes), SLURMLAUNCH_NODE_RANK=str(ns.node_rank),
+                SLURMLAUNCH_NPROC_PER_NODE=str(nproc), MASTER_ADDR=ns.master_addr, MASTER_PORT=str(ns.master_port))
+    if on_cpu:
+        base["SLURMLAUNCH_DEVICE"] = "cpu"
+    if ns.log_dir:
+        os.makedirs(ns.log_dir, mode=0o750, exist_ok=True)
+    ranks = []
+    for local in range(nproc):
+        rank = ns.node_rank * nproc + local
+        log = os.path.join(ns.log_dir, f"rank-{rank}.log") if ns.log_dir else None
+        ranks.append(RankProcess(rank, argv, dict(base, SLURMLAUNCH_LOCAL_RANK=str(local)), log))
+    outcome = supervise(ranks)
+    if outcome.first_failed_rank is not None:
+        sys.stderr.write(f"slurmlaunch: rank {outcome.first_failed_rank} failed first with exit code "
+                         f"{outcome.exit_code}; the other ranks were stopped\n")
+    return outcome.exit_code

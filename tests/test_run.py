@@ -1,0 +1,155 @@
+"""`slurmlaunch run`: torchrun's flags on one machine, real processes and real gloo."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXAMPLES, run_cli
+from tests.test_launch import clean_env
+
+ALLREDUCE = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank())])
+dist.all_reduce(t)
+print(f"rank={dist.get_rank()} world={dist.get_world_size()} local={os.environ['LOCAL_RANK']} "
+      f"node={os.environ['NODE_RANK']} sum={int(t.item())}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def allreduce(tmp_path: Path) -> Path:
+    p = tmp_path / "allreduce.py"
+    p.write_text(ALLREDUCE)
+    return p
+
+
+def test_four_processes_all_reduce(torch_available: None, allreduce: Path, tmp_path: Path) -> None:
+    r = run_cli("run", "--nproc-per-node", "4", "--log-dir", str(tmp_path / "logs"), str(allreduce),
+                env=clean_env(), timeout=180)
+    assert r.returncode == 0, r.stderr
+    found = sorted(re.findall(r"\[rank (\d)\] rank=(\d) world=4 local=(\d) node=0 sum=6", r.stdout))
+    assert [f[0] for f in found] == ["0", "1", "2", "3"] and all(f[0] == f[1] == f[2] for f in found)
+    assert "run on the CPU" in r.stderr  # said once
+    assert r.stderr.count("run on the CPU") == 1
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [f"rank-{i}.log" for i in range(4)]
+
+
+def test_two_nodes_on_this_machine_form_one_world(torch_available: None, allreduce: Path) -> None:
+    port = str(free_port())
+    common = ["run", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port, "--nproc-per-node", "4",
+              "--allow-loopback"]
+    node1 = subprocess.Popen([sys.executable, "-m", "slurmlaunch", *common, "--node-rank", "1", str(allreduce)],
+                             env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    r0 = run_cli(*common, "--node-rank", "0", str(allreduce), env=clean_env(), timeout=240)
+    out1, err1 = node1.communicate(timeout=240)
+    assert r0.returncode == 0 and node1.returncode == 0, (r0.stderr, err1)
+    ranks = sorted(int(m) for m in re.findall(r"rank=(\d) world=8 local=\d node=\d sum=28", r0.stdout + out1))
+    assert ranks == list(range(8))
+    assert re.findall(r"rank=(\d) world=8 local=\d node=(\d)", out1) and all(
+        node == "1" for _, node in re.findall(r"rank=(\d) world=8 local=\d node=(\d)", out1))
+
+
+def test_seed_article_command_line_with_the_program_swapped(torch_available: None) -> None:
+    """python -m torch.distributed.launch --nnodes=1 --node_rank=0 --master_addr=... --master_port=...
+    --nproc_per_node=2 train.py, with `slurmlaunch run` in place of the program."""
+    port = str(free_port())
+    r = run_cli("run", "--use_env", "--nnodes=1", "--node_rank=0", "--master_addr=127.0.0.1", f"--master_port={port}",
+                "--nproc_per_node=2", str(EXAMPLES / "train_ddp.py"), "--epochs", "1", env=clean_env(), timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert "[rank 0] done: world_size=2 sum_of_ranks=1" in r.stdout
+
+
+def test_example_runs_unchanged_under_torchrun(torch_available: None, tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        str(EXAMPLES / "train_ddp.py"), "--epochs", "1"], env=clean_env(), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert "done: world_size=2 sum_of_ranks=1" in r.stdout
+
+
+def test_pet_variables_are_defaults(allreduce: Path, torch_available: None) -> None:
+    r = run_cli("run", "--standalone", str(allreduce), env=clean_env(PET_NPROC_PER_NODE="3"), timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert len(re.findall(r"world=3 ", r.stdout)) == 3
+
+
+def test_dead_rank_ends_the_run_with_its_code(tmp_path: Path) -> None:
+    script = tmp_path / "die.py"
+    script.write_text("import os, sys, time\nif os.environ['RANK'] == '1':\n    sys.exit(5)\ntime.sleep(120)\n")
+    start = time.monotonic()
+    r = run_cli("run", "--standalone", "--nproc-per-node", "3", str(script), env=clean_env(), timeout=120)
+    assert r.returncode == 5 and "rank 1 failed first with exit code 5" in r.stderr
+    assert time.monotonic() - start < 30
+
+
+def test_print_env_per_rank(tmp_path: Path) -> None:
+    script = tmp_path / "ok.py"
+    script.write_text("pass")
+    r = run_cli("run", "--standalone", "--nproc-per-node", "2", "--print-env", str(script),
+                env=clean_env(API_TOKEN="s3cr3t"), timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if "slurmlaunch[run]" in ln]
+    assert len(lines) == 2 and "s3cr3t" not in r.stdout + r.stderr and "API_TOKEN='****'" in lines[0]
+
+
+@pytest.mark.parametrize(("args", "env", "expect"), [
+    (["--nnodes", "2", "--node-rank", "2"], {}, "--node-rank 2 is not valid with --nnodes 2"),
+    (["--nnodes", "0"], {}, "--nnodes '0'"),
+    (["--nnodes", "1:4"], {}, "elastic"),
+    (["--nproc-per-node", "many"], {}, "--nproc-per-node 'many'"),
+    (["--nproc-per-node", "0"], {}, "--nproc-per-node '0'"),
+    (["--nproc-per-node", "gpu"], {"CUDA_VISIBLE_DEVICES": ""}, "no GPU is visible"),
+    (["--nproc-per-node", "4"], {"CUDA_VISIBLE_DEVICES": "0,1"}, "more than the 2 GPU(s) visible"),
+    (["--nnodes", "2", "--master-addr", "localhost"], {}, "loopback"),
+    (["--nnodes", "2", "--master-addr", "127.0.1.1"], {}, "127.0.1.1"),
+    (["--master-addr", "no-such-host.invalid"], {}, "'no-such-host.invalid' does not resolve"),
+    (["--standalone", "--nnodes", "2"], {}, "--standalone is for one node"),
+    (["--master-port", "0"], {}, "--master-port 0"),
+    (["--bogus"], {}, "--bogus"),
+    (["-m", "--no-python"], {}, "cannot be used together"),
+])
+def test_refusals(args: list[str], env: dict[str, str], expect: str, tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    script = tmp_path / "s.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()")
+    r = run_cli("run", *args, str(script), env=clean_env(**env), timeout=60)
+    assert r.returncode == 2, r
+    assert r.stderr.count("\n") == 1 and expect in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not marker.exists()
+
+
+def test_master_port_taken_is_refused(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("pass")
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        r = run_cli("run", "--master-port", str(port), str(script), env=clean_env(), timeout=60)
+    assert r.returncode == 2 and f"--master-port {port} is already in use" in r.stderr
+
+
+def test_unreachable_master_is_a_bounded_wait(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("pass")
+    port = free_port()
+    start = time.monotonic()
+    r = run_cli("run", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                "--allow-loopback", "--master-timeout", "2", str(script), env=clean_env(), timeout=60)
+    assert r.returncode == 2 and f"could not reach the master at 127.0.0.1:{port} within 2s" in r.stderr
+    assert time.monotonic() - start < 20
