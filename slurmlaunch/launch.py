@@ -7,8 +7,10 @@ no torch, jinja2, submitit, argparse or subprocess.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import NoReturn
@@ -16,6 +18,8 @@ from typing import NoReturn
 from .detect import Context, detect
 from .distenv import DistEnv, mask
 from .errors import PreflightError, SlurmLaunchError
+
+DEFAULT_RDZV_TIMEOUT = 900.0  # seconds a rank waits for the master before it is stopped
 
 USAGE = """usage: slurmlaunch launch [options] SCRIPT [ARGS...]
 
@@ -27,7 +31,13 @@ options:
   --no-python               SCRIPT is an executable; run it without the Python interpreter
   --print-env               print this rank's place and exported variables on stderr before exec
   --legacy-local-rank-arg   pass --local-rank=N to the script (torch.distributed.launch style)
-  --no-preflight            skip the checks before exec (rank 0's host and MASTER_PORT)
+  --no-preflight            skip the checks before exec (MASTER_ADDR, rank 0's host and MASTER_PORT)
+                            and the rendezvous watchdog
+environment:
+  SLURMLAUNCH_RDZV_TIMEOUT  seconds a rank other than 0 waits for MASTER_ADDR:MASTER_PORT to listen
+                            before it is stopped with a message (default 900; 0: no bound)
+  SLURMLAUNCH_ALLOW_LOOPBACK=1  accept a loopback MASTER_ADDR for a job on several "nodes" of one machine
+  SLURMLAUNCH_DEVICE=cpu    run on the CPU even when GPUs are visible
   -h, --help                show this help
 Everything after SCRIPT is passed to it unchanged.
 """
@@ -134,17 +144,110 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_LOOPBACK_HINT = (
+    "the other nodes cannot reach a loopback address; Debian maps a machine's own name to 127.0.1.1 in "
+    "/etc/hosts: set MASTER_ADDR to an address on the nodes' network, and NCCL_SOCKET_IFNAME / "
+    "GLOO_SOCKET_IFNAME to its interface (SLURMLAUNCH_ALLOW_LOOPBACK=1 if all nodes really are this machine)"
+)
+
+
+def _is_loopback(address: str) -> bool:
+    if ":" in address:
+        return address.split("%")[0] == "::1"
+    return address.startswith("127.")
+
+
+def check_master_address(dist: DistEnv, environ: dict[str, str] | os._Environ[str]) -> None:
+    """Every rank: MASTER_ADDR resolves here, and is no loopback address when the job spans several nodes."""
+    if dist.owned_by_torchrun or dist.world_size == 1:
+        return
+    try:
+        infos = socket.getaddrinfo(dist.master_addr, dist.master_port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise PreflightError(
+            f"MASTER_ADDR={dist.master_addr!r} does not resolve on {dist.this_host or 'this host'} ({e}): "
+            f"every rank must resolve the master's name (set MASTER_ADDR to an address if DNS lacks it)"
+        ) from None
+    addresses = sorted({str(i[4][0]) for i in infos})
+    if (dist.num_nodes > 1 and all(_is_loopback(a) for a in addresses)
+            and environ.get("SLURMLAUNCH_ALLOW_LOOPBACK") != "1"):
+        raise PreflightError(
+            f"MASTER_ADDR={dist.master_addr!r} resolves to {', '.join(addresses)} on "
+            f"{dist.this_host or 'this host'} but the job spans {dist.num_nodes} nodes: {_LOOPBACK_HINT}"
+        )
+
+
+def rendezvous_timeout(environ: dict[str, str] | os._Environ[str]) -> float:
+    text = environ.get("SLURMLAUNCH_RDZV_TIMEOUT", "")
+    if not text:
+        return DEFAULT_RDZV_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise SlurmLaunchError(f"SLURMLAUNCH_RDZV_TIMEOUT={text!r} is not valid (expected seconds >= 0; 0 = off)")
+    return value
+
+
+def start_watchdog(dist: DistEnv, timeout: float) -> None:
+    """A rank other than 0 must reach MASTER_ADDR:MASTER_PORT within ``timeout`` seconds, or it is stopped
+    with a message naming what it waited for, instead of hanging in init_process_group until the job's
+    time limit. The check runs in a forked child (it stays in the task's process tree, where Slurm tracks
+    it), so the training process starts at once; the child exits as soon as the master answers."""
+    if timeout <= 0 or dist.rank == 0 or dist.world_size == 1 or dist.owned_by_torchrun:
+        return
+    target = os.getpid()
+    if os.fork() != 0:
+        return
+    try:
+        os.closerange(3, 256)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)  # keep stderr only, for the message: the rank's log
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if os.getppid() != target:  # the rank has exited (and we were handed to another parent)
+                os._exit(0)
+            try:
+                with socket.create_connection((dist.master_addr, dist.master_port), timeout=2.0):
+                    os._exit(0)
+            except OSError as e:
+                last = e.strerror or type(e).__name__
+            time.sleep(0.5)
+        os.write(2, (
+            f"slurmlaunch: rank {dist.rank} on {dist.this_host}: nothing listened at MASTER_ADDR:MASTER_PORT="
+            f"{dist.master_addr}:{dist.master_port} within {timeout:.0f}s ({last}); rank 0 "
+            f"({dist.rank0_host or 'the master'}) never started its rendezvous. Stopping this rank. "
+            f"(SLURMLAUNCH_RDZV_TIMEOUT sets the bound)\n").encode(errors="replace"))
+        os.kill(target, signal.SIGTERM)
+        for _ in range(100):
+            time.sleep(0.1)
+            if os.getppid() != target:
+                os._exit(0)
+        os.kill(target, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    finally:
+        os._exit(0)
+
+
 def preflight(dist: DistEnv, environ: dict[str, str] | os._Environ[str]) -> DistEnv:
-    """Rank 0 checks it runs where everybody expects it, and that it can listen on MASTER_PORT."""
-    if dist.owned_by_torchrun or dist.rank != 0:
+    """Every rank: MASTER_ADDR resolves and is sensible. Rank 0: it runs where everybody expects it,
+    and it can listen on MASTER_PORT."""
+    if dist.owned_by_torchrun:
         return dist
-    if (not environ.get("MASTER_ADDR") and dist.rank0_host and dist.this_host
+    if (dist.rank == 0 and not environ.get("MASTER_ADDR") and dist.rank0_host and dist.this_host
             and dist.rank0_host != dist.this_host):
         raise PreflightError(
             f"rank 0 runs on {dist.this_host!r} but every rank computed MASTER_ADDR={dist.rank0_host!r}: "
             f"the others would wait for a master that is not there (a hostfile or distribution that puts "
             f"rank 0 elsewhere? set MASTER_ADDR to the host of rank 0)"
         )
+    check_master_address(dist, environ)
+    if dist.rank != 0:
+        return dist
     err = _bindable(dist.master_port)
     if err is not None:
         raise PreflightError(
@@ -186,6 +289,7 @@ def main(argv: Sequence[str]) -> int | NoReturn:
     if not opts.no_python and not opts.module and not os.path.exists(opts.script):
         raise SlurmLaunchError(f"launch: script {opts.script!r} not found (cwd {os.getcwd()!r})")
     environ = os.environ
+    watchdog_timeout = rendezvous_timeout(environ)
     dist = resolve(environ)
     if opts.preflight:
         dist = preflight(dist, environ)
@@ -198,6 +302,8 @@ def main(argv: Sequence[str]) -> int | NoReturn:
     environ.update(exports)
     sys.stdout.flush()
     sys.stderr.flush()
+    if opts.preflight:
+        start_watchdog(dist, watchdog_timeout)
     try:
         os.execvp(cmd[0], cmd)
     except OSError as e:

@@ -186,6 +186,8 @@ def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping
                 SLURMLAUNCH_NPROC_PER_NODE=str(nproc), MASTER_ADDR=ns.master_addr, MASTER_PORT=str(ns.master_port))
     if on_cpu:
         base["SLURMLAUNCH_DEVICE"] = "cpu"
+    if ns.allow_loopback:
+        base["SLURMLAUNCH_ALLOW_LOOPBACK"] = "1"
     if ns.log_dir:
         os.makedirs(ns.log_dir, mode=0o750, exist_ok=True)
     ranks = []

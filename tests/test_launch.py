@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(("SLURM", "MASTER_", "RANK", "WORLD_", "LOCAL_", "TORCHELASTIC", "OMP_",
                                  "CUDA_VISIBLE"))}
+    base["SLURMLAUNCH_ALLOW_LOOPBACK"] = "1"  # several "nodes" on this one machine
     base.update(extra)
     return base
 
@@ -156,12 +158,68 @@ def marker_script(tmp_path: Path) -> tuple[Path, Path]:
     ({"SLURMD_NODENAME": "elsewhere"}, "SLURMD_NODENAME='elsewhere'"),
     ({"SLURM_STEP_ID": "", "SLURM_STEPID": ""}, "batch step"),
     ({"CUDA_VISIBLE_DEVICES": "0", "SLURM_GPUS_ON_NODE": "1"}, "2 ranks on localhost but only 1 GPU"),
+    ({"MASTER_ADDR": "no-such-host.invalid"}, "MASTER_ADDR='no-such-host.invalid' does not resolve"),
+    ({"SLURMLAUNCH_RDZV_TIMEOUT": "soon"}, "SLURMLAUNCH_RDZV_TIMEOUT='soon'"),
+    ({"SLURM_PROCID": "\udcff"}, "SLURM_PROCID='\\udcff'"),
 ])
 def test_bad_environment_refused(change: dict[str, str], expect: str, marker_script: tuple[Path, Path]) -> None:
     script, marker = marker_script
     env = clean_env(**step_env("localhost", [2], 1, MASTER_ADDR="127.0.0.1"))
     env.update(change)
     _refused([str(script)], env, marker, expect)
+
+
+def test_loopback_master_for_several_nodes_is_refused(marker_script: tuple[Path, Path]) -> None:
+    script, marker = marker_script
+    env = clean_env(**step_env("localhost,localhost", [1, 1], 1))
+    del env["SLURMLAUNCH_ALLOW_LOOPBACK"]
+    _refused([str(script)], env, marker, "GLOO_SOCKET_IFNAME")
+    env = clean_env(**step_env("localhost,localhost", [1, 1], 1, MASTER_ADDR="127.0.1.1"))
+    del env["SLURMLAUNCH_ALLOW_LOOPBACK"]
+    _refused([str(script)], env, marker, "resolves to 127.0.1.1")
+
+
+def test_non_utf8_bytes_in_the_environment(marker_script: tuple[Path, Path]) -> None:
+    script, marker = marker_script
+    env: dict[bytes, bytes] = {k.encode(): v.encode() for k, v in
+                               clean_env(**step_env("localhost", [2], 1, MASTER_ADDR="127.0.0.1")).items()}
+    env[b"SLURM_STEP_NODELIST"] = b"node\xff[1-2]"
+    p = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "launch", str(script)], env=env,  # type: ignore
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and err.count(b"\n") == 1 and b"Traceback" not in err
+    assert not marker.exists()
+
+
+def test_rank_waiting_for_a_master_that_never_listens_is_stopped(tmp_path: Path) -> None:
+    """The rendezvous watchdog: not a hang until the time limit, a message naming MASTER_ADDR:PORT."""
+    script = tmp_path / "wait.py"
+    script.write_text("import time; time.sleep(120)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = clean_env(**step_env("localhost,localhost", [1, 1], 1, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+                    SLURMLAUNCH_RDZV_TIMEOUT="2")
+    start = time.monotonic()
+    p = launch(str(script), env=env)
+    _, err = p.communicate(timeout=60)
+    assert time.monotonic() - start < 30
+    assert p.returncode != 0
+    assert f"nothing listened at MASTER_ADDR:MASTER_PORT=127.0.0.1:{port} within 2s" in err
+
+
+def test_watchdog_is_quiet_when_the_master_answers(tmp_path: Path) -> None:
+    script = tmp_path / "short.py"
+    script.write_text("import time; time.sleep(2); print('ok')")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        port = s.getsockname()[1]
+        env = clean_env(**step_env("localhost,localhost", [1, 1], 1, MASTER_ADDR="127.0.0.1",
+                                   MASTER_PORT=str(port)), SLURMLAUNCH_RDZV_TIMEOUT="1")
+        p = launch(str(script), env=env)
+        out, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and out.strip() == "ok" and "slurmlaunch" not in err
 
 
 def test_bad_options_refused(marker_script: tuple[Path, Path]) -> None:

@@ -59,6 +59,7 @@ def rank_processes(spec: JobSpec, job_id: str, environ: Mapping[str, str]) -> li
     base = {k: v for k, v in environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
     base.update(spec.env)
     base.setdefault("MASTER_ADDR", "127.0.0.1")
+    base.setdefault("SLURMLAUNCH_ALLOW_LOOPBACK", "1")  # every emulated node is this machine
     if spec.master_port is not None:
         base["MASTER_PORT"] = str(spec.master_port)
     base.setdefault("PYTHONUNBUFFERED", "1")

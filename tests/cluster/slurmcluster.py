@@ -83,6 +83,7 @@ def write_config(root: Path, nodes: int, gpus: int, cpus: int) -> Path:
         "SchedulerParameters=batch_sched_delay=0,sched_interval=2,bf_interval=2",
         "MinJobAge=5",
         "KillWait=2",
+        "AuthInfo=cred_expire=10",  # else a requeued job waits > 120 s before it may start again
         "MessageTimeout=5",
         "ReturnToService=2",
         "MpiDefault=none",
@@ -152,7 +153,8 @@ def up(root: Path, nodes: int = 4, gpus: int = 4, cpus: int = 8, timeout: float 
         if time.monotonic() > deadline:
             raise RuntimeError(f"nodes not idle within {timeout:.0f}s: {out}")
         time.sleep(0.2)
-    return {"SLURM_CONF": str(conf)}
+    # Every node of this cluster resolves to 127.0.0.1: the launcher's multi-node loopback check must allow it.
+    return {"SLURM_CONF": str(conf), "SLURMLAUNCH_ALLOW_LOOPBACK": "1"}
 
 
 def down(root: Path, timeout: float = 10.0) -> None:
