@@ -97,6 +97,13 @@ def add_submit_options(s: Any) -> None:
     g.add_argument("--sbatch-arg", action="append", default=[], metavar="--OPTION=VALUE",
                    help="extra sbatch option, written as an #SBATCH line (repeatable)")
     g.add_argument("--master-port", type=int, help="MASTER_PORT (default: derived from the job id)")
+    g.add_argument("--signal", default="USR2@90", metavar="NAME[@SECONDS]",
+                   help="warning signal before the time limit, passed to every rank (default USR2@90; none)")
+    g.add_argument("--requeue", action="store_true",
+                   help="requeue the job when the warning signal came (ranks save a checkpoint, exit 128+N)")
+    g.add_argument("--max-requeues", type=int, default=3, help="with --requeue: at most this many (default 3)")
+    g.add_argument("--rdzv-timeout", type=float,
+                   help="seconds a rank waits for MASTER_ADDR:MASTER_PORT before it is stopped (default 900)")
     g.add_argument("--python", default=sys.executable,
                    help="interpreter for the ranks (default: this one, %(default)s)")
     g.add_argument("--template-dir", help="look for templates here first ($SLURMLAUNCH_TEMPLATE_DIR, "

@@ -21,7 +21,8 @@ def spec_from_args(ns: Any) -> JobSpec:
         partition=ns.partition, account=ns.account, qos=ns.qos, constraint=ns.constraint,
         exclusive=ns.exclusive, job_name=ns.job_name, output_dir=ns.output_dir, env=parse_env(ns.env),
         setup=tuple(ns.setup), sbatch_args=tuple(ns.sbatch_arg), master_port=ns.master_port,
-        python=ns.python, gpu_flag=ns.gpu_flag,
+        python=ns.python, gpu_flag=ns.gpu_flag, signal=ns.signal, requeue=ns.requeue,
+        max_requeues=ns.max_requeues, rdzv_timeout=ns.rdzv_timeout,
     ))
 
 

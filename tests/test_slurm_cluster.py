@@ -65,7 +65,7 @@ def test_failing_rank_ends_the_job_with_its_code(cluster_env: dict[str, str], tm
     assert r.returncode == 7, r.stdout + r.stderr
     assert time.monotonic() - start < 60
     batch_log = next((tmp_path / "slurmlaunch-logs").glob("*.batch.log")).read_text()
-    assert "rank 2 on node2 failed first with exit code 7" in batch_log
+    assert "rank(s) 2 on node2 failed first with exit code 7" in batch_log
     pids = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
     assert len(pids) == 4 and not any(alive(p) for p in pids)  # the nodes share this machine's pid space
 
@@ -209,3 +209,107 @@ def test_wait_interrupt_cancels_the_job(cluster_env: dict[str, str], tmp_path: P
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(alive(pid) for pid in pids)
+
+
+def _final_weights(text: str) -> str:
+    m = re.search(r"final weights (.+)", text)
+    assert m, text
+    return m.group(1)
+
+
+def test_warning_signal_checkpoint_requeue_resume(cluster_env: dict[str, str], tmp_path: Path,
+                                                  torch_available: None) -> None:
+    """scancel --signal=USR2 mid-run: the ranks save and exit 140, the batch shell requeues, the next run
+    resumes from the checkpoint, and the result equals an uninterrupted run's."""
+    example = str(EXAMPLES / "checkpoint_requeue.py")
+    ref = run_cli("submit", "--scheduler", "local", "--nodes", "2", "--tasks-per-node", "2", example, "--steps", "40",
+                  "--checkpoint", str(tmp_path / "ref.pt"), env=cluster_env, cwd=tmp_path, timeout=300)
+    assert ref.returncode == 0, ref.stderr
+    p = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "submit", "--nodes", "2", "--tasks-per-node", "2",
+                          "--requeue", "--wait", "--output-dir", "rq-logs", example, "--steps", "40",
+                          "--step-seconds", "0.25", "--checkpoint", str(tmp_path / "ck.pt")],
+                         env=cluster_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    logs = tmp_path / "rq-logs"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        rank0 = list(logs.glob("job-*.rank-0.log"))
+        if rank0 and "step 10" in rank0[0].read_text():
+            break
+        time.sleep(0.2)
+    job = rank0[0].name.split(".")[0].removeprefix("job-")
+    subprocess.run(["scancel", "--signal=USR2", job], env=cluster_env, check=True)
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, out + err
+    assert re.search(r"job \d+ PENDING[\s\S]*RUNNING[\s\S]*job \d+ PENDING[\s\S]*RUNNING", err), err  # requeued
+    assert "checkpoint saved at step" in out and "resumed from step" in out and "SLURM_RESTART_COUNT=1" in out
+    assert "requeueing job" in (logs / f"job-{job}.batch.log").read_text()
+    assert _final_weights(out) == _final_weights(ref.stdout)
+
+
+def test_time_limit_requeues_at_most_max_requeues(cluster_env: dict[str, str], tmp_path: Path,
+                                                   torch_available: None) -> None:
+    r = run_cli("submit", "--tasks-per-node", "2", "--time", "1", "--signal", "USR2@50", "--requeue",
+                "--max-requeues", "1", "--wait", str(EXAMPLES / "checkpoint_requeue.py"), "--steps", "1000000",
+                "--step-seconds", "0.5", "--checkpoint", str(tmp_path / "ck.pt"), env=cluster_env, cwd=tmp_path,
+                timeout=400)
+    assert r.returncode == 140, r.stderr  # the last run's ranks ended on the warning and were not requeued
+    batch_log = next((tmp_path / "slurmlaunch-logs").glob("*.batch.log")).read_text()
+    assert batch_log.count("requeueing job") == 1
+    assert "not requeued: job" in batch_log and "already requeued 1 time(s)" in batch_log
+    assert r.stdout.count("checkpoint saved at step") == 2 and "SLURM_RESTART_COUNT=1" in r.stdout
+
+
+def test_master_that_never_listens_is_a_clear_error_not_a_hang(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    script = tmp_path / "hung_master.py"
+    # Rank 0 hangs before its rendezvous; the others keep retrying to connect, as a TCPStore client does.
+    script.write_text("import os, socket, time\nif os.environ['RANK'] == '0':\n    time.sleep(300)\n"
+                      "while True:\n    try:\n        socket.create_connection((os.environ['MASTER_ADDR'], "
+                      "int(os.environ['MASTER_PORT'])), timeout=5)\n        break\n"
+                      "    except OSError:\n        time.sleep(0.5)\n")
+    start = time.monotonic()
+    r = run_cli("submit", "--nodes", "2", "--tasks-per-node", "2", "--rdzv-timeout", "3", "--wait", str(script),
+                env=cluster_env, cwd=tmp_path, timeout=120)
+    assert r.returncode != 0 and time.monotonic() - start < 60, r.stderr
+    logs = tmp_path / "slurmlaunch-logs"
+    text = "".join(p.read_text() for p in logs.glob("*.rank-*.log"))
+    assert re.search(r"nothing listened at MASTER_ADDR:MASTER_PORT=node1:\d+ within 3s", text), text
+
+
+def test_thirty_hostile_job_names_arrive_byte_for_byte(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    from tests.test_submit import HOSTILE
+
+    script = tmp_path / "ok.py"
+    script.write_text("pass")
+    names = [h for h in HOSTILE if h and h != "\r"] + ["name with ' and \" and $(touch PWNED)", "x" * 200]
+    assert len(names) >= 30
+    ids = []
+    try:
+        for name in names:
+            r = run_cli("submit", f"--job-name={name}", "--sbatch-arg=--hold", str(script), env=cluster_env,
+                        cwd=tmp_path)
+            assert r.returncode == 0, (name, r.stderr)
+            ids.append(r.stdout.strip())
+        for job, name in zip(ids, names, strict=True):
+            got = subprocess.run(["squeue", "-h", "-j", job, "-o", "%j"], env=cluster_env, capture_output=True,
+                                 text=True).stdout
+            assert got == name + "\n", (name, got)
+    finally:
+        if ids:
+            subprocess.run(["scancel", *ids], env=cluster_env)
+    assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_hostile_paths_for_workdir_script_and_output_dir(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    work = tmp_path / "a b $(touch PWNED) `x` it's\nnl"
+    work.mkdir()
+    script = work / "s c'r$(x).py"
+    script.write_text("import os, sys; print('ARGS', sys.argv[1:], os.getcwd() == os.environ['EXPECT_CWD'])")
+    out_dir = "logs 'q' $(touch PWNED)\nx"
+    r = run_cli("submit", "--nodes", "2", "--wait", "--output-dir", out_dir, "--env", f"EXPECT_CWD={work}",
+                script.name, "arg $(y)", env=cluster_env, cwd=work, timeout=120)
+    assert r.returncode == 0, r.stderr
+    logs = sorted((work / out_dir).glob("job-*.rank-*.log"))
+    assert len(logs) == 2 and all("ARGS ['arg $(y)'] True" in p.read_text() for p in logs)
+    for f in (work / out_dir).iterdir():
+        assert f.stat().st_mode & 0o002 == 0, f  # nothing world-writable
+    assert not list(tmp_path.rglob("PWNED"))

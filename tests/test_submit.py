@@ -97,7 +97,8 @@ GOLDEN_CASES = {
         cpus_per_gpu=8, mem="64G", time="1-00:00:00", partition="gpu", account="proj42", qos="high",
         constraint="a100", exclusive=True, env=(("WANDB_MODE", "offline"), ("WEIRD", "it's $(x) `y`\nz")),
         setup=("module load cuda/12.4", "source /opt/venv/bin/activate"), sbatch_args=("--mail-type=END",),
-        master_port=23456, gpu_flag="gres", output_dir="logs"),
+        master_port=23456, gpu_flag="gres", output_dir="logs", requeue=True, max_requeues=2, signal="TERM@300",
+        rdzv_timeout=60),
     "slurm_cpu_module.sbatch": golden_spec(script="pkg.train", module=True, gpus_per_node=0, tasks_per_node=3,
                                            nodes=1, args=()),
 }

@@ -59,6 +59,12 @@ def directives(spec: JobSpec) -> list[str]:
             out.append(f"--{flag}={value}")
     if spec.exclusive:
         out.append("--exclusive")
+    if spec.warning:
+        # B: gives the warning to the batch shell, which forwards it to srun (and so to every rank) and
+        # knows to requeue; a plain --signal would reach the steps only.
+        out.append(f"--signal=B:{spec.warning[0]}@{spec.warning[1]}")
+    if spec.requeue:
+        out.append("--requeue")
     out.append("--open-mode=append")
     out.extend(spec.sbatch_args)
     return out
@@ -82,6 +88,8 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
     env = list(spec.env)
     if spec.master_port is not None:
         env.append(("MASTER_PORT", str(spec.master_port)))
+    if spec.rdzv_timeout is not None:
+        env.append(("SLURMLAUNCH_RDZV_TIMEOUT", f"{spec.rdzv_timeout:g}"))
     return {
         "version": __version__,
         "world_size": spec.world_size,
@@ -94,6 +102,9 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
         "workdir": spec.workdir,
         "srun_args": srun_args(spec),
         "launch_cmd": launch_command(spec),
+        "warning_signal": spec.warning[0] if spec.warning else None,
+        "requeue": spec.requeue,
+        "max_requeues": spec.max_requeues,
     }
 
 
