@@ -1,6 +1,20 @@
 """slurmlaunch: multi-node PyTorch on Slurm without hand-written batch scripts.
 
-Importing the package is cheap on purpose: the launcher runs once per rank.
+Importing the package is cheap on purpose (the launcher runs once per rank): everything heavier is loaded
+on first use.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+__all__ = ["__version__", "init_process_group"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "init_process_group":
+        from .torch_helpers import init_process_group
+
+        return init_process_group
+    raise AttributeError(f"module 'slurmlaunch' has no attribute {name!r}")

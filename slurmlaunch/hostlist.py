@@ -22,8 +22,8 @@ the parsed ranges, so a list of a million hosts costs microseconds and no memory
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from .errors import HostlistError
 
@@ -33,69 +33,93 @@ _ULONG_MAX = 2**64 - 1
 _C_SPACE = " \t\n\v\f\r"
 
 
-@dataclass(frozen=True)
-class _Range:
-    lo: int
-    hi: int
-    width: int
-
-    @property
-    def size(self) -> int:
-        return self.hi - self.lo + 1
+# Parsed forms are plain tuples (faster to build than dataclasses, and first_host must cost microseconds):
+#   a range  (lo, hi, width)
+#   a group  tuple of ranges: one bracket
+#   a term   (literals, groups): literals[0] group[0] literals[1] ... group[k-1] literals[k]
+_Range = tuple[int, int, int]
+_Group = tuple[_Range, ...]
+_Term = tuple[tuple[str, ...], tuple[_Group, ...]]
 
 
-@dataclass(frozen=True)
-class _Group:
-    """One bracket: its ranges, in order."""
-
-    ranges: tuple[_Range, ...]
-
-    @property
-    def size(self) -> int:
-        return sum(r.size for r in self.ranges)
-
-    def item(self, i: int) -> str:
-        for r in self.ranges:
-            if i < r.size:
-                return f"{r.lo + i:0{r.width}d}"
-            i -= r.size
-        raise IndexError(i)
+def _group_size(group: _Group) -> int:
+    return sum(hi - lo + 1 for lo, hi, _ in group)
 
 
-@dataclass(frozen=True)
-class _Term:
-    """literals[0] group[0] literals[1] group[1] ... group[k-1] (a term with brackets ends in ']')."""
+def _group_item(group: _Group, i: int) -> str:
+    for lo, hi, width in group:
+        if i <= hi - lo:
+            return f"{lo + i:0{width}d}"
+        i -= hi - lo + 1
+    raise IndexError(i)
 
-    literals: tuple[str, ...]
-    groups: tuple[_Group, ...]
 
-    @property
-    def size(self) -> int:
-        n = 1
-        for g in self.groups:
-            n *= g.size
-        return n
+def _group_items(group: _Group) -> list[str]:
+    out: list[str] = []
+    for lo, hi, width in group:
+        out.extend(map(("%0" + str(width) + "d").__mod__, range(lo, hi + 1)))
+    return out
 
-    def _loop_order(self) -> list[int]:
-        # Slurm expands the prefix's brackets from the last to the first as the outer loops and the
-        # term's final bracket as the innermost one: order (slowest first) k-2, k-3, ..., 0, k-1.
-        k = len(self.groups)
-        if k <= 1:
-            return list(range(k))
-        return list(range(k - 2, -1, -1)) + [k - 1]
 
-    def host(self, i: int) -> str:
-        if not self.groups:
-            return self.literals[0]
-        digits: dict[int, int] = {}
-        for g_index in reversed(self._loop_order()):
-            size = self.groups[g_index].size
-            i, digits[g_index] = divmod(i, size)
-        out = [self.literals[0]]
-        for g_index, group in enumerate(self.groups):
-            out.append(group.item(digits[g_index]))
-            out.append(self.literals[g_index + 1])
-        return "".join(out)
+def _term_size(term: _Term) -> int:
+    n = 1
+    for g in term[1]:
+        n *= _group_size(g)
+    return n
+
+
+def _loop_order(k: int) -> list[int]:
+    # Slurm expands the prefix's brackets from the last to the first as the outer loops and the term's
+    # final bracket as the innermost one: order (slowest first) k-2, k-3, ..., 0, k-1.
+    return list(range(k)) if k <= 1 else [*range(k - 2, -1, -1), k - 1]
+
+
+def _term_host(term: _Term, i: int) -> str:
+    literals, groups = term
+    if not groups:
+        return literals[0]
+    digits = [0] * len(groups)
+    for g_index in reversed(_loop_order(len(groups))):
+        i, digits[g_index] = divmod(i, _group_size(groups[g_index]))
+    out = [literals[0]]
+    for g_index, group in enumerate(groups):
+        out.append(_group_item(group, digits[g_index]))
+        out.append(literals[g_index + 1])
+    return "".join(out)
+
+
+def _format_range(head: str, lo: int, hi: int, width: int, tail: str) -> list[str]:
+    """head + each number of lo..hi zero-padded to width + tail. Builds one string and splits it: about
+    twice as fast as formatting host by host, since the cost left is making the str objects."""
+    if "\x00" in head or "\x00" in tail:
+        return [f"{head}{v:0{width}d}{tail}" for v in range(lo, hi + 1)]
+    out: list[str] = []
+    top = 10 ** width
+    if lo < top:  # zero-padded part: number + 10**width is "1" + the padded digits; drop that "1"
+        end = min(hi, top - 1)
+        joined = "\x00".join(map(str, range(top + lo, top + end + 1)))
+        out = (head + joined[1:].replace("\x001", tail + "\x00" + head) + tail).split("\x00")
+        lo = end + 1
+    if lo <= hi:  # numbers already at least `width` digits long
+        out += (head + (tail + "\x00" + head).join(map(str, range(lo, hi + 1))) + tail).split("\x00")
+    return out
+
+
+def _term_hosts(term: _Term) -> list[str]:
+    """All hosts of a term, in Slurm's order."""
+    literals, groups = term
+    if not groups:
+        return [literals[0]]
+    k = len(groups)
+    outer = _loop_order(k)[:-1]  # slowest first; the last group varies fastest
+    values = [_group_items(groups[g]) for g in outer]
+    position = {g: i for i, g in enumerate(outer)}
+    out: list[str] = []
+    for combo in itertools.product(*values):
+        head = "".join(literals[g] + combo[position[g]] for g in range(k - 1)) + literals[k - 1]
+        for lo, hi, width in groups[-1]:
+            out.extend(_format_range(head, lo, hi, width, literals[k]))
+    return out
 
 
 def _strtoul(text: str) -> tuple[int | None, int]:
@@ -149,16 +173,16 @@ def _parse_range(text: str, expr: str) -> _Range:
             f"invalid node list {expr!r}: too many hosts in range {text!r} "
             f"(Slurm allows at most {MAX_RANGE} in one range)"
         )
-    return _Range(lo, hi, len(lo_text))
+    return (lo, hi, len(lo_text))
 
 
 def _parse_group(text: str, expr: str) -> _Group:
-    return _Group(tuple(_parse_range(part, expr) for part in text.split(",")))
+    return tuple(_parse_range(part, expr) for part in text.split(","))
 
 
 def _parse_term(term: str, expr: str) -> _Term:
     if "[" not in term:
-        return _Term((term,), ())
+        return ((term,), ())
     last_open = term.rfind("[")
     close = term.find("]", last_open)
     if close < 0:
@@ -179,7 +203,7 @@ def _parse_term(term: str, expr: str) -> _Term:
         literals.append(prefix[rb + 1 :])
         prefix = prefix[:lb]
     literals.append(prefix)
-    return _Term(tuple(reversed(literals)), tuple(reversed(groups)))
+    return (tuple(reversed(literals)), tuple(reversed(groups)))
 
 
 def _terms(expr: str) -> Iterator[str]:
@@ -212,27 +236,29 @@ def _parsed(expr: str) -> Iterator[_Term]:
 
 
 def iter_hosts(expr: str) -> Iterator[str]:
-    """The hosts of ``expr`` in Slurm's order, one at a time."""
+    """The hosts of ``expr`` in Slurm's order, one term at a time."""
     for term in list(_parsed(expr)):  # validate the whole expression before yielding anything
-        for i in range(term.size):
-            yield term.host(i)
+        yield from _term_hosts(term)
 
 
 def expand(expr: str) -> list[str]:
     """All hosts of ``expr``, as ``scontrol show hostnames`` prints them."""
-    return list(iter_hosts(expr))
+    out: list[str] = []
+    for term in list(_parsed(expr)):
+        out.extend(_term_hosts(term))
+    return out
 
 
 def count(expr: str) -> int:
     """How many hosts ``expr`` names (duplicates counted), without expanding it."""
-    return sum(t.size for t in _parsed(expr))
+    return sum(_term_size(t) for t in _parsed(expr))
 
 
 def first_host(expr: str) -> str:
     """The first host of ``expr``; parses only the first term."""
     for term in _parsed(expr):
-        if term.size:
-            return term.host(0)
+        if _term_size(term):
+            return _term_host(term, 0)
     raise HostlistError(f"invalid node list {expr!r}: it names no host")
 
 
@@ -242,9 +268,10 @@ def nth_host(expr: str, index: int) -> str:
         raise HostlistError(f"host index {index} is negative")
     seen = 0
     for term in _parsed(expr):
-        if index < seen + term.size:
-            return term.host(index - seen)
-        seen += term.size
+        size = _term_size(term)
+        if index < seen + size:
+            return _term_host(term, index - seen)
+        seen += size
     raise HostlistError(f"node list {expr!r} has {seen} hosts, no host at index {index}")
 
 

@@ -194,33 +194,46 @@ def start_watchdog(dist: DistEnv, timeout: float) -> None:
     """A rank other than 0 must reach MASTER_ADDR:MASTER_PORT within ``timeout`` seconds, or it is stopped
     with a message naming what it waited for, instead of hanging in init_process_group until the job's
     time limit. The check runs in a forked child (it stays in the task's process tree, where Slurm tracks
-    it), so the training process starts at once; the child exits as soon as the master answers."""
+    it), so the training process starts at once; the child exits as soon as the master answers or the
+    rank ends, and holds none of the rank's output streams (it would delay the end of the task's output)."""
     if timeout <= 0 or dist.rank == 0 or dist.world_size == 1 or dist.owned_by_torchrun:
         return
     target = os.getpid()
     if os.fork() != 0:
         return
     try:
-        os.closerange(3, 256)
         null = os.open(os.devnull, os.O_RDWR)
-        os.dup2(null, 0)
-        os.dup2(null, 1)  # keep stderr only, for the message: the rank's log
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.closerange(3, 65536)
+        try:  # die with the rank (PR_SET_PDEATHSIG); off the rank's path, so ctypes costs nothing there
+            import ctypes
+
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
         deadline = time.monotonic() + timeout
         last = "no answer"
         while time.monotonic() < deadline:
-            if os.getppid() != target:  # the rank has exited (and we were handed to another parent)
+            if os.getppid() != target:  # the rank has ended
                 os._exit(0)
             try:
                 with socket.create_connection((dist.master_addr, dist.master_port), timeout=2.0):
                     os._exit(0)
             except OSError as e:
                 last = e.strerror or type(e).__name__
-            time.sleep(0.5)
-        os.write(2, (
+            time.sleep(0.25)
+        message = (
             f"slurmlaunch: rank {dist.rank} on {dist.this_host}: nothing listened at MASTER_ADDR:MASTER_PORT="
             f"{dist.master_addr}:{dist.master_port} within {timeout:.0f}s ({last}); rank 0 "
             f"({dist.rank0_host or 'the master'}) never started its rendezvous. Stopping this rank. "
-            f"(SLURMLAUNCH_RDZV_TIMEOUT sets the bound)\n").encode(errors="replace"))
+            f"(SLURMLAUNCH_RDZV_TIMEOUT sets the bound)\n")
+        try:  # the rank's own stderr, reopened only now
+            err = os.open(f"/proc/{target}/fd/2", os.O_WRONLY | os.O_APPEND)
+            os.write(err, message.encode(errors="replace"))
+            os.close(err)
+        except OSError:
+            pass
         os.kill(target, signal.SIGTERM)
         for _ in range(100):
             time.sleep(0.1)

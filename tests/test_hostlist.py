@@ -100,6 +100,16 @@ def test_huge_list_first_host_and_count_without_expansion() -> None:
     assert hostlist.first_host("n[0-65535]" + ",m[0-65535]" * 200) == "n0"
 
 
+@pytest.mark.parametrize(("expr", "hosts"), [
+    ("n[98-102]", ["n98", "n99", "n100", "n101", "n102"]),
+    ("n[098-102]x[1]", ["n098x1", "n099x1", "n100x1", "n101x1", "n102x1"]),
+    ("a%d[1-2]", ["a%d1", "a%d2"]),
+    ("a\x00b[1-2]", ["a\x00b1", "a\x00b2"]),
+])
+def test_fast_formatting_edges(expr: str, hosts: list[str]) -> None:
+    assert hostlist.expand(expr) == hosts == [hostlist.nth_host(expr, i) for i in range(len(hosts))]
+
+
 def test_range_limit_is_per_range() -> None:
     assert hostlist.count("n[1-65536]") == 65536
     assert hostlist.count("a[0-9]b[0-9999]") == 100000

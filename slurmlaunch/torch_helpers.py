@@ -1,0 +1,110 @@
+"""Optional helpers for training scripts. Import torch lazily: never on the launcher's or the CLI's path."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from datetime import timedelta
+from typing import Any
+
+from .errors import SlurmLaunchError
+
+_ARRIVED = "slurmlaunch/arrived"
+_POLL_S = 0.01  # non-zero ranks poll the master every 10 ms: no TCPStore client back-off of 0.25 s or more
+
+
+def _compress(ranks: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
+    out: list[str] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _wait_listening(addr: str, port: int, deadline: float, rank: int) -> None:
+    last = "no answer"
+    while True:
+        try:
+            with socket.create_connection((addr, port), timeout=max(0.05, min(2.0, deadline - time.monotonic()))):
+                return
+        except OSError as e:
+            last = e.strerror or type(e).__name__
+        if time.monotonic() >= deadline:
+            raise SlurmLaunchError(
+                f"rank {rank}: rendezvous timed out: nothing listened at MASTER_ADDR:MASTER_PORT={addr}:{port} "
+                f"({last}); rank 0 never started it"
+            )
+        time.sleep(_POLL_S)
+
+
+def rendezvous_timeout_s(value: float | None) -> float:
+    if value is not None:
+        return value
+    text = os.environ.get("SLURMLAUNCH_RDZV_TIMEOUT", "")
+    return float(text) if text else 900.0
+
+
+def init_process_group(backend: str | None = None, *, rendezvous_timeout: float | None = None,
+                       **kwargs: Any) -> Any:
+    """``torch.distributed.init_process_group`` from the variables slurmlaunch (or torchrun) exported.
+
+    Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK and SLURMLAUNCH_LOCAL_DEVICE (which GPU
+    among the visible ones, see the README's GPU rule), SLURMLAUNCH_RDZV_TIMEOUT.
+
+    * ``backend=None``: nccl when CUDA is available, else gloo; with CUDA, the rank's device is selected.
+    * The rendezvous is bounded by ``rendezvous_timeout`` seconds (default SLURMLAUNCH_RDZV_TIMEOUT, 900):
+      rank 0 waits for every rank to check in and, on time-out, names the ranks that never arrived; the
+      others poll the master every 10 ms, so none loses the TCPStore client's back-off of 0.25 s or more
+      when rank 0 is the last to be ready.
+    * Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) torchrun's own store is used.
+
+    Returns the torch.device this rank should use. Other keyword arguments go to init_process_group.
+    """
+    import torch
+    import torch.distributed as dist
+
+    env = os.environ
+    try:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        addr, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    except (KeyError, ValueError) as e:
+        raise SlurmLaunchError(f"init_process_group: {e} is missing or invalid: start this script with "
+                               f"slurmlaunch (or torchrun)") from None
+    if torch.cuda.is_available():
+        index = int(env.get("SLURMLAUNCH_LOCAL_DEVICE", env.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
+    else:
+        device = torch.device("cpu")
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        dist.init_process_group(backend, **kwargs)
+        return device
+
+    limit = rendezvous_timeout_s(rendezvous_timeout)
+    deadline = time.monotonic() + limit
+    store_timeout = timedelta(seconds=max(limit, 1.0))
+    if rank == 0:
+        store = dist.TCPStore(addr, port, world, True, store_timeout, wait_for_workers=False)  # type: ignore[attr-defined]
+    else:
+        _wait_listening(addr, port, deadline, rank)
+        store = dist.TCPStore(addr, port, world, False, store_timeout)  # type: ignore[attr-defined]
+    store.set(f"{_ARRIVED}/{rank}", socket.gethostname())
+    store.add(_ARRIVED, 1)
+    if rank == 0:
+        while store.add(_ARRIVED, 0) < world:
+            if time.monotonic() >= deadline:
+                missing = [r for r in range(world) if not store.check([f"{_ARRIVED}/{r}"])]
+                raise SlurmLaunchError(
+                    f"rank 0: rendezvous timed out after {limit:.0f}s at {addr}:{port}: {world - len(missing)} of "
+                    f"{world} ranks arrived; missing rank(s) {_compress(missing)}"
+                )
+            time.sleep(_POLL_S)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, **kwargs)
+    return device
