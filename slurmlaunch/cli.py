@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
 
 from .errors import SlurmLaunchError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 
 def _fail(message: str) -> int:
@@ -95,7 +98,7 @@ def add_submit_options(s: Any) -> None:
                    help="a shell line run before the ranks start, e.g. 'module load cuda' (repeatable; "
                         "this one IS run by the shell)")
     g.add_argument("--sbatch-arg", action="append", default=[], metavar="--OPTION=VALUE",
-                   help="extra sbatch option, written as an #SBATCH line (repeatable)")
+                   help="extra sbatch (or qsub) option, written as an #SBATCH (#PBS) line (repeatable)")
     g.add_argument("--master-port", type=int, help="MASTER_PORT (default: derived from the job id)")
     g.add_argument("--signal", default="USR2@90", metavar="NAME[@SECONDS]",
                    help="warning signal before the time limit, passed to every rank (default USR2@90; none)")
@@ -108,8 +111,13 @@ def add_submit_options(s: Any) -> None:
                    help="interpreter for the ranks (default: this one, %(default)s)")
     g.add_argument("--template-dir", help="look for templates here first ($SLURMLAUNCH_TEMPLATE_DIR, "
                    "~/.config/slurmlaunch/templates, then the shipped ones)")
-    g.add_argument("--scheduler", choices=["auto", "slurm", "local"], default="auto",
-                   help="auto: slurm when sbatch is on PATH, else local")
+    g.add_argument("--scheduler", choices=["auto", "slurm", "pbs", "local"], default="auto",
+                   help="auto: slurm when a Slurm controller answers, pbs when qsub is on PATH and sbatch "
+                        "is not, else local")
+    g.add_argument("--pbs-flavour", choices=["pro", "torque"], default="pro",
+                   help="PBS Pro/OpenPBS (-l select=...) or Torque (-l nodes=N:ppn=...)")
+    g.add_argument("--mpi", choices=["openmpi", "mpich", "pals"], default="openmpi",
+                   help="under PBS: the MPI whose mpiexec starts the ranks (flags differ)")
     g = s.add_argument_group("what and how")
     g.add_argument("-m", "--module", action="store_true", help="SCRIPT is a Python module")
     g.add_argument("--no-python", action="store_true", help="SCRIPT is an executable")

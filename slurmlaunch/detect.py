@@ -6,14 +6,16 @@ Detection order (first match wins), see :data:`READERS`:
 
 1. torchrun owns the process (TORCHELASTIC_RUN_ID set): its variables are left alone;
 2. `slurmlaunch run` started it (SLURMLAUNCH_RUN=1), even inside a Slurm allocation;
-3. a Slurm step (SLURM_JOB_ID and SLURM_STEP_ID set); the batch step of a multi-task job is refused;
-4. a plain single process: a world of 1.
+3. an MPI launcher started it (Open MPI, MVAPICH, Cray PALS, MPICH/Hydra, PMIx: detect_mpi.py);
+4. a Slurm step (SLURM_JOB_ID and SLURM_STEP_ID set); the batch step of a multi-task job is refused;
+5. a PBS job script with several slots (refused: start ranks with mpiexec);
+6. RANK and WORLD_SIZE set by hand: respected;
+7. a plain single process: a world of 1.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from . import hostlist
 from .distenv import DistEnv
@@ -27,13 +29,16 @@ PORT_BASE = 15000
 PORT_SPAN = 17000
 
 
-@dataclass(frozen=True)
 class Context:
     """What a reader may know beyond the variables; filled in by launch.py, faked freely in tests."""
 
-    hostname: str = "localhost"
-    read_file: Callable[[str], str] = lambda path: ""
-    gpu_device_count: Callable[[], int] = lambda: 0
+    __slots__ = ("hostname", "read_file", "gpu_device_count")
+
+    def __init__(self, hostname: str = "localhost", read_file: Callable[[str], str] = lambda path: "",
+                 gpu_device_count: Callable[[], int] = lambda: 0) -> None:
+        self.hostname = hostname
+        self.read_file = read_file
+        self.gpu_device_count = gpu_device_count
 
 
 def _first(env: Env, *names: str) -> tuple[str, str] | None:
@@ -298,6 +303,34 @@ def read_run(env: Env, ctx: Context) -> DistEnv | None:
     )
 
 
+def read_preset(env: Env, ctx: Context) -> DistEnv | None:
+    """RANK and WORLD_SIZE set by hand (no launcher around): respected, with LOCAL_RANK (default 0),
+    LOCAL_WORLD_SIZE (default 1), NODE_RANK or GROUP_RANK (default RANK // LOCAL_WORLD_SIZE), MASTER_ADDR
+    (needed when WORLD_SIZE > 1) and MASTER_PORT (default 29500, torch's)."""
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        return None
+    world = _int("WORLD_SIZE", env["WORLD_SIZE"], 1)
+    rank = _int("RANK", env["RANK"])
+    local_world = _int("LOCAL_WORLD_SIZE", env.get("LOCAL_WORLD_SIZE", "1"), 1)
+    local_rank = _int("LOCAL_RANK", env.get("LOCAL_RANK", "0"))
+    if rank >= world or local_rank >= local_world:
+        raise EnvironmentMappingError(
+            f"RANK={rank}/LOCAL_RANK={local_rank} are not valid with WORLD_SIZE={world}/LOCAL_WORLD_SIZE="
+            f"{local_world} (expected RANK < WORLD_SIZE, LOCAL_RANK < LOCAL_WORLD_SIZE)"
+        )
+    if world > 1 and not env.get("MASTER_ADDR"):
+        raise EnvironmentMappingError(f"RANK and WORLD_SIZE={world} are set by hand but MASTER_ADDR is not")
+    node_text = env.get("NODE_RANK") or env.get("GROUP_RANK") or str(rank // local_world)
+    addr, port, origins = _master(env, "127.0.0.1", "default", 29500, "torch's default")
+    return DistEnv(
+        source="preset", rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
+        node_rank=_int("NODE_RANK", node_text), num_nodes=max(1, -(-world // local_world)), master_addr=addr,
+        master_port=port, this_host=ctx.hostname,
+        local_device=local_device(env, local_rank, local_world, ctx, ctx.hostname),
+        origins={**origins, "RANK": "RANK (set by hand)", "WORLD_SIZE": "WORLD_SIZE (set by hand)"},
+    )
+
+
 def read_single(env: Env, ctx: Context) -> DistEnv:
     """No launcher around us: a world of 1 on this host (a free port is picked at launch)."""
     addr, port, origins = _master(env, "127.0.0.1", "default for a world of 1", 0, "a free port, picked at launch")
@@ -321,8 +354,11 @@ def read_single(env: Env, ctx: Context) -> DistEnv:
 
 Reader = Callable[[Env, Context], "DistEnv | None"]
 
-#: The detection order. The PBS/MPI issue inserts its readers after Slurm.
-READERS: tuple[Reader, ...] = (read_torchrun, read_run, read_slurm)
+from .detect_mpi import read_mpi, read_pbs_script  # noqa: E402  (they build on the helpers above)
+
+#: The detection order, first match wins. MPI comes before Slurm: ranks that mpirun started inside a
+#: Slurm allocation inherit SLURM_PROCID/SLURM_NTASKS of mpirun's daemons, which are not their own.
+READERS: tuple[Reader, ...] = (read_torchrun, read_run, read_mpi, read_slurm, read_pbs_script, read_preset)
 
 
 def detect(env: Env, ctx: Context | None = None) -> DistEnv:

@@ -10,7 +10,6 @@ rank can see, of the one it should use).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 _SECRET_WORDS = ("TOKEN", "KEY", "PASSWORD", "PASSWD", "SECRET", "CREDENTIAL")
 
@@ -21,11 +20,18 @@ def mask(name: str, value: str) -> str:
     return "****" if any(w in upper for w in _SECRET_WORDS) else value
 
 
-@dataclass(frozen=True)
-class DistEnv:
-    """One rank's place in the world. ``origins`` says, per exported name, where the value came from."""
+_FIELDS = ("source", "rank", "local_rank", "world_size", "local_world_size", "node_rank", "num_nodes",
+           "master_addr", "master_port", "rank0_host", "this_host", "omp_num_threads", "local_device",
+           "owned_by_torchrun", "origins", "notes")
 
-    source: str  # "slurm", "torchrun", "local", "single"
+
+class DistEnv:
+    """One rank's place in the world, immutable. ``origins`` says, per exported name, where the value came
+    from. (A hand-written value class, not a dataclass: importing dataclasses costs the launcher, which
+    runs once per rank, more than everything else it does.)"""
+
+    __slots__ = _FIELDS
+    source: str  # "slurm", "run", "mpi:openmpi", "torchrun", "single"
     rank: int
     local_rank: int
     world_size: int
@@ -34,13 +40,40 @@ class DistEnv:
     num_nodes: int
     master_addr: str
     master_port: int  # 0: pick a free port at launch (a world of 1 only)
-    rank0_host: str | None = None  # the scheduler's name of the host that runs rank 0, when known
-    this_host: str | None = None  # the scheduler's name of this host, when known
-    omp_num_threads: int | None = None
-    local_device: int | None = None  # None: no GPU visible, run on CPU
-    owned_by_torchrun: bool = False
-    origins: Mapping[str, str] = field(default_factory=dict)
-    notes: tuple[str, ...] = ()
+    rank0_host: str | None  # the scheduler's name of the host that runs rank 0, when known
+    this_host: str | None  # the scheduler's name of this host, when known
+    omp_num_threads: int | None
+    local_device: int | None  # None: no GPU visible, run on CPU
+    owned_by_torchrun: bool
+    origins: Mapping[str, str]
+    notes: tuple[str, ...]
+
+    def __init__(self, *, source: str, rank: int, local_rank: int, world_size: int, local_world_size: int,
+                 node_rank: int, num_nodes: int, master_addr: str, master_port: int, rank0_host: str | None = None,
+                 this_host: str | None = None, omp_num_threads: int | None = None, local_device: int | None = None,
+                 owned_by_torchrun: bool = False, origins: Mapping[str, str] | None = None,
+                 notes: tuple[str, ...] = ()) -> None:
+        values = locals()
+        for name in _FIELDS:
+            object.__setattr__(self, name, values[name])
+        object.__setattr__(self, "origins", dict(origins or {}))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"DistEnv is immutable (tried to set {name})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DistEnv) and all(getattr(self, f) == getattr(other, f) for f in _FIELDS)
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, f) for f in _FIELDS if f != "origins"))
+
+    def __repr__(self) -> str:
+        return "DistEnv(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in _FIELDS) + ")"
+
+    def replace(self, **changes: object) -> DistEnv:
+        values = {f: getattr(self, f) for f in _FIELDS}
+        values.update(changes)
+        return DistEnv(**values)
 
     def exports(self, environ: Mapping[str, str]) -> dict[str, str]:
         """The variables to set before exec. Empty when torchrun owns the process (its values stand)."""

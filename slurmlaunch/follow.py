@@ -41,14 +41,14 @@ class LogTail:
             self.out.flush()
 
 
-def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str, *, poll: float = 1.0,
+def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, *, poll: float = 1.0,
            timeout: float | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Wait for the job to end and return its exit code. Raises SchedulerError when the scheduler stops
     answering for LOST_CONTACT_S, or after ``timeout`` seconds (the job itself keeps running)."""
     start = time.monotonic()
     last_state = None
     failing_since: float | None = None
-    tail = LogTail(rank0_log, out)
+    tail = LogTail(rank0_log, out) if rank0_log else None
     while True:
         now = time.monotonic()
         try:
@@ -67,12 +67,14 @@ def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str, *, poll
             err.write(f"slurmlaunch: [{_elapsed(now - start)}] job {job_id} {st.state}{where}\n")
             err.flush()
             last_state = st.state
-        tail.pump()
-        if st.finished:
+        if tail:
             tail.pump()
+        if st.finished:
+            if tail:
+                tail.pump()
             code = st.exit_code if st.exit_code is not None else 1
-            err.write(f"slurmlaunch: job {job_id} ended {st.state}, exit code {code} "
-                      f"(logs: {os.path.dirname(rank0_log)})\n")
+            where = f" (logs: {os.path.dirname(rank0_log)})" if rank0_log else ""
+            err.write(f"slurmlaunch: job {job_id} ended {st.state}, exit code {code}{where}\n")
             return code
         if timeout is not None and now - start > timeout:
             raise SchedulerError(

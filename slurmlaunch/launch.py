@@ -6,18 +6,20 @@ no torch, jinja2, submitit, argparse or subprocess.
 
 from __future__ import annotations
 
+import _socket  # the C module: `socket` drags in selectors and more, on every rank's path
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import NoReturn
 
 from .detect import Context, detect
 from .distenv import DistEnv, mask
 from .errors import PreflightError, SlurmLaunchError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 DEFAULT_RDZV_TIMEOUT = 900.0  # seconds a rank waits for the master before it is stopped
 
@@ -121,14 +123,14 @@ def _read_file(path: str) -> str:
 
 
 def context() -> Context:
-    return Context(hostname=socket.gethostname(), read_file=_read_file, gpu_device_count=_count_gpu_devices)
+    return Context(hostname=os.uname().nodename, read_file=_read_file, gpu_device_count=_count_gpu_devices)
 
 
 def _bindable(port: int) -> OSError | None:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     try:
         # TCPStore listens with SO_REUSEADDR too, so a port in TIME_WAIT is no obstacle for it either.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
         s.bind(("", port))
         s.listen(1)
         return None
@@ -139,9 +141,12 @@ def _bindable(port: int) -> OSError | None:
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    try:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+    finally:
+        s.close()
 
 
 _LOOPBACK_HINT = (
@@ -162,8 +167,8 @@ def check_master_address(dist: DistEnv, environ: dict[str, str] | os._Environ[st
     if dist.owned_by_torchrun or dist.world_size == 1:
         return
     try:
-        infos = socket.getaddrinfo(dist.master_addr, dist.master_port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as e:
+        infos = _socket.getaddrinfo(dist.master_addr, dist.master_port, 0, _socket.SOCK_STREAM)
+    except (_socket.gaierror, UnicodeError) as e:
         raise PreflightError(
             f"MASTER_ADDR={dist.master_addr!r} does not resolve on {dist.this_host or 'this host'} ({e}): "
             f"every rank must resolve the master's name (set MASTER_ADDR to an address if DNS lacks it)"
@@ -206,7 +211,9 @@ def start_watchdog(dist: DistEnv, timeout: float) -> None:
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         os.closerange(3, 65536)
-        try:  # die with the rank (PR_SET_PDEATHSIG); off the rank's path, so ctypes costs nothing there
+        import socket  # in the forked child only: off the rank's path
+
+        try:  # die with the rank (PR_SET_PDEATHSIG)
             import ctypes
 
             ctypes.CDLL(None).prctl(1, signal.SIGKILL)
@@ -275,7 +282,7 @@ def resolve(environ: dict[str, str] | os._Environ[str]) -> DistEnv:
     """This process's distributed environment; a world of 1 gets a free port here."""
     dist = detect(environ, context())
     if dist.master_port == 0 and not dist.owned_by_torchrun:
-        dist = replace(dist, master_port=_free_port())
+        dist = dist.replace(master_port=_free_port())
     return dist
 
 

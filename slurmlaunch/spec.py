@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 from .errors import SpecError
 
-SCHEDULERS = ("auto", "slurm", "local")
+SCHEDULERS = ("auto", "slurm", "pbs", "local")
+MPI_FLAVOURS = ("openmpi", "mpich", "pals")  # how a PBS job starts its ranks
+PBS_FLAVOURS = ("pro", "torque")
 # Signals a batch script may ask Slurm for before the time limit (USR1 works but NCCL uses it).
 WARNING_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP", "ALRM", "URG", "XCPU", "CONT")
 
@@ -57,6 +59,8 @@ class JobSpec:
     requeue: bool = False
     max_requeues: int = 3
     rdzv_timeout: float | None = None  # SLURMLAUNCH_RDZV_TIMEOUT for the ranks
+    pbs_flavour: str = "pro"  # PBS Pro / OpenPBS (-l select=...) or Torque (-l nodes=...:ppn=...)
+    mpi: str = "openmpi"  # the MPI whose mpiexec starts the ranks under PBS
 
     @property
     def warning(self) -> tuple[str, int] | None:
@@ -150,6 +154,10 @@ def validate(spec: JobSpec) -> JobSpec:
         raise SpecError(f"--rdzv-timeout {spec.rdzv_timeout} is not valid (expected seconds >= 0; 0: no bound)")
     if spec.master_port is not None and not 1 <= spec.master_port <= 65535:
         raise SpecError(f"--master-port {spec.master_port} is not valid (expected 1-65535)")
+    if spec.mpi not in MPI_FLAVOURS:
+        raise SpecError(f"--mpi {spec.mpi!r} is not valid (expected one of {', '.join(MPI_FLAVOURS)})")
+    if spec.pbs_flavour not in PBS_FLAVOURS:
+        raise SpecError(f"--pbs-flavour {spec.pbs_flavour!r} is not valid (expected pro or torque)")
     if spec.gpu_flag not in ("gpus-per-node", "gres"):
         raise SpecError(f"--gpu-flag {spec.gpu_flag!r} is not valid (expected gpus-per-node or gres)")
     for bad in ("%", "\\"):

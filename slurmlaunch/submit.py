@@ -22,19 +22,22 @@ def spec_from_args(ns: Any) -> JobSpec:
         exclusive=ns.exclusive, job_name=ns.job_name, output_dir=ns.output_dir, env=parse_env(ns.env),
         setup=tuple(ns.setup), sbatch_args=tuple(ns.sbatch_arg), master_port=ns.master_port,
         python=ns.python, gpu_flag=ns.gpu_flag, signal=ns.signal, requeue=ns.requeue,
-        max_requeues=ns.max_requeues, rdzv_timeout=ns.rdzv_timeout,
+        max_requeues=ns.max_requeues, rdzv_timeout=ns.rdzv_timeout, pbs_flavour=ns.pbs_flavour, mpi=ns.mpi,
     ))
 
 
 def choose_scheduler(requested: str) -> str:
-    from .schedulers import slurm
+    from .schedulers import pbs, slurm
 
     if requested != "auto":
         if requested == "slurm" and not slurm.available():
             raise SpecError("--scheduler slurm: sbatch is not on PATH (use --scheduler local on this machine)")
+        if requested == "pbs" and not pbs.available():
+            raise SpecError("--scheduler pbs: qsub is not on PATH (use --scheduler local on this machine)")
         return requested
     if not slurm.available():
-        chosen, why = "local", "no sbatch on PATH"
+        chosen, why = ("pbs", "qsub is on PATH and sbatch is not") if pbs.available() else \
+            ("local", "no sbatch or qsub on PATH")
     else:
         up, _ = slurm.controller_answers()
         chosen, why = ("slurm", "sbatch is on PATH and slurmctld answers") if up else \
@@ -54,35 +57,38 @@ def cmd_submit(ns: Any) -> int:
             return 0
         _, outcome = local.run(spec, os.environ)
         return outcome.exit_code
-    from .schedulers import slurm
+    from .schedulers import pbs, slurm
 
-    script = slurm.render_script(spec, ns.template_dir)
+    edge: Any = pbs if scheduler == "pbs" else slurm
+    script = edge.render_script(spec, ns.template_dir)
     if ns.dry_run:
-        sys.stderr.write("# would run: " + shlex.join(slurm.sbatch_command(spec, "<this script>")) + "\n")
+        command = (pbs.qsub_command if scheduler == "pbs" else slurm.sbatch_command)(spec, "<this script>")
+        sys.stderr.write("# would run: " + shlex.join(command) + "\n")
         sys.stdout.write(script)
         return 0
-    sub = slurm.submit(spec, script)
+    sub = edge.submit(spec, script)
     sys.stderr.write(f"slurmlaunch: submitted job {sub.job_id} ({spec.world_size} ranks on {spec.nodes} "
                      f"node(s)); script {sub.script_path}\n")
     print(sub.job_id)
     if not ns.wait:
         return 0
-    return wait_for(sub.job_id, spec, ns.cancel_on_interrupt, ns.wait_timeout)
+    return wait_for(edge, sub.job_id, spec, ns.cancel_on_interrupt, ns.wait_timeout)
 
 
-def wait_for(job_id: str, spec: JobSpec, cancel_on_interrupt: bool, timeout: float | None) -> int:
+def wait_for(edge: Any, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, timeout: float | None) -> int:
     from .follow import follow
-    from .schedulers import slurm
+    from .schedulers import rank_log
 
+    # Slurm writes one log per rank (follow rank 0's); under PBS mpiexec tags every line in the job's output.
+    rank0 = rank_log(spec, job_id, 0) if edge.__name__.endswith("slurm") else None
     try:
-        return follow(job_id, lambda: slurm.status(job_id, spec.log_dir), slurm.rank0_log(spec, job_id),
-                      timeout=timeout)
+        return follow(job_id, lambda: edge.status(job_id, spec.log_dir), rank0, timeout=timeout)
     except KeyboardInterrupt:
         if cancel_on_interrupt or _ask(f"\nslurmlaunch: cancel job {job_id}? [y/N] "):
-            slurm.cancel(job_id)
+            edge.cancel(job_id)
             sys.stderr.write(f"slurmlaunch: cancelled job {job_id}\n")
         else:
-            sys.stderr.write(f"slurmlaunch: job {job_id} keeps running (scancel {job_id} to stop it)\n")
+            sys.stderr.write(f"slurmlaunch: job {job_id} keeps running (cancel it with scancel or qdel)\n")
         return 130
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from .errors import SlurmLaunchError
 
 _ARRIVED = "slurmlaunch/arrived"
-_POLL_S = 0.01  # non-zero ranks poll the master every 10 ms: no TCPStore client back-off of 0.25 s or more
+_POLL_S = 0.002  # non-zero ranks poll the master every 2 ms: no TCPStore client back-off of 0.25 s or more
 
 
 def _compress(ranks: list[int]) -> str:
@@ -60,7 +60,7 @@ def init_process_group(backend: str | None = None, *, rendezvous_timeout: float 
     * ``backend=None``: nccl when CUDA is available, else gloo; with CUDA, the rank's device is selected.
     * The rendezvous is bounded by ``rendezvous_timeout`` seconds (default SLURMLAUNCH_RDZV_TIMEOUT, 900):
       rank 0 waits for every rank to check in and, on time-out, names the ranks that never arrived; the
-      others poll the master every 10 ms, so none loses the TCPStore client's back-off of 0.25 s or more
+      others poll the master every 2 ms, so none loses the TCPStore client's back-off of 0.25 s or more
       when rank 0 is the last to be ready.
     * Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) torchrun's own store is used.
 
@@ -96,15 +96,15 @@ def init_process_group(backend: str | None = None, *, rendezvous_timeout: float 
         _wait_listening(addr, port, deadline, rank)
         store = dist.TCPStore(addr, port, world, False, store_timeout)  # type: ignore[attr-defined]
     store.set(f"{_ARRIVED}/{rank}", socket.gethostname())
-    store.add(_ARRIVED, 1)
     if rank == 0:
-        while store.add(_ARRIVED, 0) < world:
-            if time.monotonic() >= deadline:
-                missing = [r for r in range(world) if not store.check([f"{_ARRIVED}/{r}"])]
-                raise SlurmLaunchError(
-                    f"rank 0: rendezvous timed out after {limit:.0f}s at {addr}:{port}: {world - len(missing)} of "
-                    f"{world} ranks arrived; missing rank(s) {_compress(missing)}"
-                )
-            time.sleep(_POLL_S)
+        keys = [f"{_ARRIVED}/{r}" for r in range(world)]
+        try:  # the store wakes us when the last key appears: no polling
+            store.wait(keys, timedelta(seconds=max(0.001, deadline - time.monotonic())))
+        except RuntimeError:  # torch raises DistStoreError (a RuntimeError) on time-out
+            missing = [r for r, key in enumerate(keys) if not store.check([key])]
+            raise SlurmLaunchError(
+                f"rank 0: rendezvous timed out after {limit:.0f}s at {addr}:{port}: {world - len(missing)} of "
+                f"{world} ranks arrived; missing rank(s) {_compress(missing)}"
+            ) from None
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, **kwargs)
     return device

@@ -108,8 +108,17 @@ def test_outside_everything_is_a_world_of_one() -> None:
     assert d.notes  # it says so
 
 
+def test_rank_set_by_hand_is_respected_but_not_over_a_scheduler() -> None:
+    d = detect({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1234"})
+    assert (d.source, d.rank, d.world_size, d.master_addr, d.master_port) == ("preset", 1, 2, "h", 1234)
+    with pytest.raises(EnvironmentMappingError, match="MASTER_ADDR"):
+        detect({"RANK": "1", "WORLD_SIZE": "2"})
+    assert detect({**step_env("node[1-2]", [1, 1], 1), "RANK": "0", "WORLD_SIZE": "9"}).rank == 1
+
+
 def test_detection_order_is_explicit() -> None:
-    assert [r.__name__ for r in READERS] == ["read_torchrun", "read_run", "read_slurm"]
+    assert [r.__name__ for r in READERS] == ["read_torchrun", "read_run", "read_mpi", "read_slurm",
+                                                    "read_pbs_script", "read_preset"]
 
 
 def test_batch_step_with_many_tasks_is_refused() -> None:

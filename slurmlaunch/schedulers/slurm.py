@@ -13,7 +13,7 @@ from .. import __version__
 from ..errors import SchedulerError
 from ..render import render
 from ..spec import JobSpec
-from . import JobStatus, make_log_dir, rank_log, run_command, write_private, write_record
+from . import JobStatus, make_log_dir, run_command, write_private, write_record
 
 TEMPLATE = "slurm.sbatch.j2"
 
@@ -195,7 +195,3 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
 
 def cancel(job_id: str) -> None:
     run_command(["scancel", job_id], timeout=30)
-
-
-def rank0_log(spec: JobSpec, job_id: str) -> str:
-    return rank_log(spec, job_id, 0)

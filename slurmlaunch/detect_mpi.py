@@ -1,0 +1,195 @@
+"""Ranks started by an MPI launcher (Open MPI, MPICH/Hydra, Cray PALS, MVAPICH, PMIx), typically from a
+PBS job script, and the PBS job script itself. Pure, like detect.py: a mapping in, a DistEnv out.
+
+The node list comes from PBS_NODEFILE (one line per slot, or per node on some systems; nodes in order of
+first appearance, never sorted); this host is the nodefile entry whose short name is this host's
+(SLURMLAUNCH_HOSTNAME overrides the host name); NODE_RANK is its position. Without a nodefile the ranks
+must fill nodes evenly in blocks (NODE_RANK = RANK // LOCAL_SIZE) and MASTER_ADDR must be given when
+they span several nodes. MASTER_ADDR is the nodefile's first host: mpiexec places rank 0 on the first
+slot (rank 0 checks it at start-up). MASTER_PORT derives from the numeric part of PBS_JOBID
+(``1234.server``; array jobs ``1234[5].server`` use the index as the step), else from the MPI launcher's
+job name. OMPI_COMM_WORLD_NODE_RANK is never read: it is a rank among the node's ranks, not a node index.
+"""
+
+from __future__ import annotations
+
+from .detect import Context, Env, _first, _int, _master, derive_port, local_device
+from .distenv import DistEnv
+from .errors import EnvironmentMappingError
+
+# name, rank, world size, local rank, local size, node index (variables that flavour's launcher sets)
+FLAVOURS: tuple[tuple[str, str, tuple[str, ...], str, tuple[str, ...], str | None], ...] = (
+    ("openmpi", "OMPI_COMM_WORLD_RANK", ("OMPI_COMM_WORLD_SIZE",), "OMPI_COMM_WORLD_LOCAL_RANK",
+     ("OMPI_COMM_WORLD_LOCAL_SIZE",), None),
+    ("mvapich", "MV2_COMM_WORLD_RANK", ("MV2_COMM_WORLD_SIZE",), "MV2_COMM_WORLD_LOCAL_RANK",
+     ("MV2_COMM_WORLD_LOCAL_SIZE",), None),
+    ("pals", "PALS_RANKID", ("PMI_SIZE", "PALS_SIZE"), "PALS_LOCAL_RANKID", ("PMI_LOCAL_SIZE", "PALS_LOCAL_SIZE"),
+     "PALS_NODEID"),
+    # Hydra sets MPI_LOCALRANKID; srun --mpi=pmi2 sets PMI_RANK without it and stays a Slurm step.
+    ("mpich", "PMI_RANK", ("PMI_SIZE",), "MPI_LOCALRANKID", ("MPI_LOCALNRANKS",), None),
+    ("pmix", "PMIX_RANK", ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"), "OMPI_COMM_WORLD_LOCAL_RANK",
+     ("OMPI_COMM_WORLD_LOCAL_SIZE",), None),
+)
+_JOB_NAMES = ("PBS_JOBID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "PALS_APID", "PMI_KVSNAME")
+
+
+def _short(host: str) -> str:
+    return host.split(".", 1)[0]
+
+
+def parse_nodefile(text: str, path: str) -> list[tuple[str, int]]:
+    """(host, slots) in order of first appearance; one line per slot (or per node) as PBS writes it."""
+    order: list[str] = []
+    slots: dict[str, int] = {}
+    for line in text.splitlines():
+        host = line.strip()
+        if not host or host.startswith("#"):
+            continue
+        host = host.split()[0]
+        if host not in slots:
+            order.append(host)
+            slots[host] = 0
+        slots[host] += 1
+    if not order:
+        raise EnvironmentMappingError(f"PBS_NODEFILE={path!r} is empty (expected one host per line)")
+    return [(h, slots[h]) for h in order]
+
+
+def _port_from_job(env: Env) -> tuple[int, str] | None:
+    found = _first(env, *_JOB_NAMES)
+    if found is None:
+        return None
+    name, value = found
+    if name == "PBS_JOBID":
+        number = value.split(".", 1)[0]
+        job_text, _, index_text = number.partition("[")
+        index_text = index_text.rstrip("]")
+        if not job_text.isdigit() or (index_text and not index_text.isdigit()):
+            raise EnvironmentMappingError(
+                f"PBS_JOBID={value!r} is not valid (expected NUMBER.server or NUMBER[INDEX].server)"
+            )
+        return derive_port(int(job_text), int(index_text or 0)), f"derived from PBS_JOBID={value}"
+    digest = 0
+    for ch in value:  # a stable hash: every rank of one launch computes the same
+        digest = (digest * 131 + ord(ch)) % 1_000_003
+    return derive_port(digest), f"derived from {name}={value}"
+
+
+def read_mpi(env: Env, ctx: Context) -> DistEnv | None:
+    """A rank started by mpiexec/mpirun; see the module's docstring for the rules."""
+    for name, rank_var, size_vars, local_var, local_size_vars, node_var in FLAVOURS:
+        if rank_var in env and (local_var in env or name == "pals"):
+            return _mpi_env(env, ctx, name, rank_var, size_vars, local_var, local_size_vars, node_var)
+    return None
+
+
+def _mpi_env(env: Env, ctx: Context, flavour: str, rank_var: str, size_vars: tuple[str, ...], local_var: str,
+             local_size_vars: tuple[str, ...], node_var: str | None) -> DistEnv:
+    rank = _int(rank_var, env[rank_var])
+    size = _first(env, *size_vars)
+    if size is None:
+        raise EnvironmentMappingError(f"{rank_var} is set but not {' or '.join(size_vars)} (the world size)")
+    world = _int(size[0], size[1], 1)
+    if rank >= world:
+        raise EnvironmentMappingError(
+            f"{rank_var}={rank} is not valid with {size[0]}={world} (expected 0..{world - 1})")
+    local_rank = _int(local_var, env.get(local_var, "0"))
+    me = env.get("SLURMLAUNCH_HOSTNAME") or ctx.hostname
+    hosts: list[tuple[str, int]] | None = None
+    nodefile = env.get("PBS_NODEFILE")
+    if nodefile:
+        hosts = parse_nodefile(ctx.read_file(nodefile), nodefile)
+    local_size_found = _first(env, *local_size_vars)
+    origins = {"RANK": f"{rank_var}={rank}", "WORLD_SIZE": f"{size[0]}={world}",
+               "LOCAL_RANK": f"{local_var}={local_rank}"}
+    this_host = me
+    if hosts is not None:
+        names = [_short(h) for h, _ in hosts]
+        if node_var and node_var in env:
+            node_rank = _int(node_var, env[node_var])
+            if node_rank >= len(hosts):
+                raise EnvironmentMappingError(
+                    f"{node_var}={node_rank} is not valid for the {len(hosts)} hosts of PBS_NODEFILE={nodefile!r}"
+                )
+        elif _short(me) in names:
+            node_rank = names.index(_short(me))
+        else:
+            raise EnvironmentMappingError(
+                f"this host {me!r} is not in PBS_NODEFILE={nodefile!r} (hosts: "
+                f"{', '.join(h for h, _ in hosts[:8])}{', ...' if len(hosts) > 8 else ''})"
+            )
+        this_host = hosts[node_rank][0]
+        num_nodes = len(hosts)
+        rank0_host: str | None = hosts[0][0]
+        origins["NODE_RANK"] = f"position of {this_host} in PBS_NODEFILE={nodefile}"
+        default_local = hosts[node_rank][1] if all(n > 1 for _, n in hosts) or world == len(hosts) else None
+    else:
+        default_local = None
+        rank0_host = None
+    if local_size_found:
+        local_world = _int(local_size_found[0], local_size_found[1], 1)
+    elif default_local is not None:
+        local_world = default_local
+    elif hosts is None:
+        local_world = world
+    else:
+        raise EnvironmentMappingError(
+            f"{' or '.join(local_size_vars)} is not set and PBS_NODEFILE has one line per node: "
+            f"the ranks per node are unknown"
+        )
+    if local_rank >= local_world:
+        raise EnvironmentMappingError(
+            f"{local_var}={local_rank} is not valid with {local_world} ranks on this node "
+            f"(expected 0..{local_world - 1})"
+        )
+    if hosts is None:
+        if world % local_world:
+            raise EnvironmentMappingError(
+                f"{world} ranks do not fill nodes of {local_world} evenly and there is no PBS_NODEFILE to say "
+                f"which node is which"
+            )
+        num_nodes = world // local_world
+        node_rank = (_int(node_var, env[node_var]) if node_var and node_var in env else rank // local_world)
+        origins["NODE_RANK"] = f"{rank_var} // {local_world} (ranks fill nodes in blocks)"
+        if num_nodes > 1 and not env.get("MASTER_ADDR"):
+            raise EnvironmentMappingError(
+                f"{flavour} ranks span {num_nodes} nodes but neither PBS_NODEFILE nor MASTER_ADDR says where rank 0 "
+                f"runs: export MASTER_ADDR (e.g. mpirun -x MASTER_ADDR=host)"
+            )
+        rank0_host = me if num_nodes == 1 else None
+    port = _port_from_job(env)
+    addr, master_port, master_origins = _master(
+        env, rank0_host or "127.0.0.1", "first host of PBS_NODEFILE" if hosts else "this host (one node)",
+        port[0] if port else 29500, port[1] if port else "torch's default (no job id to derive one from)",
+    )
+    origins.update(master_origins)
+    origins["GROUP_WORLD_SIZE"] = f"{num_nodes} node(s)"
+    return DistEnv(
+        source=f"mpi:{flavour}",
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        local_world_size=local_world,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=addr,
+        master_port=master_port,
+        rank0_host=rank0_host,
+        this_host=this_host,
+        local_device=local_device(env, local_rank, local_world, ctx, this_host),
+        origins=origins,
+    )
+
+
+def read_pbs_script(env: Env, ctx: Context) -> DistEnv | None:
+    """The PBS job script itself (PBS_JOBID set, no MPI rank variables): it must not pretend to be rank 0."""
+    if "PBS_JOBID" not in env or "PBS_NODEFILE" not in env:
+        return None
+    nodefile = env["PBS_NODEFILE"]
+    slots = sum(n for _, n in parse_nodefile(ctx.read_file(nodefile), nodefile))
+    if slots > 1:
+        raise EnvironmentMappingError(
+            f"this is the PBS job script of job {env['PBS_JOBID']} ({slots} slots in PBS_NODEFILE, no MPI rank "
+            f"variables): start the ranks with mpiexec (mpiexec ... slurmlaunch launch SCRIPT)"
+        )
+    return None

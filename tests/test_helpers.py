@@ -1,0 +1,59 @@
+"""slurmlaunch.init_process_group: device/backend choice, a bounded rendezvous that names missing ranks."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from slurmlaunch.torch_helpers import _compress
+from tests.conftest import run_cli
+from tests.test_launch import clean_env
+
+SCRIPT = """
+import os, sys, torch, torch.distributed as dist, slurmlaunch
+device = slurmlaunch.init_process_group(rendezvous_timeout=float(sys.argv[1]))
+t = torch.ones(1, device=device)
+dist.all_reduce(t)
+print(f"rank={dist.get_rank()} backend={dist.get_backend()} device={device} sum={int(t.item())}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_compress() -> None:
+    assert _compress([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and _compress([3]) == "3" and _compress([]) == ""
+
+
+def test_helper_world_of_three(torch_available: None, tmp_path: Path) -> None:
+    script = tmp_path / "h.py"
+    script.write_text(SCRIPT)
+    r = run_cli("run", "--standalone", "--nproc-per-node", "3", str(script), "60", env=clean_env(), timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert sorted(re.findall(r"rank=(\d) backend=gloo device=cpu sum=3", r.stdout)) == ["0", "1", "2"]
+
+
+def test_helper_names_the_missing_ranks(torch_available: None, tmp_path: Path) -> None:
+    script = tmp_path / "h.py"
+    script.write_text(SCRIPT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = clean_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, str(script), "3"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and time.monotonic() - start < 60
+    assert "1 of 4 ranks arrived; missing rank(s) 1-3" in r.stderr
+
+
+def test_helper_non_zero_rank_names_the_master(torch_available: None, tmp_path: Path) -> None:
+    script = tmp_path / "h.py"
+    script.write_text(SCRIPT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = clean_env(RANK="2", LOCAL_RANK="0", WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    r = subprocess.run([sys.executable, str(script), "2"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and f"nothing listened at MASTER_ADDR:MASTER_PORT=127.0.0.1:{port}" in r.stderr

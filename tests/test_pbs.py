@@ -1,0 +1,95 @@
+"""PBS: golden qsub scripts, time conversion, and the qsub/qstat/qdel edges against an EMULATION of those
+commands (small scripts standing in for a PBS server, which cannot be installed here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slurmlaunch.schedulers import pbs
+from tests.conftest import EXAMPLES, run_cli
+from tests.test_submit import GOLDEN, golden_spec, no_slurm_env
+
+PBS_GOLDEN = {
+    "pbs_pro_openmpi.qsub": golden_spec(time="1-00:00:00", partition="gpuq", account="proj42", mem="64G",
+                                        cpus_per_gpu=8, env=(("WANDB_MODE", "offline"),),
+                                        setup=("module load openmpi",)),
+    "pbs_torque_mpich.qsub": golden_spec(pbs_flavour="torque", mpi="mpich", time="90", exclusive=True),
+    "pbs_pro_pals.qsub": golden_spec(mpi="pals", time="2:00:00", cpus_per_task=16, exclusive=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PBS_GOLDEN))
+def test_golden_pbs_scripts(name: str) -> None:
+    text = pbs.render_script(PBS_GOLDEN[name])
+    path = GOLDEN / name
+    if os.environ.get("SLURMLAUNCH_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"rendered script differs from {path} (SLURMLAUNCH_UPDATE_GOLDEN=1)"
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+
+
+@pytest.mark.parametrize(("slurm_time", "walltime"), [
+    ("90", "1:30:00"), ("30:15", "0:30:15"), ("2:00:00", "2:00:00"), ("1-00:00:00", "24:00:00"),
+    ("2-3", "51:00:00"), ("1-2:30", "26:30:00"), ("0", "0:00:00"),
+])
+def test_walltime(slurm_time: str, walltime: str) -> None:
+    assert pbs.walltime(slurm_time) == walltime
+
+
+def fake_pbs(tmp_path: Path, exit_status: int = 0) -> dict[str, str]:
+    """EMULATION: qsub records its argv and prints a job id; qstat reports the job finished; qdel records."""
+    bin_dir = tmp_path / "fake-pbs"
+    bin_dir.mkdir()
+    rec = tmp_path / "pbs-calls.jsonl"
+    recorder = ("#!/usr/bin/env python3\nimport json, sys\n"
+                f"open({str(rec)!r}, 'a').write(json.dumps(sys.argv) + '\\n')\n")
+    (bin_dir / "qsub").write_text(recorder + "print('77.pbs-server')\n")
+    (bin_dir / "qstat").write_text(recorder + "print('Job Id: 77.pbs-server')\nprint('    job_state = F')\n"
+                                   f"print('    Exit_status = {exit_status}')\n")
+    (bin_dir / "qdel").write_text(recorder)
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = no_slurm_env(tmp_path)
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    return env
+
+
+def calls(tmp_path: Path) -> list[list[str]]:
+    return [json.loads(line) for line in (tmp_path / "pbs-calls.jsonl").read_text().splitlines()]
+
+
+def test_submit_wait_through_emulated_pbs(tmp_path: Path) -> None:
+    env = fake_pbs(tmp_path, exit_status=3)
+    name = "job $(touch PWNED) 'x'\nline"
+    r = run_cli("submit", "--nodes", "2", "--gpus-per-node", "4", f"--job-name={name}", "--wait",
+                str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
+    assert r.returncode == 3, r.stderr
+    assert "auto chose pbs (qsub is on PATH and sbatch is not)" in r.stderr
+    assert "job 77.pbs-server ended FAILED, exit code 3" in r.stderr
+    qsub = calls(tmp_path)[0]
+    assert qsub[1:4] == ["-N", name, "-o"]
+    record = json.loads((tmp_path / "slurmlaunch-logs" / "job-77.json").read_text())
+    assert record["scheduler"] == "pbs" and record["pbs_job_id"] == "77.pbs-server"
+    assert record["command"][:3] == ["qsub", "-N", name] and record["command"][-1].endswith("job-77.qsub")
+    script = Path(record["command"][-1]).read_text()
+    assert "#PBS -l select=2:ncpus=4:mpiprocs=4:ngpus=4" in script and "mpiexec -np 8" in script
+    assert ["qstat", "-x", "-f", "77.pbs-server"] == [Path(calls(tmp_path)[1][0]).name, *calls(tmp_path)[1][1:]]
+    assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_pbs_dry_run_and_refusals(tmp_path: Path) -> None:
+    env = fake_pbs(tmp_path)
+    r = run_cli("submit", "--scheduler", "pbs", "--dry-run", "--mpi", "mpich", "--pbs-flavour", "torque",
+                str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
+    assert r.returncode == 0 and "#PBS -l nodes=1:ppn=1" in r.stdout and "# would run: qsub -N" in r.stderr
+    r = run_cli("submit", "--scheduler", "pbs", "--mpi", "intel", str(EXAMPLES / "train_ddp.py"), env=env,
+                cwd=tmp_path)
+    assert r.returncode == 2 and "--mpi" in r.stderr and r.stderr.count("\n") == 1
+    r = run_cli("submit", "--scheduler", "pbs", str(EXAMPLES / "train_ddp.py"), env=no_slurm_env(tmp_path),
+                cwd=tmp_path)
+    assert r.returncode == 2 and "qsub is not on PATH" in r.stderr
