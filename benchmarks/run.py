@@ -347,7 +347,9 @@ def main() -> int:
     p.add_argument("--pairs", type=int, help="alternations per comparison (default 10, --quick 2)")
     p.add_argument("--ranks", default=None, help="rank counts for the barrier benchmark (default 2,4,8)")
     p.add_argument("--json", help="also write every row to this file")
+    p.add_argument("--only", help="comma-separated sections: startup,cli,hostlist,scale,barrier (default all)")
     a = p.parse_args()
+    sections = set((a.only or "startup,cli,hostlist,scale,barrier").split(","))
     pairs = a.pairs or (2 if a.quick else 10)
     ranks = [int(x) for x in (a.ranks or ("2" if a.quick else "2,4,8")).split(",")]
     if not shutil.which("slurmlaunch"):
@@ -363,11 +365,16 @@ def main() -> int:
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="slurmlaunch-bench-") as tmp:
         work = Path(tmp)
-        rows += bench_startup(pairs)
-        rows += bench_cli(pairs, work)
-        rows += bench_hostlist([1000, 10000] if a.quick else [1000, 10000, 100000], 3)
-        rows += bench_scale(64 if a.quick else 4096, 8)
-        rows += bench_barrier(ranks, pairs, work)
+        if "startup" in sections:
+            rows += bench_startup(pairs)
+        if "cli" in sections:
+            rows += bench_cli(pairs, work)
+        if "hostlist" in sections:
+            rows += bench_hostlist([1000, 10000] if a.quick else [1000, 10000, 100000], 3)
+        if "scale" in sections:
+            rows += bench_scale(64 if a.quick else 4096, 8)
+        if "barrier" in sections:
+            rows += bench_barrier(ranks, pairs, work)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1, default=str))
     return 0

@@ -11,7 +11,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "init_process_group"]
+__all__ = ["__version__", "init_process_group", "submit", "submit_script", "map_array", "Job", "RankFailed"]
+_API = ("submit", "submit_script", "map_array", "Job", "RankFailed")
 
 
 def __getattr__(name: str) -> Any:
@@ -19,4 +20,8 @@ def __getattr__(name: str) -> Any:
         from .torch_helpers import init_process_group
 
         return init_process_group
+    if name in _API:
+        from . import api
+
+        return getattr(api, name)
     raise AttributeError(f"module 'slurmlaunch' has no attribute {name!r}")

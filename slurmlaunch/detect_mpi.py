@@ -122,21 +122,30 @@ def _mpi_env(env: Env, ctx: Context, flavour: str, rank_var: str, size_vars: tup
         num_nodes = len(hosts)
         rank0_host: str | None = hosts[0][0]
         origins["NODE_RANK"] = f"position of {this_host} in PBS_NODEFILE={nodefile}"
-        default_local = hosts[node_rank][1] if all(n > 1 for _, n in hosts) or world == len(hosts) else None
     else:
-        default_local = None
         rank0_host = None
-    if local_size_found:
-        local_world = _int(local_size_found[0], local_size_found[1], 1)
-    elif default_local is not None:
-        local_world = default_local
-    elif hosts is None:
+    local_world = _int(local_size_found[0], local_size_found[1], 1) if local_size_found else None
+    if hosts is not None and sum(n for _, n in hosts) == world:
+        # One line per slot: mpiexec --hostfile $PBS_NODEFILE places ranks on the slots in order, so this
+        # host's ranks are a block. When the MPI's own local numbering disagrees (ranks of several nodefile
+        # hosts sharing one machine), the nodefile wins: NODE_RANK came from it, and the pair must agree.
+        slots = hosts[node_rank][1]
+        first = sum(n for _, n in hosts[:node_rank])
+        if local_world != slots:
+            if not first <= rank < first + slots:
+                raise EnvironmentMappingError(
+                    f"{rank_var}={rank} is not on a slot of {this_host} in PBS_NODEFILE={nodefile!r} (slots "
+                    f"{first}..{first + slots - 1}): was mpiexec given another hostfile or mapping?"
+                )
+            local_rank, local_world = rank - first, slots
+            origins["LOCAL_RANK"] = f"{rank_var} - first slot of {this_host} in PBS_NODEFILE"
+    elif local_world is None:
+        if hosts is not None:
+            raise EnvironmentMappingError(
+                f"{' or '.join(local_size_vars)} is not set and PBS_NODEFILE has one line per node: "
+                f"the ranks per node are unknown"
+            )
         local_world = world
-    else:
-        raise EnvironmentMappingError(
-            f"{' or '.join(local_size_vars)} is not set and PBS_NODEFILE has one line per node: "
-            f"the ranks per node are unknown"
-        )
     if local_rank >= local_world:
         raise EnvironmentMappingError(
             f"{local_var}={local_rank} is not valid with {local_world} ranks on this node "

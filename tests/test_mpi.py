@@ -157,17 +157,28 @@ def test_real_mpirun_two_nodes_two_ranks_gloo(tmp_path: Path, torch_available: N
     nodefile.write_text(NODEFILE)
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1 localhost node1 node2\n")
-    launch = [sys.executable, "-m", "slurmlaunch", "launch", str(script)]
-    # One MPI world of 4 ranks; each app context plays one "node" of the emulated PBS nodefile.
-    mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--host", "localhost:4",
-              "-x", "PBS_JOBID=4321.pbs-server", "-x", f"PBS_NODEFILE={nodefile}", "-x", "SLURMLAUNCH_ALLOW_LOOPBACK=1",
-              "-x", "PATH", "-x", "OMP_NUM_THREADS=1",
-              "-np", "2", "env", "SLURMLAUNCH_HOSTNAME=node1", *launch, ":",
-              "-np", "2", "env", "SLURMLAUNCH_HOSTNAME=node2", *launch]
+    # One MPI world of 4 ranks; each app context (-x applies per context) plays one "node" of the emulated
+    # PBS nodefile.
+    contexts: list[str] = []
+    for node in ("node1", "node2"):
+        contexts += [":"] if contexts else []
+        contexts += ["-np", "2", "-x", "PBS_JOBID=4321.pbs-server", "-x", f"PBS_NODEFILE={nodefile}",
+                     "-x", "SLURMLAUNCH_ALLOW_LOOPBACK=1", "-x", f"SLURMLAUNCH_HOSTNAME={node}", "-x", "PATH",
+                     "-x", "OMP_NUM_THREADS=1", "-x", "SLURMLAUNCH_RDZV_TIMEOUT=60",
+                     sys.executable, "-m", "slurmlaunch", "launch", str(script)]
+    mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--host", "localhost:4", *contexts]
     inner = f"mount --bind {hosts} /etc/hosts && exec \"$@\""
-    r = subprocess.run(["unshare", "--mount", "--", "sh", "-c", inner, "sh", *mpirun], capture_output=True,
-                       text=True, timeout=240, cwd=tmp_path)
-    assert r.returncode == 0, r.stdout + r.stderr
+    p = subprocess.Popen(["unshare", "--mount", "--", "sh", "-c", inner, "sh", *mpirun], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=tmp_path, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=180)
+    finally:
+        try:
+            os.killpg(p.pid, 9)  # nothing of this test outlives it, even when it failed
+        except ProcessLookupError:
+            pass
+    assert p.returncode == 0, out + err
+    r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
     results = sorted((json.loads(m) for m in re.findall(r"RESULT (.*)", r.stdout)), key=lambda x: int(x["RANK"]))
     assert [(x["RANK"], x["LOCAL_RANK"], x["NODE_RANK"], x["host"]) for x in results] == [
         ("0", "0", "0", "node1"), ("1", "1", "0", "node1"), ("2", "0", "1", "node2"), ("3", "1", "1", "node2")]

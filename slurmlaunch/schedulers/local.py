@@ -53,20 +53,22 @@ def gpu_plan(spec: JobSpec, environ: Mapping[str, str]) -> tuple[list[str] | Non
     return gpus[:need], None
 
 
-def rank_processes(spec: JobSpec, job_id: str, environ: Mapping[str, str]) -> list[RankProcess]:
-    gpus, _ = gpu_plan(spec, environ)
+def rank_env(spec: JobSpec, job_id: str, rank: int, environ: Mapping[str, str],
+             gpus: list[str] | None) -> dict[str, str]:
+    """The environment a real srun step would give task ``rank`` of ``spec``, on emulated nodes."""
     # The emulated step must not mix with a real Slurm job's variables we might be running inside.
-    base = {k: v for k, v in environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
-    base.update(spec.env)
-    base.setdefault("MASTER_ADDR", "127.0.0.1")
-    base.setdefault("SLURMLAUNCH_ALLOW_LOOPBACK", "1")  # every emulated node is this machine
+    env = {k: v for k, v in environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
+    env.update(spec.env)
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    env.setdefault("SLURMLAUNCH_ALLOW_LOOPBACK", "1")  # every emulated node is this machine
     if spec.master_port is not None:
-        base["MASTER_PORT"] = str(spec.master_port)
-    base.setdefault("PYTHONUNBUFFERED", "1")
+        env["MASTER_PORT"] = str(spec.master_port)
+    env.setdefault("PYTHONUNBUFFERED", "1")
     tpn = spec.ntasks_per_node
+    node, local = divmod(rank, tpn)
     nodelist = node_list(spec.nodes)
     counts = str(tpn) if spec.nodes == 1 else f"{tpn}(x{spec.nodes})"
-    common = {
+    env.update({
         "SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
         "SLURM_JOB_NAME": spec.name, "SLURM_NTASKS": str(spec.world_size),
         "SLURM_STEP_NUM_TASKS": str(spec.world_size), "SLURM_NNODES": str(spec.nodes),
@@ -74,24 +76,25 @@ def rank_processes(spec: JobSpec, job_id: str, environ: Mapping[str, str]) -> li
         "SLURM_NODELIST": nodelist, "SLURM_JOB_NODELIST": nodelist, "SLURM_STEP_NODELIST": nodelist,
         "SLURM_TASKS_PER_NODE": counts, "SLURM_STEP_TASKS_PER_NODE": counts,
         "SLURM_SUBMIT_DIR": spec.workdir, "SLURMLAUNCH_SCHEDULER": "local",
-    }
+        "SLURM_NODEID": str(node), "SLURMD_NODENAME": f"{NODE_PREFIX}{node}",
+        "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local),
+    })
     if spec.per_task_cpus is not None:
-        common["SLURM_CPUS_PER_TASK"] = str(spec.per_task_cpus)
+        env["SLURM_CPUS_PER_TASK"] = str(spec.per_task_cpus)
+    if gpus is not None:
+        mine = gpus[node * spec.gpus_per_node:(node + 1) * spec.gpus_per_node]
+        env.update(CUDA_VISIBLE_DEVICES=",".join(mine), SLURM_GPUS_ON_NODE=str(len(mine)))
+    return env
+
+
+def rank_processes(spec: JobSpec, job_id: str, environ: Mapping[str, str]) -> list[RankProcess]:
+    gpus, _ = gpu_plan(spec, environ)
     argv = launch_command(spec)
     if spec.setup:
         # --setup lines are shell by design; the command itself reaches exec as argv, unparsed.
         argv = ["bash", "-c", "\n".join(spec.setup) + '\nexec "$@"', "slurmlaunch-setup", *argv]
-    out = []
-    for node in range(spec.nodes):
-        node_env = dict(base, **common, SLURM_NODEID=str(node), SLURMD_NODENAME=f"{NODE_PREFIX}{node}")
-        if gpus is not None:
-            mine = gpus[node * spec.gpus_per_node:(node + 1) * spec.gpus_per_node]
-            node_env.update(CUDA_VISIBLE_DEVICES=",".join(mine), SLURM_GPUS_ON_NODE=str(len(mine)))
-        for local in range(tpn):
-            rank = node * tpn + local
-            env = dict(node_env, SLURM_PROCID=str(rank), SLURM_LOCALID=str(local))
-            out.append(RankProcess(rank, argv, env, rank_log(spec, job_id, rank), spec.workdir))
-    return out
+    return [RankProcess(rank, argv, rank_env(spec, job_id, rank, environ, gpus), rank_log(spec, job_id, rank),
+                        spec.workdir) for rank in range(spec.world_size)]
 
 
 def dry_run(spec: JobSpec, environ: Mapping[str, str]) -> str:

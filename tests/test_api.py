@@ -1,0 +1,114 @@
+"""The Python API on submitit: the local executor here, submitit's Slurm executor on the real cluster."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import slurmlaunch
+from slurmlaunch.errors import SpecError
+from tests.conftest import EXAMPLES
+
+
+def ranks_and_sum(offset: int = 0) -> dict[str, int]:
+    import torch
+    import torch.distributed as dist
+
+    slurmlaunch.init_process_group(rendezvous_timeout=120)
+    t = torch.tensor([float(dist.get_rank() + offset)])
+    dist.all_reduce(t)
+    out = {k: int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE")}
+    out["sum"] = int(t.item())
+    out["port"] = int(os.environ["MASTER_PORT"])
+    dist.destroy_process_group()
+    return out
+
+
+def fails_on_rank_2() -> int:
+    import torch
+    import torch.distributed as dist
+
+    slurmlaunch.init_process_group(rendezvous_timeout=120)
+    if dist.get_rank() == 2:
+        raise ValueError("rank 2 cannot go on")
+    t = torch.ones(1)
+    dist.all_reduce(t)  # the others fail here once rank 2 is gone
+    return dist.get_rank()
+
+
+def check(results: list[dict[str, int]], nodes: int, tpn: int, offset: int = 0) -> None:
+    world = nodes * tpn
+    assert [r["RANK"] for r in results] == list(range(world))
+    assert [(r["NODE_RANK"], r["LOCAL_RANK"]) for r in results] == [divmod(i, tpn) for i in range(world)]
+    assert {r["sum"] for r in results} == {sum(range(world)) + offset * world}
+
+
+def test_local_function_on_two_emulated_nodes(torch_available: None, tmp_path: Path) -> None:
+    job = slurmlaunch.submit(ranks_and_sum, scheduler="local", nodes=2, tasks_per_node=2,
+                             output_dir=str(tmp_path / "logs"), offset=1)
+    results = job.results()
+    check(results, 2, 2, offset=1)
+    assert job.result() == results[0] and job.done()
+
+
+def test_local_exception_in_rank_2_reaches_the_caller(torch_available: None, tmp_path: Path) -> None:
+    job = slurmlaunch.submit(fails_on_rank_2, scheduler="local", nodes=2, tasks_per_node=2,
+                             output_dir=str(tmp_path / "logs"))
+    with pytest.raises(slurmlaunch.RankFailed) as e:
+        job.results()
+    assert e.value.rank == 2 and "ValueError: rank 2 cannot go on" in str(e.value)
+
+
+def test_local_array_each_its_own_world(torch_available: None, tmp_path: Path) -> None:
+    jobs = slurmlaunch.map_array(ranks_and_sum, [0, 10], scheduler="local", tasks_per_node=2,
+                                 output_dir=str(tmp_path / "logs"))
+    out = [j.results() for j in jobs]
+    assert [r[0]["sum"] for r in out] == [1, 21]
+    assert out[0][0]["port"] != out[1][0]["port"]
+
+
+def test_options_are_validated_like_the_cli(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="--nodes 0"):
+        slurmlaunch.submit(ranks_and_sum, scheduler="local", nodes=0)
+    with pytest.raises(SpecError, match="--time '1h'"):
+        slurmlaunch.submit(ranks_and_sum, scheduler="local", time="1h")
+    with pytest.raises(SpecError, match="unknown option"):
+        slurmlaunch.submit_script(str(EXAMPLES / "train_ddp.py"), scheduler="local", bogus=1)
+
+
+def test_import_is_lazy() -> None:
+    probe = ("import sys; before = set(sys.modules); import slurmlaunch; "
+             "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] != 'slurmlaunch'))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert r.stdout.strip() == "[]", r.stdout + r.stderr  # nothing beyond the package itself
+
+
+@pytest.mark.slurm
+def test_slurm_function_two_nodes_two_tasks(cluster_env: dict[str, str], tmp_path: Path,
+                                            torch_available: None) -> None:
+    code = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent.parent)!r})\n"
+        "import slurmlaunch\n"
+        "from tests.test_api import ranks_and_sum, fails_on_rank_2\n"
+        f"job = slurmlaunch.submit(ranks_and_sum, scheduler='slurm', nodes=2, tasks_per_node=2, "
+        f"output_dir={str(tmp_path / 'logs')!r})\n"
+        "print('RESULTS ' + json.dumps(job.results()))\n"
+        f"bad = slurmlaunch.submit(fails_on_rank_2, scheduler='slurm', nodes=2, tasks_per_node=2, "
+        f"output_dir={str(tmp_path / 'logs')!r})\n"
+        "try:\n    bad.results()\nexcept slurmlaunch.RankFailed as e:\n"
+        "    print('FAILED', e.rank, 'ValueError: rank 2 cannot go on' in str(e))\n"
+    )
+    env = dict(cluster_env, PYTHONPATH=str(Path(__file__).parent.parent))  # the tasks unpickle tests.test_api
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULTS "))
+    check(json.loads(line[8:]), 2, 2)
+    assert "FAILED 2 True" in r.stdout
