@@ -53,7 +53,7 @@ BAD = [
     (["--partition", "a b"], "--partition 'a b'"),
     (["--output-dir", "logs%j"], "--output-dir 'logs%j'"),
     (["--sbatch-arg", "--mail-type=END\n#SBATCH --x"], "--sbatch-arg"),
-    (["--scheduler", "pbs"], "invalid choice: 'pbs'"),
+    (["--scheduler", "torque"], "invalid choice: 'torque'"),
     (["--bogus-option"], "--bogus-option"),
     (["-m", "--no-python"], "cannot be used together"),
     (["--python", "/nonexistent/python"], "--python '/nonexistent/python'"),
