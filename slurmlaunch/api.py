@@ -69,7 +69,7 @@ class _DistributedCall:
         _export_distributed_env(self.spec)
         try:
             return self.fn(*self.args, **self.kwargs)
-        except BaseException as e:
+        except Exception as e:  # not SystemExit: submitit exits that way to requeue a preempted job
             rank = os.environ.get("RANK", "?")
             raise RuntimeError(f"{_MARK} rank={rank} at={time.time():.6f}\n{traceback.format_exc()}") from e
 

@@ -35,12 +35,12 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: str | Path | Non
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[dict[str, str]]:
-    why = slurmcluster.missing_requirements()
+    why = slurmcluster.missing_requirements() or slurmcluster.accounting_missing()
     if why:
         skip_or_fail(why)
     root = Path(tempfile.mkdtemp(prefix="slurmlaunch-cluster-"))
     try:
-        env = slurmcluster.up(root, nodes=4, gpus=4, cpus=8)
+        env = slurmcluster.up(root, nodes=4, gpus=4, cpus=8, accounting=True)
     except Exception as e:  # show the daemons' logs: a cluster that did not come up is hard to debug
         logs = "".join(p.read_text(errors="replace")[-2000:] for p in (root / "log").glob("*.log"))
         slurmcluster.down(root)

@@ -52,10 +52,62 @@ def _free_port_block(count: int) -> int:
     raise RuntimeError("no free block of ports for the test cluster")
 
 
-def write_config(root: Path, nodes: int, gpus: int, cpus: int) -> Path:
+ACCOUNTING_PACKAGES = ("slurmdbd", "slurm-wlm-mysql-plugin", "mariadb-server-core", "mariadb-client-core")
+
+
+def accounting_missing() -> str | None:
+    for tool in ("slurmdbd", "mariadbd", "mariadb-install-db", "sacctmgr"):
+        if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
+            return f"{tool} not found (apt-get install {' '.join(ACCOUNTING_PACKAGES)})"
+    return None
+
+
+def _tool(name: str) -> str:
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
+def start_accounting(root: Path, conf: Path, dbd_port: int, timeout: float) -> None:
+    """MariaDB on a unix socket only, then slurmdbd on it, then the cluster registered: sacct works."""
+    db = root / "db"
+    sock = root / "mysql.sock"
+    if not db.exists():
+        subprocess.run([_tool("mariadb-install-db"), "--no-defaults", f"--datadir={db}", "--user=root",
+                        "--skip-test-db"], check=True, capture_output=True)
+    subprocess.Popen([_tool("mariadbd"), "--no-defaults", f"--datadir={db}", f"--socket={sock}", "--skip-networking",
+                      f"--pid-file={root}/mariadb.pid", "--user=root", f"--log-error={root}/log/mariadb.log"],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+    _wait_pidfile(root / "mariadb.pid", timeout)
+    deadline = time.monotonic() + timeout
+    while not sock.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"mariadb socket {sock} did not appear within {timeout:.0f}s")
+        time.sleep(0.05)
+    dbd_conf = conf.parent / "slurmdbd.conf"
+    dbd_conf.write_text("\n".join([
+        "AuthType=auth/none", "DbdHost=localhost", f"DbdPort={dbd_port}", "SlurmUser=root",
+        "StorageType=accounting_storage/mysql", "StorageHost=localhost", "StorageUser=root",
+        "StorageLoc=slurm_acct_db", f"PidFile={root}/slurmdbd.pid", f"LogFile={root}/log/slurmdbd.log",
+    ]) + "\n")
+    dbd_conf.chmod(0o600)
+    # libmysqlclient takes its socket from MYSQL_UNIX_PORT when the host is localhost
+    env = dict(os.environ, SLURM_CONF=str(conf), MYSQL_UNIX_PORT=str(sock))
+    subprocess.run([_tool("slurmdbd")], env=env, check=True)
+    _wait_pidfile(root / "slurmdbd.pid", timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        r = subprocess.run(["sacctmgr", "-i", "add", "cluster", "sltest"], env=env, capture_output=True, text=True)
+        if r.returncode == 0 or "already exists" in r.stdout + r.stderr:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"slurmdbd did not answer sacctmgr within {timeout:.0f}s: {r.stdout} {r.stderr}")
+        time.sleep(0.2)
+
+
+def write_config(root: Path, nodes: int, gpus: int, cpus: int, accounting: bool = False) -> Path:
     for sub in ("state", "spool", "log", "dev"):
         (root / sub).mkdir(parents=True, exist_ok=True)
-    base = _free_port_block(nodes + 1)
+    base = _free_port_block(nodes + 2)
     names = [f"node{i}" for i in range(1, nodes + 1)]
     host = socket.gethostname()
     lines = [
@@ -75,7 +127,9 @@ def write_config(root: Path, nodes: int, gpus: int, cpus: int) -> Path:
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "JobAcctGatherType=jobacct_gather/none",
-        "AccountingStorageType=accounting_storage/none",
+        *(["AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=localhost",
+           f"AccountingStoragePort={base + nodes + 1}", "JobCompType=jobcomp/none"]
+          if accounting else ["AccountingStorageType=accounting_storage/none"]),
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
         "SlurmdParameters=config_overrides",
@@ -122,13 +176,19 @@ def _wait_pidfile(path: Path, timeout: float) -> int:
     raise RuntimeError(f"{path} did not appear within {timeout:.0f}s")
 
 
-def up(root: Path, nodes: int = 4, gpus: int = 4, cpus: int = 8, timeout: float = 30.0) -> dict[str, str]:
-    """Start slurmctld and `nodes` slurmd; return the environment variables a client needs."""
-    why = missing_requirements()
+def up(root: Path, nodes: int = 4, gpus: int = 4, cpus: int = 8, timeout: float = 30.0,
+       accounting: bool = False) -> dict[str, str]:
+    """Start (MariaDB and slurmdbd with ``accounting``,) slurmctld and `nodes` slurmd; return the
+    environment variables a client needs."""
+    why = missing_requirements() or (accounting_missing() if accounting else None)
     if why:
         raise RuntimeError(why)
     root = root.resolve()
-    conf = write_config(root, nodes, gpus, cpus)
+    conf = write_config(root, nodes, gpus, cpus, accounting)
+    if accounting:
+        port = int(next(ln for ln in conf.read_text().splitlines() if ln.startswith("AccountingStoragePort="))
+                   .split("=")[1])
+        start_accounting(root, conf, port, timeout)
     env = dict(os.environ, SLURM_CONF=str(conf))
     subprocess.run(["slurmctld", "-f", str(conf), "-c"], env=env, check=True)
     _wait_pidfile(root / "slurmctld.pid", timeout)
@@ -157,10 +217,9 @@ def up(root: Path, nodes: int = 4, gpus: int = 4, cpus: int = 8, timeout: float 
     return {"SLURM_CONF": str(conf), "SLURMLAUNCH_ALLOW_LOOPBACK": "1"}
 
 
-def down(root: Path, timeout: float = 10.0) -> None:
-    """Stop every daemon that has a pid file under root: TERM, then KILL after `timeout`."""
+def _stop(pidfiles: list[Path], timeout: float) -> None:
     pids = []
-    for pidfile in sorted(root.glob("*.pid")):
+    for pidfile in pidfiles:
         try:
             pid = int(pidfile.read_text().strip())
             os.kill(pid, signal.SIGTERM)
@@ -180,8 +239,15 @@ def down(root: Path, timeout: float = 10.0) -> None:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-    for pidfile in root.glob("*.pid"):
+    for pidfile in pidfiles:
         pidfile.unlink(missing_ok=True)
+
+
+def down(root: Path, timeout: float = 10.0) -> None:
+    """Stop every daemon that has a pid file under root (TERM, then KILL after `timeout`): the nodes, the
+    controller, then slurmdbd and MariaDB."""
+    for pattern in ("slurmd-*.pid", "slurmctld.pid", "slurmdbd.pid", "mariadb.pid"):
+        _stop(sorted(root.glob(pattern)), timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,9 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--gpus", type=int, default=4)
     p.add_argument("--cpus", type=int, default=8)
+    p.add_argument("--accounting", action="store_true", help="also MariaDB + slurmdbd, so that sacct works")
     a = p.parse_args(argv)
     if a.action == "up":
-        env = up(a.dir, a.nodes, a.gpus, a.cpus)
+        env = up(a.dir, a.nodes, a.gpus, a.cpus, accounting=a.accounting)
         for k, v in env.items():
             print(f"export {k}={v}")
     else:
