@@ -120,6 +120,8 @@ def bench_startup(pairs: int) -> list[dict[str, object]]:
         "python -c pass": lambda: run_ok([PY, "-c", "pass"], env),
         "direct: python noop.py (variables preset)": lambda: run_ok([PY, "-u", NOOP], preset),
         "slurmlaunch launch noop.py (Slurm step variables)": lambda: run_ok([slurmlaunch, "launch", NOOP], one),
+        # what the generated batch scripts run: no console-script wrapper (pip's imports `re`)
+        "python -m slurmlaunch launch noop.py": lambda: run_ok([PY, "-m", "slurmlaunch", "launch", NOOP], one),
         "torchrun --standalone --nproc_per_node 1 noop.py": lambda: run_ok(
             [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", NOOP], env),
     }
@@ -129,6 +131,9 @@ def bench_startup(pairs: int) -> list[dict[str, object]]:
     cost = med["slurmlaunch launch noop.py (Slurm step variables)"] - med["direct: python noop.py (variables preset)"]
     print(f"\nlauncher cost over a direct start: {cost * 1000:.1f} ms = "
           f"{cost / med['python -c pass']:.2f} x `python -c pass` (target <= 1.5)")
+    cost_m = med["python -m slurmlaunch launch noop.py"] - med["direct: python noop.py (variables preset)"]
+    print(f"the same through `python -m slurmlaunch launch` (as the batch scripts run it): {cost_m * 1000:.1f} ms = "
+          f"{cost_m / med['python -c pass']:.2f} x `python -c pass`")
     rows.append({"title": "launcher cost", "contender": "launch - direct", "median": cost,
                  "ratio": cost / med["python -c pass"]})
 

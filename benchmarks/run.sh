@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .bench-venv
-.bench-venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 submitit python-hostlist .
+.bench-venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 numpy submitit python-hostlist .
 export PATH="$PWD/.bench-venv/bin:$PATH"
 cd .bench-venv  # not the source tree: the installed package is what gets measured
 exec python ../benchmarks/run.py "$@"

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from .detect import Context, detect
 from .distenv import DistEnv, mask
 from .errors import PreflightError, SlurmLaunchError
+from .gpus import dev_gpu_ids
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -107,13 +108,6 @@ def command(opts: LaunchOptions, dist: DistEnv) -> list[str]:
     return cmd + opts.args
 
 
-def _count_gpu_devices() -> int:
-    try:
-        return sum(1 for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit())
-    except OSError:
-        return 0
-
-
 def _read_file(path: str) -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -123,7 +117,8 @@ def _read_file(path: str) -> str:
 
 
 def context() -> Context:
-    return Context(hostname=os.uname().nodename, read_file=_read_file, gpu_device_count=_count_gpu_devices)
+    return Context(hostname=os.uname().nodename, read_file=_read_file,
+                   gpu_device_count=lambda: len(dev_gpu_ids()))
 
 
 def _bindable(port: int) -> OSError | None:

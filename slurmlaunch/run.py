@@ -7,7 +7,6 @@ scheduler uses. The classic traps become one-line refusals before anything start
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import socket
 import sys
@@ -16,8 +15,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import SlurmLaunchError, SpecError
-from .schedulers.local import visible_gpus
-from .supervisor import RankProcess, supervise
 
 DEFAULT_PORT = 29500  # torchrun's
 
@@ -67,6 +64,8 @@ def parse_nnodes(text: str) -> int:
 
 def plan_processes(nproc: str, use_cpu: bool, environ: Mapping[str, str]) -> tuple[int, bool, str | None]:
     """(processes on this node, run on the CPU?, a note to print once)."""
+    from .gpus import visible_gpus
+
     gpus = len(visible_gpus(environ))
     if nproc == "auto":
         nproc = "gpu" if gpus else "cpu"
@@ -99,6 +98,8 @@ def resolve_master(addr: str) -> list[str]:
 
 
 def is_loopback(addresses: Sequence[str]) -> bool:
+    import ipaddress
+
     return all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
 
 
@@ -175,6 +176,8 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
 
 
 def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping[str, str]) -> int:
+    from .supervisor import RankProcess, supervise
+
     launch = [sys.executable, "-m", "slurmlaunch", "launch"]
     for flag, on in (("--print-env", ns.print_env), ("--legacy-local-rank-arg", ns.legacy_local_rank_arg),
                      ("-m", ns.module), ("--no-python", ns.no_python)):

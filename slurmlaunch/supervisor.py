@@ -63,7 +63,7 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
 
 
 def supervise(ranks: Sequence[RankProcess], *, grace: float = 10.0, prefix: bool = True,
-              out: BinaryIO | None = None, poll: float = 0.05) -> Outcome:
+              out: BinaryIO | None = None, poll: float = 0.01) -> Outcome:
     """Start every rank, wait for all, stop all at the first failure; never returns with a rank alive."""
     out = out if out is not None else sys.stdout.buffer
     lock = threading.Lock()

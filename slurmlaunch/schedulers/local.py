@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping
 
 from ..errors import SpecError
+from ..gpus import visible_gpus
 from ..spec import JobSpec
 from ..supervisor import Outcome, RankProcess, supervise
 from . import make_log_dir, rank_log, write_record
@@ -24,16 +25,6 @@ NODE_PREFIX = "local-node"
 
 def node_list(nodes: int) -> str:
     return f"{NODE_PREFIX}0" if nodes == 1 else f"{NODE_PREFIX}[0-{nodes - 1}]"
-
-
-def visible_gpus(environ: Mapping[str, str]) -> list[str]:
-    cvd = environ.get("CUDA_VISIBLE_DEVICES")
-    if cvd is not None:
-        return [] if cvd.strip() in ("", "NoDevFiles") else cvd.split(",")
-    try:
-        return sorted(n[6:] for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit())
-    except OSError:
-        return []
 
 
 def gpu_plan(spec: JobSpec, environ: Mapping[str, str]) -> tuple[list[str] | None, str | None]:
