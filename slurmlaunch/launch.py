@@ -206,25 +206,18 @@ def start_watchdog(dist: DistEnv, timeout: float) -> None:
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         os.closerange(3, 65536)
-        import socket  # in the forked child only: off the rank's path
-
-        try:  # die with the rank (PR_SET_PDEATHSIG)
+        try:  # die with the rank (PR_SET_PDEATHSIG); in the forked child only: off the rank's path
             import ctypes
 
             ctypes.CDLL(None).prctl(1, signal.SIGKILL)
         except (OSError, AttributeError):
             pass
-        deadline = time.monotonic() + timeout
-        last = "no answer"
-        while time.monotonic() < deadline:
-            if os.getppid() != target:  # the rank has ended
-                os._exit(0)
-            try:
-                with socket.create_connection((dist.master_addr, dist.master_port), timeout=2.0):
-                    os._exit(0)
-            except OSError as e:
-                last = e.strerror or type(e).__name__
-            time.sleep(0.25)
+        from .net import wait_listening
+
+        last = wait_listening(dist.master_addr, dist.master_port, time.monotonic() + timeout, 0.25,
+                              give_up=lambda: os.getppid() != target)  # the rank has ended
+        if last is None or os.getppid() != target:
+            os._exit(0)
         message = (
             f"slurmlaunch: rank {dist.rank} on {dist.this_host}: nothing listened at MASTER_ADDR:MASTER_PORT="
             f"{dist.master_addr}:{dist.master_port} within {timeout:.0f}s ({last}); rank 0 "

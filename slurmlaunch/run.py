@@ -121,20 +121,14 @@ def free_port() -> int:
 
 def wait_for_master(addr: str, port: int, timeout: float, node_rank: int) -> None:
     """Non-master nodes start their ranks only once the master listens, up to ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last = "no answer"
-    while True:
-        try:
-            with socket.create_connection((addr, port), timeout=min(5.0, max(0.1, deadline - time.monotonic()))):
-                return
-        except OSError as e:
-            last = e.strerror or str(e)
-        if time.monotonic() >= deadline:
-            raise SlurmLaunchError(
-                f"node {node_rank} could not reach the master at {addr}:{port} within {timeout:.0f}s ({last}): "
-                f"is node 0 started with the same --master-addr and --master-port, and is the port open?"
-            )
-        time.sleep(0.2)
+    from .net import wait_listening
+
+    failed = wait_listening(addr, port, time.monotonic() + timeout, 0.2)
+    if failed is not None:
+        raise SlurmLaunchError(
+            f"node {node_rank} could not reach the master at {addr}:{port} within {timeout:.0f}s ({failed}): "
+            f"is node 0 started with the same --master-addr and --master-port, and is the port open?"
+        )
 
 
 def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:

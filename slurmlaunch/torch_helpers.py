@@ -28,19 +28,14 @@ def _compress(ranks: list[int]) -> str:
 
 
 def _wait_listening(addr: str, port: int, deadline: float, rank: int) -> None:
-    last = "no answer"
-    while True:
-        try:
-            with socket.create_connection((addr, port), timeout=max(0.05, min(2.0, deadline - time.monotonic()))):
-                return
-        except OSError as e:
-            last = e.strerror or type(e).__name__
-        if time.monotonic() >= deadline:
-            raise SlurmLaunchError(
-                f"rank {rank}: rendezvous timed out: nothing listened at MASTER_ADDR:MASTER_PORT={addr}:{port} "
-                f"({last}); rank 0 never started it"
-            )
-        time.sleep(_POLL_S)
+    from .net import wait_listening
+
+    failed = wait_listening(addr, port, deadline, _POLL_S)
+    if failed is not None:
+        raise SlurmLaunchError(
+            f"rank {rank}: rendezvous timed out: nothing listened at MASTER_ADDR:MASTER_PORT={addr}:{port} "
+            f"({failed}); rank 0 never started it"
+        )
 
 
 def rendezvous_timeout_s(value: float | None) -> float:

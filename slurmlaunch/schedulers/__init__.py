@@ -7,7 +7,7 @@ import os
 import shlex
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -75,3 +75,47 @@ def write_record(spec: JobSpec, job_id: str, scheduler: str, command: Sequence[s
 
 def rank_log(spec: JobSpec, job_id: str, rank: int) -> str:
     return os.path.join(spec.log_dir, f"job-{job_id}.rank-{rank}.log")
+
+
+@dataclass(frozen=True)
+class Submission:
+    job_id: str  # as the scheduler prints it (PBS: 1234.server)
+    script_path: str
+    record_path: str
+    command: list[str]
+
+
+def submit_with(spec: JobSpec, script_text: str, scheduler: str, suffix: str,
+                command: Callable[[JobSpec, str], list[str]], parse_id: Callable[[str], str | None]) -> Submission:
+    """Save the script beside the logs, submit it, keep a record; SchedulerError (with the command and the
+    scheduler's words) when the scheduler refuses or prints no job id. ``parse_id`` maps the command's
+    output to the short job id that names the files, or None."""
+    make_log_dir(spec.log_dir)
+    pending = os.path.join(spec.log_dir, f"job-pending-{os.getpid()}.{suffix}")
+    write_private(pending, script_text, 0o750)
+    cmd = command(spec, pending)
+    try:
+        out = run_command(cmd).stdout.strip()
+    except SchedulerError:
+        os.unlink(pending)
+        raise
+    short = parse_id(out)
+    if short is None:
+        os.unlink(pending)
+        raise SchedulerError(f"{shlex.join(cmd)} printed {out!r}, not a job id")
+    script_path = os.path.join(spec.log_dir, f"job-{short}.{suffix}")
+    os.replace(pending, script_path)
+    cmd[-1] = script_path
+    extra = {"script": script_path} if out == short else {"script": script_path, f"{scheduler}_job_id": out}
+    record = write_record(spec, short, scheduler, cmd, extra)
+    return Submission(out, script_path, record, cmd)
+
+
+def script_env(spec: JobSpec) -> list[tuple[str, str]]:
+    """The variables a batch script exports for every rank: --env, then --master-port, --rdzv-timeout."""
+    env = list(spec.env)
+    if spec.master_port is not None:
+        env.append(("MASTER_PORT", str(spec.master_port)))
+    if spec.rdzv_timeout is not None:
+        env.append(("SLURMLAUNCH_RDZV_TIMEOUT", f"{spec.rdzv_timeout:g}"))
+    return env

@@ -7,9 +7,7 @@ start (mpiexec through the launcher) is tested with a real Open MPI mpirun.
 
 from __future__ import annotations
 
-import os
 import re
-import shlex
 import shutil
 from typing import Any
 
@@ -17,8 +15,8 @@ from .. import __version__
 from ..errors import SchedulerError
 from ..render import render
 from ..spec import JobSpec
-from . import JobStatus, make_log_dir, run_command, write_private, write_record
-from .slurm import Submission, launch_command
+from . import JobStatus, Submission, run_command, script_env, submit_with
+from .slurm import launch_command
 
 TEMPLATE = "pbs.qsub.j2"
 # job_state letters; F (PBS Pro) and C (Torque) are finished: the exit status says how.
@@ -90,11 +88,7 @@ def mpiexec_args(spec: JobSpec, env: list[tuple[str, str]]) -> tuple[list[str], 
 
 
 def script_context(spec: JobSpec) -> dict[str, Any]:
-    env = list(spec.env)
-    if spec.master_port is not None:
-        env.append(("MASTER_PORT", str(spec.master_port)))
-    if spec.rdzv_timeout is not None:
-        env.append(("SLURMLAUNCH_RDZV_TIMEOUT", f"{spec.rdzv_timeout:g}"))
+    env = script_env(spec)
     args, hostfile_flag = mpiexec_args(spec, env)
     return {
         "version": __version__, "flavour": f"PBS {spec.pbs_flavour}", "mpi": spec.mpi,
@@ -115,23 +109,12 @@ def qsub_command(spec: JobSpec, script_path: str) -> list[str]:
 
 
 def submit(spec: JobSpec, script_text: str) -> Submission:
-    make_log_dir(spec.log_dir)
-    pending = os.path.join(spec.log_dir, f"job-pending-{os.getpid()}.qsub")
-    write_private(pending, script_text, 0o750)
-    cmd = qsub_command(spec, pending)
-    try:
-        out = run_command(cmd).stdout.strip()
-    except SchedulerError:
-        os.unlink(pending)
-        raise
-    if not re.fullmatch(r"\d+(\[\d*\])?(\.[\w.-]+)?", out):
-        raise SchedulerError(f"{shlex.join(cmd)} printed {out!r}, not a job id")
-    short = out.split(".", 1)[0]
-    script_path = os.path.join(spec.log_dir, f"job-{short}.qsub")
-    os.replace(pending, script_path)
-    cmd[-1] = script_path
-    record = write_record(spec, short, "pbs", cmd, {"script": script_path, "pbs_job_id": out})
-    return Submission(out, script_path, record, cmd)
+    """Save the script beside the logs, qsub it, and keep a record; SchedulerError when PBS refuses."""
+
+    def parse(out: str) -> str | None:  # 1234.server, 1234[].server (arrays)
+        return out.split(".", 1)[0] if re.fullmatch(r"\d+(\[\d*\])?(\.[\w.-]+)?", out) else None
+
+    return submit_with(spec, script_text, "pbs", "qsub", qsub_command, parse)
 
 
 def status(job_id: str, log_dir: str | None = None) -> JobStatus:

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
-from dataclasses import dataclass
 from typing import Any
 
 from .. import __version__
 from ..errors import SchedulerError
 from ..render import render
 from ..spec import JobSpec
-from . import JobStatus, make_log_dir, run_command, write_private, write_record
+from . import JobStatus, Submission, run_command, script_env, submit_with
 
 TEMPLATE = "slurm.sbatch.j2"
 
@@ -85,11 +83,7 @@ def srun_args(spec: JobSpec) -> list[str]:
 
 
 def script_context(spec: JobSpec) -> dict[str, Any]:
-    env = list(spec.env)
-    if spec.master_port is not None:
-        env.append(("MASTER_PORT", str(spec.master_port)))
-    if spec.rdzv_timeout is not None:
-        env.append(("SLURMLAUNCH_RDZV_TIMEOUT", f"{spec.rdzv_timeout:g}"))
+    env = script_env(spec)
     return {
         "version": __version__,
         "world_size": spec.world_size,
@@ -122,33 +116,14 @@ def sbatch_command(spec: JobSpec, script_path: str) -> list[str]:
     ]
 
 
-@dataclass(frozen=True)
-class Submission:
-    job_id: str
-    script_path: str
-    record_path: str
-    command: list[str]
-
-
 def submit(spec: JobSpec, script_text: str) -> Submission:
     """Save the script beside the logs, sbatch it, and keep a record; SchedulerError when Slurm refuses."""
-    make_log_dir(spec.log_dir)
-    pending = os.path.join(spec.log_dir, f"job-pending-{os.getpid()}.sbatch")
-    write_private(pending, script_text, 0o750)
-    cmd = sbatch_command(spec, pending)
-    try:
-        out = run_command(cmd).stdout.strip()
-    except SchedulerError:
-        os.unlink(pending)
-        raise
-    job_id = out.split(";")[0]
-    if not job_id.isdigit():
-        raise SchedulerError(f"{shlex.join(cmd)} printed {out!r}, not a job id")
-    script_path = os.path.join(spec.log_dir, f"job-{job_id}.sbatch")
-    os.replace(pending, script_path)
-    cmd[-1] = script_path
-    record = write_record(spec, job_id, "slurm", cmd, {"script": script_path})
-    return Submission(job_id, script_path, record, cmd)
+
+    def parse(out: str) -> str | None:  # --parsable: "1234" or "1234;cluster"
+        job_id = out.split(";")[0]
+        return job_id if job_id.isdigit() else None
+
+    return submit_with(spec, script_text, "slurm", "sbatch", sbatch_command, parse)
 
 
 _FIELD = re.compile(r"\b(JobState|ExitCode|NodeList)=(\S+)")
