@@ -162,3 +162,37 @@ def test_slurm_checkpointable_is_requeued_and_resumes(cluster_env: dict[str, str
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     start, restarts, steps = eval(r.stdout.split("RESULT", 1)[1].strip())
     assert start > 0 and restarts >= 1 and steps == 40  # resumed after a requeue
+
+
+def sleeper(seconds: float) -> int:
+    import time
+
+    time.sleep(seconds)
+    return 0
+
+
+def test_local_script_logs_and_cancel(torch_available: None, tmp_path: Path) -> None:
+    job = slurmlaunch.submit_script(str(EXAMPLES / "train_ddp.py"), ["--epochs", "1", "--checkpoint",
+                                    str(tmp_path / "ck.pt")], scheduler="local", tasks_per_node=2,
+                                    output_dir=str(tmp_path / "logs"))
+    assert job.results() == [0, 0]
+    assert "done: world_size=2 sum_of_ranks=1" in job.logs(0)
+    slow = slurmlaunch.submit(sleeper, 120, scheduler="local", tasks_per_node=2, output_dir=str(tmp_path / "logs"))
+    import time
+
+    time.sleep(2)
+    slow.cancel()
+    deadline = time.monotonic() + 30
+    while not slow.done() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert slow.done()
+
+
+def test_notebook_example_runs_on_the_local_default(torch_available: None, tmp_path: Path) -> None:
+    from tests.test_submit import no_slurm_env
+
+    env = dict(no_slurm_env(tmp_path), PYTHONPATH=str(Path(__file__).parent.parent))
+    r = subprocess.run([sys.executable, str(EXAMPLES / "api_quickstart.py")], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "rank 0: {'rank': 0, 'node_rank': 0, 'sum': 12.0}" in r.stdout and "sweep: [1.0, 10.0]" in r.stdout

@@ -153,3 +153,12 @@ def test_unreachable_master_is_a_bounded_wait(tmp_path: Path) -> None:
                 "--allow-loopback", "--master-timeout", "2", str(script), env=clean_env(), timeout=60)
     assert r.returncode == 2 and f"could not reach the master at 127.0.0.1:{port} within 2s" in r.stderr
     assert time.monotonic() - start < 20
+
+
+def test_legacy_example_under_torch_distributed_launch(torch_available: None, tmp_path: Path) -> None:
+    """The --local-rank example runs under the old launcher too (it passes --local-rank itself)."""
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.launch", "--nproc-per-node", "2",
+                        str(EXAMPLES / "legacy_local_rank.py")], env=clean_env(), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(re.findall(r"--local-rank=(\d)", r.stdout)) == ["0", "1"]
