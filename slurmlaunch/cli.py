@@ -60,6 +60,18 @@ def _parser() -> Any:
     s = sub.add_parser("submit", allow_abbrev=False, help="submit SCRIPT as a distributed job")
     add_submit_options(s)
 
+    lst = sub.add_parser("list", allow_abbrev=False, help="jobs submitted from here")
+    lst.add_argument("--json", action="store_true")
+    st = sub.add_parser("status", allow_abbrev=False, help="a job's state, nodes and exit code")
+    st.add_argument("job")
+    st.add_argument("--json", action="store_true")
+    lg = sub.add_parser("logs", allow_abbrev=False, help="a job's output (the batch log, or --rank N's)")
+    lg.add_argument("job")
+    lg.add_argument("--rank", type=int)
+    lg.add_argument("--follow", "-f", action="store_true", help="follow until the job ends")
+    cn = sub.add_parser("cancel", allow_abbrev=False, help="cancel a job (scancel / qdel)")
+    cn.add_argument("job")
+
     import os
 
     from .run import add_run_options
@@ -140,6 +152,16 @@ def _dispatch(args: list[str]) -> int:
         return cmd_env(ns.json)
     if ns.command == "hostnames":
         return cmd_hostnames(ns.expression)
+    if ns.command in ("list", "status", "logs", "cancel"):
+        from . import jobs
+
+        if ns.command == "list":
+            return jobs.cmd_list(ns.json)
+        if ns.command == "status":
+            return jobs.cmd_status(ns.job, ns.json)
+        if ns.command == "logs":
+            return jobs.cmd_logs(ns.job, ns.rank, ns.follow)
+        return jobs.cmd_cancel(ns.job)
     if ns.command == "run":
         from .run import cmd_run
 

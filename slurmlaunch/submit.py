@@ -67,6 +67,9 @@ def cmd_submit(ns: Any) -> int:
         sys.stdout.write(script)
         return 0
     sub = edge.submit(spec, script)
+    from .jobs import remember
+
+    remember(sub.job_id, scheduler, sub.record_path, spec.name)
     sys.stderr.write(f"slurmlaunch: submitted job {sub.job_id} ({spec.world_size} ranks on {spec.nodes} "
                      f"node(s)); script {sub.script_path}\n")
     print(sub.job_id)

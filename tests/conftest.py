@@ -19,6 +19,11 @@ EXAMPLES = ROOT / "examples"
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Submissions append to a per-user index of jobs: keep the suite's out of the real one.
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="slurmlaunch-test-state-")
+
+
 def skip_or_fail(reason: str) -> None:
     """Under CI a missing piece is a failure, never a skip."""
     if IN_CI:

@@ -17,7 +17,7 @@ from ..errors import SpecError
 from ..gpus import visible_gpus
 from ..spec import JobSpec
 from ..supervisor import Outcome, RankProcess, supervise
-from . import make_log_dir, rank_log, write_record
+from . import make_log_dir, rank_log, write_private, write_record
 from .slurm import launch_command
 
 NODE_PREFIX = "local-node"
@@ -103,12 +103,16 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
     job_id = str(os.getpid())
     make_log_dir(spec.log_dir)
     ranks = rank_processes(spec, job_id, environ)
-    write_record(spec, job_id, "local", ranks[0].argv)
+    record = write_record(spec, job_id, "local", ranks[0].argv)
+    from ..jobs import remember
+
+    remember(job_id, "local", record, spec.name)
     if note:
         sys.stderr.write(f"slurmlaunch: {note}\n")
     sys.stderr.write(f"slurmlaunch: local job {job_id}: {spec.world_size} rank(s) on {spec.nodes} emulated "
                      f"node(s) {node_list(spec.nodes)}; logs in {spec.log_dir}\n")
     outcome = supervise(ranks, grace=grace)
+    write_private(os.path.join(spec.log_dir, f"job-{job_id}.exitcode"), f"{outcome.exit_code}\n")
     if outcome.first_failed_rank is not None:
         sys.stderr.write(f"slurmlaunch: rank {outcome.first_failed_rank} failed first with exit code "
                          f"{outcome.exit_code}; the other ranks were stopped\n")

@@ -1,0 +1,133 @@
+"""Job commands over the records `submit` keeps: list, status, logs, cancel.
+
+Every submission appends one line to a per-user index ($XDG_STATE_HOME/slurmlaunch/jobs.jsonl, by default
+~/.local/state/slurmlaunch/jobs.jsonl) pointing at the record beside the job's logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import SpecError
+
+
+def index_path(environ: Mapping[str, str] = os.environ) -> str:
+    base = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "slurmlaunch", "jobs.jsonl")
+
+
+def remember(job_id: str, scheduler: str, record_path: str, name: str) -> None:
+    path = index_path()
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    line = json.dumps({"job_id": job_id, "scheduler": scheduler, "record": record_path, "name": name,
+                       "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a") as f:
+        f.write(line + "\n")
+
+
+def entries() -> list[dict[str, Any]]:
+    try:
+        with open(index_path()) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def find(job_id: str) -> dict[str, Any]:
+    """The record of ``job_id`` (the latest submission of that id: ids restart on a new cluster)."""
+    for entry in reversed(entries()):
+        if entry["job_id"] == job_id or entry["job_id"].split(".", 1)[0] == job_id:
+            try:
+                with open(entry["record"]) as f:
+                    record: dict[str, Any] = json.load(f)
+            except (OSError, ValueError):
+                raise SpecError(f"job {job_id}: its record {entry['record']!r} is gone") from None
+            record["_full_id"] = entry["job_id"]
+            return record
+    raise SpecError(f"job {job_id!r} was not submitted from here (slurmlaunch list shows those that were)")
+
+
+def _edge(record: Mapping[str, Any]) -> Any:
+    from .schedulers import pbs, slurm
+
+    scheduler = record["scheduler"]
+    if scheduler == "local":
+        raise SpecError(f"job {record['job_id']} ran on the local scheduler, in the foreground: it has ended")
+    return pbs if scheduler == "pbs" else slurm
+
+
+def status(record: Mapping[str, Any]) -> dict[str, Any]:
+    if record["scheduler"] == "local":
+        code = _exit_file(record)
+        return {"job_id": record["job_id"], "scheduler": "local", "state": "COMPLETED" if code == 0 else "FAILED",
+                "exit_code": code, "nodes": None}
+    st = _edge(record).status(record["_full_id"], record["log_dir"])
+    return {"job_id": record["job_id"], "scheduler": record["scheduler"], "state": st.state,
+            "exit_code": st.exit_code, "nodes": st.nodes}
+
+
+def _exit_file(record: Mapping[str, Any]) -> int | None:
+    try:
+        with open(os.path.join(record["log_dir"], f"job-{record['job_id']}.exitcode")) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def log_path(record: Mapping[str, Any], rank: int | None) -> str:
+    log_dir, job = record["log_dir"], record["job_id"]
+    if rank is not None:
+        return os.path.join(log_dir, f"job-{job}.rank-{rank}.log")
+    if record["scheduler"] == "slurm":
+        return os.path.join(log_dir, f"job-{job}.batch.log")
+    return os.path.join(log_dir, f"job-{job}.rank-0.log")
+
+
+def cmd_list(as_json: bool) -> int:
+    rows = entries()
+    if as_json:
+        print(json.dumps(rows))
+        return 0
+    for row in rows:
+        print(f"{row['job_id']:>12}  {row['scheduler']:<6} {row['submitted_at']}  {row['name']}")
+    return 0
+
+
+def cmd_status(job_id: str, as_json: bool) -> int:
+    info = status(find(job_id))
+    if as_json:
+        print(json.dumps(info))
+    else:
+        code = "" if info["exit_code"] is None else f", exit code {info['exit_code']}"
+        nodes = f" on {info['nodes']}" if info["nodes"] else ""
+        print(f"job {info['job_id']} ({info['scheduler']}): {info['state']}{nodes}{code}")
+    return 0
+
+
+def cmd_logs(job_id: str, rank: int | None, follow: bool) -> int:
+    record = find(job_id)
+    path = log_path(record, rank)
+    if not follow:
+        try:
+            with open(path, "rb") as f:
+                sys.stdout.buffer.write(f.read())
+        except OSError as e:
+            raise SpecError(f"no log {path!r} yet ({e.strerror})") from None
+        return 0
+    from .follow import follow as follow_job
+
+    edge = _edge(record)
+    return follow_job(record["job_id"], lambda: edge.status(record["_full_id"], record["log_dir"]), path)
+
+
+def cmd_cancel(job_id: str) -> int:
+    record = find(job_id)
+    _edge(record).cancel(record["_full_id"])
+    print(f"cancelled job {record['_full_id']}")
+    return 0
