@@ -72,6 +72,16 @@ def _parser() -> Any:
     cn = sub.add_parser("cancel", allow_abbrev=False, help="cancel a job (scancel / qdel)")
     cn.add_argument("job")
 
+    dc = sub.add_parser("dev-cluster", allow_abbrev=False,
+                        help="a real multi-node Slurm on this machine, to try jobs before the shared cluster "
+                             "(root and Debian's slurmctld/slurmd/slurm-client)")
+    dc.add_argument("action", choices=["up", "down", "status"])
+    dc.add_argument("--dir", default="/tmp/slurmlaunch-dev-cluster", help="its state, logs and pid files")
+    dc.add_argument("--nodes", type=int, default=4)
+    dc.add_argument("--gpus-per-node", type=int, default=4, help="fake GPUs (/dev/null stand-ins)")
+    dc.add_argument("--cpus", type=int, default=8, help="CPUs each node claims")
+    dc.add_argument("--accounting", action="store_true", help="MariaDB + slurmdbd too, so that sacct works")
+
     import os
 
     from .run import add_run_options
@@ -162,6 +172,12 @@ def _dispatch(args: list[str]) -> int:
         if ns.command == "logs":
             return jobs.cmd_logs(ns.job, ns.rank, ns.follow)
         return jobs.cmd_cancel(ns.job)
+    if ns.command == "dev-cluster":
+        from pathlib import Path
+
+        from .devcluster import cmd
+
+        return cmd(ns.action, Path(ns.dir), ns.nodes, ns.gpus_per_node, ns.cpus, ns.accounting)
     if ns.command == "run":
         from .run import cmd_run
 

@@ -53,3 +53,34 @@ def test_slurm_status_logs_cancel(cluster_env: dict[str, str], tmp_path: Path) -
         time.sleep(0.5)
     assert st["state"] == "CANCELLED" and st["exit_code"] != 0
     assert [e["job_id"] for e in json.loads(run_cli("list", "--json", env=env).stdout)] == [job]
+
+
+@pytest.mark.slurm
+def test_dev_cluster_command_up_status_job_down(tmp_path: Path) -> None:
+    from slurmlaunch import devcluster
+
+    if devcluster.missing_requirements():
+        from tests.conftest import skip_or_fail
+
+        skip_or_fail(str(devcluster.missing_requirements()))
+    root = tmp_path / "dc"
+    r = run_cli("dev-cluster", "up", "--dir", str(root), "--nodes", "2", "--gpus-per-node", "2", timeout=120)
+    try:
+        assert r.returncode == 0, r.stderr
+        exports = dict(line.removeprefix("export ").split("=", 1) for line in r.stdout.splitlines())
+        assert exports["SLURM_CONF"] == str(root / "slurm.conf")
+        st = run_cli("dev-cluster", "status", "--dir", str(root))
+        assert st.returncode == 0 and "node1 idle gpu:2" in st.stdout and "node2 idle" in st.stdout
+        again = run_cli("dev-cluster", "up", "--dir", str(root))
+        assert again.returncode == 2 and "already up" in again.stderr
+        script = tmp_path / "ok.py"
+        script.write_text("import os; print(os.environ['RANK'])")
+        job = run_cli("submit", "--nodes", "2", "--wait", str(script), env={**__import__("os").environ, **exports},
+                      cwd=tmp_path, timeout=120)
+        assert job.returncode == 0, job.stderr
+    finally:
+        pids = [int(p.read_text()) for p in root.glob("*.pid")]
+        assert run_cli("dev-cluster", "down", "--dir", str(root)).returncode == 0
+    from tests.test_local import alive
+
+    assert pids and not any(alive(p) for p in pids)

@@ -1,7 +1,8 @@
-"""A real Slurm cluster of several slurmd nodes on this one machine, for tests and for people.
+"""A real Slurm cluster of several slurmd nodes on this one machine, for the tests and for people.
 
-    python tests/cluster/slurmcluster.py up DIR [--nodes 4] [--gpus 4]   # prints the SLURM_CONF to export
-    python tests/cluster/slurmcluster.py down DIR
+    slurmlaunch dev-cluster up [--dir DIR] [--nodes 4] [--gpus-per-node 4] [--accounting]  # prints exports
+    slurmlaunch dev-cluster status [--dir DIR]
+    slurmlaunch dev-cluster down [--dir DIR]
 
 Every daemon writes a pid file under DIR; `down` stops exactly those pids (never by name).
 Each slurmd runs in its own UTS + mount namespace so that `hostname` inside a job is the node's name and
@@ -250,22 +251,46 @@ def down(root: Path, timeout: float = 10.0) -> None:
         _stop(sorted(root.glob(pattern)), timeout)
 
 
+DEFAULT_DIR = "/tmp/slurmlaunch-dev-cluster"
+
+
+def cmd(action: str, root: Path, nodes: int, gpus: int, cpus: int, accounting: bool) -> int:
+    """`slurmlaunch dev-cluster`: up prints the variables to export; status shows sinfo; down stops it."""
+    from .errors import SpecError
+
+    if action == "up":
+        why = missing_requirements() or (accounting_missing() if accounting else None)
+        if why:
+            raise SpecError(f"dev-cluster: {why}")
+        if (root / "slurmctld.pid").exists():
+            raise SpecError(f"dev-cluster: one is already up in {root} (slurmlaunch dev-cluster down --dir {root})")
+        try:
+            env = up(root, nodes, gpus, cpus, accounting=accounting)
+        except (RuntimeError, subprocess.CalledProcessError) as e:
+            down(root)
+            raise SpecError(f"dev-cluster: did not come up: {e} (daemon logs in {root}/log)") from None
+        for k, v in env.items():
+            print(f"export {k}={v}")
+        return 0
+    if action == "down":
+        down(root)
+        return 0
+    if not (root / "slurm.conf").exists():
+        raise SpecError(f"dev-cluster: none in {root} (slurmlaunch dev-cluster up --dir {root})")
+    env = dict(os.environ, SLURM_CONF=str(root / "slurm.conf"))
+    return subprocess.run(["sinfo", "-N", "-o", "%N %t %G %c"], env=env).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="a local multi-node Slurm cluster for tests")
-    p.add_argument("action", choices=["up", "down"])
-    p.add_argument("dir", type=Path)
+    p = argparse.ArgumentParser(description="a local multi-node Slurm cluster")
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument("dir", type=Path, nargs="?", default=Path(DEFAULT_DIR))
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--gpus", type=int, default=4)
     p.add_argument("--cpus", type=int, default=8)
     p.add_argument("--accounting", action="store_true", help="also MariaDB + slurmdbd, so that sacct works")
     a = p.parse_args(argv)
-    if a.action == "up":
-        env = up(a.dir, a.nodes, a.gpus, a.cpus, accounting=a.accounting)
-        for k, v in env.items():
-            print(f"export {k}={v}")
-    else:
-        down(a.dir)
-    return 0
+    return cmd(a.action, a.dir, a.nodes, a.gpus, a.cpus, a.accounting)
 
 
 if __name__ == "__main__":
