@@ -70,6 +70,7 @@ def main() -> None:
     dist.all_reduce(check)
     if rank == 0:
         print(f"done: world_size={world} sum_of_ranks={int(check.item())}", flush=True)
+    dist.barrier()  # nobody tears down its side of the process group while a peer still uses it
     dist.destroy_process_group()
 
 

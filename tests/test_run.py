@@ -75,9 +75,14 @@ def test_seed_article_command_line_with_the_program_swapped(torch_available: Non
 
 
 def test_example_runs_unchanged_under_torchrun(torch_available: None, tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        str(EXAMPLES / "train_ddp.py"), "--epochs", "1"], env=clean_env(), cwd=tmp_path,
-                       capture_output=True, text=True, timeout=180)
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                            str(EXAMPLES / "train_ddp.py"), "--epochs", "1"], env=clean_env(), cwd=tmp_path,
+                           capture_output=True, text=True, timeout=180)
+        # Seen once here: a worker aborting in torch's teardown ("terminate called without an active
+        # exception") after the training had finished; torch's, not the example's. One more try then.
+        if not (r.returncode != 0 and "done: world_size=2" in r.stdout and "terminate called" in r.stderr):
+            break
     assert r.returncode == 0, r.stderr
     assert "done: world_size=2 sum_of_ranks=1" in r.stdout
 
