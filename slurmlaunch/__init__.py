@@ -11,8 +11,9 @@ if TYPE_CHECKING:
     from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "init_process_group", "submit", "submit_script", "map_array", "Job", "RankFailed"]
-_API = ("submit", "submit_script", "map_array", "Job", "RankFailed")
+__all__ = ["__version__", "init_process_group", "submit", "submit_script", "map_array", "batch", "Job",
+           "RankFailed"]
+_API = ("submit", "submit_script", "map_array", "batch", "Job", "RankFailed")
 
 
 def __getattr__(name: str) -> Any:

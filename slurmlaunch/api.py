@@ -269,3 +269,39 @@ def map_array(fn: Callable[..., Any], *iterables: Iterable[Any], scheduler: str 
     ex = _executor(spec, chosen)
     calls = [_wrap(spec, fn, list(point), kwargs) for point in zip(*iterables, strict=True)]
     return [Job(j, spec, chosen) for j in ex.submit_array(calls)]
+
+
+class Batch:
+    """Collects ``submit(fn, *args, **kwargs)`` calls; on leaving the ``with`` block they go out as one job
+    array (one distributed job each, same options), and ``jobs`` holds them in order."""
+
+    def __init__(self, scheduler: str, options: dict[str, Any]) -> None:
+        job_options, unknown = _split_options(options)
+        if unknown:
+            raise SpecError(f"unknown option(s) {', '.join(sorted(unknown))} for batch "
+                            f"(the functions' own arguments go to submit)")
+        job_options.setdefault("job_name", "slurmlaunch-batch")
+        self.spec = validate(_spec(sys.executable, job_options, module=True))
+        self.scheduler = scheduler
+        self.jobs: list[Job] = []
+        self._calls: list[_DistributedCall] = []
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+        """Queue one job; returns its index in ``jobs`` (filled when the block ends)."""
+        self._calls.append(_wrap(self.spec, fn, args, kwargs))
+        return len(self._calls) - 1
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None or not self._calls:
+            return
+        chosen = _choose(self.scheduler)
+        submitted = _executor(self.spec, chosen).submit_array(self._calls)
+        self.jobs = [Job(j, self.spec, chosen) for j in submitted]
+
+
+def batch(*, scheduler: str = "auto", **options: Any) -> Batch:
+    """``with slurmlaunch.batch(nodes=2, gpus_per_node=4) as b: b.submit(train, cfg)`` ... then ``b.jobs``."""
+    return Batch(scheduler, options)

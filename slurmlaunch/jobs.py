@@ -81,11 +81,22 @@ def _exit_file(record: Mapping[str, Any]) -> int | None:
 
 
 def log_path(record: Mapping[str, Any], rank: int | None) -> str:
-    log_dir, job = record["log_dir"], record["job_id"]
+    log_dir, job = str(record["log_dir"]), str(record["job_id"])
+    if rank is not None and record["scheduler"] == "pbs":
+        raise SpecError("logs --rank: under PBS every rank's lines are in the job's one output, tagged by "
+                        "mpiexec (leave out --rank)")
     if rank is not None:
         return os.path.join(log_dir, f"job-{job}.rank-{rank}.log")
     if record["scheduler"] == "slurm":
         return os.path.join(log_dir, f"job-{job}.batch.log")
+    if record["scheduler"] == "pbs":
+        # qsub -o DIR/: PBS Pro writes DIR/<full id>.OU, Torque DIR/<name>.o<number>; mpiexec tags each
+        # line with its rank, so one file holds every rank's output.
+        full = str(record.get("pbs_job_id", job))
+        for name in sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []:
+            if name.startswith(f"{full}.") or name.endswith(f".o{job}"):
+                return os.path.join(log_dir, name)
+        return os.path.join(log_dir, f"{full}.OU")
     return os.path.join(log_dir, f"job-{job}.rank-0.log")
 
 

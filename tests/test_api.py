@@ -98,6 +98,16 @@ def test_local_array_each_its_own_world(torch_available: None, tmp_path: Path) -
     assert out[0][0]["port"] != out[1][0]["port"]
 
 
+def test_local_batch_of_different_functions(torch_available: None, tmp_path: Path) -> None:
+    with slurmlaunch.batch(scheduler="local", tasks_per_node=2, output_dir=str(tmp_path / "logs")) as b:
+        first = b.submit(ranks_and_sum, offset=5)
+        second = b.submit(sleeper, 0.1)
+    assert [j.results() for j in (b.jobs[first], b.jobs[second])][1] == [0, 0]
+    assert b.jobs[first].result()["sum"] == 1 + 5 * 2
+    with pytest.raises(SpecError, match="unknown option"):
+        slurmlaunch.batch(scheduler="local", offset=5)
+
+
 def test_options_are_validated_like_the_cli(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="--nodes 0"):
         slurmlaunch.submit(ranks_and_sum, scheduler="local", nodes=0)
@@ -196,3 +206,24 @@ def test_notebook_example_runs_on_the_local_default(torch_available: None, tmp_p
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "rank 0: {'rank': 0, 'node_rank': 0, 'sum': 12.0}" in r.stdout and "sweep: [1.0, 10.0]" in r.stdout
+
+
+@pytest.mark.slurm
+def test_slurm_batch_is_an_array_of_worlds(cluster_env: dict[str, str], tmp_path: Path, torch_available: None) -> None:
+    code = (
+        "import json, slurmlaunch\n"
+        "from tests.test_api import ranks_and_sum\n"
+        f"with slurmlaunch.batch(scheduler='slurm', nodes=2, tasks_per_node=1, output_dir={str(tmp_path)!r}) as b:\n"
+        "    b.submit(ranks_and_sum, offset=0)\n    b.submit(ranks_and_sum, offset=10)\n"
+        "print('RESULTS ' + json.dumps([j.results() for j in b.jobs]))\n"
+    )
+    env = dict(cluster_env, PYTHONPATH=str(Path(__file__).parent.parent))
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+
+    first, second = json.loads(r.stdout.split("RESULTS ", 1)[1])
+    check(first, 2, 1)
+    check(second, 2, 1, offset=10)
+    assert first[0]["port"] != second[0]["port"]  # each array element its own MASTER_PORT

@@ -35,25 +35,27 @@ def test_helper_world_of_three(torch_available: None, tmp_path: Path) -> None:
     assert sorted(re.findall(r"rank=(\d) backend=gloo device=cpu sum=3", r.stdout)) == ["0", "1", "2"]
 
 
-def test_helper_names_the_missing_ranks(torch_available: None, tmp_path: Path) -> None:
+def lone_rank(tmp_path: Path, rank: int, timeout: int) -> tuple[subprocess.CompletedProcess[str], int, float]:
+    """One rank of a world of 4 whose others never come, on a port nobody listens on."""
     script = tmp_path / "h.py"
     script.write_text(SCRIPT)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = clean_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env = clean_env(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     start = time.monotonic()
-    r = subprocess.run([sys.executable, str(script), "3"], env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and time.monotonic() - start < 60
+    r = subprocess.run([sys.executable, str(script), str(timeout)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    return r, port, time.monotonic() - start
+
+
+def test_helper_names_the_missing_ranks(torch_available: None, tmp_path: Path) -> None:
+    r, _, took = lone_rank(tmp_path, 0, 3)
+    assert r.returncode != 0 and took < 60
     assert "1 of 4 ranks arrived; missing rank(s) 1-3" in r.stderr
 
 
 def test_helper_non_zero_rank_names_the_master(torch_available: None, tmp_path: Path) -> None:
-    script = tmp_path / "h.py"
-    script.write_text(SCRIPT)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = clean_env(RANK="2", LOCAL_RANK="0", WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    r = subprocess.run([sys.executable, str(script), "2"], env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and f"nothing listened at MASTER_ADDR:MASTER_PORT=127.0.0.1:{port}" in r.stderr
+    r, port, took = lone_rank(tmp_path, 2, 2)
+    assert r.returncode != 0 and took < 60
+    assert f"nothing listened at MASTER_ADDR:MASTER_PORT=127.0.0.1:{port}" in r.stderr

@@ -93,3 +93,13 @@ def test_pbs_dry_run_and_refusals(tmp_path: Path) -> None:
     r = run_cli("submit", "--scheduler", "pbs", str(EXAMPLES / "train_ddp.py"), env=no_slurm_env(tmp_path),
                 cwd=tmp_path)
     assert r.returncode == 2 and "qsub is not on PATH" in r.stderr
+
+
+def test_pbs_logs_are_the_jobs_one_output(tmp_path: Path) -> None:
+    env = fake_pbs(tmp_path)
+    r = run_cli("submit", "--scheduler", "pbs", str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "slurmlaunch-logs" / "77.pbs-server.OU").write_text("0: hello\n1: hello\n")  # as PBS Pro names it
+    assert run_cli("logs", "77", env=env).stdout == "0: hello\n1: hello\n"
+    r = run_cli("logs", "77", "--rank", "1", env=env)
+    assert r.returncode == 2 and "tagged by mpiexec" in r.stderr
