@@ -59,6 +59,15 @@ def _parser() -> Any:
 
     s = sub.add_parser("submit", allow_abbrev=False, help="submit SCRIPT as a distributed job")
     add_submit_options(s)
+    from .profiles import option_table
+
+    s.set_defaults(options_table=option_table(s))
+
+    cfg = sub.add_parser("config", allow_abbrev=False,
+                         help="show the submit options merged from profiles, and where each came from")
+    cfg.add_argument("action", choices=["show"])
+    cfg.add_argument("--profile", help="the profile to merge (default: $SLURMLAUNCH_PROFILE or the files' profile =)")
+    cfg.add_argument("--json", action="store_true")
 
     lst = sub.add_parser("list", allow_abbrev=False, help="jobs submitted from here")
     lst.add_argument("--json", action="store_true")
@@ -96,6 +105,8 @@ def add_submit_options(s: Any) -> None:
     import argparse
 
     g = s.add_argument_group("resources")
+    g.add_argument("--profile", help="defaults from [profiles.NAME] of slurmlaunch.toml or the per-user "
+                   "config (see slurmlaunch config show); options given here override them")
     g.add_argument("--nodes", "-N", type=int, default=1, help="nodes (default 1)")
     g.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node; one rank per GPU (default 0)")
     g.add_argument("--tasks-per-node", type=int, help="ranks per node (default: GPUs per node, or 1)")
@@ -107,7 +118,7 @@ def add_submit_options(s: Any) -> None:
     g.add_argument("--account", "-A")
     g.add_argument("--qos")
     g.add_argument("--constraint", "-C")
-    g.add_argument("--exclusive", action="store_true")
+    g.add_argument("--exclusive", action=argparse.BooleanOptionalAction, default=False)
     g.add_argument("--gpu-flag", choices=["gpus-per-node", "gres"], default="gpus-per-node",
                    help="how GPUs are requested: --gpus-per-node=N (default) or --gres=gpu:N")
     g = s.add_argument_group("job")
@@ -124,13 +135,13 @@ def add_submit_options(s: Any) -> None:
     g.add_argument("--master-port", type=int, help="MASTER_PORT (default: derived from the job id)")
     g.add_argument("--signal", default="USR2@90", metavar="NAME[@SECONDS]",
                    help="warning signal before the time limit, passed to every rank (default USR2@90; none)")
-    g.add_argument("--requeue", action="store_true",
+    g.add_argument("--requeue", action=argparse.BooleanOptionalAction, default=False,
                    help="requeue the job when the warning signal came (ranks save a checkpoint, exit 128+N)")
     g.add_argument("--max-requeues", type=int, default=3, help="with --requeue: at most this many (default 3)")
     g.add_argument("--rdzv-timeout", type=float,
                    help="seconds a rank waits for MASTER_ADDR:MASTER_PORT before it is stopped (default 900)")
     g.add_argument("--python", default=sys.executable,
-                   help="interpreter for the ranks (default: this one, %(default)s)")
+                   help="interpreter for the ranks (default: the one running slurmlaunch)")
     g.add_argument("--template-dir", help="look for templates here first ($SLURMLAUNCH_TEMPLATE_DIR, "
                    "~/.config/slurmlaunch/templates, then the shipped ones)")
     g.add_argument("--scheduler", choices=["auto", "slurm", "pbs", "local"], default="auto",
@@ -186,7 +197,23 @@ def _dispatch(args: list[str]) -> int:
         from .submit import cmd_submit
 
         return cmd_submit(ns)
+    if ns.command == "config":
+        return cmd_config(ns.profile, ns.json)
     raise AssertionError(ns.command)
+
+
+def cmd_config(profile: str | None, as_json: bool) -> int:
+    import argparse
+    import os
+
+    from . import profiles
+
+    submit_parser = argparse.ArgumentParser(add_help=False)
+    add_submit_options(submit_parser)
+    table = profiles.option_table(submit_parser)
+    resolved = profiles.resolve(argparse.Namespace(profile=profile), table, os.environ, os.getcwd())
+    sys.stdout.write(profiles.show(resolved, table, as_json))
+    return 0
 
 
 def cmd_env(as_json: bool) -> int:

@@ -151,6 +151,7 @@ def write_config(root: Path, nodes: int, gpus: int, cpus: int, accounting: bool 
             + " State=UNKNOWN"
         )
     lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+    lines.append(f"PartitionName=first Nodes={names[0]} MaxTime=30 State=UP")  # a second one, for profiles
     conf = root / "slurm.conf"
     conf.write_text("\n".join(lines) + "\n")
     # Slurm drops GPUs without device files (the node goes INVAL): fake them with /dev/null links.
@@ -208,8 +209,8 @@ def up(root: Path, nodes: int = 4, gpus: int = 4, cpus: int = 8, timeout: float 
         out = subprocess.run(
             ["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True
         ).stdout.split()
-        states = out[1::2]
-        if len(states) == nodes and all(s == "idle" for s in states):
+        states = dict(zip(out[0::2], out[1::2], strict=False))  # a node in two partitions is listed twice
+        if len(states) == nodes and all(s == "idle" for s in states.values()):
             break
         if time.monotonic() > deadline:
             raise RuntimeError(f"nodes not idle within {timeout:.0f}s: {out}")

@@ -21,7 +21,7 @@ def spec_from_args(ns: Any) -> JobSpec:
         partition=ns.partition, account=ns.account, qos=ns.qos, constraint=ns.constraint,
         exclusive=ns.exclusive, job_name=ns.job_name, output_dir=ns.output_dir, env=parse_env(ns.env),
         setup=tuple(ns.setup), sbatch_args=tuple(ns.sbatch_arg), master_port=ns.master_port,
-        python=ns.python, gpu_flag=ns.gpu_flag, signal=ns.signal, requeue=ns.requeue,
+        python=ns.python or sys.executable, gpu_flag=ns.gpu_flag, signal=ns.signal, requeue=ns.requeue,
         max_requeues=ns.max_requeues, rdzv_timeout=ns.rdzv_timeout, pbs_flavour=ns.pbs_flavour, mpi=ns.mpi,
     ))
 
@@ -46,7 +46,15 @@ def choose_scheduler(requested: str) -> str:
     return chosen
 
 
+def merged_options(ns: Any) -> Any:
+    """The command line over the profiles (README: Profiles)."""
+    from . import profiles
+
+    return profiles.apply(ns, profiles.resolve(ns, ns.options_table, os.environ, os.getcwd()))
+
+
 def cmd_submit(ns: Any) -> int:
+    ns = merged_options(ns)
     spec = spec_from_args(ns)
     scheduler = choose_scheduler(ns.scheduler)
     if scheduler == "local":

@@ -182,7 +182,8 @@ def test_gloo_world_over_srun_arbitrary_distribution(cluster_env: dict[str, str]
 def test_scontrol_agrees_on_cluster_node_lists(cluster_env: dict[str, str]) -> None:
     from slurmlaunch import hostlist
 
-    out = subprocess.run(["sinfo", "-h", "-o", "%N"], env=cluster_env, capture_output=True, text=True).stdout.strip()
+    out = subprocess.run(["sinfo", "-h", "-p", "debug", "-o", "%N"], env=cluster_env, capture_output=True,
+                         text=True).stdout.strip()
     hosts = subprocess.run(["scontrol", "show", "hostnames", out], env=cluster_env, capture_output=True,
                            text=True).stdout.split()
     assert hostlist.expand(out) == hosts == ["node1", "node2", "node3", "node4"]

@@ -1,0 +1,251 @@
+"""Cluster profiles: defaults for any submit option, from TOML files, with the origin of every value.
+
+Files, later ones winning:
+  the per-user file   $SLURMLAUNCH_CONFIG, else $XDG_CONFIG_HOME/slurmlaunch/config.toml
+                      (default ~/.config/slurmlaunch/config.toml)
+  the project file    slurmlaunch.toml in the working directory or the nearest directory above it
+
+Each file may hold ``profile = "NAME"`` (the profile used when none is asked for), a ``[defaults]`` table and
+``[profiles.NAME]`` tables. Keys are the submit options' long names (``gpus-per-node`` or ``gpus_per_node``).
+Layers, lowest first: built-in defaults, user [defaults], project [defaults], user [profiles.NAME], project
+[profiles.NAME], the command line. Lists (setup, sbatch-arg, container-mount) and env are joined, not
+replaced: the profile's entries come first and the command line's are added (an env key given on the command
+line wins). The profile is chosen by --profile, else $SLURMLAUNCH_PROFILE, else a file's ``profile`` key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import SpecError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
+
+PROJECT_FILE = "slurmlaunch.toml"
+BUILTIN = "built-in default"
+COMMAND_LINE = "command line"
+# Options that describe one submission, not a cluster: never taken from a profile.
+NOT_IN_PROFILES = frozenset({"script", "args", "dry_run", "profile", "help", "sweep"})
+# Paths a profile may give relative to its own file.
+FILE_RELATIVE = frozenset({"template_dir"})
+
+
+@dataclass(frozen=True)
+class Option:
+    dest: str
+    flag: str  # the long option, as the user writes it
+    kind: str  # int, float, str, bool, list, env
+    choices: tuple[str, ...] | None
+    builtin: Any
+
+
+def option_table(parser: argparse.ArgumentParser) -> dict[str, Option]:
+    """The submit options a profile may set, read from the parser (its defaults are the built-in ones).
+
+    The parser's defaults are then set to None, so that after parsing, None means "not on the command line".
+    """
+    table: dict[str, Option] = {}
+    for action in parser._actions:
+        if action.dest in NOT_IN_PROFILES or not action.option_strings:
+            continue
+        flag = next(o for o in action.option_strings if o.startswith("--"))
+        if isinstance(action, argparse._AppendAction):
+            kind = "env" if action.dest == "env" else "list"
+            builtin: Any = [] if action.default is None else list(action.default)
+        elif isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
+            kind, builtin = "bool", bool(action.default)
+        else:
+            kind = {int: "int", float: "float"}.get(action.type, "str")  # type: ignore[call-overload]
+            builtin = action.default
+        choices = tuple(action.choices) if action.choices else None
+        table[action.dest] = Option(action.dest, flag, kind, choices, builtin)
+        action.default = None
+    return table
+
+
+def user_config_path(environ: Mapping[str, str]) -> Path:
+    if environ.get("SLURMLAUNCH_CONFIG"):
+        return Path(environ["SLURMLAUNCH_CONFIG"])
+    base = environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "slurmlaunch" / "config.toml"
+
+
+def project_config_path(cwd: str) -> Path | None:
+    here = Path(cwd).resolve()
+    for d in (here, *here.parents):
+        if (d / PROJECT_FILE).is_file():
+            return d / PROJECT_FILE
+    return None
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            data: dict[str, Any] = tomllib.load(f)
+    except OSError as e:
+        raise SpecError(f"config file {str(path)!r} cannot be read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"config file {str(path)!r} is not valid TOML: {e}") from None
+    unknown = set(data) - {"profile", "defaults", "profiles"}
+    if unknown:
+        raise SpecError(f"config file {str(path)!r}: unknown key(s) {', '.join(sorted(unknown))} "
+                        f"(expected profile = \"NAME\", [defaults] and [profiles.NAME] tables)")
+    if "profile" in data and not isinstance(data["profile"], str):
+        raise SpecError(f"config file {str(path)!r}: profile = {data['profile']!r} is not valid "
+                        f"(expected profile = \"NAME\"; options go in [defaults] and [profiles.NAME] tables)")
+    for name, table in (("defaults", data.get("defaults", {})), *data.get("profiles", {}).items()):
+        if not isinstance(table, dict):
+            raise SpecError(f"config file {str(path)!r}: {name} is not a table (expected [profiles.{name}])")
+    return data
+
+
+def _convert(opt: Option, value: Any, where: str) -> Any:
+    """A TOML value checked against the option's kind; SpecError names the file, the table and the key."""
+    def bad(expected: str) -> SpecError:
+        return SpecError(f"{where}: {opt.flag.lstrip('-')} = {value!r} is not valid (expected {expected})")
+
+    if opt.kind == "bool":
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if opt.kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad("an integer")
+        return value
+    if opt.kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad("a number")
+        return float(value)
+    if opt.kind == "list":
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise bad("a string or a list of strings")
+        return list(items)
+    if opt.kind == "env":
+        if isinstance(value, dict):
+            out = []
+            for k, v in value.items():
+                if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+                    raise bad("a table of strings, e.g. env = { NCCL_DEBUG = \"WARN\" }")
+                out.append(f"{k}={v}")
+            return out
+        if isinstance(value, list) and all(isinstance(i, str) for i in value):
+            return list(value)
+        raise bad("a table of strings, e.g. env = { NCCL_DEBUG = \"WARN\" }")
+    if not isinstance(value, str):
+        raise bad("a string")
+    if opt.choices and value not in opt.choices:
+        raise bad("one of " + ", ".join(opt.choices))
+    return value
+
+
+@dataclass
+class Resolved:
+    values: dict[str, Any]
+    origins: dict[str, str]
+    profile: str | None
+    files: list[Path]
+
+
+def _layers(files: list[tuple[Path, dict[str, Any]]], profile: str | None) -> list[tuple[str, Path, dict[str, Any]]]:
+    layers = [(f"{path} [defaults]", path, data.get("defaults", {})) for path, data in files]
+    if profile is not None:
+        found = [(f"{path} [profiles.{profile}]", path, data["profiles"][profile])
+                 for path, data in files if profile in data.get("profiles", {})]
+        if not found:
+            known = sorted({name for _, data in files for name in data.get("profiles", {})})
+            where = ", ".join(str(p) for p, _ in files)
+            raise SpecError(f"profile {profile!r} not found in {where} (known profiles: "
+                            f"{', '.join(known) or 'none'})")
+        layers += found
+    return layers
+
+
+def resolve(ns: argparse.Namespace, table: Mapping[str, Option], environ: Mapping[str, str],
+            cwd: str) -> Resolved:
+    """Merge built-in defaults, the config files and the command line (``ns``, None = not given)."""
+    files: list[tuple[Path, dict[str, Any]]] = []
+    user = user_config_path(environ)
+    if user.is_file() or environ.get("SLURMLAUNCH_CONFIG"):
+        files.append((user, _load(user)))
+    project = project_config_path(cwd)
+    if project is not None:
+        files.append((project, _load(project)))
+    profile = getattr(ns, "profile", None) or environ.get("SLURMLAUNCH_PROFILE") or None
+    if profile is None:
+        for _, data in files:
+            profile = data.get("profile", profile)
+    if profile is not None and not files:
+        raise SpecError(f"profile {profile!r} not found: no config file ({user} or {PROJECT_FILE} in "
+                        f"{cwd} or above)")
+    values = {dest: (list(o.builtin) if isinstance(o.builtin, list) else o.builtin) for dest, o in table.items()}
+    origins = {dest: BUILTIN for dest in table}
+    by_name = {o.flag.lstrip("-"): o for o in table.values()} | {dest: o for dest, o in table.items()}
+    for where, path, layer in _layers(files, profile):
+        for key, raw in layer.items():
+            opt = by_name.get(key)
+            if opt is None:
+                raise SpecError(f"{where}: unknown option {key!r} (valid: "
+                                f"{', '.join(sorted(o.flag.lstrip('-') for o in table.values()))})")
+            value = _convert(opt, raw, where)
+            if opt.dest in FILE_RELATIVE:
+                value = str(path.parent / os.path.expanduser(value))
+            if opt.kind in ("list", "env") and origins[opt.dest] != BUILTIN:
+                values[opt.dest] = values[opt.dest] + value
+                origins[opt.dest] += " + " + where
+            else:
+                values[opt.dest], origins[opt.dest] = value, where
+    for dest, opt in table.items():
+        given = getattr(ns, dest, None)
+        if given is None or (opt.kind in ("list", "env") and not given):
+            continue
+        if opt.kind in ("list", "env"):
+            values[dest] = values[dest] + list(given)
+            origins[dest] = COMMAND_LINE if origins[dest] == BUILTIN else origins[dest] + " + " + COMMAND_LINE
+        else:
+            values[dest], origins[dest] = given, COMMAND_LINE
+    return Resolved(values, origins, profile, [p for p, _ in files])
+
+
+def apply(ns: argparse.Namespace, resolved: Resolved) -> argparse.Namespace:
+    """``ns`` with every profile-able option set to its merged value."""
+    merged = argparse.Namespace(**vars(ns))
+    for dest, value in resolved.values.items():
+        setattr(merged, dest, value)
+    return merged
+
+
+def show(resolved: Resolved, table: Mapping[str, Option], as_json: bool) -> str:
+    import json
+
+    if as_json:
+        return json.dumps({
+            "files": [str(p) for p in resolved.files], "profile": resolved.profile,
+            "options": {table[d].flag.lstrip("-"): {"value": json.loads(_shown(d, v)), "origin": resolved.origins[d]}
+                        for d, v in resolved.values.items()},
+        }, indent=2) + "\n"
+    lines = ["files: " + (", ".join(str(p) for p in resolved.files) or "none"),
+             f"profile: {resolved.profile or 'none'}"]
+    rows = [(table[d].flag.lstrip("-"), _shown(d, v), resolved.origins[d]) for d, v in resolved.values.items()]
+    width = max(len(k) + len(v) for k, v, _ in rows) + 3
+    lines += [f"  {k} = {v}".ljust(width + 2) + f"  <- {origin}" for k, v, origin in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _shown(dest: str, value: Any) -> str:
+    import json
+
+    from .distenv import mask
+
+    if dest == "env":  # values named like secrets (TOKEN, PASSWORD, ...) are not printed
+        value = [f"{k}={mask(k, v)}" for k, _, v in (item.partition("=") for item in value)]
+    return json.dumps(value)
