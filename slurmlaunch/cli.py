@@ -151,6 +151,14 @@ def add_submit_options(s: Any) -> None:
                    help="PBS Pro/OpenPBS (-l select=...) or Torque (-l nodes=N:ppn=...)")
     g.add_argument("--mpi", choices=["openmpi", "mpich", "pals"], default="openmpi",
                    help="under PBS: the MPI whose mpiexec starts the ranks (flags differ)")
+    g = s.add_argument_group("arrays and sweeps (Slurm and local)")
+    g.add_argument("--array", metavar="INDICES",
+                   help="a job array: one distributed job per index, e.g. 0-9 or 1,3,5-7 "
+                        "($SLURM_ARRAY_TASK_ID tells SCRIPT which)")
+    g.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="a grid, one array element per point; each point adds --KEY=VALUE to SCRIPT's "
+                        "arguments (repeatable: the product of all)")
+    g.add_argument("--max-parallel", type=int, metavar="N", help="run at most N array elements at once")
     g = s.add_argument_group("what and how")
     g.add_argument("-m", "--module", action="store_true", help="SCRIPT is a Python module")
     g.add_argument("--no-python", action="store_true", help="SCRIPT is an executable")

@@ -40,7 +40,16 @@ def entries() -> list[dict[str, Any]]:
 
 
 def find(job_id: str) -> dict[str, Any]:
-    """The record of ``job_id`` (the latest submission of that id: ids restart on a new cluster)."""
+    """The record of ``job_id`` (the latest submission of that id: ids restart on a new cluster).
+    ARRAYID_INDEX names one element of a job array (its record then has ``_element``)."""
+    base, sep, element = job_id.partition("_")
+    if sep and element.isdigit():
+        array = find(base)
+        indices = array_indices(array)
+        if int(element) not in indices:
+            raise SpecError(f"job {job_id!r}: job {base} has no array element {element} "
+                            f"(its elements: {_shown_indices(indices)})")
+        return {**array, "_element": element, "_full_id": f"{array['_full_id']}_{element}"}
     for entry in reversed(entries()):
         if entry["job_id"] == job_id or entry["job_id"].split(".", 1)[0] == job_id:
             try:
@@ -62,26 +71,58 @@ def _edge(record: Mapping[str, Any]) -> Any:
     return pbs if scheduler == "pbs" else slurm
 
 
+def array_indices(record: Mapping[str, Any]) -> list[int]:
+    """The indices of a recorded job array's elements ([] for a plain job)."""
+    from .spec import JobSpec
+
+    spec = record.get("spec", {})
+    sweep = tuple((k, tuple(v)) for k, v in spec.get("sweep", ()))
+    return JobSpec(script="", array=spec.get("array"), sweep=sweep).array_indices
+
+
+def _shown_indices(indices: list[int]) -> str:
+    return ", ".join(map(str, indices[:10])) + (", ..." if len(indices) > 10 else "")
+
+
+def _tag(record: Mapping[str, Any]) -> str:
+    """What the job's file names carry: its id, or ARRAYID_INDEX for an array element."""
+    element = record.get("_element")
+    return f"{record['job_id']}_{element}" if element is not None else str(record["job_id"])
+
+
 def status(record: Mapping[str, Any]) -> dict[str, Any]:
+    shown_id = _tag(record)
     if record["scheduler"] == "local":
         code = _exit_file(record)
-        return {"job_id": record["job_id"], "scheduler": "local", "state": "COMPLETED" if code == 0 else "FAILED",
+        return {"job_id": shown_id, "scheduler": "local", "state": "COMPLETED" if code == 0 else "FAILED",
                 "exit_code": code, "nodes": None}
-    st = _edge(record).status(record["_full_id"], record["log_dir"])
-    return {"job_id": record["job_id"], "scheduler": record["scheduler"], "state": st.state,
+    edge = _edge(record)
+    indices = array_indices(record)
+    if indices and record.get("_element") is None:
+        st = edge.array_status(record["_full_id"], record["log_dir"], indices)
+    else:
+        st = edge.status(record["_full_id"], record["log_dir"])
+    info = {"job_id": shown_id, "scheduler": record["scheduler"], "state": st.state,
             "exit_code": st.exit_code, "nodes": st.nodes}
+    if st.elements is not None:
+        info["elements"] = st.elements
+    return info
 
 
 def _exit_file(record: Mapping[str, Any]) -> int | None:
     try:
-        with open(os.path.join(record["log_dir"], f"job-{record['job_id']}.exitcode")) as f:
+        with open(os.path.join(record["log_dir"], f"job-{_tag(record)}.exitcode")) as f:
             return int(f.read().strip())
     except (OSError, ValueError):
         return None
 
 
 def log_path(record: Mapping[str, Any], rank: int | None) -> str:
-    log_dir, job = str(record["log_dir"]), str(record["job_id"])
+    log_dir, job = str(record["log_dir"]), _tag(record)
+    indices = array_indices(record)
+    if indices and record.get("_element") is None:
+        raise SpecError(f"job {job} is an array of {len(indices)} jobs: name one, e.g. {job}_{indices[0]} "
+                        f"(its elements: {_shown_indices(indices)})")
     if rank is not None and record["scheduler"] == "pbs":
         raise SpecError("logs --rank: under PBS every rank's lines are in the job's one output, tagged by "
                         "mpiexec (leave out --rank)")
@@ -118,6 +159,8 @@ def cmd_status(job_id: str, as_json: bool) -> int:
         code = "" if info["exit_code"] is None else f", exit code {info['exit_code']}"
         nodes = f" on {info['nodes']}" if info["nodes"] else ""
         print(f"job {info['job_id']} ({info['scheduler']}): {info['state']}{nodes}{code}")
+        for index, state in info.get("elements", {}).items():
+            print(f"  {info['job_id']}_{index}: {state}")
     return 0
 
 
@@ -134,7 +177,7 @@ def cmd_logs(job_id: str, rank: int | None, follow: bool) -> int:
     from .follow import follow as follow_job
 
     edge = _edge(record)
-    return follow_job(record["job_id"], lambda: edge.status(record["_full_id"], record["log_dir"]), path)
+    return follow_job(_tag(record), lambda: edge.status(record["_full_id"], record["log_dir"]), path)
 
 
 def cmd_cancel(job_id: str) -> int:

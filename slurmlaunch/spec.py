@@ -24,6 +24,9 @@ WARNING_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP", "ALRM", "URG", "XCPU", 
 _TIME = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2})$")
 _MEM = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Slurm's --array indices: 0-15, 1,3,5-7, 0-15:4 (the %N limit is --max-parallel).
+_ARRAY_PART = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
+_SWEEP_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,36 @@ class JobSpec:
     rdzv_timeout: float | None = None  # SLURMLAUNCH_RDZV_TIMEOUT for the ranks
     pbs_flavour: str = "pro"  # PBS Pro / OpenPBS (-l select=...) or Torque (-l nodes=...:ppn=...)
     mpi: str = "openmpi"  # the MPI whose mpiexec starts the ranks under PBS
+    array: str | None = None  # Slurm --array indices: one distributed job per index
+    max_parallel: int | None = None  # at most this many array elements at once (--array=...%N)
+    sweep: tuple[tuple[str, tuple[str, ...]], ...] = ()  # a grid: one array element per point
+
+    @property
+    def is_array(self) -> bool:
+        return self.array is not None or bool(self.sweep)
+
+    @property
+    def array_indices(self) -> list[int]:
+        """The indices of the array's elements; [] when the job is not an array."""
+        if self.sweep:
+            return list(range(len(self.sweep_points)))
+        return parse_array(self.array) if self.array is not None else []
+
+    @property
+    def array_directive(self) -> str | None:
+        """Slurm's --array value, or None."""
+        if not self.is_array:
+            return None
+        indices = f"0-{len(self.sweep_points) - 1}" if self.sweep else str(self.array)
+        return indices + (f"%{self.max_parallel}" if self.max_parallel else "")
+
+    @property
+    def sweep_points(self) -> list[list[str]]:
+        """The grid's points as the arguments each adds to SCRIPT's (--KEY=VALUE), first key slowest."""
+        points: list[list[str]] = [[]]
+        for key, values in self.sweep:
+            points = [[*p, f"--{key}={v}"] for p in points for v in values]
+        return points if self.sweep else []
 
     @property
     def warning(self) -> tuple[str, int] | None:
@@ -116,6 +149,34 @@ def parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def parse_array(text: str) -> list[int]:
+    """Slurm's --array index expression, expanded (sorted, without repeats); SpecError when malformed."""
+    out: set[int] = set()
+    for part in text.split(","):
+        m = _ARRAY_PART.match(part)
+        first, last, step = (int(g) if g else None for g in m.groups()) if m else (None, None, None)
+        if first is None or (last is not None and last < first) or step == 0:
+            raise SpecError(f"--array {text!r} is not valid (expected indices such as 0-9, 1,3,5-7 or 0-15:4; "
+                            f"the concurrency limit is --max-parallel N)")
+        out.update(range(first, (last if last is not None else first) + 1, step or 1))
+    return sorted(out)
+
+
+def parse_sweep(items: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """--sweep KEY=V1,V2,... items, in order; each value reaches SCRIPT as --KEY=VALUE, byte for byte."""
+    out: list[tuple[str, tuple[str, ...]]] = []
+    for item in items:
+        key, eq, values = item.partition("=")
+        parts = tuple(values.split(","))
+        if not eq or not _SWEEP_KEY.match(key) or any(not v for v in parts):
+            raise SpecError(f"--sweep {item!r} is not valid (expected KEY=V1,V2,... with non-empty values, "
+                            f"e.g. lr=0.1,0.01)")
+        if key in dict(out):
+            raise SpecError(f"--sweep {key} is given twice (give all its values in one --sweep {key}=V1,V2)")
+        out.append((key, parts))
+    return tuple(out)
+
+
 def validate(spec: JobSpec) -> JobSpec:
     """Raise SpecError for the first thing wrong with ``spec``; return it unchanged otherwise."""
     _positive("--nodes", spec.nodes)
@@ -154,6 +215,17 @@ def validate(spec: JobSpec) -> JobSpec:
         raise SpecError(f"--rdzv-timeout {spec.rdzv_timeout} is not valid (expected seconds >= 0; 0: no bound)")
     if spec.master_port is not None and not 1 <= spec.master_port <= 65535:
         raise SpecError(f"--master-port {spec.master_port} is not valid (expected 1-65535)")
+    if spec.array is not None:
+        if spec.sweep:
+            raise SpecError("--array and --sweep cannot be used together (a sweep makes its own array: one "
+                            "element per point)")
+        parse_array(spec.array)
+    _positive("--max-parallel", spec.max_parallel)
+    if spec.max_parallel is not None and not spec.is_array:
+        raise SpecError("--max-parallel needs --array or --sweep")
+    if spec.is_array and spec.master_port is not None:
+        raise SpecError(f"--master-port {spec.master_port} cannot be used with --array/--sweep (array elements "
+                        f"may share nodes; each derives its own port from its job id)")
     if spec.mpi not in MPI_FLAVOURS:
         raise SpecError(f"--mpi {spec.mpi!r} is not valid (expected one of {', '.join(MPI_FLAVOURS)})")
     if spec.pbs_flavour not in PBS_FLAVOURS:

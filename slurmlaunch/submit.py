@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from .errors import SpecError
-from .spec import JobSpec, parse_env, validate
+from .spec import JobSpec, parse_env, parse_sweep, validate
 
 
 def spec_from_args(ns: Any) -> JobSpec:
@@ -23,6 +23,7 @@ def spec_from_args(ns: Any) -> JobSpec:
         setup=tuple(ns.setup), sbatch_args=tuple(ns.sbatch_arg), master_port=ns.master_port,
         python=ns.python or sys.executable, gpu_flag=ns.gpu_flag, signal=ns.signal, requeue=ns.requeue,
         max_requeues=ns.max_requeues, rdzv_timeout=ns.rdzv_timeout, pbs_flavour=ns.pbs_flavour, mpi=ns.mpi,
+        array=ns.array, max_parallel=ns.max_parallel, sweep=parse_sweep(ns.sweep),
     ))
 
 
@@ -57,6 +58,9 @@ def cmd_submit(ns: Any) -> int:
     ns = merged_options(ns)
     spec = spec_from_args(ns)
     scheduler = choose_scheduler(ns.scheduler)
+    if scheduler == "pbs" and spec.is_array:
+        raise SpecError("--array/--sweep: job arrays are submitted to Slurm or run locally; under PBS submit "
+                        "one job per point")
     if scheduler == "local":
         from .schedulers import local
 
@@ -80,20 +84,44 @@ def cmd_submit(ns: Any) -> int:
     remember(sub.job_id, scheduler, sub.record_path, spec.name)
     sys.stderr.write(f"slurmlaunch: submitted job {sub.job_id} ({spec.world_size} ranks on {spec.nodes} "
                      f"node(s)); script {sub.script_path}\n")
+    describe_array(spec, sub.job_id)
     print(sub.job_id)
     if not ns.wait:
         return 0
     return wait_for(edge, sub.job_id, spec, ns.cancel_on_interrupt, ns.wait_timeout)
 
 
+def describe_array(spec: JobSpec, job_id: str) -> None:
+    if not spec.is_array:
+        return
+    points = spec.sweep_points
+    sys.stderr.write(f"slurmlaunch: job {job_id} is an array of {len(spec.array_indices)} distributed jobs "
+                     f"({job_id}_INDEX in slurmlaunch status/logs)\n")
+    for index, args in enumerate(points):
+        sys.stderr.write(f"slurmlaunch:   {job_id}_{index}: {shlex.join(args)}\n")
+
+
 def wait_for(edge: Any, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, timeout: float | None) -> int:
     from .follow import follow
-    from .schedulers import rank_log
+    from .schedulers import JobStatus, rank_log
 
     # Slurm writes one log per rank (follow rank 0's); under PBS mpiexec tags every line in the job's output.
-    rank0 = rank_log(spec, job_id, 0) if edge.__name__.endswith("slurm") else None
+    # An array has many rank 0s: its elements' states are shown instead.
+    rank0 = rank_log(spec, job_id, 0) if edge.__name__.endswith("slurm") and not spec.is_array else None
+    last: list[JobStatus] = []
+
+    def status() -> JobStatus:
+        st: JobStatus = edge.array_status(job_id, spec.log_dir, spec.array_indices) if spec.is_array else \
+            edge.status(job_id, spec.log_dir)
+        last[:] = [st]
+        return st
+
     try:
-        return follow(job_id, lambda: edge.status(job_id, spec.log_dir), rank0, timeout=timeout)
+        code: int = follow(job_id, status, rank0, timeout=timeout)
+        if last and last[0].elements:
+            for index, state in last[0].elements.items():
+                sys.stderr.write(f"slurmlaunch:   {job_id}_{index}: {state}\n")
+        return code
     except KeyboardInterrupt:
         if cancel_on_interrupt or _ask(f"\nslurmlaunch: cancel job {job_id}? [y/N] "):
             edge.cancel(job_id)

@@ -101,6 +101,9 @@ GOLDEN_CASES = {
         rdzv_timeout=60),
     "slurm_cpu_module.sbatch": golden_spec(script="pkg.train", module=True, gpus_per_node=0, tasks_per_node=3,
                                            nodes=1, args=()),
+    "slurm_sweep.sbatch": golden_spec(sweep=(("lr", ("0.1", "0.01")), ("tag", ("a b", "$(touch x)'"))),
+                                      max_parallel=2, gpus_per_node=0, tasks_per_node=2),
+    "slurm_array.sbatch": golden_spec(array="1-7:3,10", nodes=1),
 }
 
 

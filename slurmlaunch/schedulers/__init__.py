@@ -20,6 +20,7 @@ class JobStatus:
     state: str  # Slurm's words: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...
     exit_code: int | None = None  # known once the job has ended
     nodes: str | None = None
+    elements: dict[str, str] | None = None  # a job array's elements: index -> "STATE" or "STATE CODE"
 
     @property
     def finished(self) -> bool:

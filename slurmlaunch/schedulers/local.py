@@ -78,42 +78,69 @@ def rank_env(spec: JobSpec, job_id: str, rank: int, environ: Mapping[str, str],
     return env
 
 
-def rank_processes(spec: JobSpec, job_id: str, environ: Mapping[str, str]) -> list[RankProcess]:
+def rank_processes(spec: JobSpec, job_id: str, environ: Mapping[str, str], tag: str | None = None,
+                   extra_env: Mapping[str, str] | None = None, point: list[str] | None = None) -> list[RankProcess]:
+    """The processes of one (emulated) srun step; ``tag`` names the log files (default: the job id)."""
     gpus, _ = gpu_plan(spec, environ)
-    argv = launch_command(spec)
+    argv = [*launch_command(spec), *(point or [])]
     if spec.setup:
         # --setup lines are shell by design; the command itself reaches exec as argv, unparsed.
         argv = ["bash", "-c", "\n".join(spec.setup) + '\nexec "$@"', "slurmlaunch-setup", *argv]
-    return [RankProcess(rank, argv, rank_env(spec, job_id, rank, environ, gpus), rank_log(spec, job_id, rank),
-                        spec.workdir) for rank in range(spec.world_size)]
+    return [RankProcess(rank, argv, {**rank_env(spec, job_id, rank, environ, gpus), **(extra_env or {})},
+                        rank_log(spec, tag or job_id, rank), spec.workdir) for rank in range(spec.world_size)]
+
+
+def elements(spec: JobSpec, base: int) -> list[tuple[str, str, dict[str, str], list[str]]]:
+    """An array's elements as (log tag, job id, array variables, sweep arguments), in index order; like
+    Slurm, element n of array job J gets job id J + n (so each derives its own MASTER_PORT)."""
+    indices = spec.array_indices
+    shared = {"SLURM_ARRAY_JOB_ID": str(base), "SLURM_ARRAY_TASK_COUNT": str(len(indices)),
+              "SLURM_ARRAY_TASK_MIN": str(indices[0]), "SLURM_ARRAY_TASK_MAX": str(indices[-1])}
+    return [(f"{base}_{index}", str(base + n), {**shared, "SLURM_ARRAY_TASK_ID": str(index)},
+             spec.sweep_points[index] if spec.sweep else []) for n, index in enumerate(indices)]
 
 
 def dry_run(spec: JobSpec, environ: Mapping[str, str]) -> str:
     lines = []
-    for r in rank_processes(spec, "<job id>", environ):
-        emulated = {k: v for k, v in r.env.items() if k.startswith(("SLURM", "CUDA_", "MASTER_"))}
-        lines.append(f"# rank {r.rank}: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(emulated.items())))
-        lines.append(shlex.join(r.argv))
+    steps = elements(spec, 1000) if spec.is_array else [("<job id>", "<job id>", {}, [])]
+    for tag, job_id, extra, point in steps:
+        if spec.is_array:
+            lines.append(f"# array element {tag} (one after another)")
+        for r in rank_processes(spec, job_id, environ, tag, extra, point):
+            emulated = {k: v for k, v in r.env.items() if k.startswith(("SLURM", "CUDA_", "MASTER_"))}
+            lines.append(f"# rank {r.rank}: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(emulated.items())))
+            lines.append(shlex.join(r.argv))
     return "\n".join(lines) + "\n"
 
 
 def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple[str, Outcome]:
-    """Run the job in the foreground; returns (job id, outcome)."""
+    """Run the job in the foreground (an array's elements one after another); returns (job id, outcome):
+    an array's is its first failing element's, in index order."""
     _, note = gpu_plan(spec, environ)
     job_id = str(os.getpid())
     make_log_dir(spec.log_dir)
-    ranks = rank_processes(spec, job_id, environ)
-    record = write_record(spec, job_id, "local", ranks[0].argv)
+    steps = elements(spec, int(job_id)) if spec.is_array else [(job_id, job_id, {}, [])]
+    tag0, job0, extra0, point0 = steps[0]
+    record = write_record(spec, job_id, "local", rank_processes(spec, job0, environ, tag0, extra0, point0)[0].argv)
     from ..jobs import remember
 
     remember(job_id, "local", record, spec.name)
     if note:
         sys.stderr.write(f"slurmlaunch: {note}\n")
-    sys.stderr.write(f"slurmlaunch: local job {job_id}: {spec.world_size} rank(s) on {spec.nodes} emulated "
-                     f"node(s) {node_list(spec.nodes)}; logs in {spec.log_dir}\n")
-    outcome = supervise(ranks, grace=grace)
-    write_private(os.path.join(spec.log_dir, f"job-{job_id}.exitcode"), f"{outcome.exit_code}\n")
-    if outcome.first_failed_rank is not None:
-        sys.stderr.write(f"slurmlaunch: rank {outcome.first_failed_rank} failed first with exit code "
-                         f"{outcome.exit_code}; the other ranks were stopped\n")
+    outcome: Outcome | None = None
+    for tag, step_job, extra, point in steps:
+        what = f"array element {tag}" + (f" ({shlex.join(point)})" if point else "") if spec.is_array else \
+            f"local job {job_id}"
+        sys.stderr.write(f"slurmlaunch: {what}: {spec.world_size} rank(s) on {spec.nodes} emulated "
+                         f"node(s) {node_list(spec.nodes)}; logs in {spec.log_dir}\n")
+        result = supervise(rank_processes(spec, step_job, environ, tag, extra, point), grace=grace)
+        write_private(os.path.join(spec.log_dir, f"job-{tag}.exitcode"), f"{result.exit_code}\n")
+        if result.first_failed_rank is not None:
+            sys.stderr.write(f"slurmlaunch: {what}: rank {result.first_failed_rank} failed first with exit code "
+                             f"{result.exit_code}; the other ranks were stopped\n")
+        if outcome is None or (outcome.exit_code == 0 and result.exit_code != 0):
+            outcome = result
+    assert outcome is not None
+    if spec.is_array:
+        write_private(os.path.join(spec.log_dir, f"job-{job_id}.exitcode"), f"{outcome.exit_code}\n")
     return job_id, outcome

@@ -63,6 +63,8 @@ def directives(spec: JobSpec) -> list[str]:
         out.append(f"--signal=B:{spec.warning[0]}@{spec.warning[1]}")
     if spec.requeue:
         out.append("--requeue")
+    if spec.array_directive:
+        out.append(f"--array={spec.array_directive}")
     out.append("--open-mode=append")
     out.extend(spec.sbatch_args)
     return out
@@ -78,8 +80,13 @@ def srun_args(spec: JobSpec) -> list[str]:
     if spec.per_task_cpus is not None:
         # Since Slurm 22.05 srun no longer inherits --cpus-per-task from the batch allocation.
         args.append(f"--cpus-per-task={spec.per_task_cpus}")
-    args += ["--open-mode=append", "--output", os.path.join(spec.log_dir, "job-%j.rank-%t.log")]
+    args += ["--open-mode=append", "--output", os.path.join(spec.log_dir, f"job-{file_tag(spec)}.rank-%t.log")]
     return args
+
+
+def file_tag(spec: JobSpec) -> str:
+    """How log file names say which job: its id, or for an array element ARRAYID_INDEX (as squeue shows it)."""
+    return "%A_%a" if spec.is_array else "%j"
 
 
 def script_context(spec: JobSpec) -> dict[str, Any]:
@@ -99,6 +106,8 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
         "warning_signal": spec.warning[0] if spec.warning else None,
         "requeue": spec.requeue,
         "max_requeues": spec.max_requeues,
+        "array": spec.is_array,
+        "sweep_points": list(enumerate(spec.sweep_points)),
     }
 
 
@@ -110,7 +119,7 @@ def sbatch_command(spec: JobSpec, script_path: str) -> list[str]:
     return [
         "sbatch", "--parsable",
         f"--job-name={spec.name}",
-        f"--output={os.path.join(spec.log_dir, 'job-%j.batch.log')}",
+        f"--output={os.path.join(spec.log_dir, f'job-{file_tag(spec)}.batch.log')}",
         f"--chdir={spec.workdir}",
         script_path,
     ]
@@ -140,8 +149,7 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
         line = ""  # squeue forgets a job MinJobAge seconds after it ended
     if line:
         state, _, nodes = line.partition(" ")
-        if state not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                         "PREEMPTED", "BOOT_FAIL", "DEADLINE"):
+        if state not in FINISHED:
             return JobStatus(state, None, nodes or None)
     fields: dict[str, str] = {}
     try:
@@ -166,6 +174,51 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
     if code is None or (code == 0 and state != "COMPLETED"):
         code = 0 if state == "COMPLETED" else 1
     return JobStatus(state, code, fields.get("NodeList"))
+
+
+_TASK = re.compile(r"\bArrayTaskId=(\d+)\b")
+
+
+def array_status(job_id: str, log_dir: str, indices: list[int]) -> JobStatus:
+    """A job array as one job: running while any element is, then FAILED with the first failing element's
+    exit code (in index order), or COMPLETED. ``elements`` maps each index to "STATE" or "STATE CODE"."""
+    try:
+        lines = run_command(["squeue", "-h", "-r", "-j", job_id, "-o", "%i %T %N"], timeout=30).stdout.split("\n")
+    except SchedulerError as e:
+        if "Invalid job id" not in str(e):
+            raise
+        lines = []
+    live: dict[int, tuple[str, str]] = {}
+    for line in lines:
+        tag, _, rest = line.strip().partition(" ")
+        state, _, nodes = rest.partition(" ")
+        index = tag.rpartition("_")[2]
+        if index.isdigit() and state and state not in FINISHED:
+            live[int(index)] = (state, nodes)
+    codes: dict[int, int | None] = {}
+    for i in indices:
+        if i not in live:
+            try:
+                with open(os.path.join(log_dir, f"job-{job_id}_{i}.exitcode")) as f:
+                    codes[i] = int(f.read().strip())
+            except (OSError, ValueError):
+                codes[i] = None  # ended without reaching the end of the script: cancelled, timed out, ...
+    elements = {str(i): live[i][0] if i in live else
+                ("COMPLETED 0" if codes[i] == 0 else f"FAILED {codes[i]}" if codes[i] is not None
+                 else "ENDED without exit code (cancelled or timed out)")
+                for i in indices}
+    if live:
+        states = [state for state, _ in live.values()]
+        nodes = ",".join(sorted({n for _, n in live.values() if n}))
+        return JobStatus("RUNNING" if "RUNNING" in states else states[0], None, nodes or None, elements)
+    failed = [(i, c) for i, c in codes.items() if c != 0]
+    if not failed:
+        return JobStatus("COMPLETED", 0, None, elements)
+    return JobStatus("FAILED", failed[0][1] or 1, None, elements)
+
+
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+            "BOOT_FAIL", "DEADLINE")
 
 
 def cancel(job_id: str) -> None:
