@@ -36,7 +36,8 @@ def main() -> None:
         device, backend = torch.device("cpu"), "gloo"
     dist.init_process_group(backend=backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"rank={rank} local_rank={local_rank} node_rank={os.environ.get('NODE_RANK', '?')} "
+    node_rank = os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", "?"))  # torchrun sets GROUP_RANK
+    print(f"rank={rank} local_rank={local_rank} node_rank={node_rank} "
           f"world_size={world} host={socket.gethostname()} device={device} backend={backend}", flush=True)
     if rank == 0 and backend == "gloo":
         print("no GPU available: training on the CPU with gloo", flush=True)

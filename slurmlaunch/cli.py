@@ -27,6 +27,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .launch import main as launch_main
 
             return launch_main(args[1:])
+        if args and args[0] == "torchrun-node":
+            from .torchrun_mode import main as torchrun_node_main
+
+            return torchrun_node_main(args[1:])
         return _dispatch(args)
     except SlurmLaunchError as e:
         return _fail(str(e))
@@ -49,6 +53,9 @@ def _parser() -> Any:
 
     sub.add_parser("launch", help="inside an allocation: map the task's variables and exec SCRIPT "
                    "(see slurmlaunch launch --help)", add_help=False)
+
+    sub.add_parser("torchrun-node", help="inside an allocation, once per node: exec torchrun with a c10d "
+                   "rendezvous on the first node (what submit --mode torchrun runs)", add_help=False)
 
     env = sub.add_parser("env", allow_abbrev=False, help="show what `launch` would export here")
     env.add_argument("--json", action="store_true", help="one JSON object of the exported variables")
@@ -107,7 +114,8 @@ def add_submit_options(s: Any) -> None:
     g = s.add_argument_group("resources")
     g.add_argument("--profile", help="defaults from [profiles.NAME] of slurmlaunch.toml or the per-user "
                    "config (see slurmlaunch config show); options given here override them")
-    g.add_argument("--nodes", "-N", type=int, default=1, help="nodes (default 1)")
+    g.add_argument("--nodes", "-N", default=1, metavar="N|MIN:MAX",
+                   help="nodes (default 1); MIN:MAX for an elastic job in --mode torchrun")
     g.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node; one rank per GPU (default 0)")
     g.add_argument("--tasks-per-node", type=int, help="ranks per node (default: GPUs per node, or 1)")
     g.add_argument("--cpus-per-task", type=int, help="CPUs per rank (sets OMP_NUM_THREADS)")
@@ -151,6 +159,13 @@ def add_submit_options(s: Any) -> None:
                    help="PBS Pro/OpenPBS (-l select=...) or Torque (-l nodes=N:ppn=...)")
     g.add_argument("--mpi", choices=["openmpi", "mpich", "pals"], default="openmpi",
                    help="under PBS: the MPI whose mpiexec starts the ranks (flags differ)")
+    g = s.add_argument_group("torchrun mode")
+    g.add_argument("--mode", choices=["srun", "torchrun"], default="srun",
+                   help="srun: one Slurm task per rank through the launcher (default); torchrun: one task per "
+                        "node running torchrun (c10d rendezvous on the first node, restarts, elastic ranges)")
+    g.add_argument("--nproc-per-node", type=int, help="torchrun mode without GPUs: ranks per node")
+    g.add_argument("--max-restarts", type=int, default=0, help="torchrun mode: restarts of the whole world "
+                   "after a rank fails (default 0)")
     g = s.add_argument_group("arrays and sweeps (Slurm and local)")
     g.add_argument("--array", metavar="INDICES",
                    help="a job array: one distributed job per index, e.g. 0-9 or 1,3,5-7 "

@@ -126,6 +126,10 @@ def log_path(record: Mapping[str, Any], rank: int | None) -> str:
     if rank is not None and record["scheduler"] == "pbs":
         raise SpecError("logs --rank: under PBS every rank's lines are in the job's one output, tagged by "
                         "mpiexec (leave out --rank)")
+    spec = record.get("spec", {})
+    if rank is not None and spec.get("mode") == "torchrun":  # one file per node, holding all its ranks
+        per_node = spec.get("nproc_per_node") or spec.get("gpus_per_node") or 1
+        return os.path.join(log_dir, f"job-{job}.node-{rank // per_node}.log")
     if rank is not None:
         return os.path.join(log_dir, f"job-{job}.rank-{rank}.log")
     if record["scheduler"] == "slurm":
@@ -138,7 +142,7 @@ def log_path(record: Mapping[str, Any], rank: int | None) -> str:
             if name.startswith(f"{full}.") or name.endswith(f".o{job}"):
                 return os.path.join(log_dir, name)
         return os.path.join(log_dir, f"{full}.OU")
-    return os.path.join(log_dir, f"job-{job}.rank-0.log")
+    return os.path.join(log_dir, f"job-{job}.{'node' if spec.get('mode') == 'torchrun' else 'rank'}-0.log")
 
 
 def cmd_list(as_json: bool) -> int:

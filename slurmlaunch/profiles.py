@@ -63,6 +63,8 @@ def option_table(parser: argparse.ArgumentParser) -> dict[str, Option]:
             builtin: Any = [] if action.default is None else list(action.default)
         elif isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
             kind, builtin = "bool", bool(action.default)
+        elif action.dest == "nodes":
+            kind, builtin = "nodes", action.default  # N, or MIN:MAX
         else:
             kind = {int: "int", float: "float"}.get(action.type, "str")  # type: ignore[call-overload]
             builtin = action.default
@@ -117,6 +119,10 @@ def _convert(opt: Option, value: Any, where: str) -> Any:
         if not isinstance(value, bool):
             raise bad("true or false")
         return value
+    if opt.kind == "nodes":
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise bad("a number of nodes, or \"MIN:MAX\"")
+        return str(value) if isinstance(value, str) else value
     if opt.kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             raise bad("an integer")

@@ -67,6 +67,24 @@ class JobSpec:
     array: str | None = None  # Slurm --array indices: one distributed job per index
     max_parallel: int | None = None  # at most this many array elements at once (--array=...%N)
     sweep: tuple[tuple[str, tuple[str, ...]], ...] = ()  # a grid: one array element per point
+    mode: str = "srun"  # srun: one Slurm task per rank; torchrun: one task per node running torchrun
+    nproc_per_node: int | None = None  # torchrun mode without GPUs: ranks per node
+    max_restarts: int = 0  # torchrun mode: torchrun --max-restarts
+    min_nodes: int | None = None  # torchrun mode: an elastic job of min_nodes..nodes nodes
+
+    @property
+    def slurm_tasks_per_node(self) -> int:
+        """Slurm tasks per node: one per rank, or one torchrun per node in torchrun mode."""
+        return 1 if self.mode == "torchrun" else self.ntasks_per_node
+
+    @property
+    def log_unit(self) -> str:
+        """What one output file holds: a rank's output, or in torchrun mode a node's (all its ranks)."""
+        return "node" if self.mode == "torchrun" else "rank"
+
+    @property
+    def nodes_text(self) -> str:
+        return f"{self.min_nodes}:{self.nodes}" if self.min_nodes is not None else str(self.nodes)
 
     @property
     def is_array(self) -> bool:
@@ -105,6 +123,9 @@ class JobSpec:
 
     @property
     def ntasks_per_node(self) -> int:
+        """Ranks per node."""
+        if self.mode == "torchrun" and self.nproc_per_node is not None:
+            return self.nproc_per_node
         if self.tasks_per_node is not None:
             return self.tasks_per_node
         return self.gpus_per_node if self.gpus_per_node > 0 else 1
@@ -125,6 +146,12 @@ class JobSpec:
         if self.cpus_per_task is not None:
             return self.cpus_per_task
         return self.cpus_per_gpu  # one task per GPU: CPUs per GPU are CPUs per task
+
+    @property
+    def slurm_cpus_per_task(self) -> int | None:
+        """CPUs per Slurm task: per rank, or in torchrun mode for all the ranks of a node."""
+        cpus = self.per_task_cpus
+        return cpus * self.ntasks_per_node if cpus is not None and self.mode == "torchrun" else cpus
 
     @property
     def log_dir(self) -> str:
@@ -177,6 +204,38 @@ def parse_sweep(items: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
     return tuple(out)
 
 
+def parse_nodes(text: str | int) -> tuple[int, int | None]:
+    """--nodes N or (torchrun mode) MIN:MAX -> (N or MAX, MIN or None)."""
+    value = str(text)
+    low, colon, high = value.partition(":")
+    if (colon and low.isdigit() and high.isdigit()) or (not colon and value.lstrip("-").isdigit()):
+        return (int(high), int(low)) if colon else (int(value), None)
+    raise SpecError(f"--nodes {value!r} is not valid (expected a number of nodes, or MIN:MAX with --mode torchrun)")
+
+
+def _validate_mode(spec: JobSpec) -> None:
+    if spec.mode not in ("srun", "torchrun"):
+        raise SpecError(f"--mode {spec.mode!r} is not valid (expected srun or torchrun)")
+    _positive("--max-restarts", spec.max_restarts, 0)
+    _positive("--nproc-per-node", spec.nproc_per_node)
+    if spec.mode != "torchrun":
+        for shown, given in ((f"--max-restarts {spec.max_restarts}", spec.max_restarts != 0),
+                             (f"--nodes {spec.nodes_text}", spec.min_nodes is not None),
+                             (f"--nproc-per-node {spec.nproc_per_node}", spec.nproc_per_node is not None)):
+            if given:
+                raise SpecError(f"{shown} needs --mode torchrun (torchrun's restarts, elastic ranges and "
+                                f"ranks per node); in srun mode use --requeue and --tasks-per-node")
+        return
+    if spec.tasks_per_node not in (None, 1):
+        raise SpecError(f"--tasks-per-node {spec.tasks_per_node} is not valid with --mode torchrun (one task per "
+                        f"node runs torchrun; its ranks per node are --gpus-per-node, or --nproc-per-node)")
+    if spec.gpus_per_node and spec.nproc_per_node not in (None, spec.gpus_per_node):
+        raise SpecError(f"--nproc-per-node {spec.nproc_per_node} is not valid with --gpus-per-node "
+                        f"{spec.gpus_per_node} (one rank per GPU)")
+    if spec.min_nodes is not None and not 1 <= spec.min_nodes <= spec.nodes:
+        raise SpecError(f"--nodes {spec.nodes_text} is not valid (expected MIN:MAX with 1 <= MIN <= MAX)")
+
+
 def validate(spec: JobSpec) -> JobSpec:
     """Raise SpecError for the first thing wrong with ``spec``; return it unchanged otherwise."""
     _positive("--nodes", spec.nodes)
@@ -226,6 +285,7 @@ def validate(spec: JobSpec) -> JobSpec:
     if spec.is_array and spec.master_port is not None:
         raise SpecError(f"--master-port {spec.master_port} cannot be used with --array/--sweep (array elements "
                         f"may share nodes; each derives its own port from its job id)")
+    _validate_mode(spec)
     if spec.mpi not in MPI_FLAVOURS:
         raise SpecError(f"--mpi {spec.mpi!r} is not valid (expected one of {', '.join(MPI_FLAVOURS)})")
     if spec.pbs_flavour not in PBS_FLAVOURS:

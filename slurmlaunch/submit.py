@@ -8,15 +8,17 @@ import sys
 from typing import Any
 
 from .errors import SpecError
-from .spec import JobSpec, parse_env, parse_sweep, validate
+from .spec import JobSpec, parse_env, parse_nodes, parse_sweep, validate
 
 
 def spec_from_args(ns: Any) -> JobSpec:
     if ns.module and ns.no_python:
         raise SpecError("-m/--module and --no-python cannot be used together")
+    nodes, min_nodes = parse_nodes(ns.nodes)
     return validate(JobSpec(
         script=ns.script, args=tuple(ns.args), module=ns.module, no_python=ns.no_python,
-        nodes=ns.nodes, gpus_per_node=ns.gpus_per_node, tasks_per_node=ns.tasks_per_node,
+        nodes=nodes, min_nodes=min_nodes, mode=ns.mode, nproc_per_node=ns.nproc_per_node,
+        max_restarts=ns.max_restarts, gpus_per_node=ns.gpus_per_node, tasks_per_node=ns.tasks_per_node,
         cpus_per_task=ns.cpus_per_task, cpus_per_gpu=ns.cpus_per_gpu, mem=ns.mem, time=ns.time,
         partition=ns.partition, account=ns.account, qos=ns.qos, constraint=ns.constraint,
         exclusive=ns.exclusive, job_name=ns.job_name, output_dir=ns.output_dir, env=parse_env(ns.env),
@@ -61,6 +63,9 @@ def cmd_submit(ns: Any) -> int:
     if scheduler == "pbs" and spec.is_array:
         raise SpecError("--array/--sweep: job arrays are submitted to Slurm or run locally; under PBS submit "
                         "one job per point")
+    if scheduler == "pbs" and spec.mode == "torchrun":
+        raise SpecError("--mode torchrun is for Slurm and the local scheduler; under PBS mpiexec starts one "
+                        "launcher per rank (leave out --mode)")
     if scheduler == "local":
         from .schedulers import local
 

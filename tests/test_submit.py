@@ -104,6 +104,8 @@ GOLDEN_CASES = {
     "slurm_sweep.sbatch": golden_spec(sweep=(("lr", ("0.1", "0.01")), ("tag", ("a b", "$(touch x)'"))),
                                       max_parallel=2, gpus_per_node=0, tasks_per_node=2),
     "slurm_array.sbatch": golden_spec(array="1-7:3,10", nodes=1),
+    "slurm_torchrun.sbatch": golden_spec(mode="torchrun", nodes=4, min_nodes=2, max_restarts=3, cpus_per_gpu=2,
+                                         requeue=True),
 }
 
 

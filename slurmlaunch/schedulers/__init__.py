@@ -66,7 +66,7 @@ def write_record(spec: JobSpec, job_id: str, scheduler: str, command: Sequence[s
         "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": list(command),
         "log_dir": spec.log_dir,
-        "rank_log": os.path.join(spec.log_dir, f"job-{job_id}.rank-{{rank}}.log"),
+        "rank_log": os.path.join(spec.log_dir, f"job-{job_id}.{spec.log_unit}-{{{spec.log_unit}}}.log"),
         "spec": asdict(spec),
         **(extra or {}),
     }
@@ -75,7 +75,8 @@ def write_record(spec: JobSpec, job_id: str, scheduler: str, command: Sequence[s
 
 
 def rank_log(spec: JobSpec, job_id: str, rank: int) -> str:
-    return os.path.join(spec.log_dir, f"job-{job_id}.rank-{rank}.log")
+    """Rank ``rank``'s output file (in torchrun mode: node ``rank``'s, which holds all its ranks)."""
+    return os.path.join(spec.log_dir, f"job-{job_id}.{spec.log_unit}-{rank}.log")
 
 
 @dataclass(frozen=True)

@@ -55,14 +55,15 @@ def rank_env(spec: JobSpec, job_id: str, rank: int, environ: Mapping[str, str],
     if spec.master_port is not None:
         env["MASTER_PORT"] = str(spec.master_port)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    tpn = spec.ntasks_per_node
+    tpn = spec.slurm_tasks_per_node
+    ntasks = str(spec.nodes * tpn)
     node, local = divmod(rank, tpn)
     nodelist = node_list(spec.nodes)
     counts = str(tpn) if spec.nodes == 1 else f"{tpn}(x{spec.nodes})"
     env.update({
         "SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
-        "SLURM_JOB_NAME": spec.name, "SLURM_NTASKS": str(spec.world_size),
-        "SLURM_STEP_NUM_TASKS": str(spec.world_size), "SLURM_NNODES": str(spec.nodes),
+        "SLURM_JOB_NAME": spec.name, "SLURM_NTASKS": ntasks,
+        "SLURM_STEP_NUM_TASKS": ntasks, "SLURM_NNODES": str(spec.nodes),
         "SLURM_JOB_NUM_NODES": str(spec.nodes), "SLURM_STEP_NUM_NODES": str(spec.nodes),
         "SLURM_NODELIST": nodelist, "SLURM_JOB_NODELIST": nodelist, "SLURM_STEP_NODELIST": nodelist,
         "SLURM_TASKS_PER_NODE": counts, "SLURM_STEP_TASKS_PER_NODE": counts,
@@ -70,8 +71,8 @@ def rank_env(spec: JobSpec, job_id: str, rank: int, environ: Mapping[str, str],
         "SLURM_NODEID": str(node), "SLURMD_NODENAME": f"{NODE_PREFIX}{node}",
         "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local),
     })
-    if spec.per_task_cpus is not None:
-        env["SLURM_CPUS_PER_TASK"] = str(spec.per_task_cpus)
+    if spec.slurm_cpus_per_task is not None:
+        env["SLURM_CPUS_PER_TASK"] = str(spec.slurm_cpus_per_task)
     if gpus is not None:
         mine = gpus[node * spec.gpus_per_node:(node + 1) * spec.gpus_per_node]
         env.update(CUDA_VISIBLE_DEVICES=",".join(mine), SLURM_GPUS_ON_NODE=str(len(mine)))
@@ -86,8 +87,9 @@ def rank_processes(spec: JobSpec, job_id: str, environ: Mapping[str, str], tag: 
     if spec.setup:
         # --setup lines are shell by design; the command itself reaches exec as argv, unparsed.
         argv = ["bash", "-c", "\n".join(spec.setup) + '\nexec "$@"', "slurmlaunch-setup", *argv]
+    tasks = spec.nodes * spec.slurm_tasks_per_node
     return [RankProcess(rank, argv, {**rank_env(spec, job_id, rank, environ, gpus), **(extra_env or {})},
-                        rank_log(spec, tag or job_id, rank), spec.workdir) for rank in range(spec.world_size)]
+                        rank_log(spec, tag or job_id, rank), spec.workdir) for rank in range(tasks)]
 
 
 def elements(spec: JobSpec, base: int) -> list[tuple[str, str, dict[str, str], list[str]]]:

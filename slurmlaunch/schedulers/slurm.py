@@ -30,8 +30,16 @@ def controller_answers(timeout: float = 10.0) -> tuple[bool, str]:
 
 
 def launch_command(spec: JobSpec) -> list[str]:
-    """What each task runs: the launcher in front of the script (no shell in between)."""
+    """What each task runs: the launcher in front of the script (no shell in between); in torchrun mode,
+    the per-node torchrun starter."""
     cmd = [spec.python, "-m", "slurmlaunch", "launch"]
+    if spec.mode == "torchrun":
+        cmd = [spec.python, "-m", "slurmlaunch", "torchrun-node", f"--nproc-per-node={spec.ntasks_per_node}",
+               f"--max-restarts={spec.max_restarts}"]
+        if spec.min_nodes is not None:
+            cmd.append(f"--nnodes={spec.min_nodes}:{spec.nodes}")
+        if spec.warning:
+            cmd.append(f"--forward-signal={spec.warning[0]}")
     if spec.module:
         cmd.append("-m")
     if spec.no_python:
@@ -45,12 +53,13 @@ def launch_command(spec: JobSpec) -> list[str]:
 def directives(spec: JobSpec) -> list[str]:
     """The #SBATCH lines. Free text (job name, log paths) goes on sbatch's command line instead, where
     no quoting rule of the #SBATCH parser can cut or reinterpret it."""
-    out = [f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.ntasks_per_node}"]
+    nodes = f"{spec.min_nodes}-{spec.nodes}" if spec.min_nodes is not None else str(spec.nodes)
+    out = [f"--nodes={nodes}", f"--ntasks-per-node={spec.slurm_tasks_per_node}"]
     if spec.gpus_per_node:
         out.append(f"--gpus-per-node={spec.gpus_per_node}" if spec.gpu_flag == "gpus-per-node"
                    else f"--gres=gpu:{spec.gpus_per_node}")
-    if spec.per_task_cpus is not None:
-        out.append(f"--cpus-per-task={spec.per_task_cpus}")
+    if spec.slurm_cpus_per_task is not None:
+        out.append(f"--cpus-per-task={spec.slurm_cpus_per_task}")
     for flag, value in (("mem", spec.mem), ("time", spec.time), ("partition", spec.partition),
                         ("account", spec.account), ("qos", spec.qos), ("constraint", spec.constraint)):
         if value is not None:
@@ -71,16 +80,17 @@ def directives(spec: JobSpec) -> list[str]:
 
 
 def srun_args(spec: JobSpec) -> list[str]:
-    args = [
-        "--kill-on-bad-exit=1",
-        f"--nodes={spec.nodes}",
-        f"--ntasks-per-node={spec.ntasks_per_node}",
-        f"--ntasks={spec.world_size}",
-    ]
-    if spec.per_task_cpus is not None:
+    args = ["--kill-on-bad-exit=1"]
+    if spec.min_nodes is None:  # an elastic job's step spans whatever the allocation got
+        tasks = spec.nodes * spec.slurm_tasks_per_node
+        args += [f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.slurm_tasks_per_node}", f"--ntasks={tasks}"]
+    else:
+        args.append("--ntasks-per-node=1")
+    if spec.slurm_cpus_per_task is not None:
         # Since Slurm 22.05 srun no longer inherits --cpus-per-task from the batch allocation.
-        args.append(f"--cpus-per-task={spec.per_task_cpus}")
-    args += ["--open-mode=append", "--output", os.path.join(spec.log_dir, f"job-{file_tag(spec)}.rank-%t.log")]
+        args.append(f"--cpus-per-task={spec.slurm_cpus_per_task}")
+    log = f"job-{file_tag(spec)}.{spec.log_unit}-%t.log"
+    args += ["--open-mode=append", "--output", os.path.join(spec.log_dir, log)]
     return args
 
 
@@ -94,8 +104,8 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
     return {
         "version": __version__,
         "world_size": spec.world_size,
-        "nodes": spec.nodes,
-        "tasks_per_node": spec.ntasks_per_node,
+        "nodes": spec.nodes_text,
+        "tasks_per_node": spec.slurm_tasks_per_node,
         "directives": directives(spec),
         "setup": list(spec.setup),
         "env": env,
@@ -107,6 +117,7 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
         "requeue": spec.requeue,
         "max_requeues": spec.max_requeues,
         "array": spec.is_array,
+        "torchrun": spec.mode == "torchrun",
         "sweep_points": list(enumerate(spec.sweep_points)),
     }
 

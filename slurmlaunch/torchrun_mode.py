@@ -1,0 +1,112 @@
+"""--mode torchrun: one task per node runs torchrun, which starts that node's ranks.
+
+`slurmlaunch torchrun-node [options] SCRIPT [ARGS...]` runs once per node inside the allocation. It reads
+the Slurm step (SLURM_JOB_ID, SLURM_STEP_ID, SLURM_STEP_NODELIST or SLURM_JOB_NODELIST, SLURMD_NODENAME,
+SLURM_NODEID) and execs ``python -m torch.distributed.run`` with a c10d rendezvous on the first node of the
+step: endpoint MASTER_ADDR if set, else that node's name; port MASTER_PORT if set, else the one the launcher
+derives from the job and step ids; rendezvous id the job id. The first node is told it hosts the rendezvous
+store (is_host), so nothing depends on the node name matching the machine's host name. The warning signal
+is added to the signals torchrun passes on to its workers (PET_SIGNALS_TO_HANDLE, torch >= 2.9), and
+SLURMLAUNCH_RDZV_TIMEOUT (--rdzv-timeout) becomes the rendezvous' join_timeout.
+Standard library only, like the launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from .detect import derive_port
+from .errors import SlurmLaunchError
+from .hostlist import first_host
+
+USAGE = """usage: slurmlaunch torchrun-node --nproc-per-node N [--nnodes N|MIN:MAX] [--max-restarts N]
+                              [--forward-signal NAME] [-m|--no-python] SCRIPT [ARGS...]
+Inside a Slurm step with one task per node: exec torchrun with a c10d rendezvous on the step's first node.
+"""
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's own default
+
+
+def parse(argv: Sequence[str]) -> tuple[dict[str, str], list[str], list[str]]:
+    """(values of --nproc-per-node/--nnodes/--max-restarts/--forward-signal, flags, SCRIPT + ARGS)."""
+    values: dict[str, str] = {}
+    flags: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if name in ("--nproc-per-node", "--nnodes", "--max-restarts", "--forward-signal"):
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise SlurmLaunchError(f"torchrun-node: {name} needs a value")
+                i += 1
+                value = argv[i]
+            values[name[2:]] = value
+        elif arg in ("-m", "--module", "--no-python"):
+            flags.append("-m" if arg == "--module" else arg)
+        elif arg == "--":
+            i += 1
+            break
+        elif arg.startswith("-"):
+            raise SlurmLaunchError(f"torchrun-node: unknown option {arg!r} (valid: --nproc-per-node, --nnodes, "
+                                   f"--max-restarts, --forward-signal, -m, --no-python)")
+        else:
+            break
+        i += 1
+    if "nproc-per-node" not in values:
+        raise SlurmLaunchError("torchrun-node: --nproc-per-node is required")
+    if i >= len(argv):
+        raise SlurmLaunchError("torchrun-node: no SCRIPT given")
+    return values, flags, list(argv[i:])
+
+
+def torchrun_command(env: Mapping[str, str], values: Mapping[str, str], flags: Sequence[str],
+                     script: Sequence[str], python: str) -> tuple[list[str], dict[str, str]]:
+    """(the torchrun argv, variables to add). Reads the step's variables from ``env``."""
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not job or not nodelist:
+        raise SlurmLaunchError("torchrun-node: not inside a Slurm step (SLURM_JOB_ID and SLURM_STEP_NODELIST "
+                               "are unset); it is what `slurmlaunch submit --mode torchrun` runs on each node")
+    step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "0"
+    head = first_host(nodelist)
+    host = env.get("MASTER_ADDR") or head
+    port = env.get("MASTER_PORT") or str(derive_port(int(job), int(step) if step.isdigit() else 0))
+    me = env.get("SLURMD_NODENAME")
+    is_host = me == head if me else env.get("SLURM_NODEID", "0") == "0"
+    conf = f"is_host={int(is_host)}"
+    timeout = env.get("SLURMLAUNCH_RDZV_TIMEOUT", "")
+    if timeout.replace(".", "", 1).isdigit() and float(timeout) > 0:  # --rdzv-timeout: how long nodes wait
+        conf += f",join_timeout={float(timeout):g}"
+    nnodes = values.get("nnodes") or env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    argv = [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
+            f"--nproc-per-node={values['nproc-per-node']}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={host}:{port}", f"--rdzv-id={job}", f"--rdzv-conf={conf}",
+            f"--max-restarts={values.get('max-restarts', '0')}", *flags, *script]
+    extra: dict[str, str] = {}
+    signame = values.get("forward-signal")
+    if signame:
+        handled = env.get("PET_SIGNALS_TO_HANDLE", TORCHRUN_SIGNALS)
+        wanted = "SIG" + signame.upper().removeprefix("SIG")
+        if wanted not in handled.split(","):
+            extra["PET_SIGNALS_TO_HANDLE"] = f"{handled},{wanted}"
+    cpus = env.get("SLURM_CPUS_PER_TASK", "")
+    nproc = values["nproc-per-node"]
+    if "OMP_NUM_THREADS" not in env and cpus.isdigit() and nproc.isdigit() and int(nproc) > 0:
+        extra["OMP_NUM_THREADS"] = str(max(1, int(cpus) // int(nproc)))  # torchrun would say 1
+    return argv, extra
+
+
+def main(argv: Sequence[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv[:1]):
+        sys.stdout.write(USAGE)
+        return 0
+    values, flags, script = parse(argv)
+    cmd, extra = torchrun_command(os.environ, values, flags, script, sys.executable)
+    os.environ.update(extra)
+    if os.environ.get("SLURMLAUNCH_PRINT_TORCHRUN"):
+        sys.stderr.write("slurmlaunch: " + " ".join(cmd) + "\n")
+    sys.stdout.flush()
+    os.execv(cmd[0], cmd)
+    return 127  # not reached

@@ -1,0 +1,155 @@
+"""--mode torchrun: the per-node torchrun command (pure), validation, a local run, and the real cluster."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from slurmlaunch.errors import SlurmLaunchError, SpecError
+from slurmlaunch.spec import JobSpec, parse_nodes, validate
+from slurmlaunch.torchrun_mode import parse, torchrun_command
+from tests.conftest import EXAMPLES, run_cli
+from tests.test_submit import no_slurm_env
+
+STEP = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "gpu[07-08]",
+        "SLURM_STEP_NUM_NODES": "2", "SLURMD_NODENAME": "gpu07", "SLURM_NODEID": "0", "SLURM_CPUS_PER_TASK": "32"}
+
+# Under torchrun: rank 1 fails in the first attempt only; the others are still training then (a node whose
+# ranks all finished has left the job, and a restart needs every node back).
+FLAKY = """
+import os, sys, time
+first = not os.path.exists("failed-once")
+print(f"rank={os.environ['RANK']} world={os.environ['WORLD_SIZE']} first={first} "
+      f"group_rank={os.environ['GROUP_RANK']} run_id={os.environ['TORCHELASTIC_RUN_ID']}", flush=True)
+if first:
+    if os.environ["RANK"] == "1":
+        open("failed-once", "w").close()
+        sys.exit(3)
+    time.sleep(60)
+"""
+
+
+def command(env: dict[str, str], *argv: str) -> tuple[list[str], dict[str, str]]:
+    values, flags, script = parse(list(argv))
+    return torchrun_command(env, values, flags, script, "/py")
+
+
+def test_first_node_hosts_the_c10d_store() -> None:
+    cmd, extra = command(STEP, "--nproc-per-node=4", "--max-restarts", "2", "--forward-signal=USR2", "t.py", "--x")
+    assert cmd == ["/py", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d",
+                   "--rdzv-endpoint=gpu07:19242", "--rdzv-id=4242", "--rdzv-conf=is_host=1", "--max-restarts=2",
+                   "t.py", "--x"]
+    # torchrun passes the warning on to its workers (torch >= 2.9); CPUs are shared among the node's ranks
+    assert extra == {"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2", "OMP_NUM_THREADS": "8"}
+
+
+def test_other_nodes_connect_and_given_values_win() -> None:
+    env = dict(STEP, SLURMD_NODENAME="gpu08", SLURM_NODEID="1", MASTER_ADDR="10.0.0.7", MASTER_PORT="29500",
+               OMP_NUM_THREADS="2", SLURMLAUNCH_RDZV_TIMEOUT="60")
+    cmd, extra = command(env, "--nproc-per-node", "4", "--nnodes", "1:2", "-m", "pkg.train")
+    assert "--rdzv-conf=is_host=0,join_timeout=60" in cmd and "--rdzv-endpoint=10.0.0.7:29500" in cmd
+    assert "--nnodes=1:2" in cmd
+    assert cmd[-2:] == ["-m", "pkg.train"] and extra == {}
+
+
+@pytest.mark.parametrize(("argv", "expect"), [
+    (["t.py"], "--nproc-per-node is required"), (["--nproc-per-node=1"], "no SCRIPT given"),
+    (["--nproc-per-node=1", "--standalone", "t.py"], "unknown option '--standalone'"),
+])
+def test_bad_node_arguments(argv: list[str], expect: str) -> None:
+    with pytest.raises(SlurmLaunchError, match=re.escape(expect)):
+        parse(argv)
+
+
+def test_outside_slurm_says_so() -> None:
+    with pytest.raises(SlurmLaunchError, match="not inside a Slurm step"):
+        command({}, "--nproc-per-node=1", "t.py")
+
+
+@pytest.mark.parametrize(("kw", "expect"), [
+    (dict(mode="torchrun", tasks_per_node=2), "--tasks-per-node 2 is not valid with --mode torchrun"),
+    (dict(max_restarts=2), "--max-restarts 2 needs --mode torchrun"),
+    (dict(nodes=4, min_nodes=2), "--nodes 2:4 needs --mode torchrun"),
+    (dict(mode="torchrun", nodes=2, min_nodes=3), "--nodes 3:2 is not valid"),
+    (dict(mode="torchrun", gpus_per_node=4, nproc_per_node=2),
+     "--nproc-per-node 2 is not valid with --gpus-per-node 4"),
+    (dict(mode="mpirun"), "--mode 'mpirun' is not valid (expected srun or torchrun)"),
+    (dict(mode="torchrun", max_restarts=-1), "--max-restarts -1 is not valid"),
+])
+def test_bad_requests(kw: dict[str, object], expect: str, tmp_path: Path) -> None:
+    (tmp_path / "t.py").write_text("")
+    with pytest.raises(SpecError, match=re.escape(expect)):
+        validate(JobSpec(script="t.py", workdir=str(tmp_path), **kw))  # type: ignore[arg-type]
+
+
+def test_nodes_spellings() -> None:
+    assert parse_nodes("3") == (3, None) and parse_nodes(2) == (2, None) and parse_nodes("1:4") == (4, 1)
+    with pytest.raises(SpecError, match=r"--nodes 'two' is not valid \(expected a number of nodes, or MIN:MAX"):
+        parse_nodes("two")
+
+
+def test_elastic_range_reaches_sbatch_and_torchrun(tmp_path: Path) -> None:
+    spec = validate(JobSpec(script="t.py", workdir=str(tmp_path), mode="torchrun", nodes=4, min_nodes=2,
+                            nproc_per_node=3, cpus_per_task=2)) if (tmp_path / "t.py").write_text("") == 0 else None
+    assert spec is not None and spec.world_size == 12
+    from slurmlaunch.schedulers import slurm
+
+    assert "--nodes=2-4" in slurm.directives(spec) and "--cpus-per-task=6" in slurm.directives(spec)
+    assert "--nodes=4" not in slurm.srun_args(spec)  # the step spans what the allocation got
+    assert "--nnodes=2:4" in slurm.launch_command(spec)
+
+
+def test_torchrun_mode_on_the_local_scheduler(tmp_path: Path, torch_available: None) -> None:
+    env = no_slurm_env(tmp_path)
+    r = run_cli("submit", "--mode", "torchrun", "--nodes", "2", "--nproc-per-node", "2", str(EXAMPLES / "train_ddp.py"),
+                "--epochs", "1", env=env, cwd=tmp_path, timeout=180)
+    assert r.returncode == 0, r.stderr
+    logs = sorted((tmp_path / "slurmlaunch-logs").glob("*.node-*.log"))
+    assert len(logs) == 2
+    text = "".join(p.read_text() for p in logs)
+    assert sorted(re.findall(r"rank=(\d) local_rank=(\d) node_rank=(\d) world_size=4", text)) == [
+        ("0", "0", "0"), ("1", "1", "0"), ("2", "0", "1"), ("3", "1", "1")]
+    assert "done: world_size=4 sum_of_ranks=6" in text
+
+
+@pytest.mark.slurm
+def test_torchrun_mode_on_the_real_cluster(cluster_env: dict[str, str], tmp_path: Path,
+                                           torch_available: None) -> None:
+    r = run_cli("submit", "--mode", "torchrun", "--nodes", "2", "--gpus-per-node", "2", "--cpus-per-gpu", "1",
+                "--wait", "--wait-timeout", "200", str(EXAMPLES / "train_ddp.py"), "--epochs", "1",
+                env=dict(cluster_env, SLURMLAUNCH_DEVICE="cpu"), cwd=tmp_path, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = r.stdout.split()[0]
+    logs = tmp_path / "slurmlaunch-logs"
+    places = {}
+    for node, host in ((0, "node1"), (1, "node2")):  # node-N.log is Slurm's node N: its torchrun's ranks
+        text = (logs / f"job-{job}.node-{node}.log").read_text()
+        for rank, local, group in re.findall(rf"rank=(\d) local_rank=(\d) node_rank=(\d) world_size=4 host={host}",
+                                             text):
+            places[int(rank)] = (int(local), int(group), host)
+    # torchrun numbers the nodes in rendezvous order (its sort of the agents' names), not Slurm's; here
+    # every node's name resolves to localhost, so either node may be group 0
+    assert sorted(places) == [0, 1, 2, 3], places
+    assert [(places[r][0], places[r][1]) for r in range(4)] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert places[0][2] == places[1][2] != places[2][2] == places[3][2]
+    assert "done: world_size=4 sum_of_ranks=6" in "".join(p.read_text() for p in logs.glob(f"job-{job}.node-*"))
+    script = (logs / f"job-{job}.sbatch").read_text()
+    assert "--ntasks-per-node=1" in script and "torchrun-node --nproc-per-node=2" in script
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize(("restarts", "code"), [(1, 0), (0, 1)])
+def test_max_restarts_on_the_real_cluster(restarts: int, code: int, cluster_env: dict[str, str], tmp_path: Path,
+                                          torch_available: None) -> None:
+    (tmp_path / "flaky.py").write_text(FLAKY)
+    r = run_cli("submit", "--mode", "torchrun", "--nodes", "2", "--nproc-per-node", "1", "--max-restarts",
+                str(restarts), "--rdzv-timeout", "60", "--wait", "--wait-timeout", "150", "--cancel-on-interrupt",
+                "flaky.py", env=cluster_env, cwd=tmp_path, timeout=200)
+    assert r.returncode == code, r.stdout + r.stderr
+    job = r.stdout.split()[0]
+    text = "".join(p.read_text() for p in (tmp_path / "slurmlaunch-logs").glob(f"job-{job}.node-*.log"))
+    assert "rank=1 world=2 first=True" in text and f"run_id={job}" in text
+    # with a restart allowed, the whole world ran again (both ranks), after rank 1's failure
+    assert ("rank=0 world=2 first=False" in text and "rank=1 world=2 first=False" in text) == (restarts == 1), text
