@@ -148,8 +148,8 @@ def add_submit_options(s: Any) -> None:
     g.add_argument("--max-requeues", type=int, default=3, help="with --requeue: at most this many (default 3)")
     g.add_argument("--rdzv-timeout", type=float,
                    help="seconds a rank waits for MASTER_ADDR:MASTER_PORT before it is stopped (default 900)")
-    g.add_argument("--python", default=sys.executable,
-                   help="interpreter for the ranks (default: the one running slurmlaunch)")
+    g.add_argument("--python", help="interpreter for the ranks (default: the one running slurmlaunch; "
+                   "python3 inside a container)")
     g.add_argument("--template-dir", help="look for templates here first ($SLURMLAUNCH_TEMPLATE_DIR, "
                    "~/.config/slurmlaunch/templates, then the shipped ones)")
     g.add_argument("--scheduler", choices=["auto", "slurm", "pbs", "local"], default="auto",
@@ -166,6 +166,15 @@ def add_submit_options(s: Any) -> None:
     g.add_argument("--nproc-per-node", type=int, help="torchrun mode without GPUs: ranks per node")
     g.add_argument("--max-restarts", type=int, default=0, help="torchrun mode: restarts of the whole world "
                    "after a rank fails (default 0)")
+    g = s.add_argument_group("containers")
+    g.add_argument("--container-image", metavar="IMAGE",
+                   help="run every task in IMAGE with Slurm's pyxis/enroot plugin (srun --container-image)")
+    g.add_argument("--apptainer", metavar="IMAGE",
+                   help="run every task in an Apptainer/Singularity IMAGE (apptainer exec [--nv] IMAGE ...)")
+    g.add_argument("--container-mount", action="append", default=[], metavar="SRC:DST[:FLAGS]",
+                   help="bind mount (repeatable); the working directory is always mounted at its own path")
+    g.add_argument("--container-workdir", metavar="DIR", help="working directory inside the container "
+                   "(default: the working directory's own path)")
     g = s.add_argument_group("arrays and sweeps (Slurm and local)")
     g.add_argument("--array", metavar="INDICES",
                    help="a job array: one distributed job per index, e.g. 0-9 or 1,3,5-7 "

@@ -71,6 +71,15 @@ class JobSpec:
     nproc_per_node: int | None = None  # torchrun mode without GPUs: ranks per node
     max_restarts: int = 0  # torchrun mode: torchrun --max-restarts
     min_nodes: int | None = None  # torchrun mode: an elastic job of min_nodes..nodes nodes
+    container_image: str | None = None  # pyxis/enroot: srun --container-image
+    apptainer: str | None = None  # an Apptainer/Singularity image: apptainer exec in front of the launcher
+    container_mounts: tuple[str, ...] = ()  # SRC:DST[:FLAGS], besides the working directory and slurmlaunch
+    container_workdir: str | None = None  # default: the working directory, mounted at the same path
+
+    @property
+    def container(self) -> str | None:
+        """"pyxis", "apptainer" or None."""
+        return "pyxis" if self.container_image else "apptainer" if self.apptainer else None
 
     @property
     def slurm_tasks_per_node(self) -> int:
@@ -236,6 +245,26 @@ def _validate_mode(spec: JobSpec) -> None:
         raise SpecError(f"--nodes {spec.nodes_text} is not valid (expected MIN:MAX with 1 <= MIN <= MAX)")
 
 
+def _validate_container(spec: JobSpec) -> None:
+    if spec.container_image is not None and spec.apptainer is not None:
+        raise SpecError("--container-image (pyxis) and --apptainer cannot be used together (give one of them)")
+    for name, value in (("--container-image", spec.container_image), ("--apptainer", spec.apptainer)):
+        if value is not None and (not value or any(c.isspace() or c == "," for c in value)):
+            raise SpecError(f"{name} {value!r} is not valid (expected an image name or path, without spaces "
+                            f"or commas)")
+    if spec.container is None and (spec.container_mounts or spec.container_workdir):
+        raise SpecError("--container-mount and --container-workdir need --container-image or --apptainer")
+    for mount in spec.container_mounts:
+        parts = mount.split(":")
+        if not 2 <= len(parts) <= 3 or not all(p.startswith("/") for p in parts[:2]) or "," in mount \
+                or any(c.isspace() for c in mount):
+            raise SpecError(f"--container-mount {mount!r} is not valid (expected /host/path:/container/path"
+                            f"[:FLAGS], e.g. /scratch:/scratch:ro; no commas or spaces)")
+    if spec.container_workdir is not None and not spec.container_workdir.startswith("/"):
+        raise SpecError(f"--container-workdir {spec.container_workdir!r} is not valid (expected an absolute path "
+                        f"inside the container)")
+
+
 def validate(spec: JobSpec) -> JobSpec:
     """Raise SpecError for the first thing wrong with ``spec``; return it unchanged otherwise."""
     _positive("--nodes", spec.nodes)
@@ -286,6 +315,7 @@ def validate(spec: JobSpec) -> JobSpec:
         raise SpecError(f"--master-port {spec.master_port} cannot be used with --array/--sweep (array elements "
                         f"may share nodes; each derives its own port from its job id)")
     _validate_mode(spec)
+    _validate_container(spec)
     if spec.mpi not in MPI_FLAVOURS:
         raise SpecError(f"--mpi {spec.mpi!r} is not valid (expected one of {', '.join(MPI_FLAVOURS)})")
     if spec.pbs_flavour not in PBS_FLAVOURS:
@@ -314,6 +344,6 @@ def validate(spec: JobSpec) -> JobSpec:
             raise SpecError(f"--no-python executable {spec.script!r} not found (a path or a command on PATH)")
     elif not os.path.isfile(os.path.join(spec.workdir, spec.script)):
         raise SpecError(f"script {spec.script!r} not found (expected a file, relative to {spec.workdir!r})")
-    if not os.path.isfile(spec.python):
+    if spec.container is None and not os.path.isfile(spec.python):
         raise SpecError(f"--python {spec.python!r} not found (expected the interpreter that runs the ranks)")
     return spec

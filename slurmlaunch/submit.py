@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import sys
 from typing import Any
 
@@ -23,9 +24,12 @@ def spec_from_args(ns: Any) -> JobSpec:
         partition=ns.partition, account=ns.account, qos=ns.qos, constraint=ns.constraint,
         exclusive=ns.exclusive, job_name=ns.job_name, output_dir=ns.output_dir, env=parse_env(ns.env),
         setup=tuple(ns.setup), sbatch_args=tuple(ns.sbatch_arg), master_port=ns.master_port,
-        python=ns.python or sys.executable, gpu_flag=ns.gpu_flag, signal=ns.signal, requeue=ns.requeue,
+        python=ns.python or ("python3" if ns.container_image or ns.apptainer else sys.executable),
+        gpu_flag=ns.gpu_flag, signal=ns.signal, requeue=ns.requeue,
         max_requeues=ns.max_requeues, rdzv_timeout=ns.rdzv_timeout, pbs_flavour=ns.pbs_flavour, mpi=ns.mpi,
         array=ns.array, max_parallel=ns.max_parallel, sweep=parse_sweep(ns.sweep),
+        container_image=ns.container_image, apptainer=ns.apptainer, container_mounts=tuple(ns.container_mount),
+        container_workdir=ns.container_workdir,
     ))
 
 
@@ -63,6 +67,12 @@ def cmd_submit(ns: Any) -> int:
     if scheduler == "pbs" and spec.is_array:
         raise SpecError("--array/--sweep: job arrays are submitted to Slurm or run locally; under PBS submit "
                         "one job per point")
+    if scheduler != "slurm" and spec.container_image:
+        raise SpecError(f"--container-image uses Slurm's pyxis plugin (srun); the {scheduler} scheduler has no "
+                        f"srun (use --apptainer IMAGE there)")
+    if scheduler == "local" and spec.apptainer and not shutil.which("apptainer"):
+        raise SpecError("--apptainer: apptainer is not on PATH on this machine (install it, or leave out "
+                        "--apptainer for the local scheduler)")
     if scheduler == "pbs" and spec.mode == "torchrun":
         raise SpecError("--mode torchrun is for Slurm and the local scheduler; under PBS mpiexec starts one "
                         "launcher per rank (leave out --mode)")

@@ -29,12 +29,32 @@ def controller_answers(timeout: float = 10.0) -> tuple[bool, str]:
     return "UP" in out, out.strip()
 
 
+# Inside a container, slurmlaunch is this installation's package, mounted read-only (the image need not have
+# it, and the script's side matches the side that rendered it); the bootstrap puts it first on sys.path.
+CONTAINER_PKG = "/opt/slurmlaunch-pkg"
+BOOTSTRAP = (f'import sys; sys.path.insert(0, "{CONTAINER_PKG}"); '
+             "from slurmlaunch.cli import main; sys.exit(main())")
+
+
+def container_mounts(spec: JobSpec) -> list[str]:
+    """The working directory at its own path (the script, its data), slurmlaunch, then --container-mount's."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return [f"{spec.workdir}:{spec.workdir}", f"{package}:{CONTAINER_PKG}/slurmlaunch:ro", *spec.container_mounts]
+
+
 def launch_command(spec: JobSpec) -> list[str]:
     """What each task runs: the launcher in front of the script (no shell in between); in torchrun mode,
-    the per-node torchrun starter."""
-    cmd = [spec.python, "-m", "slurmlaunch", "launch"]
+    the per-node torchrun starter; with --apptainer, `apptainer exec` in front of either."""
+    entry = [spec.python, "-c", BOOTSTRAP] if spec.container else [spec.python, "-m", "slurmlaunch"]
+    cmd = [*entry, "launch"]
+    if spec.apptainer:
+        binds = [a for m in container_mounts(spec) for a in ("--bind", m)]
+        gpus = ["--nv"] if spec.gpus_per_node else []
+        entry = ["apptainer", "exec", *gpus, *binds, "--pwd", spec.container_workdir or spec.workdir,
+                 spec.apptainer, *entry]
+        cmd = [*entry, "launch"]
     if spec.mode == "torchrun":
-        cmd = [spec.python, "-m", "slurmlaunch", "torchrun-node", f"--nproc-per-node={spec.ntasks_per_node}",
+        cmd = [*entry, "torchrun-node", f"--nproc-per-node={spec.ntasks_per_node}",
                f"--max-restarts={spec.max_restarts}"]
         if spec.min_nodes is not None:
             cmd.append(f"--nnodes={spec.min_nodes}:{spec.nodes}")
@@ -91,6 +111,10 @@ def srun_args(spec: JobSpec) -> list[str]:
         args.append(f"--cpus-per-task={spec.slurm_cpus_per_task}")
     log = f"job-{file_tag(spec)}.{spec.log_unit}-%t.log"
     args += ["--open-mode=append", "--output", os.path.join(spec.log_dir, log)]
+    if spec.container_image:  # pyxis: every task of the step runs in the image
+        args += [f"--container-image={spec.container_image}",
+                 f"--container-mounts={','.join(container_mounts(spec))}",
+                 f"--container-workdir={spec.container_workdir or spec.workdir}"]
     return args
 
 

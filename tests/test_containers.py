@@ -1,0 +1,140 @@
+"""Containers: pyxis (srun --container-image) and Apptainer. Neither can be installed here: the generated
+scripts are golden files, and Apptainer's command line runs through tests/fakes/apptainer, a stand-in that
+applies the binds in a private mount namespace (root only) -- locally and on the real Slurm cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slurmlaunch.errors import SpecError
+from slurmlaunch.schedulers import pbs, slurm
+from slurmlaunch.spec import JobSpec, validate
+from tests.conftest import run_cli, skip_or_fail
+from tests.test_submit import GOLDEN, golden_spec, no_slurm_env
+
+FAKES = Path(__file__).parent / "fakes"
+SYSTEM_PYTHON = "/usr/bin/python3"  # has no slurmlaunch: inside the "container" only the mount provides it
+
+RECORD = """
+import json, os, sys
+keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "HOSTILE"]
+rec = {k: os.environ.get(k) for k in keys}
+rec.update(cwd=os.getcwd(), python=sys.executable, argv=sys.argv[1:])
+with open(os.path.join(os.environ["OUT_DIR"], f"rank-{os.environ['RANK']}.json"), "w") as f:
+    json.dump(rec, f)
+"""
+HOSTILE = "a b'\"$(touch pwned);`x`\n\tz"
+
+CASES = {
+    "slurm_pyxis.sbatch": golden_spec(container_image="nvcr.io#nvidia/pytorch:24.05-py3", python="python3",
+                                      container_mounts=("/scratch:/scratch:ro", "/data:/data"),
+                                      container_workdir="/workspace"),
+    "slurm_apptainer.sbatch": golden_spec(apptainer="/images/torch.sif", python="python3", mode="torchrun",
+                                          container_mounts=("/scratch:/scratch",)),
+}
+
+
+def rendered(name: str) -> str:
+    spec = CASES[name]
+    text = slurm.render_script(spec)
+    # The package's own path differs per checkout: the golden files say <slurmlaunch package>.
+    package = os.path.dirname(os.path.dirname(os.path.abspath(slurm.__file__)))
+    return text.replace(package, "<slurmlaunch package>")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_container_scripts(name: str) -> None:
+    text = rendered(name)
+    path = GOLDEN / name
+    if os.environ.get("SLURMLAUNCH_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"rendered script differs from {path} (SLURMLAUNCH_UPDATE_GOLDEN=1)"
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+
+
+def test_pyxis_flags_and_apptainer_prefix() -> None:
+    args = slurm.srun_args(CASES["slurm_pyxis.sbatch"])
+    assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in args and "--container-workdir=/workspace" in args
+    mounts = next(a for a in args if a.startswith("--container-mounts=")).split("=", 1)[1].split(",")
+    assert mounts[0] == "/home/me/project:/home/me/project"
+    assert mounts[1].endswith(":/opt/slurmlaunch-pkg/slurmlaunch:ro")
+    assert mounts[2:] == ["/scratch:/scratch:ro", "/data:/data"]
+    cmd = slurm.launch_command(CASES["slurm_apptainer.sbatch"])
+    assert cmd[:3] == ["apptainer", "exec", "--nv"] and "--pwd" in cmd and "/images/torch.sif" in cmd
+    assert cmd[cmd.index("/images/torch.sif") + 1:][:2] == ["python3", "-c"] and "torchrun-node" in cmd
+    # under PBS the same prefix sits behind mpiexec
+    text = pbs.render_script(golden_spec(apptainer="/images/torch.sif", python="python3", gpus_per_node=0))
+    assert re.search(r"mpiexec .*\n +apptainer exec --bind ", text) and "--nv" not in text
+
+
+@pytest.mark.parametrize(("kw", "expect"), [
+    (dict(container_image="a", apptainer="b"), "cannot be used together"),
+    (dict(container_mounts=("/a:/b",)), "--container-mount and --container-workdir need --container-image"),
+    (dict(apptainer="x.sif", container_mounts=("a:/b",)), "--container-mount 'a:/b' is not valid"),
+    (dict(apptainer="x.sif", container_mounts=("/a:/b,/c:/d",)), "no commas or spaces"),
+    (dict(apptainer="x.sif", container_workdir="work"), "--container-workdir 'work' is not valid"),
+    (dict(container_image="my image"), "--container-image 'my image' is not valid"),
+])
+def test_bad_container_requests(kw: dict[str, object], expect: str, tmp_path: Path) -> None:
+    (tmp_path / "t.py").write_text("")
+    with pytest.raises(SpecError, match=re.escape(expect)):
+        validate(JobSpec(script="t.py", workdir=str(tmp_path), **kw))  # type: ignore[arg-type]
+
+
+def test_pyxis_needs_slurm_and_apptainer_needs_apptainer(tmp_path: Path) -> None:
+    env = no_slurm_env(tmp_path)
+    (tmp_path / "t.py").write_text("open('ran', 'w')")
+    r = run_cli("submit", "--container-image", "ubuntu", "t.py", env=env, cwd=tmp_path)
+    assert r.returncode == 2 and "--container-image uses Slurm's pyxis plugin" in r.stderr
+    r = run_cli("submit", "--apptainer", "x.sif", "t.py", env=env, cwd=tmp_path)
+    assert r.returncode == 2 and "apptainer is not on PATH" in r.stderr and not (tmp_path / "ran").exists()
+
+
+def fake_apptainer_env(base: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    if os.geteuid() != 0 or not shutil.which("unshare") or not os.path.exists(SYSTEM_PYTHON):
+        skip_or_fail("the Apptainer stand-in needs root and /usr/bin/python3")
+    out = tmp_path / "out"
+    out.mkdir()
+    return dict(base, PATH=f"{FAKES}:{base['PATH']}", FAKE_APPTAINER_LOG=str(tmp_path / "apptainer.log"),
+                OUT_DIR=str(out))
+
+
+def check_ranks(tmp_path: Path, world: int) -> None:
+    recs = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob("rank-*.json"))]
+    assert len(recs) == world and {r["WORLD_SIZE"] for r in recs} == {str(world)}
+    assert sorted(int(r["RANK"]) for r in recs) == list(range(world))
+    assert all(r["HOSTILE"] == HOSTILE and r["python"] == SYSTEM_PYTHON and r["argv"] == ["--x", "y z"]
+               for r in recs)
+    assert not (tmp_path / "pwned").exists()
+    calls = (tmp_path / "apptainer.log").read_text().splitlines()
+    assert len(calls) == world and all(c.startswith("image=/images/torch.sif nv=0 pwd=") for c in calls)
+
+
+def test_apptainer_locally_through_the_stand_in(tmp_path: Path) -> None:
+    env = fake_apptainer_env(no_slurm_env(tmp_path), tmp_path)
+    (tmp_path / "record.py").write_text(RECORD)
+    r = run_cli("submit", "--apptainer", "/images/torch.sif", "--python", SYSTEM_PYTHON, "--tasks-per-node", "2",
+                "--env", f"HOSTILE={HOSTILE}", "record.py", "--x", "y z", env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    check_ranks(tmp_path, 2)
+
+
+@pytest.mark.slurm
+def test_apptainer_on_the_real_cluster_through_the_stand_in(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    env = fake_apptainer_env(cluster_env, tmp_path)
+    (tmp_path / "record.py").write_text(RECORD)
+    r = run_cli("submit", "--apptainer", "/images/torch.sif", "--python", SYSTEM_PYTHON, "--nodes", "2",
+                "--tasks-per-node", "2", "--env", f"HOSTILE={HOSTILE}",
+                "--container-mount", f"{tmp_path}:/opt/extra:ro",
+                "--wait", "--wait-timeout", "90", "record.py", "--x", "y z", env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    check_ranks(tmp_path, 4)
+    recs = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("rank-*.json")]
+    assert {r["MASTER_ADDR"] for r in recs} == {"node1"} and {r["cwd"] for r in recs} == {str(tmp_path)}
