@@ -70,6 +70,16 @@ def _parser() -> Any:
 
     s.set_defaults(options_table=option_table(s))
 
+    doc = sub.add_parser("doctor", allow_abbrev=False,
+                         help="check what this Slurm site accepts before spending an allocation; --allocate N "
+                              "runs a tiny job that checks MASTER_ADDR, the port, GPUs and torch from every rank")
+    doc.add_argument("--partition", "-p", help="check requests against this partition (default: the default one)")
+    doc.add_argument("--allocate", type=int, metavar="N", help="also run a probe job on N nodes")
+    doc.add_argument("--gpus-per-node", type=int, default=0, help="with --allocate: GPUs (= ranks) per node")
+    doc.add_argument("--timeout", type=float, default=300.0, help="with --allocate: seconds to wait for the probe "
+                     "job, queueing included (default 300; it is cancelled after)")
+    doc.add_argument("--json", action="store_true")
+
     cfg = sub.add_parser("config", allow_abbrev=False,
                          help="show the submit options merged from profiles, and where each came from")
     cfg.add_argument("action", choices=["show"])
@@ -231,6 +241,10 @@ def _dispatch(args: list[str]) -> int:
         return cmd_submit(ns)
     if ns.command == "config":
         return cmd_config(ns.profile, ns.json)
+    if ns.command == "doctor":
+        from .doctor import cmd_doctor
+
+        return cmd_doctor(ns.partition, ns.json, ns.allocate, ns.gpus_per_node, ns.timeout)
     raise AssertionError(ns.command)
 
 

@@ -35,7 +35,7 @@ options:
   --print-env               print this rank's place and exported variables on stderr before exec
   --legacy-local-rank-arg   pass --local-rank=N to the script (torch.distributed.launch style)
   --no-preflight            skip the checks before exec (MASTER_ADDR, rank 0's host and MASTER_PORT)
-                            and the rendezvous watchdog
+                            and the rendezvous watchdog (also: SLURMLAUNCH_NO_PREFLIGHT=1)
 environment:
   SLURMLAUNCH_RDZV_TIMEOUT  seconds a rank other than 0 waits for MASTER_ADDR:MASTER_PORT to listen
                             before it is stopped with a message (default 900; 0: no bound)
@@ -297,6 +297,8 @@ def main(argv: Sequence[str]) -> int | NoReturn:
     if not opts.no_python and not opts.module and not os.path.exists(opts.script):
         raise SlurmLaunchError(f"launch: script {opts.script!r} not found (cwd {os.getcwd()!r})")
     environ = os.environ
+    if environ.get("SLURMLAUNCH_NO_PREFLIGHT") == "1":  # as --no-preflight (doctor's probe reports instead)
+        opts.preflight = False
     watchdog_timeout = rendezvous_timeout(environ)
     dist = resolve(environ)
     if opts.preflight:

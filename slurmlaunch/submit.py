@@ -6,6 +6,7 @@ import os
 import shlex
 import shutil
 import sys
+from dataclasses import replace
 from typing import Any
 
 from .errors import SpecError
@@ -57,7 +58,26 @@ def merged_options(ns: Any) -> Any:
     """The command line over the profiles (README: Profiles)."""
     from . import profiles
 
-    return profiles.apply(ns, profiles.resolve(ns, ns.options_table, os.environ, os.getcwd()))
+    resolved = profiles.resolve(ns, ns.options_table, os.environ, os.getcwd())
+    merged = profiles.apply(ns, resolved)
+    merged.option_origins = resolved.origins
+    return merged
+
+
+def adapt_to_site(spec: JobSpec, origins: dict[str, str]) -> JobSpec:
+    """Use the GPU request style `slurmlaunch doctor` found for this cluster, unless one was asked for."""
+    from .profiles import BUILTIN
+
+    if not spec.gpus_per_node or origins.get("gpu_flag", BUILTIN) != BUILTIN:
+        return spec
+    from .doctor import learned_gpu_flag
+
+    learned = learned_gpu_flag()
+    if learned is None or learned[0] == spec.gpu_flag:
+        return spec
+    sys.stderr.write(f"slurmlaunch: requesting GPUs with --{learned[0]} (slurmlaunch doctor found that "
+                     f"cluster {learned[1]} wants it; --gpu-flag overrides)\n")
+    return replace(spec, gpu_flag=learned[0])
 
 
 def cmd_submit(ns: Any) -> int:
@@ -76,6 +96,8 @@ def cmd_submit(ns: Any) -> int:
     if scheduler == "pbs" and spec.mode == "torchrun":
         raise SpecError("--mode torchrun is for Slurm and the local scheduler; under PBS mpiexec starts one "
                         "launcher per rank (leave out --mode)")
+    if scheduler == "slurm":
+        spec = adapt_to_site(spec, getattr(ns, "option_origins", {}))
     if scheduler == "local":
         from .schedulers import local
 

@@ -1,0 +1,233 @@
+"""`slurmlaunch doctor`: what this Slurm site accepts, checked from the login node before an allocation is
+spent; with --allocate N, a tiny job on N nodes that checks what the ranks will need (see probe.py).
+
+What it learns that submission can use (the GPU request style) is kept per cluster in
+$XDG_STATE_HOME/slurmlaunch/site.json; `submit` reads it when --gpu-flag was given neither on the command
+line nor in a profile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import SchedulerError, SpecError
+from .schedulers import run_command
+
+COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel")
+
+
+@dataclass
+class Check:
+    name: str
+    state: str  # ok, warn, fail
+    detail: str
+
+
+def _try(cmd: list[str], timeout: float = 30) -> tuple[bool, str]:
+    try:
+        proc = run_command(cmd, timeout=timeout)
+    except SchedulerError as e:
+        return False, str(e)
+    return True, (proc.stdout + proc.stderr).strip()
+
+
+def slurm_version(text: str) -> tuple[int, int] | None:
+    """("slurm 22.05.8" | "slurm-wlm 23.11.4") -> (22, 5)."""
+    m = re.search(r"(\d+)\.(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def choose_gpu_flag(per_node_ok: bool, gres_ok: bool) -> str | None:
+    """The style submission should use: --gpus-per-node where accepted (it also works with --gpus-per-task
+    sites), else --gres=gpu:N, else None (neither: no GPUs in the partition, or a site-specific GRES name)."""
+    return "gpus-per-node" if per_node_ok else "gres" if gres_ok else None
+
+
+def site_path(environ: Mapping[str, str] = os.environ) -> str:
+    base = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "slurmlaunch", "site.json")
+
+
+def load_site() -> dict[str, Any]:
+    try:
+        with open(site_path()) as f:
+            data: dict[str, Any] = json.load(f)
+            return data
+    except (OSError, ValueError):
+        return {}
+
+
+def remember_site(cluster: str, facts: dict[str, Any]) -> None:
+    data = load_site()
+    data[cluster] = {**data.get(cluster, {}), **facts, "checked_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    os.makedirs(os.path.dirname(site_path()), mode=0o700, exist_ok=True)
+    with open(site_path(), "w") as f:
+        json.dump(data, f, indent=2)
+
+
+def cluster_name() -> str | None:
+    ok, out = _try(["scontrol", "show", "config"])
+    m = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.MULTILINE) if ok else None
+    return m.group(1) if m else None
+
+
+def learned_gpu_flag() -> tuple[str, str] | None:
+    """(gpu flag, cluster) that doctor found for the cluster scontrol answers for, or None."""
+    site = load_site()
+    if not site:
+        return None
+    cluster = cluster_name()
+    flag = site.get(cluster or "", {}).get("gpu_flag")
+    return (flag, str(cluster)) if flag in ("gpus-per-node", "gres") else None
+
+
+def login_checks(partition: str | None) -> tuple[list[Check], list[list[str]], dict[str, Any]]:
+    """(checks, partition table rows, facts to remember)."""
+    checks: list[Check] = []
+    missing = [c for c in COMMANDS if shutil.which(c) is None]
+    checks.append(Check("commands", "fail" if missing else "ok",
+                        f"missing: {', '.join(missing)}" if missing else ", ".join(COMMANDS) + " on PATH"))
+    if "sbatch" in missing or "scontrol" in missing:
+        return checks, [], {}
+    up, out = _try(["scontrol", "ping"], timeout=15)
+    checks.append(Check("controller", "ok" if up and "UP" in out else "fail", out.replace("\n", "; ")))
+    if not (up and "UP" in out):
+        return checks, [], {}
+    _, text = _try(["sbatch", "--version"])
+    version = slurm_version(text)
+    facts: dict[str, Any] = {"slurm_version": text}
+    if version is None:
+        checks.append(Check("version", "warn", f"cannot read a version from {text!r}"))
+    elif version >= (22, 5):
+        checks.append(Check("version", "ok", f"{text}: srun no longer inherits --cpus-per-task from the job "
+                                             f"(SRUN_CPUS_PER_TASK); slurmlaunch passes it to srun itself"))
+    else:
+        checks.append(Check("version", "ok", f"{text}: srun inherits --cpus-per-task from the job"))
+    has_sacct, _ = _try(["sacct", "-n", "-X", "-S", "now"]) if shutil.which("sacct") else (False, "")
+    checks.append(Check("accounting", "ok" if has_sacct else "warn",
+                        "sacct answers" if has_sacct else "no accounting (sacct): finished jobs are known from "
+                                                          "scontrol for MinJobAge seconds, then from the exit files"))
+    where = [f"--partition={partition}"] if partition else []
+    probe = ["sbatch", "--test-only", "--nodes=1", *where, "--wrap", "true"]
+    per_node_ok, per_node = _try([*probe[:2], "--gpus-per-node=1", *probe[2:]])
+    gres_ok, gres = _try([*probe[:2], "--gres=gpu:1", *probe[2:]])
+    flag = choose_gpu_flag(per_node_ok, gres_ok)
+    facts["gpu_flag"] = flag
+    if flag is None:
+        checks.append(Check("gpu request", "warn", "neither --gpus-per-node=1 nor --gres=gpu:1 is accepted "
+                                                   f"{'in ' + partition if partition else 'here'}: {gres}"))
+    else:
+        refused = "" if per_node_ok else f" (--gpus-per-node refused: {per_node})"
+        checks.append(Check("gpu request", "ok", f"--{flag}{'=N' if flag == 'gpus-per-node' else '=gpu:N'} "
+                                                 f"accepted{refused}; submit uses it"))
+    ok, table = _try(["sinfo", "-h", "-o", "%P|%a|%D|%G|%c|%m|%l"])
+    rows = [line.split("|") for line in table.splitlines() if line.count("|") == 6] if ok else []
+    checks.append(Check("partitions", "ok" if rows else "warn", f"{len(rows)} partition(s)" if rows else table))
+    return checks, rows, facts
+
+
+def gpus_per_node(gres: str) -> str:
+    m = re.search(r"gpu(?::[^:(,]+)?:(\d+)", gres)
+    return m.group(1) if m else "0"
+
+
+def render_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in [header, *rows]) + "\n"
+
+
+def allocate(nodes: int, gpus: int, partition: str | None, timeout: float) -> tuple[list[dict[str, Any]], str]:
+    """Submit the probe on ``nodes`` nodes and wait for it; returns the ranks' records and the job id."""
+    from .schedulers import slurm
+    from .spec import JobSpec, validate
+
+    out_dir = os.path.abspath(os.path.join("slurmlaunch-logs", f"doctor-{int(time.time())}"))
+    os.makedirs(out_dir, exist_ok=True)
+    spec = validate(JobSpec(
+        script="slurmlaunch.probe", module=True, args=(out_dir,), nodes=nodes, gpus_per_node=gpus,
+        partition=partition, time="5", job_name="slurmlaunch-doctor", signal="none",
+        env=(("SLURMLAUNCH_PROBE_TIMEOUT", f"{max(10.0, min(timeout / 2, 120.0)):g}"),
+             ("SLURMLAUNCH_NO_PREFLIGHT", "1")),
+    ))
+    sub = slurm.submit(spec, slurm.render_script(spec))
+    sys.stderr.write(f"slurmlaunch doctor: probe job {sub.job_id} on {nodes} node(s), {spec.world_size} "
+                     f"rank(s); waiting at most {timeout:.0f}s\n")
+    deadline = time.monotonic() + timeout
+    while True:
+        st = slurm.status(sub.job_id, spec.log_dir)
+        if st.finished:
+            break
+        if time.monotonic() > deadline:
+            slurm.cancel(sub.job_id)
+            raise SchedulerError(f"doctor: probe job {sub.job_id} did not finish within {timeout:.0f}s (still "
+                                 f"{st.state}; cancelled); is the partition busy? (--timeout S waits longer)")
+        time.sleep(1)
+    records = []
+    for rank in range(spec.world_size):
+        try:
+            with open(os.path.join(out_dir, f"rank-{rank}.json")) as f:
+                records.append(json.load(f))
+        except (OSError, ValueError):
+            log = os.path.join(spec.log_dir, f"job-{sub.job_id}.rank-{rank}.log")
+            records.append({"rank": rank, "missing": f"no report (see {log})"})
+    return records, sub.job_id
+
+
+def rank_rows(records: list[dict[str, Any]]) -> tuple[list[list[str]], bool]:
+    rows, healthy = [], True
+    for r in records:
+        if "missing" in r:
+            rows.append([str(r["rank"]), "?", "FAIL", "FAIL", "?", "?", r["missing"]])
+            healthy = False
+            continue
+        mark = {True: "ok", False: "FAIL"}
+        gpus = r["gpus"]["CUDA_VISIBLE_DEVICES"]
+        gpus = f"{gpus} (device {r['gpus']['local_device']})" if gpus else f"none ({r['gpus']['dev']} in /dev)"
+        torch = r["torch"]["detail"] if r["torch"]["ok"] else "FAIL: " + r["torch"]["detail"]
+        rows.append([str(r["rank"]), r["host"], f"{mark[r['resolve']['ok']]} {r['master_addr']} -> "
+                     f"{r['resolve']['detail']}", f"{mark[r['port']['ok']]} {r['port']['detail']}", gpus,
+                     r["python"]["detail"], torch])
+        healthy = healthy and r["resolve"]["ok"] and r["port"]["ok"]
+    return rows, healthy
+
+
+def cmd_doctor(partition: str | None, as_json: bool, nodes: int | None, gpus: int, timeout: float) -> int:
+    if nodes is not None and nodes < 1:
+        raise SpecError(f"--allocate {nodes} is not valid (expected a number of nodes >= 1)")
+    checks, partitions, facts = login_checks(partition)
+    failed = any(c.state == "fail" for c in checks)
+    cluster = cluster_name() if not failed else None
+    if cluster and facts:
+        remember_site(cluster, facts)
+    records: list[dict[str, Any]] = []
+    job = None
+    if nodes is not None and not failed:
+        records, job = allocate(nodes, gpus, partition, timeout)
+    ranks, healthy = rank_rows(records)
+    if as_json:
+        print(json.dumps({"cluster": cluster, "checks": [c.__dict__ for c in checks],
+                          "partitions": [dict(zip(["partition", "avail", "nodes", "gres", "cpus", "memory",
+                                                   "timelimit"], p, strict=True)) for p in partitions],
+                          "probe_job": job, "ranks": records}, indent=2))
+    else:
+        out = sys.stdout
+        out.write(f"cluster: {cluster or 'unknown'}\n")
+        out.write(render_table(["check", "state", "detail"], [[c.name, c.state, c.detail] for c in checks]))
+        if partitions:
+            out.write("\n" + render_table(["partition", "avail", "nodes", "gpus/node", "cpus/node", "memory (MB)",
+                                           "time limit"],
+                                          [[p[0], p[1], p[2], gpus_per_node(p[3]), p[4], p[5], p[6]]
+                                           for p in partitions]))
+        if records:
+            out.write(f"\nprobe job {job}:\n" + render_table(
+                ["rank", "host", "MASTER_ADDR resolves", "MASTER_PORT", "GPUs", "python", "torch"], ranks))
+    return 1 if failed or not healthy else 0

@@ -1,0 +1,77 @@
+"""slurmlaunch doctor: site checks and the probe job on the real cluster; submission adapting to them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slurmlaunch.doctor import choose_gpu_flag, gpus_per_node, render_table, slurm_version
+from tests.conftest import run_cli
+from tests.test_submit import no_slurm_env
+
+
+def test_pure_parts() -> None:
+    assert slurm_version("slurm 22.05.8") == (22, 5) and slurm_version("slurm-wlm 23.11.4") == (23, 11)
+    assert slurm_version("nonsense") is None
+    assert choose_gpu_flag(True, True) == "gpus-per-node" and choose_gpu_flag(False, True) == "gres"
+    assert choose_gpu_flag(False, False) is None
+    assert [gpus_per_node(g) for g in ("gpu:4", "gpu:a100:8(S:0-1)", "(null)", "gpu:h100:4,nvme:1")] == \
+        ["4", "8", "0", "4"]
+    assert render_table(["a", "bb"], [["xxx", "y"]]) == "a    bb\nxxx  y\n"
+
+
+def test_without_slurm_it_says_what_is_missing(tmp_path: Path) -> None:
+    r = run_cli("doctor", env=no_slurm_env(tmp_path), cwd=tmp_path)
+    assert r.returncode == 1 and "commands  fail   missing: sbatch, srun" in r.stdout and not r.stderr
+    r = run_cli("doctor", "--allocate", "0", env=no_slurm_env(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and "--allocate 0 is not valid" in r.stderr
+
+
+@pytest.mark.slurm
+def test_site_checks_and_what_they_teach_submit(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    env = dict(cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
+    r = run_cli("doctor", env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "cluster: sltest" in r.stdout and "--gpus-per-node=N accepted; submit uses it" in r.stdout
+    assert "slurm-wlm 22.05.8: srun no longer inherits --cpus-per-task" in r.stdout
+    assert [line.split()[:3] for line in r.stdout.splitlines() if line.startswith(("debug", "first"))] == \
+        [["debug*", "up", "4"], ["first", "up", "1"]]
+    site = json.loads((tmp_path / "state/slurmlaunch/site.json").read_text())
+    assert site["sltest"]["gpu_flag"] == "gpus-per-node"
+    # a site where doctor found --gpus-per-node refused: submit switches to --gres, unless told otherwise
+    site["sltest"]["gpu_flag"] = "gres"
+    (tmp_path / "state/slurmlaunch/site.json").write_text(json.dumps(site))
+    (tmp_path / "t.py").write_text("")
+    r = run_cli("submit", "--gpus-per-node", "2", "--dry-run", "t.py", env=env, cwd=tmp_path)
+    assert r.returncode == 0 and "#SBATCH --gres=gpu:2" in r.stdout, r.stderr
+    assert "requesting GPUs with --gres (slurmlaunch doctor found that cluster sltest wants it" in r.stderr
+    r = run_cli("submit", "--gpus-per-node", "2", "--gpu-flag", "gpus-per-node", "--dry-run", "t.py", env=env,
+                cwd=tmp_path)
+    assert "#SBATCH --gpus-per-node=2" in r.stdout and "requesting GPUs" not in r.stderr
+
+
+@pytest.mark.slurm
+def test_probe_job_on_two_nodes(cluster_env: dict[str, str], tmp_path: Path, torch_available: None) -> None:
+    env = dict(cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
+    r = run_cli("doctor", "--allocate", "2", "--gpus-per-node", "2", "--timeout", "120", "--json", env=env,
+                cwd=tmp_path, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    ranks = sorted(report["ranks"], key=lambda x: x["rank"])
+    assert [(x["rank"], x["host"], x["gpus"]["CUDA_VISIBLE_DEVICES"], x["gpus"]["local_device"]) for x in ranks] == [
+        (0, "node1", "0,1", "0"), (1, "node1", "0,1", "1"), (2, "node2", "0,1", "0"), (3, "node2", "0,1", "1")]
+    assert all(x["resolve"]["ok"] and x["port"]["ok"] and x["torch"]["ok"] for x in ranks)
+    assert ranks[0]["port"]["detail"].endswith("all 3 other ranks connected")
+    assert "torch 2.13.0" in ranks[1]["torch"]["detail"] and ranks[1]["master_addr"] == "node1"
+
+
+@pytest.mark.slurm
+def test_probe_reports_an_unresolvable_master_within_its_bound(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    env = dict(cluster_env, XDG_STATE_HOME=str(tmp_path / "state"), MASTER_ADDR="no-such-host.invalid")
+    r = run_cli("doctor", "--allocate", "2", "--timeout", "40", env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    rows = [line for line in r.stdout.splitlines() if line[:1].isdigit()]
+    assert len(rows) == 2 and all("FAIL no-such-host.invalid -> does not resolve" in row for row in rows)
+    assert "of 1 other ranks connected before the timeout" in rows[0] and "skipped" in rows[1]
