@@ -82,7 +82,8 @@ def _parser() -> Any:
 
     cfg = sub.add_parser("config", allow_abbrev=False,
                          help="show the submit options merged from profiles, and where each came from")
-    cfg.add_argument("action", choices=["show"])
+    cfg.add_argument("action", choices=["show", "profiles"], help="show: the merged options and their origins; "
+                     "profiles: the profile names the config files define")
     cfg.add_argument("--profile", help="the profile to merge (default: $SLURMLAUNCH_PROFILE or the files' profile =)")
     cfg.add_argument("--json", action="store_true")
 
@@ -115,7 +116,41 @@ def _parser() -> Any:
     r = sub.add_parser("run", allow_abbrev=False, help="torchrun's flags, without a scheduler: start this "
                        "node's ranks (swap `torchrun` or `python -m torch.distributed.launch` for `slurmlaunch run`)")
     add_run_options(r, os.environ)
+
+    comp = sub.add_parser("completion", allow_abbrev=False, help="print a shell completion script")
+    comp.add_argument("shell", choices=["bash", "zsh", "fish"])
+    for name, p in [("slurmlaunch", top), *sub.choices.items()]:
+        if name in EXAMPLES:
+            p.epilog = "examples:\n" + "\n".join("  " + line for line in EXAMPLES[name])
+            p.formatter_class = argparse.RawDescriptionHelpFormatter
     return top
+
+
+EXAMPLES = {
+    "slurmlaunch": ["slurmlaunch submit --nodes 2 --gpus-per-node 4 --wait train.py --lr 0.1",
+                    "slurmlaunch <command> --help      (every command has examples)"],
+    "env": ["srun -N2 --ntasks-per-node=4 slurmlaunch env      # what each task would get"],
+    "hostnames": ["slurmlaunch hostnames 'gpu[01-03,07],cpu5'"],
+    "submit": ["slurmlaunch submit --nodes 2 --gpus-per-node 4 --time 4:00:00 --partition gpu --wait train.py --lr 0.1",
+               "slurmlaunch submit --profile booster --sweep lr=0.1,0.01 --sweep bs=32,64 train.py",
+               "slurmlaunch submit --mode torchrun --nodes 2:4 --gpus-per-node 8 --max-restarts 3 train.py",
+               "slurmlaunch submit --apptainer torch.sif --nodes 2 --gpus-per-node 4 -m pkg.train",
+               "slurmlaunch submit --dry-run --nodes 2 --gpus-per-node 4 train.py    # print the script only"],
+    "list": ["slurmlaunch list --json | jq -r '.[-1].job_id'"],
+    "status": ["slurmlaunch status 1234", "slurmlaunch status 1234_3 --json     # element 3 of an array"],
+    "logs": ["slurmlaunch logs 1234 --rank 3 --follow"],
+    "cancel": ["slurmlaunch cancel 1234"],
+    "dev-cluster": ["sudo slurmlaunch dev-cluster up --nodes 2 --gpus-per-node 2 && "
+                    "export SLURM_CONF=/tmp/slurmlaunch-dev-cluster/slurm.conf SLURMLAUNCH_ALLOW_LOOPBACK=1",
+                    "slurmlaunch dev-cluster down"],
+    "run": ["slurmlaunch run --nproc-per-node 4 train.py --lr 0.1             # one machine",
+            "slurmlaunch run --nnodes 2 --node-rank 0 --master-addr 10.1.2.3 --nproc-per-node 8 train.py"],
+    "doctor": ["slurmlaunch doctor --partition gpu",
+               "slurmlaunch doctor --allocate 2 --gpus-per-node 4 --partition gpu"],
+    "config": ["slurmlaunch config show --profile booster", "slurmlaunch config profiles"],
+    "completion": ["eval \"$(slurmlaunch completion bash)\"      # in ~/.bashrc (zsh: completion zsh)",
+                   "slurmlaunch completion fish > ~/.config/fish/completions/slurmlaunch.fish"],
+}
 
 
 def add_submit_options(s: Any) -> None:
@@ -240,7 +275,12 @@ def _dispatch(args: list[str]) -> int:
 
         return cmd_submit(ns)
     if ns.command == "config":
-        return cmd_config(ns.profile, ns.json)
+        return cmd_config(ns.action, ns.profile, ns.json)
+    if ns.command == "completion":
+        from .completion import script
+
+        sys.stdout.write(script(ns.shell, _parser()))
+        return 0
     if ns.command == "doctor":
         from .doctor import cmd_doctor
 
@@ -248,12 +288,16 @@ def _dispatch(args: list[str]) -> int:
     raise AssertionError(ns.command)
 
 
-def cmd_config(profile: str | None, as_json: bool) -> int:
+def cmd_config(action: str, profile: str | None, as_json: bool) -> int:
     import argparse
     import os
 
     from . import profiles
 
+    if action == "profiles":
+        names = profiles.profile_names(os.environ, os.getcwd())
+        sys.stdout.write("".join(n + "\n" for n in names))
+        return 0
     submit_parser = argparse.ArgumentParser(add_help=False)
     add_submit_options(submit_parser)
     table = profiles.option_table(submit_parser)

@@ -43,6 +43,9 @@ environment:
   SLURMLAUNCH_DEVICE=cpu    run on the CPU even when GPUs are visible
   -h, --help                show this help
 Everything after SCRIPT is passed to it unchanged.
+
+example (what `slurmlaunch submit` writes into the batch script):
+  srun --ntasks-per-node=4 python -m slurmlaunch launch train.py --lr 0.1
 """
 
 

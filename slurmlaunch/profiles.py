@@ -110,6 +110,15 @@ def _load(path: Path) -> dict[str, Any]:
     return data
 
 
+def profile_names(environ: Mapping[str, str], cwd: str) -> list[str]:
+    """The profiles the user and project files define (for completion and `config profiles`)."""
+    names: set[str] = set()
+    for path in (user_config_path(environ), project_config_path(cwd)):
+        if path is not None and path.is_file():
+            names.update(_load(path).get("profiles", {}))
+    return sorted(names)
+
+
 def _convert(opt: Option, value: Any, where: str) -> Any:
     """A TOML value checked against the option's kind; SpecError names the file, the table and the key."""
     def bad(expected: str) -> SpecError:

@@ -24,6 +24,9 @@ from .hostlist import first_host
 USAGE = """usage: slurmlaunch torchrun-node --nproc-per-node N [--nnodes N|MIN:MAX] [--max-restarts N]
                               [--forward-signal NAME] [-m|--no-python] SCRIPT [ARGS...]
 Inside a Slurm step with one task per node: exec torchrun with a c10d rendezvous on the step's first node.
+
+example (what `slurmlaunch submit --mode torchrun` writes into the batch script):
+  srun --ntasks-per-node=1 python -m slurmlaunch torchrun-node --nproc-per-node=4 --max-restarts=3 train.py
 """
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's own default
 

@@ -1,0 +1,79 @@
+"""--help with examples for every command, and shell completion run by a real bash."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.test_submit import no_slurm_env
+
+COMMANDS = ["env", "hostnames", "submit", "list", "status", "logs", "cancel", "dev-cluster", "run", "doctor",
+            "config", "completion", "launch", "torchrun-node"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_with_an_example(command: str) -> None:
+    r = run_cli(command, "--help")
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    assert "example" in r.stdout and f"slurmlaunch {command}" in r.stdout.replace("slurmlaunch <command>", ""), \
+        r.stdout
+
+
+def test_top_level_help_lists_commands_and_an_example() -> None:
+    r = run_cli("--help")
+    assert r.returncode == 0 and "examples:" in r.stdout and "doctor" in r.stdout and "torchrun-node" in r.stdout
+
+
+def complete(script: str, words: list[str], env: dict[str, str] | None = None) -> list[str]:
+    """What bash offers after `words` (the last one is being typed), through the generated function."""
+    quoted = " ".join("'" + w.replace("'", "'\\''") + "'" for w in words)
+    program = f'{script}\nCOMP_WORDS=({quoted}); COMP_CWORD={len(words) - 1}; _slurmlaunch; ' \
+              'printf "%s\\n" "${COMPREPLY[@]}"'
+    r = subprocess.run(["bash", "--norc", "-c", program], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_bash_completion(tmp_path: Path) -> None:
+    script = run_cli("completion", "bash").stdout
+    assert "complete -o filenames -F _slurmlaunch slurmlaunch" in script
+    assert complete(script, ["slurmlaunch", "sub"]) == ["submit"]
+    assert "launch" not in complete(script, ["slurmlaunch", ""])  # run inside allocations, not by people
+    assert complete(script, ["slurmlaunch", "submit", "--gpu"]) == ["--gpus-per-node", "--gpu-flag"]
+    assert complete(script, ["slurmlaunch", "submit", "--scheduler", ""]) == ["auto", "slurm", "pbs", "local"]
+    assert complete(script, ["slurmlaunch", "dev-cluster", ""]) == ["up", "down", "status"]
+    assert complete(script, ["slurmlaunch", "completion", "z"]) == ["zsh"]
+    (tmp_path / "train_me.py").write_text("")
+    assert complete(f"cd {tmp_path}\n" + script, ["slurmlaunch", "submit", "train_"]) == ["train_me.py"]
+    # profile names come from the config files, through `slurmlaunch config profiles`
+    (tmp_path / "slurmlaunch.toml").write_text("[profiles.booster]\nnodes = 2\n[profiles.cpu]\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "slurmlaunch").write_text(f"#!/bin/sh\nexec {sys.executable} -m slurmlaunch \"$@\"\n")
+    (bin_dir / "slurmlaunch").chmod(0o755)
+    env = dict(no_slurm_env(tmp_path), PATH=f"{bin_dir}:/usr/bin:/bin")
+    assert complete(f"cd {tmp_path}\n" + script, ["slurmlaunch", "submit", "--profile", ""], env) == ["booster", "cpu"]
+
+
+def test_zsh_and_fish_scripts() -> None:
+    zsh = run_cli("completion", "zsh").stdout
+    assert "bashcompinit" in zsh and "_slurmlaunch()" in zsh
+    if shutil.which("zsh"):
+        assert subprocess.run(["zsh", "-n", "-c", zsh]).returncode == 0
+    fish = run_cli("completion", "fish").stdout.splitlines()
+    assert any(line.startswith("complete -c slurmlaunch -n '__fish_seen_subcommand_from submit' -l gpus-per-node -r")
+               for line in fish)
+    assert any("-l scheduler -x -a 'auto slurm pbs local'" in line for line in fish)
+    if shutil.which("fish"):
+        assert subprocess.run(["fish", "-n", "-c", "\n".join(fish)]).returncode == 0
+
+
+def test_config_profiles_lists_names(tmp_path: Path) -> None:
+    (tmp_path / "slurmlaunch.toml").write_text("[profiles.b]\n[profiles.a]\n")
+    r = run_cli("config", "profiles", env=no_slurm_env(tmp_path), cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout == "a\nb\n"
