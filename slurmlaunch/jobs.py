@@ -95,7 +95,7 @@ def status(record: Mapping[str, Any]) -> dict[str, Any]:
     if record["scheduler"] == "local":
         code = _exit_file(record)
         return {"job_id": shown_id, "scheduler": "local", "state": "COMPLETED" if code == 0 else "FAILED",
-                "exit_code": code, "nodes": None}
+                "exit_code": code, "nodes": None, "elapsed": None}
     edge = _edge(record)
     indices = array_indices(record)
     if indices and record.get("_element") is None:
@@ -103,7 +103,7 @@ def status(record: Mapping[str, Any]) -> dict[str, Any]:
     else:
         st = edge.status(record["_full_id"], record["log_dir"])
     info = {"job_id": shown_id, "scheduler": record["scheduler"], "state": st.state,
-            "exit_code": st.exit_code, "nodes": st.nodes}
+            "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
     if st.elements is not None:
         info["elements"] = st.elements
     return info
@@ -162,7 +162,8 @@ def cmd_status(job_id: str, as_json: bool) -> int:
     else:
         code = "" if info["exit_code"] is None else f", exit code {info['exit_code']}"
         nodes = f" on {info['nodes']}" if info["nodes"] else ""
-        print(f"job {info['job_id']} ({info['scheduler']}): {info['state']}{nodes}{code}")
+        elapsed = f", elapsed {info['elapsed']}" if info.get("elapsed") else ""
+        print(f"job {info['job_id']} ({info['scheduler']}): {info['state']}{nodes}{elapsed}{code}")
         for index, state in info.get("elements", {}).items():
             print(f"  {info['job_id']}_{index}: {state}")
     return 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -53,6 +55,26 @@ def test_slurm_status_logs_cancel(cluster_env: dict[str, str], tmp_path: Path) -
         time.sleep(0.5)
     assert st["state"] == "CANCELLED" and st["exit_code"] != 0
     assert [e["job_id"] for e in json.loads(run_cli("list", "--json", env=env).stdout)] == [job]
+
+
+@pytest.mark.slurm
+def test_status_after_squeue_and_scontrol_forgot_comes_from_sacct(cluster_env: dict[str, str],
+                                                                  tmp_path: Path) -> None:
+    env = dict(cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
+    (tmp_path / "quick.py").write_text("import time; time.sleep(2)")
+    r = run_cli("submit", "--nodes", "2", "--wait", "--wait-timeout", "60", "quick.py", env=env, cwd=tmp_path,
+                timeout=90)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.split()[0]
+    deadline = time.monotonic() + 60  # MinJobAge is 5 s on the test cluster
+    while subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "scontrol still knows the job"
+        time.sleep(1)
+    st = json.loads(run_cli("status", job, "--json", env=env).stdout)
+    assert (st["state"], st["exit_code"], st["nodes"]) == ("COMPLETED", 0, "node[1-2]"), st
+    assert re.fullmatch(r"00:00:0[2-9]", st["elapsed"]), st  # sacct's Elapsed
+    text = run_cli("status", job, env=env).stdout
+    assert text.startswith(f"job {job} (slurm): COMPLETED on node[1-2], elapsed 00:00:0")
 
 
 @pytest.mark.slurm

@@ -21,6 +21,7 @@ class JobStatus:
     exit_code: int | None = None  # known once the job has ended
     nodes: str | None = None
     elements: dict[str, str] | None = None  # a job array's elements: index -> "STATE" or "STATE CODE"
+    elapsed: str | None = None  # as Slurm shows it: [D-][HH:]MM:SS
 
     @property
     def finished(self) -> bool:

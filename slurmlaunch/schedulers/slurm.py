@@ -170,29 +170,25 @@ def submit(spec: JobSpec, script_text: str) -> Submission:
     return submit_with(spec, script_text, "slurm", "sbatch", sbatch_command, parse)
 
 
-_FIELD = re.compile(r"\b(JobState|ExitCode|NodeList)=(\S+)")
+_FIELD = re.compile(r"\b(JobState|ExitCode|NodeList|RunTime)=(\S+)")
 
 
 def status(job_id: str, log_dir: str | None = None) -> JobStatus:
-    """squeue while the job is known to it, then scontrol; the exit code comes from the file the batch
-    script writes at its end (exact even without accounting), else from scontrol's ExitCode."""
+    """squeue while the job is known to it; after that sacct where accounting exists, else scontrol (which
+    forgets the job MinJobAge seconds after it ended). The exit code comes from the file the batch script
+    writes at its end (the first failing rank's, exact even without accounting), else from Slurm's ExitCode."""
     try:
-        line = run_command(["squeue", "-h", "-j", job_id, "-o", "%T %N"], timeout=30).stdout.strip()
+        line = run_command(["squeue", "-h", "-j", job_id, "-o", "%T %M %N"], timeout=30).stdout.strip()
     except SchedulerError as e:
         if "Invalid job id" not in str(e):
             raise
         line = ""  # squeue forgets a job MinJobAge seconds after it ended
     if line:
-        state, _, nodes = line.partition(" ")
+        state, _, rest = line.partition(" ")
+        elapsed, _, nodes = rest.partition(" ")
         if state not in FINISHED:
-            return JobStatus(state, None, nodes or None)
-    fields: dict[str, str] = {}
-    try:
-        shown = run_command(["scontrol", "show", "job", "-o", job_id], timeout=30).stdout
-        # JobName, free text that could read "JobState=...", comes before UserId; the fields we want after.
-        fields = dict(reversed(_FIELD.findall(shown.split(" UserId=", 1)[-1])))
-    except SchedulerError:
-        pass  # the record is gone after MinJobAge; fall back to our exit-code file
+            return JobStatus(state, None, nodes or None, elapsed=elapsed or None)
+    fields = _accounting(job_id) or _scontrol(job_id)
     code: int | None = None
     if log_dir:
         try:
@@ -208,7 +204,38 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
             code = 128 + int(signal)
     if code is None or (code == 0 and state != "COMPLETED"):
         code = 0 if state == "COMPLETED" else 1
-    return JobStatus(state, code, fields.get("NodeList"))
+    assigned = fields.get("NodeList")
+    return JobStatus(state, code, assigned if assigned not in (None, "None assigned", "(null)") else None,
+                     elapsed=fields.get("Elapsed"))
+
+
+def _accounting(job_id: str) -> dict[str, str]:
+    """The job's line from sacct, or {} where there is no accounting (or it does not know the job yet)."""
+    if not shutil.which("sacct"):
+        return {}
+    try:
+        out = run_command(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,Elapsed,NodeList,ExitCode"],
+                          timeout=30).stdout
+    except SchedulerError:
+        return {}  # "Slurm accounting storage is disabled", or slurmdbd is down
+    line = next((ln for ln in out.splitlines() if ln.count("|") == 3), "")
+    if not line:
+        return {}
+    state, elapsed, nodes, exit_code = line.split("|")
+    # "CANCELLED by 0" -> CANCELLED; elapsed [D-]HH:MM:SS
+    return {"JobState": state.split()[0], "Elapsed": elapsed, "NodeList": nodes, "ExitCode": exit_code}
+
+
+def _scontrol(job_id: str) -> dict[str, str]:
+    try:
+        shown = run_command(["scontrol", "show", "job", "-o", job_id], timeout=30).stdout
+    except SchedulerError:
+        return {}  # the record is gone after MinJobAge; the exit-code file is all there is
+    # JobName, free text that could read "JobState=...", comes before UserId; the fields we want after.
+    fields = dict(reversed(_FIELD.findall(shown.split(" UserId=", 1)[-1])))
+    if "RunTime" in fields:
+        fields["Elapsed"] = fields.pop("RunTime")
+    return fields
 
 
 _TASK = re.compile(r"\bArrayTaskId=(\d+)\b")
