@@ -34,7 +34,7 @@ PROJECT_FILE = "slurmlaunch.toml"
 BUILTIN = "built-in default"
 COMMAND_LINE = "command line"
 # Options that describe one submission, not a cluster: never taken from a profile.
-NOT_IN_PROFILES = frozenset({"script", "args", "dry_run", "profile", "help", "sweep"})
+NOT_IN_PROFILES = frozenset({"script", "args", "dry_run", "profile", "help", "sweep", "array"})
 # Paths a profile may give relative to its own file.
 FILE_RELATIVE = frozenset({"template_dir"})
 
