@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -129,9 +130,10 @@ def _convert(opt: Option, value: Any, where: str) -> Any:
             raise bad("true or false")
         return value
     if opt.kind == "nodes":
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise bad("a number of nodes, or \"MIN:MAX\"")
-        return str(value) if isinstance(value, str) else value
+        if isinstance(value, bool) or not isinstance(value, (int, str)) or \
+                (isinstance(value, str) and not re.fullmatch(r"\d+(:\d+)?", value)):
+            raise bad("a number of nodes, or \"MIN:MAX\" for --mode torchrun")
+        return value
     if opt.kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             raise bad("an integer")

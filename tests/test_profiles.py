@@ -104,7 +104,8 @@ def _fake_sbatch(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(("text", "expect"), [
-    ("[defaults]\nnodes = \"two\"\n", "nodes = 'two' is not valid (expected an integer)"),
+    ("[defaults]\nnodes = \"two\"\n", "nodes = 'two' is not valid (expected a number of nodes"),
+    ("[defaults]\nmem = 4\n", "mem = 4 is not valid (expected a string)"),
     ("[defaults]\ngpu-flag = \"gpus\"\n", "gpu-flag = 'gpus' is not valid (expected one of gpus-per-node, gres)"),
     ("[defaults]\nnode = 2\n", "unknown option 'node' (valid: "),
     ("[defaults]\nexclusive = \"yes\"\n", "exclusive = 'yes' is not valid (expected true or false)"),

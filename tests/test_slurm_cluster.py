@@ -166,7 +166,9 @@ def test_gloo_world_over_srun_arbitrary_distribution(cluster_env: dict[str, str]
     script.write_text("import socket, torch, torch.distributed as dist\n"
                       "dist.init_process_group('gloo')\n"
                       "t = torch.ones(1); dist.all_reduce(t)\n"
-                      "print(dist.get_rank(), socket.gethostname(), int(t.item()), flush=True)\n")
+                      "print(dist.get_rank(), socket.gethostname(), int(t.item()), flush=True)\n"
+                      # leaving without this lets one rank's gloo teardown abort while rank 0 is gone
+                      "dist.barrier(); dist.destroy_process_group()\n")
     (tmp_path / "hf").write_text("node2\nnode1\nnode1\n")
     batch = (f"#!/bin/bash\nSLURM_HOSTFILE={tmp_path}/hf srun --distribution=arbitrary --ntasks=3 "
              f"{sys.executable} -m slurmlaunch launch {script}\n")

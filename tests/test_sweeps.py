@@ -27,6 +27,7 @@ rec.update(argv=sys.argv[1:], sum=t.item())
 tag = f"{os.environ['SLURM_ARRAY_TASK_ID']}-{os.environ['RANK']}"
 with open(os.path.join(os.environ["OUT_DIR"], tag + ".json"), "w") as f:
     json.dump(rec, f)
+dist.barrier()
 dist.destroy_process_group()
 """
 
