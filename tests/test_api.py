@@ -227,3 +227,21 @@ def test_slurm_batch_is_an_array_of_worlds(cluster_env: dict[str, str], tmp_path
     check(first, 2, 1)
     check(second, 2, 1, offset=10)
     assert first[0]["port"] != second[0]["port"]  # each array element its own MASTER_PORT
+
+
+def env_value(name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def test_profile_from_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, torch_available: None) -> None:
+    (tmp_path / "config.toml").write_text(
+        '[profiles.pair]\ntasks-per-node = 2\nenv = { FROM_PROFILE = "a b" }\ntime = "5"\n'
+        '[profiles.elastic]\nmode = "torchrun"\n')
+    monkeypatch.setenv("SLURMLAUNCH_CONFIG", str(tmp_path / "config.toml"))  # the per-user file
+    job = slurmlaunch.submit(env_value, "FROM_PROFILE", scheduler="local", profile="pair",
+                             output_dir=str(tmp_path / "logs"))
+    assert job.spec.ntasks_per_node == 2 and job.spec.time == "5" and job.results() == ["a b", "a b"]
+    with pytest.raises(SpecError, match="profile 'elastic' sets mode, which only `slurmlaunch submit` carries out"):
+        slurmlaunch.submit(env_value, "X", scheduler="local", profile="elastic")
+    with pytest.raises(SpecError, match=r"option\(s\) mode are carried out by `slurmlaunch submit`"):
+        slurmlaunch.submit(env_value, "X", scheduler="local", mode="torchrun")
