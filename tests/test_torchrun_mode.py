@@ -16,18 +16,23 @@ from tests.test_submit import no_slurm_env
 STEP = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "gpu[07-08]",
         "SLURM_STEP_NUM_NODES": "2", "SLURMD_NODENAME": "gpu07", "SLURM_NODEID": "0", "SLURM_CPUS_PER_TASK": "32"}
 
-# Under torchrun: rank 1 fails in the first attempt only; the others are still training then (a node whose
-# ranks all finished has left the job, and a restart needs every node back).
+# Under torchrun: rank 1 fails in the first attempt only, once rank 0 is surely running (a node whose ranks all
+# finished has left the job, and a restart needs every node back).
 FLAKY = """
 import os, sys, time
+rank = os.environ["RANK"]
 first = not os.path.exists("failed-once")
-print(f"rank={os.environ['RANK']} world={os.environ['WORLD_SIZE']} first={first} "
+print(f"rank={rank} world={os.environ['WORLD_SIZE']} first={first} "
       f"group_rank={os.environ['GROUP_RANK']} run_id={os.environ['TORCHELASTIC_RUN_ID']}", flush=True)
-if first:
-    if os.environ["RANK"] == "1":
-        open("failed-once", "w").close()
-        sys.exit(3)
-    time.sleep(60)
+if first and rank == "0":
+    open("rank0-running", "w").close()
+    time.sleep(90)  # stopped by the restart long before
+elif first:
+    deadline = time.monotonic() + 60
+    while not os.path.exists("rank0-running") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    open("failed-once", "w").close()
+    sys.exit(3)
 """
 
 
@@ -153,3 +158,21 @@ def test_max_restarts_on_the_real_cluster(restarts: int, code: int, cluster_env:
     assert "rank=1 world=2 first=True" in text and f"run_id={job}" in text
     # with a restart allowed, the whole world ran again (both ranks), after rank 1's failure
     assert ("rank=0 world=2 first=False" in text and "rank=1 world=2 first=False" in text) == (restarts == 1), text
+
+
+@pytest.mark.slurm
+def test_elastic_range_on_the_real_cluster(cluster_env: dict[str, str], tmp_path: Path,
+                                           torch_available: None) -> None:
+    (tmp_path / "who.py").write_text("import os\nprint('world', os.environ['WORLD_SIZE'], 'nodes', "
+                                     "os.environ['GROUP_WORLD_SIZE'], flush=True)\n")
+    r = run_cli("submit", "--mode", "torchrun", "--nodes", "1:2", "--nproc-per-node", "2", "--wait",
+                "--wait-timeout", "150", "who.py", env=cluster_env, cwd=tmp_path, timeout=200)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = r.stdout.split()[0]
+    logs = tmp_path / "slurmlaunch-logs"
+    assert "#SBATCH --nodes=1-2" in (logs / f"job-{job}.sbatch").read_text()
+    node_logs = list(logs.glob(f"job-{job}.node-*.log"))
+    got = len(node_logs)  # Slurm gives anything in the range (this one gives the minimum when it can)
+    text = "".join(p.read_text() for p in node_logs)
+    # torchrun ran on what came: one world of every rank of every node the allocation got
+    assert 1 <= got <= 2 and text.count(f"world {2 * got} nodes {got}") == 2 * got, text
