@@ -30,6 +30,7 @@ class RankProcess:
     env: Mapping[str, str]
     log_path: str | None = None
     cwd: str | None = None
+    unit: str = "rank"  # what the process is, for its output prefix: a rank, or (torchrun mode) a node
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def supervise(ranks: Sequence[RankProcess], *, grace: float = 10.0, prefix: bool
             p = subprocess.Popen(list(r.argv), env=dict(r.env), cwd=r.cwd, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             procs[r.rank] = p
-            label = f"[rank {r.rank}] ".encode() if prefix else b""
+            label = f"[{r.unit} {r.rank}] ".encode() if prefix else b""
             assert p.stdout is not None
             t = threading.Thread(target=_pump, args=(p.stdout, label, log, out, lock), daemon=True)
             t.start()

@@ -117,6 +117,7 @@ def test_torchrun_mode_on_the_local_scheduler(tmp_path: Path, torch_available: N
     assert sorted(re.findall(r"rank=(\d) local_rank=(\d) node_rank=(\d) world_size=4", text)) == [
         ("0", "0", "0"), ("1", "1", "0"), ("2", "0", "1"), ("3", "1", "1")]
     assert "done: world_size=4 sum_of_ranks=6" in text
+    assert "[node 1] " in r.stdout and "[rank " not in r.stdout  # the console prefix names the node
 
 
 @pytest.mark.slurm
@@ -158,13 +159,17 @@ def test_max_restarts_on_the_real_cluster(restarts: int, code: int, cluster_env:
     assert "rank=1 world=2 first=True" in text and f"run_id={job}" in text
     # with a restart allowed, the whole world ran again (both ranks), after rank 1's failure
     assert ("rank=0 world=2 first=False" in text and "rank=1 world=2 first=False" in text) == (restarts == 1), text
+    if restarts == 0:
+        batch = (tmp_path / f"slurmlaunch-logs/job-{job}.batch.log").read_text()
+        assert re.search(r"torchrun on node\d \(node task \d\) failed first with exit code 1", batch), batch
 
 
 @pytest.mark.slurm
 def test_elastic_range_on_the_real_cluster(cluster_env: dict[str, str], tmp_path: Path,
                                            torch_available: None) -> None:
-    (tmp_path / "who.py").write_text("import os\nprint('world', os.environ['WORLD_SIZE'], 'nodes', "
-                                     "os.environ['GROUP_WORLD_SIZE'], flush=True)\n")
+    # one write per line: the node's ranks share its output file
+    (tmp_path / "who.py").write_text("import os\nos.write(1, f\"world {os.environ['WORLD_SIZE']} nodes "
+                                     "{os.environ['GROUP_WORLD_SIZE']}\\n\".encode())\n")
     r = run_cli("submit", "--mode", "torchrun", "--nodes", "1:2", "--nproc-per-node", "2", "--wait",
                 "--wait-timeout", "150", "who.py", env=cluster_env, cwd=tmp_path, timeout=200)
     assert r.returncode == 0, r.stdout + r.stderr

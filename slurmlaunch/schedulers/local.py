@@ -89,7 +89,7 @@ def rank_processes(spec: JobSpec, job_id: str, environ: Mapping[str, str], tag: 
         argv = ["bash", "-c", "\n".join(spec.setup) + '\nexec "$@"', "slurmlaunch-setup", *argv]
     tasks = spec.nodes * spec.slurm_tasks_per_node
     return [RankProcess(rank, argv, {**rank_env(spec, job_id, rank, environ, gpus), **(extra_env or {})},
-                        rank_log(spec, tag or job_id, rank), spec.workdir) for rank in range(tasks)]
+                        rank_log(spec, tag or job_id, rank), spec.workdir, spec.log_unit) for rank in range(tasks)]
 
 
 def elements(spec: JobSpec, base: int) -> list[tuple[str, str, dict[str, str], list[str]]]:
@@ -138,8 +138,8 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
         result = supervise(rank_processes(spec, step_job, environ, tag, extra, point), grace=grace)
         write_private(os.path.join(spec.log_dir, f"job-{tag}.exitcode"), f"{result.exit_code}\n")
         if result.first_failed_rank is not None:
-            sys.stderr.write(f"slurmlaunch: {what}: rank {result.first_failed_rank} failed first with exit code "
-                             f"{result.exit_code}; the other ranks were stopped\n")
+            sys.stderr.write(f"slurmlaunch: {what}: {spec.log_unit} {result.first_failed_rank} failed first with "
+                             f"exit code {result.exit_code}; the other ranks were stopped\n")
         if outcome is None or (outcome.exit_code == 0 and result.exit_code != 0):
             outcome = result
     assert outcome is not None
