@@ -19,6 +19,7 @@ def all_reduce_ranks(scale: float = 1.0) -> dict:
     t = torch.tensor([float(dist.get_rank())], device=device) * scale
     dist.all_reduce(t)
     out = {"rank": dist.get_rank(), "node_rank": int(os.environ["NODE_RANK"]), "sum": t.item()}
+    dist.barrier()  # nobody tears down its side of the process group while a peer still uses it
     dist.destroy_process_group()
     return out
 

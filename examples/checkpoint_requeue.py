@@ -81,6 +81,7 @@ def main() -> None:
     if rank == 0:
         weights = " ".join(f"{w:.6f}" for w in model.weight.detach().flatten().tolist())
         print(f"final weights {weights}", flush=True)
+    dist.barrier()
     dist.destroy_process_group()
 
 

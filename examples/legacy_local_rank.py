@@ -21,4 +21,5 @@ t = torch.ones(1, device=device)
 dist.all_reduce(t)
 print(f"rank={dist.get_rank()} --local-rank={args.local_rank} LOCAL_RANK={os.environ.get('LOCAL_RANK')} "
       f"all_reduce={int(t.item())}", flush=True)
+dist.barrier()  # nobody tears down its side of the process group while a peer still uses it
 dist.destroy_process_group()

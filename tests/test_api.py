@@ -24,6 +24,7 @@ def ranks_and_sum(offset: int = 0) -> dict[str, int]:
     out = {k: int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE")}
     out["sum"] = int(t.item())
     out["port"] = int(os.environ["MASTER_PORT"])
+    dist.barrier()
     dist.destroy_process_group()
     return out
 

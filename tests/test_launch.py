@@ -286,6 +286,7 @@ def test_gloo_all_reduce_through_the_launcher(torch_available: None, tmp_path: P
         "t = torch.tensor([float(dist.get_rank() + 1)])\n"
         "dist.all_reduce(t)\n"
         "print(os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['NODE_RANK'], int(t.item()))\n"
+        "dist.barrier(); dist.destroy_process_group()\n"
     )
     counts = [2, 2]
     procs = []

@@ -143,6 +143,8 @@ dist.all_reduce(t)
 print("RESULT " + json.dumps({k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE",
       "MASTER_ADDR", "MASTER_PORT")} | {"sum": int(t.item()), "host": os.environ["SLURMLAUNCH_HOSTNAME"]}),
       flush=True)
+dist.barrier()  # leaving without these lets a rank's gloo teardown abort while a peer still uses it
+dist.destroy_process_group()
 """
 
 

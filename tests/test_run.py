@@ -21,6 +21,7 @@ t = torch.tensor([float(dist.get_rank())])
 dist.all_reduce(t)
 print(f"rank={dist.get_rank()} world={dist.get_world_size()} local={os.environ['LOCAL_RANK']} "
       f"node={os.environ['NODE_RANK']} sum={int(t.item())}", flush=True)
+dist.barrier()
 dist.destroy_process_group()
 """
 
