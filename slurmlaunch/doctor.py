@@ -52,8 +52,9 @@ def choose_gpu_flag(per_node_ok: bool, gres_ok: bool) -> str | None:
 
 
 def site_path(environ: Mapping[str, str] = os.environ) -> str:
-    base = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(base, "slurmlaunch", "site.json")
+    from .paths import state_dir
+
+    return os.path.join(state_dir(environ), "site.json")
 
 
 def load_site() -> dict[str, Any]:

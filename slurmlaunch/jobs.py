@@ -15,10 +15,15 @@ from typing import Any
 
 from .errors import SpecError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .spec import JobSpec
+
 
 def index_path(environ: Mapping[str, str] = os.environ) -> str:
-    base = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(base, "slurmlaunch", "jobs.jsonl")
+    from .paths import state_dir
+
+    return os.path.join(state_dir(environ), "jobs.jsonl")
 
 
 def remember(job_id: str, scheduler: str, record_path: str, name: str) -> None:
@@ -71,13 +76,19 @@ def _edge(record: Mapping[str, Any]) -> Any:
     return pbs if scheduler == "pbs" else slurm
 
 
-def array_indices(record: Mapping[str, Any]) -> list[int]:
-    """The indices of a recorded job array's elements ([] for a plain job)."""
+def recorded_spec(record: Mapping[str, Any]) -> JobSpec:
+    """The job description a record holds, as far as the job commands need it (layout, array, mode)."""
     from .spec import JobSpec
 
-    spec = record.get("spec", {})
-    sweep = tuple((k, tuple(v)) for k, v in spec.get("sweep", ()))
-    return JobSpec(script="", array=spec.get("array"), sweep=sweep).array_indices
+    saved = record.get("spec", {})
+    keep = ("nodes", "gpus_per_node", "tasks_per_node", "array", "mode", "nproc_per_node", "output_dir")
+    sweep = tuple((k, tuple(v)) for k, v in saved.get("sweep", ()))
+    return JobSpec(script="", sweep=sweep, **{k: saved[k] for k in keep if k in saved})
+
+
+def array_indices(record: Mapping[str, Any]) -> list[int]:
+    """The indices of a recorded job array's elements ([] for a plain job)."""
+    return recorded_spec(record).array_indices
 
 
 def _shown_indices(indices: list[int]) -> str:
@@ -96,12 +107,10 @@ def status(record: Mapping[str, Any]) -> dict[str, Any]:
         code = _exit_file(record)
         return {"job_id": shown_id, "scheduler": "local", "state": "COMPLETED" if code == 0 else "FAILED",
                 "exit_code": code, "nodes": None, "elapsed": None}
-    edge = _edge(record)
-    indices = array_indices(record)
-    if indices and record.get("_element") is None:
-        st = edge.array_status(record["_full_id"], record["log_dir"], indices)
-    else:
-        st = edge.status(record["_full_id"], record["log_dir"])
+    from .schedulers import job_status
+
+    indices = array_indices(record) if record.get("_element") is None else []
+    st = job_status(_edge(record), record["_full_id"], record["log_dir"], indices)
     info = {"job_id": shown_id, "scheduler": record["scheduler"], "state": st.state,
             "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
     if st.elements is not None:
@@ -126,12 +135,9 @@ def log_path(record: Mapping[str, Any], rank: int | None) -> str:
     if rank is not None and record["scheduler"] == "pbs":
         raise SpecError("logs --rank: under PBS every rank's lines are in the job's one output, tagged by "
                         "mpiexec (leave out --rank)")
-    spec = record.get("spec", {})
-    if rank is not None and spec.get("mode") == "torchrun":  # one file per node, holding all its ranks
-        per_node = spec.get("nproc_per_node") or spec.get("gpus_per_node") or 1
-        return os.path.join(log_dir, f"job-{job}.node-{rank // per_node}.log")
-    if rank is not None:
-        return os.path.join(log_dir, f"job-{job}.rank-{rank}.log")
+    spec = recorded_spec(record)
+    if rank is not None:  # in torchrun mode one file per node holds all its ranks
+        return os.path.join(log_dir, f"job-{job}.{spec.log_unit}-{rank // spec.ranks_per_log}.log")
     if record["scheduler"] == "slurm":
         return os.path.join(log_dir, f"job-{job}.batch.log")
     if record["scheduler"] == "pbs":
@@ -142,7 +148,7 @@ def log_path(record: Mapping[str, Any], rank: int | None) -> str:
             if name.startswith(f"{full}.") or name.endswith(f".o{job}"):
                 return os.path.join(log_dir, name)
         return os.path.join(log_dir, f"{full}.OU")
-    return os.path.join(log_dir, f"job-{job}.{'node' if spec.get('mode') == 'torchrun' else 'rank'}-0.log")
+    return os.path.join(log_dir, f"job-{job}.{spec.log_unit}-0.log")
 
 
 def cmd_list(as_json: bool) -> int:

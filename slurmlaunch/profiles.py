@@ -25,11 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
+from .paths import config_dir
 
 PROJECT_FILE = "slurmlaunch.toml"
 BUILTIN = "built-in default"
@@ -78,8 +74,7 @@ def option_table(parser: argparse.ArgumentParser) -> dict[str, Option]:
 def user_config_path(environ: Mapping[str, str]) -> Path:
     if environ.get("SLURMLAUNCH_CONFIG"):
         return Path(environ["SLURMLAUNCH_CONFIG"])
-    base = environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "slurmlaunch" / "config.toml"
+    return Path(config_dir(environ)) / "config.toml"
 
 
 def project_config_path(cwd: str) -> Path | None:
@@ -91,6 +86,11 @@ def project_config_path(cwd: str) -> Path | None:
 
 
 def _load(path: Path) -> dict[str, Any]:
+    # Imported here: every argparse command builds the option table, only a config file needs TOML.
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
     try:
         with open(path, "rb") as f:
             data: dict[str, Any] = tomllib.load(f)

@@ -26,8 +26,9 @@ def shipped_template_dir() -> Path:
 
 
 def user_template_dir(environ: Mapping[str, str]) -> Path:
-    base = environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "slurmlaunch" / "templates"
+    from .paths import config_dir
+
+    return Path(config_dir(environ)) / "templates"
 
 
 def search_path(template_dir: str | None, environ: Mapping[str, str]) -> list[Path]:

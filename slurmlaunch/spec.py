@@ -92,6 +92,11 @@ class JobSpec:
         return "node" if self.mode == "torchrun" else "rank"
 
     @property
+    def ranks_per_log(self) -> int:
+        """Ranks whose output one log file holds: 1, or a node's in torchrun mode."""
+        return self.ntasks_per_node if self.mode == "torchrun" else 1
+
+    @property
     def nodes_text(self) -> str:
         return f"{self.min_nodes}:{self.nodes}" if self.min_nodes is not None else str(self.nodes)
 

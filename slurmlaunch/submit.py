@@ -140,7 +140,7 @@ def describe_array(spec: JobSpec, job_id: str) -> None:
 
 def wait_for(edge: Any, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, timeout: float | None) -> int:
     from .follow import follow
-    from .schedulers import JobStatus, rank_log
+    from .schedulers import JobStatus, job_status, rank_log
 
     # Slurm writes one log per rank (follow rank 0's); under PBS mpiexec tags every line in the job's output.
     # An array has many rank 0s: its elements' states are shown instead.
@@ -148,8 +148,7 @@ def wait_for(edge: Any, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, t
     last: list[JobStatus] = []
 
     def status() -> JobStatus:
-        st: JobStatus = edge.array_status(job_id, spec.log_dir, spec.array_indices) if spec.is_array else \
-            edge.status(job_id, spec.log_dir)
+        st = job_status(edge, job_id, spec.log_dir, spec.array_indices)
         last[:] = [st]
         return st
 

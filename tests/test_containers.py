@@ -1,6 +1,7 @@
 """Containers: pyxis (srun --container-image) and Apptainer. Neither can be installed here: the generated
-scripts are golden files, and Apptainer's command line runs through tests/fakes/apptainer, a stand-in that
-applies the binds in a private mount namespace (root only) -- locally and on the real Slurm cluster."""
+scripts are golden files (in test_submit's table), and Apptainer's command line runs through
+tests/fakes/apptainer, a stand-in that applies the binds in a private mount namespace (root only) -- locally
+and on the real Slurm cluster."""
 
 from __future__ import annotations
 
@@ -8,16 +9,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from slurmlaunch.errors import SpecError
 from slurmlaunch.schedulers import pbs, slurm
-from slurmlaunch.spec import JobSpec, validate
 from tests.conftest import run_cli, skip_or_fail
-from tests.test_submit import GOLDEN, golden_spec, no_slurm_env
+from tests.test_submit import GOLDEN_CASES, assert_refused, golden_spec, no_slurm_env
 
 FAKES = Path(__file__).parent / "fakes"
 SYSTEM_PYTHON = "/usr/bin/python3"  # has no slurmlaunch: inside the "container" only the mount provides it
@@ -32,41 +30,14 @@ with open(os.path.join(os.environ["OUT_DIR"], f"rank-{os.environ['RANK']}.json")
 """
 HOSTILE = "a b'\"$(touch pwned);`x`\n\tz"
 
-CASES = {
-    "slurm_pyxis.sbatch": golden_spec(container_image="nvcr.io#nvidia/pytorch:24.05-py3", python="python3",
-                                      container_mounts=("/scratch:/scratch:ro", "/data:/data"),
-                                      container_workdir="/workspace"),
-    "slurm_apptainer.sbatch": golden_spec(apptainer="/images/torch.sif", python="python3", mode="torchrun",
-                                          container_mounts=("/scratch:/scratch",)),
-}
-
-
-def rendered(name: str) -> str:
-    spec = CASES[name]
-    text = slurm.render_script(spec)
-    # The package's own path differs per checkout: the golden files say <slurmlaunch package>.
-    package = os.path.dirname(os.path.dirname(os.path.abspath(slurm.__file__)))
-    return text.replace(package, "<slurmlaunch package>")
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_golden_container_scripts(name: str) -> None:
-    text = rendered(name)
-    path = GOLDEN / name
-    if os.environ.get("SLURMLAUNCH_UPDATE_GOLDEN") == "1":
-        path.write_text(text)
-    assert text == path.read_text(), f"rendered script differs from {path} (SLURMLAUNCH_UPDATE_GOLDEN=1)"
-    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
-
-
 def test_pyxis_flags_and_apptainer_prefix() -> None:
-    args = slurm.srun_args(CASES["slurm_pyxis.sbatch"])
+    args = slurm.srun_args(GOLDEN_CASES["slurm_pyxis.sbatch"])
     assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in args and "--container-workdir=/workspace" in args
     mounts = next(a for a in args if a.startswith("--container-mounts=")).split("=", 1)[1].split(",")
     assert mounts[0] == "/home/me/project:/home/me/project"
     assert mounts[1].endswith(":/opt/slurmlaunch-pkg/slurmlaunch:ro")
     assert mounts[2:] == ["/scratch:/scratch:ro", "/data:/data"]
-    cmd = slurm.launch_command(CASES["slurm_apptainer.sbatch"])
+    cmd = slurm.launch_command(GOLDEN_CASES["slurm_apptainer.sbatch"])
     assert cmd[:3] == ["apptainer", "exec", "--nv"] and "--pwd" in cmd and "/images/torch.sif" in cmd
     assert cmd[cmd.index("/images/torch.sif") + 1:][:2] == ["python3", "-c"] and "torchrun-node" in cmd
     # under PBS the same prefix sits behind mpiexec
@@ -83,9 +54,7 @@ def test_pyxis_flags_and_apptainer_prefix() -> None:
     (dict(container_image="my image"), "--container-image 'my image' is not valid"),
 ])
 def test_bad_container_requests(kw: dict[str, object], expect: str, tmp_path: Path) -> None:
-    (tmp_path / "t.py").write_text("")
-    with pytest.raises(SpecError, match=re.escape(expect)):
-        validate(JobSpec(script="t.py", workdir=str(tmp_path), **kw))  # type: ignore[arg-type]
+    assert_refused(tmp_path, expect, **kw)
 
 
 def test_pyxis_needs_slurm_and_apptainer_needs_apptainer(tmp_path: Path) -> None:

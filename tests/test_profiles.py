@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from tests.test_submit import no_slurm_env
+from tests.test_submit import _fake_sbatch, no_slurm_env
 
 USER = """
 profile = "userdefault"
@@ -92,15 +92,6 @@ def test_command_line_wins_and_lists_join(tmp_path: Path) -> None:
     assert script.index("echo user-default") < script.index("echo project-default") < script.index("echo cli")
     # both NCCL_DEBUG exports are written; the command line's comes last, so it is the one the ranks see
     assert script.index("export NCCL_DEBUG=INFO") < script.index("export NCCL_DEBUG=WARN")
-
-
-def _fake_sbatch(tmp_path: Path) -> Path:
-    """sbatch on PATH so that --scheduler slurm is accepted; --dry-run never runs it."""
-    d = tmp_path / "fake-bin"
-    d.mkdir(exist_ok=True)
-    (d / "sbatch").write_text("#!/bin/sh\nexit 99\n")
-    (d / "sbatch").chmod(0o755)
-    return d
 
 
 @pytest.mark.parametrize(("text", "expect"), [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -104,14 +105,25 @@ GOLDEN_CASES = {
     "slurm_sweep.sbatch": golden_spec(sweep=(("lr", ("0.1", "0.01")), ("tag", ("a b", "$(touch x)'"))),
                                       max_parallel=2, gpus_per_node=0, tasks_per_node=2),
     "slurm_array.sbatch": golden_spec(array="1-7:3,10", nodes=1),
+    "slurm_pyxis.sbatch": golden_spec(container_image="nvcr.io#nvidia/pytorch:24.05-py3", python="python3",
+                                      container_mounts=("/scratch:/scratch:ro", "/data:/data"),
+                                      container_workdir="/workspace"),
+    "slurm_apptainer.sbatch": golden_spec(apptainer="/images/torch.sif", python="python3", mode="torchrun",
+                                          container_mounts=("/scratch:/scratch",)),
     "slurm_torchrun.sbatch": golden_spec(mode="torchrun", nodes=4, min_nodes=2, max_restarts=3, cpus_per_gpu=2,
                                          requeue=True),
 }
 
 
+def rendered(name: str) -> str:
+    # Containers mount this checkout's package: the golden files say <slurmlaunch package> instead.
+    package = os.path.dirname(os.path.dirname(os.path.abspath(slurm.__file__)))
+    return slurm.render_script(GOLDEN_CASES[name], template_dir=None).replace(package, "<slurmlaunch package>")
+
+
 @pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
 def test_golden_scripts(name: str) -> None:
-    text = slurm.render_script(GOLDEN_CASES[name], template_dir=None)
+    text = rendered(name)
     path = GOLDEN / name
     if os.environ.get("SLURMLAUNCH_UPDATE_GOLDEN") == "1":
         path.write_text(text)
@@ -178,6 +190,13 @@ def test_missing_template_variable_is_an_error(tmp_path: Path) -> None:
                 str(EXAMPLES / "train_ddp.py"), env={**no_slurm_env(tmp_path),
                                                       "PATH": f"{_fake_sbatch(tmp_path)}:{os.environ['PATH']}"})
     assert r.returncode == 2 and "no_such_thing" in r.stderr and r.stderr.count("\n") == 1
+
+
+def assert_refused(tmp_path: Path, expect: str, **kw: object) -> None:
+    """validate() refuses JobSpec(**kw) for a script that exists, with a message containing ``expect``."""
+    (tmp_path / "t.py").write_text("")
+    with pytest.raises(SpecError, match=re.escape(expect)):
+        validate(JobSpec(script="t.py", workdir=str(tmp_path), **kw))  # type: ignore[arg-type]
 
 
 def _fake_sbatch(tmp_path: Path) -> Path:

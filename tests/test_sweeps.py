@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from slurmlaunch.errors import SpecError
-from slurmlaunch.spec import JobSpec, parse_array, parse_sweep, validate
+from slurmlaunch.spec import JobSpec, parse_array, parse_sweep
 from tests.conftest import run_cli
-from tests.test_submit import no_slurm_env
+from tests.test_submit import assert_refused, no_slurm_env
 
 # Each rank joins a real gloo world, sums the ranks, and records what it saw.
 WORLD = """
@@ -80,9 +80,7 @@ def test_bad_sweeps(items: list[str], expect: str) -> None:
     (dict(array="0-3", master_port=12345), "--master-port 12345 cannot be used with --array/--sweep"),
 ])
 def test_bad_combinations(kw: dict[str, object], expect: str, tmp_path: Path) -> None:
-    (tmp_path / "t.py").write_text("")
-    with pytest.raises(SpecError, match=re.escape(expect)):
-        validate(JobSpec(script="t.py", workdir=str(tmp_path), **kw))  # type: ignore[arg-type]
+    assert_refused(tmp_path, expect, **kw)
 
 
 def test_local_sweep_runs_every_point_in_its_own_world(tmp_path: Path) -> None:

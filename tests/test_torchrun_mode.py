@@ -11,7 +11,7 @@ from slurmlaunch.errors import SlurmLaunchError, SpecError
 from slurmlaunch.spec import JobSpec, parse_nodes, validate
 from slurmlaunch.torchrun_mode import parse, torchrun_command
 from tests.conftest import EXAMPLES, run_cli
-from tests.test_submit import no_slurm_env
+from tests.test_submit import assert_refused, no_slurm_env
 
 STEP = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "gpu[07-08]",
         "SLURM_STEP_NUM_NODES": "2", "SLURMD_NODENAME": "gpu07", "SLURM_NODEID": "0", "SLURM_CPUS_PER_TASK": "32"}
@@ -84,9 +84,7 @@ def test_outside_slurm_says_so() -> None:
     (dict(mode="torchrun", max_restarts=-1), "--max-restarts -1 is not valid"),
 ])
 def test_bad_requests(kw: dict[str, object], expect: str, tmp_path: Path) -> None:
-    (tmp_path / "t.py").write_text("")
-    with pytest.raises(SpecError, match=re.escape(expect)):
-        validate(JobSpec(script="t.py", workdir=str(tmp_path), **kw))  # type: ignore[arg-type]
+    assert_refused(tmp_path, expect, **kw)
 
 
 def test_nodes_spellings() -> None:

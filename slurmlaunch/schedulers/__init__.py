@@ -29,6 +29,12 @@ class JobStatus:
                                   "REQUEUED", "RESIZING", "STOPPED", "SIGNALING", "STAGE_OUT", "UNKNOWN")
 
 
+def job_status(edge: Any, job_id: str, log_dir: str, indices: Sequence[int] = ()) -> JobStatus:
+    """A job's state from its scheduler edge; with ``indices``, a job array's (all its elements at once)."""
+    st: JobStatus = edge.array_status(job_id, log_dir, list(indices)) if indices else edge.status(job_id, log_dir)
+    return st
+
+
 def run_command(cmd: Sequence[str], timeout: float = 60.0, input_text: str | None = None,
                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run a scheduler command without a shell; failures raise SchedulerError with the command and output."""

@@ -238,9 +238,6 @@ def _scontrol(job_id: str) -> dict[str, str]:
     return fields
 
 
-_TASK = re.compile(r"\bArrayTaskId=(\d+)\b")
-
-
 def array_status(job_id: str, log_dir: str, indices: list[int]) -> JobStatus:
     """A job array as one job: running while any element is, then FAILED with the first failing element's
     exit code (in index order), or COMPLETED. ``elements`` maps each index to "STATE" or "STATE CODE"."""
