@@ -39,7 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _parser() -> Any:
+def _parser(profiles: bool = False) -> Any:
+    """The argparse tree; ``profiles``: prepare `submit` for merging with the config files (only then is
+    the profile machinery imported: the other commands stay quick to start)."""
     import argparse
 
     class Parser(argparse.ArgumentParser):
@@ -66,9 +68,10 @@ def _parser() -> Any:
 
     s = sub.add_parser("submit", allow_abbrev=False, help="submit SCRIPT as a distributed job")
     add_submit_options(s)
-    from .profiles import option_table
+    if profiles:
+        from .profiles import option_table
 
-    s.set_defaults(options_table=option_table(s))
+        s.set_defaults(options_table=option_table(s))
 
     doc = sub.add_parser("doctor", allow_abbrev=False,
                          help="check what this Slurm site accepts before spending an allocation; --allocate N "
@@ -241,7 +244,7 @@ def add_submit_options(s: Any) -> None:
 
 
 def _dispatch(args: list[str]) -> int:
-    ns = _parser().parse_args(args)
+    ns = _parser(profiles=args[:1] == ["submit"]).parse_args(args)
     if ns.command == "launch":  # only reached with no arguments at all
         from .launch import main as launch_main
 
