@@ -19,9 +19,6 @@ import signal
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-
 stop_requested = False
 
 
@@ -38,7 +35,11 @@ def main() -> None:
     p.add_argument("--signal", default="USR2", help="the warning signal slurmlaunch submit asked for")
     args = p.parse_args()
     warning = getattr(signal, f"SIG{args.signal}")
+    # First, before the seconds torch takes to import: Slurm may send the warning up to a minute early,
+    # and a signal without a handler would end the rank without a checkpoint.
     signal.signal(warning, on_warning)
+    import torch
+    import torch.distributed as dist
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
