@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import time
 from collections.abc import Mapping
@@ -36,18 +37,63 @@ def remember(job_id: str, scheduler: str, record_path: str, name: str) -> None:
         f.write(line + "\n")
 
 
+MAX_RECORD_BYTES = 4 << 20  # a record is a few KB; a bigger "record" is not one of ours
+_FIELDS = ("job_id", "scheduler", "record")
+
+
 def entries() -> list[dict[str, Any]]:
+    """The index's submissions, oldest first. A line that is not one of ours (truncated by a full disk,
+    binary, edited by hand, of the wrong JSON type) is skipped, and the skips are said once on stderr with
+    the file and the first bad line's number: one bad line must not hide every job."""
+    path = index_path()
     try:
-        with open(index_path()) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError):
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError:
         return []
+    rows: list[dict[str, Any]] = []
+    bad: list[int] = []
+    for number, line in enumerate(raw.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            bad.append(number)
+            continue
+        if not isinstance(row, dict) or not all(isinstance(row.get(k), str) and row[k] for k in _FIELDS):
+            bad.append(number)
+            continue
+        row.setdefault("name", "")
+        row.setdefault("submitted_at", "")
+        rows.append(row)
+    if bad:
+        sys.stderr.write(f"slurmlaunch: warning: skipped {len(bad)} unreadable line(s) of {path} (first: line "
+                         f"{bad[0]}); the other jobs are listed\n")
+    return rows
+
+
+def read_bounded(path: str, limit: int = MAX_RECORD_BYTES) -> bytes:
+    """A small regular file's bytes; OSError for anything else (a device, a FIFO, a huge file): a tampered
+    index must not make us read /dev/zero forever or block on a pipe."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path!r} is not a regular file")
+        if st.st_size > limit:
+            raise OSError(f"{path!r} is {st.st_size} bytes, more than a record ever is ({limit})")
+        return os.read(fd, limit + 1)[:limit]
+    finally:
+        os.close(fd)
 
 
 def find(job_id: str) -> dict[str, Any]:
     """The record of ``job_id`` (the latest submission of that id: ids restart on a new cluster).
     ARRAYID_INDEX names one element of a job array (its record then has ``_element``)."""
     base, sep, element = job_id.partition("_")
+    if sep and element.isdigit() and len(element) > 10:  # Slurm's array indices stay below MaxArraySize
+        raise SpecError(f"job {job_id[:40]!r}...: array index {element[:20]}... is too long (at most 10 digits)")
     if sep and element.isdigit():
         array = find(base)
         indices = array_indices(array)
@@ -58,10 +104,14 @@ def find(job_id: str) -> dict[str, Any]:
     for entry in reversed(entries()):
         if entry["job_id"] == job_id or entry["job_id"].split(".", 1)[0] == job_id:
             try:
-                with open(entry["record"]) as f:
-                    record: dict[str, Any] = json.load(f)
-            except (OSError, ValueError):
+                record = json.loads(read_bounded(entry["record"]).decode("utf-8"))
+            except FileNotFoundError:
                 raise SpecError(f"job {job_id}: its record {entry['record']!r} is gone") from None
+            except (OSError, ValueError) as e:
+                raise SpecError(f"job {job_id}: its record {entry['record']!r} cannot be read ({e})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("log_dir"), str) or \
+                    record.get("scheduler") not in ("local", "slurm", "pbs"):
+                raise SpecError(f"job {job_id}: {entry['record']!r} is not a slurmlaunch job record")
             record["_full_id"] = entry["job_id"]
             return record
     raise SpecError(f"job {job_id!r} was not submitted from here (slurmlaunch list shows those that were)")
@@ -104,9 +154,9 @@ def _tag(record: Mapping[str, Any]) -> str:
 def status(record: Mapping[str, Any]) -> dict[str, Any]:
     shown_id = _tag(record)
     if record["scheduler"] == "local":
-        code = _exit_file(record)
-        return {"job_id": shown_id, "scheduler": "local", "state": "COMPLETED" if code == 0 else "FAILED",
-                "exit_code": code, "nodes": None, "elapsed": None}
+        state, code = local_state(record)
+        return {"job_id": shown_id, "scheduler": "local", "state": state, "exit_code": code, "nodes": None,
+                "elapsed": None}
     from .schedulers import job_status
 
     indices = array_indices(record) if record.get("_element") is None else []
@@ -118,12 +168,31 @@ def status(record: Mapping[str, Any]) -> dict[str, Any]:
     return info
 
 
-def _exit_file(record: Mapping[str, Any]) -> int | None:
+def _exit_file(record: Mapping[str, Any]) -> tuple[int, str | None] | None:
+    """(exit code, state) from the job's exit file: "CODE" or, from the local scheduler, "CODE\\nSTATE"."""
     try:
-        with open(os.path.join(record["log_dir"], f"job-{_tag(record)}.exitcode")) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
+        text = read_bounded(os.path.join(record["log_dir"], f"job-{_tag(record)}.exitcode"), 4096).decode()
+        lines = text.split()
+        return int(lines[0]), (lines[1] if len(lines) > 1 else None)
+    except (OSError, ValueError, IndexError, UnicodeDecodeError):
         return None
+
+
+def local_state(record: Mapping[str, Any]) -> tuple[str, int | None]:
+    """A local job's (state, exit code): from its exit file once it has ended; RUNNING while the process
+    that supervises it (the same pid with the same start time) is alive; else FAILED without a code:
+    that process was killed before it could record anything."""
+    ended = _exit_file(record)
+    if ended is not None:
+        code, state = ended
+        return state or ("COMPLETED" if code == 0 else "FAILED"), code
+    from .schedulers.local import process_identity
+
+    supervisor = record.get("supervisor")
+    if isinstance(supervisor, dict) and isinstance(supervisor.get("pid"), int) and \
+            process_identity(supervisor["pid"]) == supervisor:
+        return "RUNNING", None
+    return "FAILED", None
 
 
 def log_path(record: Mapping[str, Any], rank: int | None) -> str:

@@ -8,6 +8,7 @@ scheduler uses. The classic traps become one-line refusals before anything start
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import time
@@ -191,9 +192,14 @@ def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping
     for local in range(nproc):
         rank = ns.node_rank * nproc + local
         log = os.path.join(ns.log_dir, f"rank-{rank}.log") if ns.log_dir else None
+        if log and os.path.lexists(log):  # a new run, a new log (made afresh: never through a planted link)
+            os.unlink(log)
         ranks.append(RankProcess(rank, argv, dict(base, SLURMLAUNCH_LOCAL_RANK=str(local)), log))
     outcome = supervise(ranks)
-    if outcome.first_failed_rank is not None:
+    if outcome.interrupted_by is not None:
+        sys.stderr.write(f"slurmlaunch: stopped by {signal.Signals(outcome.interrupted_by).name}; every rank "
+                         f"was stopped (exit code {outcome.exit_code})\n")
+    elif outcome.first_failed_rank is not None:
         sys.stderr.write(f"slurmlaunch: rank {outcome.first_failed_rank} failed first with exit code "
                          f"{outcome.exit_code}; the other ranks were stopped\n")
     return outcome.exit_code

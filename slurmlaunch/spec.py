@@ -136,6 +136,21 @@ class JobSpec:
         return name.upper().removeprefix("SIG"), int(when) if when else 90
 
     @property
+    def time_limit_seconds(self) -> int | None:
+        """--time in seconds (already validated; Slurm's formats), None when unlimited or not given."""
+        if self.time is None or self.time.upper() in ("UNLIMITED", "INFINITE"):
+            return None
+        day_text, dash, rest = self.time.partition("-")
+        parts = [int(p) for p in (rest if dash else self.time).split(":")]
+        if dash:  # D-H, D-H:M, D-H:M:S
+            h, m, s = (parts + [0, 0])[:3]
+        elif len(parts) == 3:  # H:M:S
+            h, m, s = parts
+        else:  # M or M:S
+            h, m, s = 0, parts[0], parts[1] if len(parts) == 2 else 0
+        return ((int(day_text or 0) if dash else 0) * 24 * 3600) + h * 3600 + m * 60 + s
+
+    @property
     def ntasks_per_node(self) -> int:
         """Ranks per node."""
         if self.mode == "torchrun" and self.nproc_per_node is not None:

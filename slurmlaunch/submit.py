@@ -84,18 +84,18 @@ def cmd_submit(ns: Any) -> int:
     ns = merged_options(ns)
     spec = spec_from_args(ns)
     scheduler = choose_scheduler(ns.scheduler)
-    if scheduler == "pbs" and spec.is_array:
-        raise SpecError("--array/--sweep: job arrays are submitted to Slurm or run locally; under PBS submit "
-                        "one job per point")
-    if scheduler != "slurm" and spec.container_image:
-        raise SpecError(f"--container-image uses Slurm's pyxis plugin (srun); the {scheduler} scheduler has no "
-                        f"srun (use --apptainer IMAGE there)")
+    from .support import refuse_unsupported
+
+    refuse_unsupported(spec, scheduler, getattr(ns, "option_origins", {}))
+    if scheduler == "local":
+        for given, why in ((ns.template_dir, "--template-dir: the local scheduler renders no batch script"),
+                           (ns.wait_timeout, "--wait-timeout: the local scheduler runs the job in the foreground; "
+                                             "bound it with --time")):
+            if given is not None:
+                raise SpecError(f"{why} (leave it out, or --scheduler slurm/pbs)")
     if scheduler == "local" and spec.apptainer and not shutil.which("apptainer"):
         raise SpecError("--apptainer: apptainer is not on PATH on this machine (install it, or leave out "
                         "--apptainer for the local scheduler)")
-    if scheduler == "pbs" and spec.mode == "torchrun":
-        raise SpecError("--mode torchrun is for Slurm and the local scheduler; under PBS mpiexec starts one "
-                        "launcher per rank (leave out --mode)")
     if scheduler == "slurm":
         spec = adapt_to_site(spec, getattr(ns, "option_origins", {}))
     if scheduler == "local":

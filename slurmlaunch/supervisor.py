@@ -1,15 +1,25 @@
 """Runs a set of rank processes on this machine: the local scheduler's and `slurmlaunch run`'s engine.
 
-* each rank in its own session (process group), so a stop reaches its children too and none is left;
-* output prefixed with the rank (``[rank 3] ...``), and copied to a per-rank log file when asked;
+* each rank in its own session (process group), so a stop reaches its children too;
+* nothing of the job outlives it: on Linux the supervisor is a child subreaper while it runs, so a process a
+  rank started in a session of its own (setsid, a daemon) is re-parented to the supervisor when its parent
+  dies and is killed with the job; such processes are told apart from the supervisor's other children by
+  a per-run token in their environment;
+* output prefixed with the rank (``[rank 3] ...``), and copied to a per-rank log file when asked; the log gets
+  every byte whatever happens to the console (a reader that went away, a closed terminal): a rank is never
+  blocked on a full pipe, and once every process of the job is gone the output threads end within
+  ``DRAIN_BOUND`` seconds;
 * the first rank to fail stops the others (SIGTERM, then SIGKILL after ``grace`` seconds) and its exit
   code is the result; a rank killed by signal N counts as exit code 128+N;
-* SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 received by the supervisor are forwarded to every rank.
+* SIGINT, SIGTERM and SIGHUP (a closed terminal or SSH session) stop the job: the ranks get SIGINT,
+  SIGTERM and SIGTERM respectively, then SIGKILL after ``grace``; the outcome says which signal stopped it
+  and no rank's consequent exit counts as a failure; SIGUSR1 and SIGUSR2 are forwarded to every rank.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -19,8 +29,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
-STOPPING = (signal.SIGINT, signal.SIGTERM)  # after these, ranks get `grace` seconds before SIGKILL
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # after these, ranks get `grace` seconds before SIGKILL
+# What a rank receives for a stop signal: a hang-up is not the rank's terminal (it has none), so it is
+# told to stop the usual way, which checkpointing code listens for.
+AS_RECEIVED_BY_RANKS = {signal.SIGHUP: signal.SIGTERM}
+DRAIN_BOUND = 2.0  # seconds the output threads may take once every process of the job has ended
+TOKEN_VARIABLE = "SLURMLAUNCH_SUPERVISOR_TOKEN"
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass(frozen=True)
@@ -31,29 +47,102 @@ class RankProcess:
     log_path: str | None = None
     cwd: str | None = None
     unit: str = "rank"  # what the process is, for its output prefix: a rank, or (torchrun mode) a node
+    log_append: bool = False  # go on in a log this job already made (a requeued run); else the log is new
 
 
 @dataclass(frozen=True)
 class Outcome:
     exit_code: int
-    first_failed_rank: int | None
+    first_failed_rank: int | None  # None when every rank succeeded, or when a stop signal came first
     codes: Mapping[int, int]
     interrupted_by: int | None = None  # the signal number that stopped the run, if any
+    console_lost: bool = False  # the console stopped taking output; the logs have all of it
+    warned: bool = False  # the warning signal was sent before the time limit
+    timed_out: bool = False  # the time limit stopped the run
 
 
 def _code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _pump(stream: BinaryIO, prefix: bytes, log: BinaryIO | None, out: BinaryIO, lock: threading.Lock) -> None:
-    for line in iter(stream.readline, b""):
-        if log is not None:
-            log.write(line)
-            log.flush()
-        with lock:
-            out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
-            out.flush()
-    stream.close()
+class Console:
+    """The shared output stream. A write that fails (the reader went away: EPIPE; the terminal closed: EIO)
+    marks it gone for good and is said once on stderr; the ranks' output then goes on to their logs only."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+        self.lock = threading.Lock()
+        self.gone = False
+
+    def write(self, data: bytes) -> None:
+        with self.lock:
+            if self.gone:
+                return
+            try:
+                self.out.write(data)
+                self.out.flush()
+            except (OSError, ValueError) as e:
+                self.gone = True
+                self._silence()
+                why = getattr(e, "strerror", None) or str(e)
+                try:
+                    sys.stderr.write(f"slurmlaunch: the console stopped taking output ({why}); the job goes on, "
+                                     f"its output goes to the rank logs only\n")
+                    sys.stderr.flush()
+                except (OSError, ValueError):
+                    pass
+
+    def _silence(self) -> None:
+        # Point the dead stream at /dev/null so nothing later (the interpreter's own flush at exit) trips on
+        # it again; the usual way for a Unix tool whose reader went away.
+        try:
+            fd = self.out.fileno()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+def _pump(fd: int, prefix: bytes, log_fd: int | None, console: Console, stop: threading.Event) -> None:
+    """Drain one rank's pipe until EOF, or until ``stop`` once nothing more is ready to read."""
+    partial = b""
+    log_ok = log_fd is not None
+    while True:
+        try:
+            ready, _, _ = select.select([fd], [], [], 0.1)
+        except (OSError, ValueError):
+            break
+        if not ready:
+            if stop.is_set():
+                break
+            continue
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        if log_ok:
+            assert log_fd is not None
+            try:
+                _write_all(log_fd, chunk)
+            except OSError as e:  # a full disk must not block the rank: keep draining, say it once
+                log_ok = False
+                console.write(prefix + f"slurmlaunch: cannot write this rank's log any more: {e.strerror}\n".encode())
+        lines = (partial + chunk).split(b"\n")
+        partial = lines.pop()
+        if lines:
+            console.write(b"".join(prefix + line + b"\n" for line in lines))
+    if partial:
+        console.write(prefix + partial + b"\n")
+    os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
@@ -63,21 +152,86 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         pass
 
 
+def _set_subreaper(on: bool) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _children() -> list[int]:
+    pids: list[int] = []
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids.extend(int(p) for p in f.read().split())
+    except OSError:
+        pass
+    return pids
+
+
+def _carries(pid: int, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return marker in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def kill_leftovers(token: str, known: set[int], bound: float = 5.0) -> int:
+    """SIGKILL every child of this process that carries ``token`` (re-parented here because we are a
+    subreaper), then their children as they are re-parented in turn; returns how many were killed."""
+    marker = f"{TOKEN_VARIABLE}={token}".encode()
+    killed = 0
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        mine = [pid for pid in _children() if pid not in known and _carries(pid, marker)]
+        if not mine:
+            break
+        for pid in mine:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        for pid in mine:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+    return killed
+
+
 def supervise(ranks: Sequence[RankProcess], *, grace: float = 10.0, prefix: bool = True,
-              out: BinaryIO | None = None, poll: float = 0.01) -> Outcome:
-    """Start every rank, wait for all, stop all at the first failure; never returns with a rank alive."""
-    out = out if out is not None else sys.stdout.buffer
-    lock = threading.Lock()
+              out: BinaryIO | None = None, poll: float = 0.01, time_limit: float | None = None,
+              warning: tuple[int, float] | None = None) -> Outcome:
+    """Start every rank, wait for all, stop all at the first failure; never returns with a process of the
+    job alive (on Linux: none of their descendants either).
+
+    As Slurm does: ``warning`` (signal, seconds) is sent to every rank that many seconds before
+    ``time_limit`` (seconds from the start); at the limit the ranks get SIGTERM, then SIGKILL after
+    ``grace``."""
+    console = Console(out if out is not None else sys.stdout.buffer)
+    token = os.urandom(8).hex()
+    known = set(_children())  # the caller's own children are not the job's
+    subreaper = _set_subreaper(True)
     procs: dict[int, subprocess.Popen[bytes]] = {}
     threads: list[threading.Thread] = []
-    logs: list[BinaryIO] = []
+    logs: list[int] = []
     received: list[int] = []
+    stop_output = threading.Event()
 
     def forward(signum: int, _frame: object) -> None:
         received.append(signum)
+        sent = AS_RECEIVED_BY_RANKS.get(signal.Signals(signum), signum)
         for p in procs.values():
             if p.poll() is None:
-                _signal_group(p, signum)
+                _signal_group(p, sent)
 
     previous = {}
     in_main_thread = threading.current_thread() is threading.main_thread()
@@ -87,19 +241,27 @@ def supervise(ranks: Sequence[RankProcess], *, grace: float = 10.0, prefix: bool
     codes: dict[int, int] = {}
     first_failed: int | None = None
     stop_deadline: float | None = None
+    started = time.monotonic()
+    warn_at = started + max(0.0, time_limit - warning[1]) if time_limit is not None and warning else None
+    limit_at = started + time_limit if time_limit is not None else None
+    warned = timed_out = False
     try:
         for r in ranks:
-            log: BinaryIO | None = None
+            log_fd: int | None = None
             if r.log_path:
-                fd = os.open(r.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
-                log = os.fdopen(fd, "ab")
-                logs.append(log)
-            p = subprocess.Popen(list(r.argv), env=dict(r.env), cwd=r.cwd, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                # created here, never an existing file or a planted link: no job writes into another's log
+                how = os.O_APPEND if r.log_append else os.O_CREAT | os.O_EXCL
+                log_fd = os.open(r.log_path, os.O_WRONLY | how | os.O_NOFOLLOW, 0o640)
+                logs.append(log_fd)
+            p = subprocess.Popen(list(r.argv), env={**r.env, TOKEN_VARIABLE: token}, cwd=r.cwd,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
             procs[r.rank] = p
             label = f"[{r.unit} {r.rank}] ".encode() if prefix else b""
             assert p.stdout is not None
-            t = threading.Thread(target=_pump, args=(p.stdout, label, log, out, lock), daemon=True)
+            t = threading.Thread(target=_pump, args=(os.dup(p.stdout.fileno()), label, log_fd, console,
+                                                     stop_output), daemon=True)
+            p.stdout.close()
             t.start()
             threads.append(t)
         while len(codes) < len(procs):
@@ -110,14 +272,26 @@ def supervise(ranks: Sequence[RankProcess], *, grace: float = 10.0, prefix: bool
                 if rc is None:
                     continue
                 codes[rank] = _code(rc)
-                if codes[rank] != 0 and first_failed is None:
+                if codes[rank] != 0 and first_failed is None and not _stopping(received) and not timed_out:
                     first_failed = rank
                     for other, q in procs.items():
                         if other not in codes and q.poll() is None:
                             _signal_group(q, signal.SIGTERM)
                     stop_deadline = time.monotonic() + grace
-            if stop_deadline is None and any(s in STOPPING for s in received):
+            if stop_deadline is None and _stopping(received):
                 stop_deadline = time.monotonic() + grace
+            now = time.monotonic()
+            if warn_at is not None and not warned and now >= warn_at and warning is not None:
+                warned = True
+                for rank, p in procs.items():
+                    if rank not in codes:
+                        _signal_group(p, warning[0])
+            if limit_at is not None and not timed_out and now >= limit_at and stop_deadline is None:
+                timed_out = True
+                for rank, p in procs.items():
+                    if rank not in codes:
+                        _signal_group(p, signal.SIGTERM)
+                stop_deadline = now + grace
             if stop_deadline is not None and time.monotonic() > stop_deadline:
                 for rank, p in procs.items():
                     if rank not in codes:
@@ -130,18 +304,34 @@ def supervise(ranks: Sequence[RankProcess], *, grace: float = 10.0, prefix: bool
                 p.wait()
         for p in procs.values():  # the rank has exited; its children must not outlive it
             _signal_group(p, signal.SIGKILL)
+        if subreaper:
+            kill_leftovers(token, known)
+            _set_subreaper(False)
+        deadline = time.monotonic() + DRAIN_BOUND
         for t in threads:
-            t.join(timeout=5)
-        for opened in logs:
-            opened.close()
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        stop_output.set()  # a pipe still held open by something we could not reach: stop reading it
+        for t in threads:
+            t.join(timeout=0.5)
+        for fd in logs:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         if in_main_thread:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-    interrupted = next((s for s in received if s in STOPPING), None)
+    interrupted = _stopping(received)
     if first_failed is not None:
         exit_code = codes[first_failed]
     elif interrupted is not None:
         exit_code = 128 + interrupted
+    elif timed_out:
+        exit_code = 128 + signal.SIGTERM
     else:
         exit_code = 0
-    return Outcome(exit_code, first_failed, codes, interrupted)
+    return Outcome(exit_code, first_failed, codes, interrupted, console.gone, warned, timed_out)
+
+
+def _stopping(received: Sequence[int]) -> int | None:
+    return next((s for s in received if s in STOPPING), None)

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..errors import SchedulerError
+from ..errors import SchedulerError, SpecError
 from ..spec import JobSpec
 
 
@@ -51,21 +54,56 @@ def run_command(cmd: Sequence[str], timeout: float = 60.0, input_text: str | Non
     return proc
 
 
-def write_private(path: str, text: str, mode: int = 0o640) -> None:
-    """Write a file that is not world-writable (nor world-readable): scripts and records hold env values."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(path, mode)
+def write_private(path: str, text: str, mode: int = 0o640, *, exclusive: bool = False) -> None:
+    """Write a file that is not world-writable (nor world-readable): scripts and records hold env values.
+
+    Never through a link planted at ``path``: an exclusive file is created new (O_EXCL|O_NOFOLLOW:
+    FileExistsError when anything is there); otherwise the text goes to a new temporary file that then
+    replaces whatever ``path`` was (a link is replaced, its target untouched)."""
+    if exclusive:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(text)
+        return
+    directory, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=directory or ".")
+    try:
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def make_log_dir(path: str) -> None:
-    os.makedirs(path, mode=0o750, exist_ok=True)
+    """Create the output directory, or check an existing one is safe to write job files into: ours, and not
+    world-writable unless sticky (as /tmp is): else another user could plant links or files there."""
+    try:
+        os.makedirs(path, mode=0o750, exist_ok=True)
+        st = os.stat(path)
+    except OSError as e:
+        raise SpecError(f"--output-dir {path!r}: cannot create or use it ({e.strerror or e}); "
+                        f"give a directory you can write to") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise SpecError(f"--output-dir {path!r} is not a directory; give a directory")
+    if st.st_uid != os.geteuid():
+        raise SpecError(f"--output-dir {path!r} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}): "
+                        f"its owner could replace the job's files; give a directory of your own")
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise SpecError(f"--output-dir {path!r} is writable by others ({stat.filemode(st.st_mode)}) and not "
+                        f"sticky: anyone could plant links to your files there; chmod go-w it or give another")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise SpecError(f"--output-dir {path!r}: not writable by you; give a directory you can write to")
 
 
 def write_record(spec: JobSpec, job_id: str, scheduler: str, command: Sequence[str],
-                 extra: dict[str, Any] | None = None) -> str:
-    """The record of a submission beside its logs: what was asked, how it was submitted, where logs go."""
+                 extra: dict[str, Any] | None = None, *, exclusive: bool = False) -> str:
+    """The record of a submission beside its logs: what was asked, how it was submitted, where logs go.
+    ``exclusive``: the record must be new (FileExistsError otherwise): the id is ours to choose."""
     path = os.path.join(spec.log_dir, f"job-{job_id}.json")
     record = {
         "job_id": job_id,
@@ -77,7 +115,7 @@ def write_record(spec: JobSpec, job_id: str, scheduler: str, command: Sequence[s
         "spec": asdict(spec),
         **(extra or {}),
     }
-    write_private(path, json.dumps(record, indent=2) + "\n")
+    write_private(path, json.dumps(record, indent=2) + "\n", exclusive=exclusive)
     return path
 
 

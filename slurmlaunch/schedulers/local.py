@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
+import time
 from collections.abc import Mapping
+from dataclasses import replace
 
 from ..errors import SpecError
 from ..gpus import visible_gpus
+from ..paths import state_dir
 from ..spec import JobSpec
 from ..supervisor import Outcome, RankProcess, supervise
-from . import make_log_dir, rank_log, write_private, write_record
+from . import make_log_dir, rank_log, script_env, write_private, write_record
 from .slurm import launch_command
 
 NODE_PREFIX = "local-node"
@@ -49,11 +53,9 @@ def rank_env(spec: JobSpec, job_id: str, rank: int, environ: Mapping[str, str],
     """The environment a real srun step would give task ``rank`` of ``spec``, on emulated nodes."""
     # The emulated step must not mix with a real Slurm job's variables we might be running inside.
     env = {k: v for k, v in environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
-    env.update(spec.env)
+    env.update(script_env(spec))  # --env, --master-port, --rdzv-timeout: what a batch script exports
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     env.setdefault("SLURMLAUNCH_ALLOW_LOOPBACK", "1")  # every emulated node is this machine
-    if spec.master_port is not None:
-        env["MASTER_PORT"] = str(spec.master_port)
     env.setdefault("PYTHONUNBUFFERED", "1")
     tpn = spec.slurm_tasks_per_node
     ntasks = str(spec.nodes * tpn)
@@ -103,46 +105,172 @@ def elements(spec: JobSpec, base: int) -> list[tuple[str, str, dict[str, str], l
 
 
 def dry_run(spec: JobSpec, environ: Mapping[str, str]) -> str:
-    lines = []
+    lines = [f"# local job {spec.name!r}: logs in {spec.log_dir}"]
+    if spec.time_limit_seconds is not None:
+        warning = _warning(spec)
+        lines.append(f"# time limit {spec.time} ({spec.time_limit_seconds}s)" + (
+            f"; SIG{signal.Signals(warning[0]).name.removeprefix('SIG')} to every rank {warning[1]:g}s before"
+            if warning else "; no warning signal"))
+    if spec.requeue:
+        lines.append(f"# requeued on the warning or exit code 128+signal, at most {spec.max_requeues} time(s)")
     steps = elements(spec, 1000) if spec.is_array else [("<job id>", "<job id>", {}, [])]
     for tag, job_id, extra, point in steps:
         if spec.is_array:
-            lines.append(f"# array element {tag} (one after another)")
+            at_once = "" if spec.max_parallel is None else f"; --max-parallel {spec.max_parallel} is kept"
+            lines.append(f"# array element {tag} (one after another{at_once})")
         for r in rank_processes(spec, job_id, environ, tag, extra, point):
-            emulated = {k: v for k, v in r.env.items() if k.startswith(("SLURM", "CUDA_", "MASTER_"))}
+            asked = {k for k, _ in spec.env}
+            emulated = {k: v for k, v in r.env.items() if k.startswith(("SLURM", "CUDA_", "MASTER_")) or k in asked}
             lines.append(f"# rank {r.rank}: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(emulated.items())))
             lines.append(shlex.join(r.argv))
     return "\n".join(lines) + "\n"
 
 
+ID_FILE = "local-job-ids"
+STATES_BY_SIGNAL = {signal.SIGINT: "CANCELLED", signal.SIGTERM: "CANCELLED", signal.SIGHUP: "CANCELLED"}
+
+
+def allocate_ids(count: int, environ: Mapping[str, str]) -> int:
+    """The first of ``count`` consecutive local job ids, unique for this user: a counter kept under an
+    exclusive lock in the state directory (so concurrent submitters, in any PID namespace, never get the
+    same id) that never falls below the current Unix time. Ids are therefore above any Slurm job id
+    (MaxJobId is at most 67,043,328), so `status ID` never confuses a local job with a Slurm one, and they do
+    not restart at 1 when the state directory is new."""
+    import fcntl
+
+    directory = state_dir(environ)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(directory, ID_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        text = os.read(fd, 64).decode("ascii", "replace").strip()
+        last = int(text) if text.isdigit() and len(text) < 20 else 0
+        first = max(last + 1, int(time.time()))
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{first + count - 1}\n".encode())
+    finally:
+        os.close(fd)  # closing releases the lock
+    return first
+
+
+def _claim(spec: JobSpec, count: int, environ: Mapping[str, str], argv: list[str]) -> tuple[str, str]:
+    """(job id, record path): a fresh id whose record this call created, and no file of that id already in
+    the output directory (a record left by another state directory, say): no job's files are ever shared."""
+    for _ in range(50):
+        job_id = str(allocate_ids(count, environ))
+        try:
+            record = write_record(spec, job_id, "local", argv, {"supervisor": process_identity(os.getpid())},
+                                  exclusive=True)
+        except FileExistsError:
+            continue
+        taken = [n for n in os.listdir(spec.log_dir) if n.startswith((f"job-{job_id}.", f"job-{job_id}_"))]
+        if taken == [os.path.basename(record)]:
+            return job_id, record
+        os.unlink(record)
+    raise SpecError(f"--output-dir {spec.log_dir!r}: could not find an unused job id there after 50 tries")
+
+
+def process_identity(pid: int) -> dict[str, int] | None:
+    """A process's pid with its start time (clock ticks after boot, /proc/PID/stat field 22): together they
+    name the process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return {"pid": pid, "start": int(fields[19])}
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _say(text: str) -> None:
+    """A line on stderr, which may be a terminal that has gone (a hang-up): then nothing."""
+    try:
+        sys.stderr.write(f"slurmlaunch: {text}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def end_state(outcome: Outcome) -> str:
+    """Slurm's word for how a step ended."""
+    if outcome.interrupted_by is not None:
+        return STATES_BY_SIGNAL.get(signal.Signals(outcome.interrupted_by), "CANCELLED")
+    if outcome.timed_out:
+        return "TIMEOUT"
+    return "COMPLETED" if outcome.exit_code == 0 else "FAILED"
+
+
+def _warning(spec: JobSpec) -> tuple[int, float] | None:
+    if spec.warning is None or spec.time_limit_seconds is None:
+        return None
+    name, seconds = spec.warning
+    return int(signal.Signals["SIG" + name]), float(seconds)
+
+
+def _report(what: str, spec: JobSpec, result: Outcome) -> None:
+    if result.interrupted_by is not None:
+        name = signal.Signals(result.interrupted_by).name
+        why = "the terminal or session closed" if result.interrupted_by == signal.SIGHUP else "you or the system"
+        _say(f"{what}: stopped by {name} ({why}); every rank was stopped (exit code {result.exit_code})")
+    elif result.timed_out:
+        _say(f"{what}: reached its time limit (--time {spec.time}); the ranks were stopped (state TIMEOUT)")
+    elif result.first_failed_rank is not None:
+        _say(f"{what}: {spec.log_unit} {result.first_failed_rank} failed first with exit code "
+             f"{result.exit_code}; the other ranks were stopped")
+    if result.console_lost:
+        _say(f"{what}: the console went away during the run; every {spec.log_unit}'s whole output is in "
+             f"{spec.log_dir}")
+
+
 def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple[str, Outcome]:
     """Run the job in the foreground (an array's elements one after another); returns (job id, outcome):
-    an array's is its first failing element's, in index order."""
+    an array's is its first failing element's, in index order. Like Slurm: --time stops the ranks at the
+    limit, after the warning signal; with --requeue a run that got the warning, or whose ranks exited with
+    128 + its number, runs again (SLURM_RESTART_COUNT), at most --max-requeues times."""
     _, note = gpu_plan(spec, environ)
-    job_id = str(os.getpid())
     make_log_dir(spec.log_dir)
+    count = len(spec.array_indices) if spec.is_array else 1
+    first_point = spec.sweep_points[spec.array_indices[0]] if spec.sweep else []
+    argv = list(rank_processes(spec, "0", environ, "0", None, first_point)[0].argv)
+    job_id, record = _claim(spec, count, environ, argv)
     steps = elements(spec, int(job_id)) if spec.is_array else [(job_id, job_id, {}, [])]
-    tag0, job0, extra0, point0 = steps[0]
-    record = write_record(spec, job_id, "local", rank_processes(spec, job0, environ, tag0, extra0, point0)[0].argv)
     from ..jobs import remember
 
     remember(job_id, "local", record, spec.name)
     if note:
-        sys.stderr.write(f"slurmlaunch: {note}\n")
+        _say(note)
+    warning = _warning(spec)
     outcome: Outcome | None = None
     for tag, step_job, extra, point in steps:
         what = f"array element {tag}" + (f" ({shlex.join(point)})" if point else "") if spec.is_array else \
             f"local job {job_id}"
-        sys.stderr.write(f"slurmlaunch: {what}: {spec.world_size} rank(s) on {spec.nodes} emulated "
-                         f"node(s) {node_list(spec.nodes)}; logs in {spec.log_dir}\n")
-        result = supervise(rank_processes(spec, step_job, environ, tag, extra, point), grace=grace)
-        write_private(os.path.join(spec.log_dir, f"job-{tag}.exitcode"), f"{result.exit_code}\n")
-        if result.first_failed_rank is not None:
-            sys.stderr.write(f"slurmlaunch: {what}: {spec.log_unit} {result.first_failed_rank} failed first with "
-                             f"exit code {result.exit_code}; the other ranks were stopped\n")
-        if outcome is None or (outcome.exit_code == 0 and result.exit_code != 0):
+        restarts = 0
+        while True:
+            _say(f"{what}: {spec.world_size} rank(s) on {spec.nodes} emulated node(s) {node_list(spec.nodes)}; "
+                 f"logs in {spec.log_dir}")
+            step_env = {**extra, "SLURM_RESTART_COUNT": str(restarts)} if restarts else extra
+            ranks = rank_processes(spec, step_job, environ, tag, step_env, point)
+            if restarts:  # a requeued run goes on in the same logs, as Slurm's does
+                ranks = [replace(r, log_append=True) for r in ranks]
+            result = supervise(ranks, grace=grace, time_limit=spec.time_limit_seconds, warning=warning)
+            _report(what, spec, result)
+            saved = warning is not None and (result.warned or result.exit_code == 128 + warning[0])
+            if spec.requeue and saved and result.interrupted_by is None:
+                if restarts < spec.max_requeues:
+                    restarts += 1
+                    _say(f"{what}: requeued (restart {restarts} of at most {spec.max_requeues})")
+                    continue
+                _say(f"{what}: not requeued: already requeued {restarts} time(s) (--max-requeues "
+                     f"{spec.max_requeues})")
+            break
+        write_private(os.path.join(spec.log_dir, f"job-{tag}.exitcode"),
+                      f"{result.exit_code}\n{end_state(result)}\n", exclusive=True)
+        if outcome is None or (outcome.exit_code == 0 and result.exit_code != 0) or result.interrupted_by:
             outcome = result
+        if result.interrupted_by is not None:
+            break  # a stop ends the whole job, the elements not yet run included
     assert outcome is not None
     if spec.is_array:
-        write_private(os.path.join(spec.log_dir, f"job-{job_id}.exitcode"), f"{outcome.exit_code}\n")
+        write_private(os.path.join(spec.log_dir, f"job-{job_id}.exitcode"),
+                      f"{outcome.exit_code}\n{end_state(outcome)}\n", exclusive=True)
     return job_id, outcome

@@ -1,0 +1,79 @@
+"""Which job options each scheduler carries out. Pure: values in, values out.
+
+Every option of a job means the same under every scheduler, or that scheduler refuses it with one line:
+none is silently dropped. The table lists, per scheduler, the JobSpec fields it cannot carry out and what to
+do instead; a field listed there is refused when its value differs from the built-in default (a default
+asks for nothing). tests/test_option_meaning.py walks the whole option table against every scheduler's dry
+run, so a new option has to land here or show its effect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .errors import SpecError
+from .spec import JobSpec
+
+_NO_LOCAL_RESOURCES = "the local scheduler runs on this machine as it is and has nothing to request"
+NOT_CARRIED_OUT: Mapping[str, Mapping[str, str]] = {
+    "local": {
+        "mem": f"{_NO_LOCAL_RESOURCES} (leave it out, or submit with --scheduler slurm/pbs)",
+        "partition": f"{_NO_LOCAL_RESOURCES}: no partitions (leave it out, or --scheduler slurm/pbs)",
+        "account": f"{_NO_LOCAL_RESOURCES}: no accounts (leave it out, or --scheduler slurm/pbs)",
+        "qos": f"{_NO_LOCAL_RESOURCES}: no QOS (leave it out, or --scheduler slurm)",
+        "constraint": f"{_NO_LOCAL_RESOURCES}: no node features (leave it out, or --scheduler slurm)",
+        "exclusive": f"{_NO_LOCAL_RESOURCES}: the machine is not shared out (leave it out)",
+        "gpu_flag": "it only chooses how sbatch is asked for GPUs (leave it out, or --scheduler slurm)",
+        "sbatch_args": "there is no batch script to add directives to (leave it out, or --scheduler slurm/pbs)",
+        "container_image": "it uses Slurm's pyxis plugin through srun (use --apptainer IMAGE here)",
+        "pbs_flavour": "it is for PBS (leave it out, or --scheduler pbs)",
+        "mpi": "it is for PBS, whose ranks mpiexec starts (leave it out, or --scheduler pbs)",
+    },
+    "slurm": {
+        "pbs_flavour": "it is for PBS (leave it out, or --scheduler pbs)",
+        "mpi": "under Slurm srun starts the ranks (leave it out, or --scheduler pbs)",
+    },
+    "pbs": {
+        "qos": "PBS has no QOS (use --sbatch-arg '-l ...' for a site resource, or -q via --partition)",
+        "constraint": "PBS has no --constraint (use --sbatch-arg '-l select=...:FEATURE=true'-style site "
+                      "resources)",
+        "gpu_flag": "it only chooses how sbatch is asked for GPUs (leave it out)",
+        "container_image": "it uses Slurm's pyxis plugin through srun (use --apptainer IMAGE under PBS)",
+        "requeue": "the qsub script does not requeue (leave it out; under PBS use qrerun or resubmit)",
+        "signal": "the qsub script asks PBS for no warning signal before the walltime (leave it out)",
+        "array": "job arrays are submitted to Slurm or run locally (under PBS submit one job per point)",
+        "sweep": "job arrays are submitted to Slurm or run locally (under PBS submit one job per point)",
+        "max_parallel": "job arrays are submitted to Slurm or run locally",
+        "mode": "under PBS mpiexec starts one launcher per rank (leave out --mode)",
+    },
+}
+# Fields whose option name differs from the field's.
+FLAGS = {"sbatch_args": "--sbatch-arg", "container_mounts": "--container-mount"}
+_TORQUE = {"exclusive": "Torque's qsub script has no exclusive placement (leave it out, or --pbs-flavour pro)"}
+
+
+def flag(field: str) -> str:
+    return FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+_DEFAULTS = JobSpec(script="")
+
+
+def _default(name: str) -> object:
+    return getattr(_DEFAULTS, name)
+
+
+def refuse_unsupported(spec: JobSpec, scheduler: str, origins: Mapping[str, str] | None = None) -> None:
+    """SpecError for the first option ``scheduler`` cannot carry out (see NOT_CARRIED_OUT); ``origins`` (as
+    the profiles give them, by option dest) names where a value came from."""
+    table = dict(NOT_CARRIED_OUT.get(scheduler, {}))
+    if scheduler == "pbs" and spec.pbs_flavour == "torque":
+        table.update(_TORQUE)
+    for name, why in table.items():
+        value = getattr(spec, name)
+        if value == _default(name) or value in ((), None, False) or (name == "signal" and spec.warning is None):
+            continue
+        origin = (origins or {}).get(name) or (origins or {}).get(name.rstrip("s"))
+        where = f" (from {origin})" if origin and origin not in ("command line", "built-in default") else ""
+        shown = value if not isinstance(value, tuple) else " ".join(map(str, value))
+        raise SpecError(f"{flag(name)} {shown!s}{where}: the {scheduler} scheduler cannot carry it out: {why}")

@@ -1,0 +1,143 @@
+"""Every submit option means the same under every scheduler, or that scheduler refuses it with one line.
+
+The walk covers the parser's whole option table: an option added later without a sample here fails the
+first test, and one whose value changes nothing a scheduler produces (the rendered script, or the local
+scheduler's commands and environment) fails the second, unless it is refused there with exit code 2 and
+one line naming it. What follows a submission rather than shaping the job is listed apart, with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from slurmlaunch import cli
+
+# option -> (options it needs to mean anything, the option with a value that is not its default)
+SAMPLES: dict[str, tuple[list[str], list[str]]] = {
+    "--nodes": ([], ["--nodes", "3"]),
+    "--gpus-per-node": ([], ["--gpus-per-node", "2"]),
+    "--tasks-per-node": ([], ["--tasks-per-node", "3"]),
+    "--cpus-per-task": ([], ["--cpus-per-task", "5"]),
+    "--cpus-per-gpu": (["--gpus-per-node", "2"], ["--cpus-per-gpu", "6"]),
+    "--mem": ([], ["--mem", "7G"]),
+    "--time": ([], ["--time", "1:02:03"]),
+    "--partition": ([], ["--partition", "partx"]),
+    "--account": ([], ["--account", "acctx"]),
+    "--qos": ([], ["--qos", "qosx"]),
+    "--constraint": ([], ["--constraint", "featx"]),
+    "--exclusive": ([], ["--exclusive"]),
+    "--gpu-flag": (["--gpus-per-node", "2"], ["--gpu-flag", "gres"]),
+    "--job-name": ([], ["--job-name", "namex"]),
+    "--output-dir": ([], ["--output-dir", "outx"]),
+    "--env": ([], ["--env", "KEYX=valx"]),
+    "--setup": ([], ["--setup", "echo setupx"]),
+    "--sbatch-arg": ([], ["--sbatch-arg=--comment=argx"]),
+    "--master-port": ([], ["--master-port", "23456"]),
+    "--signal": (["--time", "10"], ["--signal", "USR1@45"]),
+    "--requeue": (["--time", "10"], ["--requeue"]),
+    "--max-requeues": (["--time", "10", "--requeue"], ["--max-requeues", "7"]),
+    "--rdzv-timeout": ([], ["--rdzv-timeout", "33"]),
+    "--python": ([], ["--python", "/opt/pythonx"]),
+    "--pbs-flavour": ([], ["--pbs-flavour", "torque"]),
+    "--mpi": ([], ["--mpi", "mpich"]),
+    "--mode": ([], ["--mode", "torchrun"]),
+    "--nproc-per-node": (["--mode", "torchrun"], ["--nproc-per-node", "3"]),
+    "--max-restarts": (["--mode", "torchrun"], ["--max-restarts", "2"]),
+    "--container-image": ([], ["--container-image", "imagex"]),
+    "--apptainer": ([], ["--apptainer", "imagex.sif"]),
+    "--container-mount": (["--apptainer", "imagex.sif"], ["--container-mount", "/srcx:/dstx"]),
+    "--container-workdir": (["--apptainer", "imagex.sif"], ["--container-workdir", "/workx"]),
+    "--array": ([], ["--array", "0-2"]),
+    "--sweep": ([], ["--sweep", "lr=1,2"]),
+    "--max-parallel": (["--array", "0-3"], ["--max-parallel", "2"]),
+    "--module": ([], ["--module"]),
+    "--no-python": ([], ["--no-python"]),
+}
+# What follows or steers the submission itself, not the job: no scheduler's output shows it.
+NOT_THE_JOB = {
+    "--profile": "chooses where defaults come from (tested in test_profiles.py)",
+    "--scheduler": "chooses the scheduler itself",
+    "--template-dir": "chooses templates; the local scheduler refuses it (tested below)",
+    "--dry-run": "prints instead of submitting",
+    "--wait": "follows the job after submission (the local scheduler always runs in the foreground)",
+    "--wait-timeout": "bounds the following; the local scheduler refuses it (tested below)",
+    "--cancel-on-interrupt": "what Ctrl-C during --wait does (locally, Ctrl-C always stops the job)",
+}
+
+
+def submit_flags() -> list[str]:
+    parser = cli._parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    flags = []
+    for action in sub.choices["submit"]._actions:
+        if action.option_strings and action.dest != "help":
+            flags.append(next((s for s in action.option_strings if s.startswith("--")), action.option_strings[0]))
+    return flags
+
+
+def test_every_submit_option_is_walked() -> None:
+    flags = set(submit_flags())
+    assert flags == set(SAMPLES) | set(NOT_THE_JOB), "add the new option to SAMPLES (or NOT_THE_JOB, with why)"
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory with a script, no config files, and sbatch/qsub on PATH (never run: dry runs)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sbatch", "qsub", "apptainer"):
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 99\n")
+        (bin_dir / tool).chmod(0o755)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    for name in ("SLURMLAUNCH_PROFILE", "SLURMLAUNCH_CONFIG", "SLURMLAUNCH_TEMPLATE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def dry_run(capsys: pytest.CaptureFixture[str], scheduler: str, args: list[str]) -> tuple[int, str, str]:
+    """(exit code, what would run: the script or commands and the submit command line, stderr)."""
+    code = cli.main(["submit", "--scheduler", scheduler, "--dry-run", *args, "train.py"])
+    out, err = capsys.readouterr()
+    would_run = [line for line in err.splitlines() if line.startswith("# would run:")]
+    return code, out + "\n".join(would_run), err
+
+
+@pytest.mark.parametrize("scheduler", ["local", "slurm", "pbs"])
+@pytest.mark.parametrize("flag", sorted(SAMPLES))
+def test_option_has_an_effect_or_is_refused(site: Path, capsys: pytest.CaptureFixture[str], scheduler: str,
+                                            flag: str) -> None:
+    needs, option = SAMPLES[flag]
+    base_code, base_out, base_err = dry_run(capsys, scheduler, needs)
+    if base_code == 2:  # what the option needs is itself refused here (e.g. --array under PBS): so is it
+        code, _, err = dry_run(capsys, scheduler, [*needs, *option])
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        return
+    assert base_code == 0, base_err
+    code, out, err = dry_run(capsys, scheduler, [*needs, *option])
+    if code == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and flag in lines[0] and "Traceback" not in err, err
+        return
+    assert code == 0, err
+    assert out != base_out, f"{flag} changed nothing in what the {scheduler} scheduler would run"
+
+
+@pytest.mark.parametrize("args", [["--template-dir", "tx"], ["--wait-timeout", "5"]])
+def test_submission_options_without_local_meaning_are_refused(site: Path, capsys: pytest.CaptureFixture[str],
+                                                              args: list[str]) -> None:
+    code, _, err = dry_run(capsys, "local", args)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and args[0] in err, err
+
+
+def test_a_refused_value_from_a_profile_names_the_file(site: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (site / "slurmlaunch.toml").write_text('[defaults]\npartition = "gpu"\n')
+    code, _, err = dry_run(capsys, "local", [])
+    assert code == 2 and "--partition gpu (from " in err and "slurmlaunch.toml [defaults]" in err, err
