@@ -61,7 +61,7 @@ def test_pyxis_needs_slurm_and_apptainer_needs_apptainer(tmp_path: Path) -> None
     env = no_slurm_env(tmp_path)
     (tmp_path / "t.py").write_text("open('ran', 'w')")
     r = run_cli("submit", "--container-image", "ubuntu", "t.py", env=env, cwd=tmp_path)
-    assert r.returncode == 2 and "--container-image uses Slurm's pyxis plugin" in r.stderr
+    assert r.returncode == 2 and "Slurm's pyxis plugin" in r.stderr
     r = run_cli("submit", "--apptainer", "x.sif", "t.py", env=env, cwd=tmp_path)
     assert r.returncode == 2 and "apptainer is not on PATH" in r.stderr and not (tmp_path / "ran").exists()
 
