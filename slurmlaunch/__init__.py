@@ -12,8 +12,11 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "init_process_group", "submit", "submit_script", "map_array", "batch", "Job",
-           "RankFailed"]
+           "RankFailed", "SlurmLaunchError", "SpecError", "SchedulerError", "HostlistError",
+           "EnvironmentMappingError", "PreflightError"]
 _API = ("submit", "submit_script", "map_array", "batch", "Job", "RankFailed")
+_ERRORS = ("SlurmLaunchError", "SpecError", "SchedulerError", "HostlistError", "EnvironmentMappingError",
+           "PreflightError")
 
 
 def __getattr__(name: str) -> Any:
@@ -21,6 +24,10 @@ def __getattr__(name: str) -> Any:
         from .torch_helpers import init_process_group
 
         return init_process_group
+    if name in _ERRORS:
+        from . import errors
+
+        return getattr(errors, name)
     if name in _API:
         from . import api
 

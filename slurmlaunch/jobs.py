@@ -154,9 +154,19 @@ def _tag(record: Mapping[str, Any]) -> str:
 def status(record: Mapping[str, Any]) -> dict[str, Any]:
     shown_id = _tag(record)
     if record["scheduler"] == "local":
-        state, code = local_state(record)
-        return {"job_id": shown_id, "scheduler": "local", "state": state, "exit_code": code, "nodes": None,
-                "elapsed": None}
+        whole = {k: v for k, v in record.items() if k != "_element"}
+        state, code = local_state(whole)
+        info: dict[str, Any] = {"job_id": shown_id, "scheduler": "local", "state": state, "exit_code": code,
+                                "nodes": None, "elapsed": None}
+        if array_indices(record):
+            elements = local_elements(whole, state)
+            element = record.get("_element")
+            if element is None:
+                info["elements"] = elements
+            else:
+                shown_state, _, shown_code = elements[str(element)].partition(" ")
+                info.update(state=shown_state, exit_code=int(shown_code) if shown_code.isdigit() else None)
+        return info
     from .schedulers import job_status
 
     indices = array_indices(record) if record.get("_element") is None else []
@@ -176,6 +186,25 @@ def _exit_file(record: Mapping[str, Any]) -> tuple[int, str | None] | None:
         return int(lines[0]), (lines[1] if len(lines) > 1 else None)
     except (OSError, ValueError, IndexError, UnicodeDecodeError):
         return None
+
+
+def local_elements(record: Mapping[str, Any], job_state: str) -> dict[str, str]:
+    """A local array's elements, index -> "STATE CODE" or "STATE". The local scheduler runs them one after
+    another: while the job runs, the first without an exit file is RUNNING and the rest PENDING; elements a
+    stopped job never reached are CANCELLED."""
+    out: dict[str, str] = {}
+    running_seen = False
+    for index in array_indices(record):
+        ended = _exit_file({**record, "_element": str(index)})
+        if ended is not None:
+            code, state = ended
+            out[str(index)] = f"{state or ('COMPLETED' if code == 0 else 'FAILED')} {code}"
+        elif job_state == "RUNNING":
+            out[str(index)] = "PENDING" if running_seen else "RUNNING"
+            running_seen = True
+        else:
+            out[str(index)] = "CANCELLED" if job_state == "CANCELLED" else "FAILED (no exit code recorded)"
+    return out
 
 
 def local_state(record: Mapping[str, Any]) -> tuple[str, int | None]:
@@ -220,13 +249,61 @@ def log_path(record: Mapping[str, Any], rank: int | None) -> str:
     return os.path.join(log_dir, f"job-{job}.{spec.log_unit}-0.log")
 
 
+def _list_state(row: Mapping[str, Any], live: Mapping[str, str]) -> str:
+    """A quick state for `list`: a local job's own, a batch job's from squeue (one call for all) or from
+    the exit code its script wrote; `status` asks the scheduler properly."""
+    try:
+        record = json.loads(read_bounded(row["record"]).decode("utf-8"))
+        if not isinstance(record, dict):
+            return "?"
+    except (OSError, ValueError):
+        return "record gone"
+    record["_full_id"] = row["job_id"]
+    if record.get("scheduler") == "local":
+        return local_state(record)[0]
+    short = row["job_id"].split(".", 1)[0]
+    if short in live:
+        return live[short]
+    ended = _exit_file(record)
+    if ended is not None:
+        return "COMPLETED" if ended[0] == 0 else f"FAILED {ended[0]}"
+    return "ENDED?" if live else "?"
+
+
+def _squeue_states() -> dict[str, str]:
+    """The user's queued and running Slurm jobs, job id -> state, in one squeue call ({} without Slurm)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("squeue") is None:
+        return {}
+    try:
+        out = subprocess.run(["squeue", "-h", "--me", "-o", "%F %T"], capture_output=True, text=True, timeout=10,
+                             errors="replace")
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if out.returncode != 0:
+        return {}
+    return dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+
+
 def cmd_list(as_json: bool) -> int:
+    """Every job this user submitted (the index is per user), newest last, with the directory of its files
+    and a quick state."""
     rows = entries()
+    live = _squeue_states() if any(r["scheduler"] == "slurm" for r in rows) else {}
+    shown = [{**row, "state": _list_state(row, live), "directory": os.path.dirname(row["record"])} for row in rows]
     if as_json:
-        print(json.dumps(rows))
+        print(json.dumps(shown))
         return 0
-    for row in rows:
-        print(f"{row['job_id']:>12}  {row['scheduler']:<6} {row['submitted_at']}  {row['name']}")
+    if not shown:
+        print(f"no jobs submitted yet (the index is {index_path()})")
+        return 0
+    width = max(6, *(len(r["job_id"]) for r in shown))
+    print(f"{'JOB ID':>{width}}  {'SCHED':<6} {'STATE':<10} {'SUBMITTED':<24} {'NAME':<20} DIRECTORY")
+    for r in shown:
+        print(f"{r['job_id']:>{width}}  {r['scheduler']:<6} {r['state']:<10} {r['submitted_at']:<24} "
+              f"{r['name']:<20} {r['directory']}")
     return 0
 
 

@@ -215,8 +215,10 @@ def _report(what: str, spec: JobSpec, result: Outcome) -> None:
     elif result.timed_out:
         _say(f"{what}: reached its time limit (--time {spec.time}); the ranks were stopped (state TIMEOUT)")
     elif result.first_failed_rank is not None:
-        _say(f"{what}: {spec.log_unit} {result.first_failed_rank} failed first with exit code "
-             f"{result.exit_code}; the other ranks were stopped")
+        others = "; the other ranks were stopped" if len(result.codes) > 1 else ""
+        _say(f"{what}: {spec.log_unit} {result.first_failed_rank} failed with exit code {result.exit_code}"
+             if not others else f"{what}: {spec.log_unit} {result.first_failed_rank} failed first with exit code "
+             f"{result.exit_code}{others}")
     if result.console_lost:
         _say(f"{what}: the console went away during the run; every {spec.log_unit}'s whole output is in "
              f"{spec.log_dir}")
@@ -241,6 +243,7 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
         _say(note)
     warning = _warning(spec)
     outcome: Outcome | None = None
+    ended: list[tuple[str, Outcome]] = []
     for tag, step_job, extra, point in steps:
         what = f"array element {tag}" + (f" ({shlex.join(point)})" if point else "") if spec.is_array else \
             f"local job {job_id}"
@@ -265,12 +268,18 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
             break
         write_private(os.path.join(spec.log_dir, f"job-{tag}.exitcode"),
                       f"{result.exit_code}\n{end_state(result)}\n", exclusive=True)
+        ended.append((tag, result))
         if outcome is None or (outcome.exit_code == 0 and result.exit_code != 0) or result.interrupted_by:
             outcome = result
         if result.interrupted_by is not None:
             break  # a stop ends the whole job, the elements not yet run included
     assert outcome is not None
     if spec.is_array:
+        _say(f"array job {job_id}: {len(ended)} of {len(steps)} element(s) ran")
+        for tag, done in ended:
+            _say(f"  {tag}: {end_state(done)} {done.exit_code}")
+        for tag, _, _, _ in steps[len(ended):]:
+            _say(f"  {tag}: CANCELLED (not started)")
         write_private(os.path.join(spec.log_dir, f"job-{job_id}.exitcode"),
                       f"{outcome.exit_code}\n{end_state(outcome)}\n", exclusive=True)
     return job_id, outcome

@@ -1,0 +1,44 @@
+"""Job commands over local jobs: `status` of an array shows every element, `list` has a header, a state
+and the directory; the error family is importable where users look."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import slurmlaunch
+from slurmlaunch import errors
+from tests.conftest import run_cli
+from tests.test_submit import no_slurm_env
+
+
+def test_error_family_is_exported_at_the_top() -> None:
+    for name in ("SlurmLaunchError", "SpecError", "SchedulerError", "HostlistError", "PreflightError"):
+        assert getattr(slurmlaunch, name) is getattr(errors, name)
+        assert name in slurmlaunch.__all__
+
+
+def test_local_array_status_shows_every_element_and_list_has_columns(tmp_path: Path) -> None:
+    env = no_slurm_env(tmp_path)
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    (tmp_path / "job.py").write_text("import os, sys; sys.exit(int(os.environ['SLURM_ARRAY_TASK_ID']) == 1)\n")
+    r = run_cli("submit", "--scheduler", "local", "--array", "0-2", "-o", "logs", "job.py", env=env, cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert "array job" in r.stderr and "_1: FAILED 1" in r.stderr and "_2: COMPLETED 0" in r.stderr
+    assert "the other ranks were stopped" not in r.stderr  # one rank per element: there are no others
+    job = json.loads(run_cli("list", "--json", env=env, cwd=tmp_path).stdout)[-1]["job_id"]
+    status = json.loads(run_cli("status", "--json", job, env=env, cwd=tmp_path).stdout)
+    assert (status["state"], status["exit_code"]) == ("FAILED", 1)
+    assert status["elements"] == {"0": "COMPLETED 0", "1": "FAILED 1", "2": "COMPLETED 0"}
+    one = json.loads(run_cli("status", "--json", f"{job}_2", env=env, cwd=tmp_path).stdout)
+    assert (one["state"], one["exit_code"]) == ("COMPLETED", 0)
+    listed = run_cli("list", env=env, cwd=tmp_path).stdout.splitlines()
+    assert listed[0].split()[:4] == ["JOB", "ID", "SCHED", "STATE"]
+    assert job in listed[1] and "FAILED" in listed[1] and listed[1].endswith(str(tmp_path / "logs"))
+
+
+def test_list_without_jobs_says_so(tmp_path: Path) -> None:
+    env = no_slurm_env(tmp_path)
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    r = run_cli("list", env=env, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("no jobs submitted yet")
