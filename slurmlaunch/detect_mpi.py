@@ -92,17 +92,18 @@ def pals_world_size(env: Env, rank: int, hosts: list[tuple[str, int]] | None, no
     """The world size of ranks that Cray PALS started with PMIx, and where it came from.
 
     PALS under PMIx exports PMIX_RANK, PALS_RANKID, PALS_LOCAL_RANKID, PALS_NODEID and PALS_LOCAL_SIZE but
-    neither PMI_SIZE nor PALS_SIZE (torchcomms' PALS bootstrap notes PALS_SIZE is not exported by current
-    PALS releases and derives the size the same way). The world is then the distinct hosts of PBS_NODEFILE
-    (PBS Pro writes each chunk's host once per mpiprocs of that chunk, so hosts repeat: lines are no node
-    count; one line per node where mpiprocs is left at its default of 1, as on Aurora) times the ranks per
-    node, PMI_LOCAL_SIZE else PALS_LOCAL_SIZE (the same pair LOCAL_WORLD_SIZE is read from): true only
-    when every host of the node file runs the same number of ranks, which is what `mpiexec -n H*P --ppn P`
-    over the whole allocation does. Refused (EnvironmentMappingError) when that cannot hold: no node file,
-    no ranks-per-node count, hosts with different slot counts in the node file, or a rank that is not
-    PALS_NODEID x PALS_LOCAL_SIZE + PALS_LOCAL_RANKID (the block placement of --ppn: a short last node
-    shows here). Not detectable from one rank: an mpiexec on a subset of the hosts (--hosts, -n < H*P);
-    PALS_SIZE set by hand (e.g. `PALS_SIZE=N mpiexec -n N ...`) is read before any of this.
+    neither PMI_SIZE nor PALS_SIZE (HPE's list of PALS variables, as quoted in flux-framework/flux-core#3825,
+    has no world size; meta-pytorch/torchcomms' query_pals_ranksize notes PALS_SIZE is not exported yet and
+    multiplies node-file lines by PALS_LOCAL_SIZE). The world is then the distinct hosts of PBS_NODEFILE
+    (the PBS Professional reference guide: each chunk's host is written once per mpiprocs of that chunk, so
+    hosts repeat and lines are no node count; one line per node where mpiprocs is left at 1, as on Aurora)
+    times the ranks per node, PMI_LOCAL_SIZE else PALS_LOCAL_SIZE (the pair LOCAL_WORLD_SIZE is read from):
+    true only when every host of the node file runs the same number of ranks, which is what
+    `mpiexec -n H*P --ppn P` over the whole allocation does. Refused (EnvironmentMappingError) when that
+    cannot hold: no node file, no ranks-per-node count, hosts with different slot counts in the node file,
+    or a rank that is not PALS_NODEID x PALS_LOCAL_SIZE + PALS_LOCAL_RANKID (the block placement of --ppn;
+    a short last node shows here). Not detectable from one rank: an mpiexec on a subset of the hosts
+    (--hosts, -n < H*P). PALS_SIZE set by hand (`PALS_SIZE=N mpiexec -n N ...`) is read before any of this.
     """
     missing = "PALS_RANKID is set but not PMI_SIZE or PALS_SIZE (PALS with PMIx exports no world size)"
     fix = "export PALS_SIZE=N (the -n given to mpiexec) to state it"
