@@ -84,6 +84,12 @@ def test_pmix_world_is_distinct_hosts_times_local_size(nodefile: str) -> None:
     assert seen == {(first_host, derive_port(4321, 0))}  # every rank agrees on the master
 
 
+def test_pmix_fewer_ranks_per_node_than_mpiprocs() -> None:
+    # select=2:mpiprocs=4 but `mpiexec --ppn 2` (more threads per rank): the slots are uniform, the ranks too.
+    d = detect(pals_env(3, [2, 2]), ctx("x4000c0s1b0n0", ONE_LINE_PER_SLOT))
+    assert place(d) == (3, 1, 4, 2, 1, 2)
+
+
 def test_pmix_with_empty_pmi_size_is_derived_too() -> None:
     # An empty PMI_SIZE is no size (Aurora job scripts meet it under --pmi=pmix).
     d = detect(pals_env(5, [4, 4], PMI_SIZE=""), ctx("x4000c0s1b0n0", ONE_LINE_PER_SLOT))
