@@ -9,6 +9,10 @@ they span several nodes. MASTER_ADDR is the nodefile's first host: mpiexec place
 slot (rank 0 checks it at start-up). MASTER_PORT derives from the numeric part of PBS_JOBID
 (``1234.server``; array jobs ``1234[5].server`` use the index as the step), else from the MPI launcher's
 job name. OMPI_COMM_WORLD_NODE_RANK is never read: it is a rank among the node's ranks, not a node index.
+
+Cray PALS started with PMIx (``mpiexec --pmi=pmix``, as on Aurora) exports no world size at all (see
+:func:`pals_world_size`): it is derived as the distinct hosts of PBS_NODEFILE x PALS_LOCAL_SIZE, and refused
+when that cannot be trusted.
 """
 
 from __future__ import annotations
@@ -83,25 +87,81 @@ def read_mpi(env: Env, ctx: Context) -> DistEnv | None:
     return None
 
 
+def pals_world_size(env: Env, rank: int, hosts: list[tuple[str, int]] | None, nodefile: str | None
+                    ) -> tuple[int, str]:
+    """The world size of ranks that Cray PALS started with PMIx, and where it came from.
+
+    PALS under PMIx exports PMIX_RANK, PALS_RANKID, PALS_LOCAL_RANKID, PALS_NODEID and PALS_LOCAL_SIZE but
+    neither PMI_SIZE nor PALS_SIZE (HPE's list of PALS variables, as quoted in flux-framework/flux-core#3825,
+    has no world size; meta-pytorch/torchcomms' query_pals_ranksize notes PALS_SIZE is not exported yet and
+    multiplies node-file lines by PALS_LOCAL_SIZE). The world is then the distinct hosts of PBS_NODEFILE
+    (the PBS Professional reference guide: each chunk's host is written once per mpiprocs of that chunk, so
+    hosts repeat and lines are no node count; one line per node where mpiprocs is left at 1, as on Aurora)
+    times the ranks per node, PMI_LOCAL_SIZE else PALS_LOCAL_SIZE (the pair LOCAL_WORLD_SIZE is read from):
+    true only when every host of the node file runs the same number of ranks, which is what
+    `mpiexec -n H*P --ppn P` over the whole allocation does. Refused (EnvironmentMappingError) when that
+    cannot hold: no node file, no ranks-per-node count, hosts with different slot counts in the node file,
+    or a rank that is not PALS_NODEID x PALS_LOCAL_SIZE + PALS_LOCAL_RANKID (the block placement of --ppn;
+    a short last node shows here). Not detectable from one rank: an mpiexec on a subset of the hosts
+    (--hosts, -n < H*P). PALS_SIZE set by hand (`PALS_SIZE=N mpiexec -n N ...`) is read before any of this.
+    """
+    missing = "PALS_RANKID is set but not PMI_SIZE or PALS_SIZE (PALS with PMIx exports no world size)"
+    fix = "export PALS_SIZE=N (the -n given to mpiexec) to state it"
+    local = _first(env, "PMI_LOCAL_SIZE", "PALS_LOCAL_SIZE")
+    if local is None:
+        raise EnvironmentMappingError(
+            f"{missing}, and neither PALS_LOCAL_SIZE nor PMI_LOCAL_SIZE is set to derive it from: {fix}")
+    per_node = _int(local[0], local[1], 1)
+    if hosts is None or not nodefile:
+        raise EnvironmentMappingError(
+            f"{missing}, and PBS_NODEFILE is not set to derive it from (distinct hosts x {local[0]}): {fix}")
+    if len({n for _, n in hosts}) > 1:
+        shown = ", ".join(f"{h} x{n}" for h, n in hosts[:4]) + (", ..." if len(hosts) > 4 else "")
+        raise EnvironmentMappingError(
+            f"{missing}, and PBS_NODEFILE={nodefile!r} gives its hosts different slot counts ({shown}): the ranks "
+            f"per node may differ, so hosts x {local[0]} is no world size; {fix}")
+    node_text, local_text = env.get("PALS_NODEID", ""), env.get("PALS_LOCAL_RANKID", "")
+    if node_text and local_text:
+        node, local_rank = _int("PALS_NODEID", node_text), _int("PALS_LOCAL_RANKID", local_text)
+        # Out-of-range values are left to the checks that name them; here only the block layout is asked.
+        if node < len(hosts) and local_rank < per_node and rank != node * per_node + local_rank:
+            raise EnvironmentMappingError(
+                f"{missing}, and PALS_RANKID={rank} is not PALS_NODEID={node} x {local[0]}={per_node} + "
+                f"PALS_LOCAL_RANKID={local_rank}: the nodes do not all run {per_node} ranks in blocks (a short last "
+                f"node?), so hosts x {local[0]} is no world size; {fix}")
+    world = len(hosts) * per_node
+    return world, (f"{len(hosts)} distinct host(s) in PBS_NODEFILE={nodefile} x {local[0]}={per_node} "
+                   f"(PALS with PMIx exports no world size)")
+
+
 def _mpi_env(env: Env, ctx: Context, flavour: str, rank_var: str, size_vars: tuple[str, ...], local_var: str,
              local_size_vars: tuple[str, ...], node_var: str | None) -> DistEnv:
     rank = _int(rank_var, env[rank_var])
     size = _first(env, *size_vars)
-    if size is None:
+    if size is None and flavour != "pals":
         raise EnvironmentMappingError(f"{rank_var} is set but not {' or '.join(size_vars)} (the world size)")
-    world = _int(size[0], size[1], 1)
-    if rank >= world:
-        raise EnvironmentMappingError(
-            f"{rank_var}={rank} is not valid with {size[0]}={world} (expected 0..{world - 1})")
-    local_rank = _int(local_var, env.get(local_var, "0"))
     me = env.get("SLURMLAUNCH_HOSTNAME") or ctx.hostname
     hosts: list[tuple[str, int]] | None = None
     nodefile = env.get("PBS_NODEFILE")
     if nodefile:
         hosts = parse_nodefile(ctx.read_file(nodefile), nodefile)
+    if size is None:
+        world, world_origin = pals_world_size(env, rank, hosts, nodefile)
+        world_name = "WORLD_SIZE"
+    else:
+        world_name = size[0]
+        world = _int(world_name, size[1], 1)
+        world_origin = f"{world_name}={world}"
+    if rank >= world:
+        raise EnvironmentMappingError(
+            f"{rank_var}={rank} is not valid with {world_name}={world} (expected 0..{world - 1})"
+            + ("" if size else f"; {world_origin}"))
+    local_rank = _int(local_var, env.get(local_var, "0"))
     local_size_found = _first(env, *local_size_vars)
-    origins = {"RANK": f"{rank_var}={rank}", "WORLD_SIZE": f"{size[0]}={world}",
+    origins = {"RANK": f"{rank_var}={rank}", "WORLD_SIZE": world_origin,
                "LOCAL_RANK": f"{local_var}={local_rank}"}
+    if local_size_found:
+        origins["LOCAL_WORLD_SIZE"] = f"{local_size_found[0]}={local_size_found[1]}"
     this_host = me
     if hosts is not None:
         names = [_short(h) for h, _ in hosts]
@@ -139,6 +199,7 @@ def _mpi_env(env: Env, ctx: Context, flavour: str, rank_var: str, size_vars: tup
                 )
             local_rank, local_world = rank - first, slots
             origins["LOCAL_RANK"] = f"{rank_var} - first slot of {this_host} in PBS_NODEFILE"
+            origins["LOCAL_WORLD_SIZE"] = f"slots of {this_host} in PBS_NODEFILE"
     elif local_world is None:
         if hosts is not None:
             raise EnvironmentMappingError(
@@ -146,6 +207,7 @@ def _mpi_env(env: Env, ctx: Context, flavour: str, rank_var: str, size_vars: tup
                 f"the ranks per node are unknown"
             )
         local_world = world
+        origins["LOCAL_WORLD_SIZE"] = "WORLD_SIZE (no ranks-per-node count and no PBS_NODEFILE: one node)"
     if local_rank >= local_world:
         raise EnvironmentMappingError(
             f"{local_var}={local_rank} is not valid with {local_world} ranks on this node "
