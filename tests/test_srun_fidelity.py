@@ -68,6 +68,8 @@ def normalise(env: Mapping[str, str], request: list[str], torchrun: bool) -> dic
     for name, value in env.items():
         if name in ONE_SIDED or (name in DEFAULTED and DEFAULTED[name] not in request):
             continue
+        if name == "CUDA_VISIBLE_DEVICES" and value == "":
+            continue  # locally, a job without GPUs on a machine with some: stands in for the device cgroup
         if name in FREE_VALUES or (name == "SLURM_JOB_PARTITION" and "--partition" not in request) \
                 or (torchrun and name in RENDEZVOUS_ORDER):
             value = "<free>"
@@ -136,6 +138,13 @@ def test_mem_per_node_in_megabytes(text: str, mb: int) -> None:
     assert stepenv.mem_mb(text) == mb
 
 
+# What sbatch gave (test_array_step_as_sbatch_gives_it asks it again on the cluster).
+@pytest.mark.parametrize(("expr", "step"), [("2", 1), ("1,3,5-7", 1), ("0,4,8", 1), ("1-7:3", 3), ("3-3:4", 4),
+                                            ("0-4:2,10-20:5", 2), ("0-2,10-20:5", 5), ("0-20:5%2", 5)])
+def test_array_step_is_the_first_written(expr: str, step: int) -> None:
+    assert stepenv.array_step(expr) == step
+
+
 def test_cpu_job_hides_this_machines_gpus(tmp_path: Path) -> None:
     """A real node's device cgroup keeps a CPU job off the GPUs, and Slurm unsets the GPU lists; here the
     emulation hides the visible GPUs with an empty list and drops the others."""
@@ -164,7 +173,7 @@ SHAPES = {
     "gres-accounting": ["--nodes", "2", "--gpus-per-node", "1", "--gpu-flag", "gres", "--cpus-per-gpu", "2",
                         "--partition", "debug", "--account", "root", "--qos", "normal", "--mem", "2049K"],
     "array": ["--nodes", "2", "--array", "0,4-8:4"],
-    "torchrun": ["--mode", "torchrun", "--nodes", "2", "--nproc-per-node", "2"],
+    "torchrun": ["--mode", "torchrun", "--nodes", "2", "--nproc-per-node", "2", "--cpus-per-task", "2"],
 }
 GPU_SHAPES = ("gpus-per-node", "gres-accounting")
 
