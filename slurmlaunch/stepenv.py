@@ -35,7 +35,8 @@ GPU_LISTS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL
 
 @dataclass(frozen=True)
 class Submitter:
-    """What sbatch records of the process that submitted: who, from where, with which umask and nice value."""
+    """What sbatch records of the process that submitted (who, from where, with which umask and nice value),
+    and the size of the nodes it submits to."""
 
     user: str
     uid: int
@@ -43,6 +44,7 @@ class Submitter:
     host: str  # the short host name (sbatch cuts the domain off)
     umask: int
     nice: int
+    node_cpus: int  # the CPUs of one node: an --exclusive job gets them all
 
 
 def per_node(value: int, nodes: int) -> str:
@@ -82,7 +84,8 @@ def step_env(spec: JobSpec, job_id: str, rank: int, nodes: list[str], nodelist: 
     ntasks = count * tpn
     node, local = divmod(rank, tpn)
     tasks = per_node(tpn, count)
-    cpus = tpn * (spec.slurm_cpus_per_task or 1)  # one CPU per task without --cpus-per-task
+    # one CPU per task without --cpus-per-task (a node without SMT, or CR_CPU); --exclusive: the whole node
+    cpus = submitter.node_cpus if spec.exclusive else tpn * (spec.slurm_cpus_per_task or 1)
     env = {
         # the job, as slurmctld and sbatch describe it
         "SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_JOB_NAME": spec.name,

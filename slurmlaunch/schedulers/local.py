@@ -63,14 +63,16 @@ def _umask() -> int:
 
 @functools.lru_cache(maxsize=1)
 def submitter() -> Submitter:
-    """This process as sbatch would record its caller (read once: every rank of a step shares it)."""
+    """This process as sbatch would record its caller, and this machine as the emulated nodes' size (read
+    once: every rank of a step shares it)."""
     uid = os.getuid()
     try:
         user = pwd.getpwuid(uid).pw_name
     except KeyError:  # a uid without a passwd entry (containers): Slurm would refuse it; keep the number
         user = str(uid)
     return Submitter(user=user, uid=uid, gid=os.getgid(), host=socket.gethostname().split(".")[0],
-                     umask=_umask(), nice=os.getpriority(os.PRIO_PROCESS, 0))
+                     umask=_umask(), nice=os.getpriority(os.PRIO_PROCESS, 0),
+                     node_cpus=len(os.sched_getaffinity(0)))  # every emulated node is this machine
 
 
 def rank_env(spec: JobSpec, job_id: str, rank: int, environ: Mapping[str, str],
@@ -95,6 +97,9 @@ def rank_env(spec: JobSpec, job_id: str, rank: int, environ: Mapping[str, str],
         env["CUDA_VISIBLE_DEVICES"] = ""
     nodes = [f"{NODE_PREFIX}{i}" for i in range(spec.nodes)]
     env.update(step_env(spec, job_id, rank, nodes, node_list(spec.nodes), submitter(), gpus))
+    if spec.exclusive and gpus is None and visible_gpus(environ):
+        # an --exclusive job holds every GPU of its node even when its step asked for none (the step sees none)
+        env["SLURM_JOB_GPUS"] = ",".join(visible_gpus(environ))
     return env
 
 
