@@ -61,6 +61,12 @@ def _umask() -> int:
     return mask
 
 
+def _usable_cpus() -> int:
+    if hasattr(os, "sched_getaffinity"):  # Linux: the CPUs this process may run on, as a cgroup'd node's
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 @functools.lru_cache(maxsize=1)
 def submitter() -> Submitter:
     """This process as sbatch would record its caller, and this machine as the emulated nodes' size (read
@@ -72,7 +78,7 @@ def submitter() -> Submitter:
         user = str(uid)
     return Submitter(user=user, uid=uid, gid=os.getgid(), host=socket.gethostname().split(".")[0],
                      umask=_umask(), nice=os.getpriority(os.PRIO_PROCESS, 0),
-                     node_cpus=len(os.sched_getaffinity(0)))  # every emulated node is this machine
+                     node_cpus=_usable_cpus())  # every emulated node is this machine
 
 
 def rank_env(spec: JobSpec, job_id: str, rank: int, environ: Mapping[str, str],
