@@ -98,14 +98,18 @@ def rank_env(spec: JobSpec, job_id: str, rank: int, environ: Mapping[str, str],
     env["SLURMLAUNCH_SCHEDULER"] = "local"
     for name in GPU_LISTS:  # Slurm unsets them in a step without GPUs, or sets them all below
         env.pop(name, None)
-    if gpus is None and (visible_gpus(environ) or dev_gpu_ids()):
-        # stands in for the device cgroup of a real node: a step without GPUs cannot use this machine's
-        env["CUDA_VISIBLE_DEVICES"] = ""
+    machine: list[str] = []
+    if gpus is None:
+        here = dev_gpu_ids()
+        machine = visible_gpus(environ) if "CUDA_VISIBLE_DEVICES" in environ else here
+        if machine or here:
+            # stands in for the device cgroup of a real node: a step without GPUs cannot use this machine's
+            env["CUDA_VISIBLE_DEVICES"] = ""
     nodes = [f"{NODE_PREFIX}{i}" for i in range(spec.nodes)]
     env.update(step_env(spec, job_id, rank, nodes, node_list(spec.nodes), submitter(), gpus))
-    if spec.exclusive and gpus is None and visible_gpus(environ):
+    if spec.exclusive and machine:
         # an --exclusive job holds every GPU of its node even when its step asked for none (the step sees none)
-        env["SLURM_JOB_GPUS"] = ",".join(visible_gpus(environ))
+        env["SLURM_JOB_GPUS"] = ",".join(machine)
     return env
 
 
