@@ -5,6 +5,7 @@ Errors of the SlurmLaunchError family become one line on stderr and exit code 2.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -22,6 +23,9 @@ def _fail(message: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("launch", "torchrun-node") and os.environ.get("SLURMLAUNCH_SCHEDULER") == "local":
+        # The local scheduler's task: its pid is known only here (slurmstepd sets it in the forked task).
+        os.environ.setdefault("SLURM_TASK_PID", str(os.getpid()))
     try:
         if args and args[0] == "launch":
             from .launch import main as launch_main

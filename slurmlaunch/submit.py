@@ -88,6 +88,12 @@ def cmd_submit(ns: Any) -> int:
 
     refuse_unsupported(spec, scheduler, getattr(ns, "option_origins", {}))
     if scheduler == "local":
+        from .support import shown_not_enforced
+
+        shown = shown_not_enforced(spec)
+        if shown and not ns.dry_run:
+            sys.stderr.write(f"slurmlaunch: the local scheduler shows {', '.join(shown)} to the tasks as Slurm "
+                             f"would (SLURM_* variables) but reserves and enforces nothing on this machine\n")
         for given, why in ((ns.template_dir, "--template-dir: the local scheduler renders no batch script"),
                            (ns.wait_timeout, "--wait-timeout: the local scheduler runs the job in the foreground; "
                                              "bound it with --time")):

@@ -14,16 +14,13 @@ from collections.abc import Mapping
 from .errors import SpecError
 from .spec import JobSpec
 
-_NO_LOCAL_RESOURCES = "the local scheduler runs on this machine as it is and has nothing to request"
+# What the local scheduler shows the tasks as Slurm would (SLURM_MEM_PER_NODE, SLURM_JOB_PARTITION, ...) but
+# cannot reserve or enforce on one machine: said in one line at submission, never silently.
+SHOWN_NOT_ENFORCED = ("mem", "partition", "account", "qos", "exclusive", "gpu_flag")
 NOT_CARRIED_OUT: Mapping[str, Mapping[str, str]] = {
     "local": {
-        "mem": f"{_NO_LOCAL_RESOURCES} (leave it out, or submit with --scheduler slurm/pbs)",
-        "partition": f"{_NO_LOCAL_RESOURCES}: no partitions (leave it out, or --scheduler slurm/pbs)",
-        "account": f"{_NO_LOCAL_RESOURCES}: no accounts (leave it out, or --scheduler slurm/pbs)",
-        "qos": f"{_NO_LOCAL_RESOURCES}: no QOS (leave it out, or --scheduler slurm)",
-        "constraint": f"{_NO_LOCAL_RESOURCES}: no node features (leave it out, or --scheduler slurm)",
-        "exclusive": f"{_NO_LOCAL_RESOURCES}: the machine is not shared out (leave it out)",
-        "gpu_flag": "it only chooses how sbatch is asked for GPUs (leave it out, or --scheduler slurm)",
+        "constraint": "the local scheduler has one kind of node, this machine: no features to ask for (leave "
+                      "it out, or --scheduler slurm)",
         "sbatch_args": "there is no batch script to add directives to (leave it out, or --scheduler slurm/pbs)",
         "container_image": "it uses Slurm's pyxis plugin through srun (use --apptainer IMAGE here)",
         "pbs_flavour": "it is for PBS (leave it out, or --scheduler pbs)",
@@ -61,6 +58,16 @@ _DEFAULTS = JobSpec(script="")
 
 def _default(name: str) -> object:
     return getattr(_DEFAULTS, name)
+
+
+def shown_not_enforced(spec: JobSpec) -> list[str]:
+    """The options of ``spec`` (as "--flag value") the local scheduler only shows its tasks."""
+    out = []
+    for name in SHOWN_NOT_ENFORCED:
+        value = getattr(spec, name)
+        if value != _default(name) and value not in (None, False):
+            out.append(flag(name) if value is True else f"{flag(name)} {value}")
+    return out
 
 
 def refuse_unsupported(spec: JobSpec, scheduler: str, origins: Mapping[str, str] | None = None) -> None:

@@ -93,6 +93,7 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (bin_dir / tool).chmod(0o755)
     (tmp_path / "train.py").write_text("print('hi')\n")
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")  # GPU options must show their effect locally too
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
@@ -130,6 +131,12 @@ def test_option_has_an_effect_or_is_refused(site: Path, capsys: pytest.CaptureFi
     assert out != base_out, f"{flag} changed nothing in what the {scheduler} scheduler would run"
 
 
+def test_what_the_local_scheduler_only_shows_is_said(site: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["submit", "--scheduler", "local", "--mem", "1G", "--partition", "p", "train.py"]) == 0
+    err = capsys.readouterr().err
+    assert "shows --mem 1G, --partition p to the tasks" in err and "enforces nothing" in err, err
+
+
 @pytest.mark.parametrize("args", [["--template-dir", "tx"], ["--wait-timeout", "5"]])
 def test_submission_options_without_local_meaning_are_refused(site: Path, capsys: pytest.CaptureFixture[str],
                                                               args: list[str]) -> None:
@@ -138,6 +145,6 @@ def test_submission_options_without_local_meaning_are_refused(site: Path, capsys
 
 
 def test_a_refused_value_from_a_profile_names_the_file(site: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (site / "slurmlaunch.toml").write_text('[defaults]\npartition = "gpu"\n')
+    (site / "slurmlaunch.toml").write_text('[defaults]\nconstraint = "a100"\n')
     code, _, err = dry_run(capsys, "local", [])
-    assert code == 2 and "--partition gpu (from " in err and "slurmlaunch.toml [defaults]" in err, err
+    assert code == 2 and "--constraint a100 (from " in err and "slurmlaunch.toml [defaults]" in err, err

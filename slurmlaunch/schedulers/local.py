@@ -8,18 +8,22 @@ so MASTER_ADDR is 127.0.0.1 unless the user set one. It runs in the foreground (
 
 from __future__ import annotations
 
+import functools
 import os
+import pwd
 import shlex
 import signal
+import socket
 import sys
 import time
 from collections.abc import Mapping
 from dataclasses import replace
 
 from ..errors import SpecError
-from ..gpus import visible_gpus
+from ..gpus import dev_gpu_ids, visible_gpus
 from ..paths import state_dir
 from ..spec import JobSpec
+from ..stepenv import GPU_LISTS, Submitter, step_env
 from ..supervisor import Outcome, RankProcess, supervise
 from . import make_log_dir, rank_log, script_env, write_private, write_record
 from .slurm import launch_command
@@ -48,36 +52,66 @@ def gpu_plan(spec: JobSpec, environ: Mapping[str, str]) -> tuple[list[str] | Non
     return gpus[:need], None
 
 
+def _umask() -> int:
+    try:  # Linux >= 4.7 shows it without changing it
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _usable_cpus() -> int:
+    if hasattr(os, "sched_getaffinity"):  # Linux: the CPUs this process may run on, as a cgroup'd node's
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+@functools.lru_cache(maxsize=1)
+def submitter() -> Submitter:
+    """This process as sbatch would record its caller, and this machine as the emulated nodes' size (read
+    once: every rank of a step shares it)."""
+    uid = os.getuid()
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:  # a uid without a passwd entry (containers): Slurm would refuse it; keep the number
+        user = str(uid)
+    return Submitter(user=user, uid=uid, gid=os.getgid(), host=socket.gethostname().split(".")[0],
+                     umask=_umask(), nice=os.getpriority(os.PRIO_PROCESS, 0),
+                     node_cpus=_usable_cpus())  # every emulated node is this machine
+
+
 def rank_env(spec: JobSpec, job_id: str, rank: int, environ: Mapping[str, str],
              gpus: list[str] | None) -> dict[str, str]:
-    """The environment a real srun step would give task ``rank`` of ``spec``, on emulated nodes."""
+    """The environment a real srun step would give task ``rank`` of ``spec``, on emulated nodes: ``environ``
+    without its SLURM_* and SLURMD_* variables, then --env, then the step's variables (slurmlaunch.stepenv)."""
     # The emulated step must not mix with a real Slurm job's variables we might be running inside.
     env = {k: v for k, v in environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
     env.update(script_env(spec))  # --env, --master-port, --rdzv-timeout: what a batch script exports
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     env.setdefault("SLURMLAUNCH_ALLOW_LOOPBACK", "1")  # every emulated node is this machine
     env.setdefault("PYTHONUNBUFFERED", "1")
-    tpn = spec.slurm_tasks_per_node
-    ntasks = str(spec.nodes * tpn)
-    node, local = divmod(rank, tpn)
-    nodelist = node_list(spec.nodes)
-    counts = str(tpn) if spec.nodes == 1 else f"{tpn}(x{spec.nodes})"
-    env.update({
-        "SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
-        "SLURM_JOB_NAME": spec.name, "SLURM_NTASKS": ntasks,
-        "SLURM_STEP_NUM_TASKS": ntasks, "SLURM_NNODES": str(spec.nodes),
-        "SLURM_JOB_NUM_NODES": str(spec.nodes), "SLURM_STEP_NUM_NODES": str(spec.nodes),
-        "SLURM_NODELIST": nodelist, "SLURM_JOB_NODELIST": nodelist, "SLURM_STEP_NODELIST": nodelist,
-        "SLURM_TASKS_PER_NODE": counts, "SLURM_STEP_TASKS_PER_NODE": counts,
-        "SLURM_SUBMIT_DIR": spec.workdir, "SLURMLAUNCH_SCHEDULER": "local",
-        "SLURM_NODEID": str(node), "SLURMD_NODENAME": f"{NODE_PREFIX}{node}",
-        "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local),
-    })
-    if spec.slurm_cpus_per_task is not None:
-        env["SLURM_CPUS_PER_TASK"] = str(spec.slurm_cpus_per_task)
-    if gpus is not None:
-        mine = gpus[node * spec.gpus_per_node:(node + 1) * spec.gpus_per_node]
-        env.update(CUDA_VISIBLE_DEVICES=",".join(mine), SLURM_GPUS_ON_NODE=str(len(mine)))
+    env.setdefault("TMPDIR", "/tmp")  # slurmd's TmpFS default, unless the submitter had one
+    env["PWD"] = spec.workdir  # the batch script's `cd` exported it; the caller's may be another directory
+    env["SLURMLAUNCH_SCHEDULER"] = "local"
+    for name in GPU_LISTS:  # Slurm unsets them in a step without GPUs, or sets them all below
+        env.pop(name, None)
+    machine: list[str] = []
+    if gpus is None:
+        here = dev_gpu_ids()
+        machine = visible_gpus(environ) if "CUDA_VISIBLE_DEVICES" in environ else here
+        if machine or here:
+            # stands in for the device cgroup of a real node: a step without GPUs cannot use this machine's
+            env["CUDA_VISIBLE_DEVICES"] = ""
+    nodes = [f"{NODE_PREFIX}{i}" for i in range(spec.nodes)]
+    env.update(step_env(spec, job_id, rank, nodes, node_list(spec.nodes), submitter(), gpus))
+    if spec.exclusive and machine:
+        # an --exclusive job holds every GPU of its node even when its step asked for none (the step sees none)
+        env["SLURM_JOB_GPUS"] = ",".join(machine)
     return env
 
 
