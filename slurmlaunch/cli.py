@@ -16,9 +16,9 @@ if TYPE_CHECKING:
     from typing import Any, NoReturn
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, code: int = 2) -> int:
     sys.stderr.write(f"slurmlaunch: error: {message}\n")
-    return 2
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return torchrun_node_main(args[1:])
         return _dispatch(args)
     except SlurmLaunchError as e:
-        return _fail(str(e))
+        return _fail(str(e), e.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("slurmlaunch: interrupted\n")
         return 130

@@ -27,3 +27,10 @@ class SchedulerError(SlurmLaunchError):
 
 class PreflightError(SlurmLaunchError):
     """A check before exec failed (port not bindable, rank 0 on the wrong host, too few GPUs)."""
+
+
+class WaitTimeout(SchedulerError):
+    """--wait-timeout passed while the job still runs: not a bad request, so not exit code 2 (124, as
+    timeout(1) reports a command it stopped waiting for)."""
+
+    exit_code = 124

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from .errors import SchedulerError
+from .errors import SchedulerError, WaitTimeout
 from .schedulers import JobStatus
 
 LOST_CONTACT_S = 120.0
@@ -77,8 +77,8 @@ def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, 
             err.write(f"slurmlaunch: job {job_id} ended {st.state}, exit code {code}{where}\n")
             return code
         if timeout is not None and now - start > timeout:
-            raise SchedulerError(
+            raise WaitTimeout(
                 f"waited {timeout:.0f}s for job {job_id} (still {st.state}); it keeps running: "
-                f"follow it with squeue -j {job_id}, cancel it with scancel {job_id}"
+                f"follow it with slurmlaunch logs --follow {job_id}, cancel it with slurmlaunch cancel {job_id}"
             )
         time.sleep(poll)

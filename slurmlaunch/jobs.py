@@ -234,6 +234,8 @@ def log_path(record: Mapping[str, Any], rank: int | None) -> str:
         raise SpecError("logs --rank: under PBS every rank's lines are in the job's one output, tagged by "
                         "mpiexec (leave out --rank)")
     spec = recorded_spec(record)
+    if rank is not None and not 0 <= rank < spec.world_size:
+        raise SpecError(f"logs --rank {rank}: job {job} has ranks 0-{spec.world_size - 1}")
     if rank is not None:  # in torchrun mode one file per node holds all its ranks
         return os.path.join(log_dir, f"job-{job}.{spec.log_unit}-{rank // spec.ranks_per_log}.log")
     if record["scheduler"] == "slurm":

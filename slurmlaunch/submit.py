@@ -34,9 +34,13 @@ def spec_from_args(ns: Any) -> JobSpec:
     ))
 
 
-def choose_scheduler(requested: str) -> str:
+def choose_scheduler(requested: str, preview: bool = False) -> str:
+    """The scheduler to use; ``preview`` (--dry-run): a named one needs no client on PATH, since previewing
+    a script must not need the scheduler."""
     from .schedulers import pbs, slurm
 
+    if requested != "auto" and preview:
+        return requested
     if requested != "auto":
         if requested == "slurm" and not slurm.available():
             raise SpecError("--scheduler slurm: sbatch is not on PATH (use --scheduler local on this machine)")
@@ -83,7 +87,7 @@ def adapt_to_site(spec: JobSpec, origins: dict[str, str]) -> JobSpec:
 def cmd_submit(ns: Any) -> int:
     ns = merged_options(ns)
     spec = spec_from_args(ns)
-    scheduler = choose_scheduler(ns.scheduler)
+    scheduler = choose_scheduler(ns.scheduler, preview=ns.dry_run)
     from .support import refuse_unsupported
 
     refuse_unsupported(spec, scheduler, getattr(ns, "option_origins", {}))
@@ -169,7 +173,8 @@ def wait_for(edge: Any, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, t
             edge.cancel(job_id)
             sys.stderr.write(f"slurmlaunch: cancelled job {job_id}\n")
         else:
-            sys.stderr.write(f"slurmlaunch: job {job_id} keeps running (cancel it with scancel or qdel)\n")
+            sys.stderr.write(f"slurmlaunch: job {job_id} keeps running (slurmlaunch cancel {job_id} cancels it; "
+                             f"slurmlaunch logs --follow {job_id} follows it)\n")
         return 130
 
 

@@ -106,3 +106,17 @@ def test_dev_cluster_command_up_status_job_down(tmp_path: Path) -> None:
     from tests.test_local import alive
 
     assert pids and not any(alive(p) for p in pids)
+
+
+@pytest.mark.slurm
+def test_wait_timeout_has_its_own_exit_code_and_points_to_slurmlaunch(cluster_env: dict[str, str],
+                                                                     tmp_path: Path) -> None:
+    env = dict(cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
+    (tmp_path / "long.py").write_text("import time; time.sleep(120)")
+    r = run_cli("submit", "--wait", "--wait-timeout", "2", "long.py", env=env, cwd=tmp_path, timeout=90)
+    job = r.stdout.split()[0]
+    try:
+        assert r.returncode == 124, r.stderr
+        assert f"slurmlaunch cancel {job}" in r.stderr and "scancel" not in r.stderr
+    finally:
+        assert run_cli("cancel", job, env=env, cwd=tmp_path).returncode == 0

@@ -42,3 +42,24 @@ def test_list_without_jobs_says_so(tmp_path: Path) -> None:
     env["XDG_STATE_HOME"] = str(tmp_path / "state")
     r = run_cli("list", env=env, cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("no jobs submitted yet")
+
+
+def test_logs_of_a_rank_the_job_does_not_have_names_the_ranks(tmp_path: Path) -> None:
+    env = no_slurm_env(tmp_path)
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    (tmp_path / "job.py").write_text("print('hi')\n")
+    assert run_cli("submit", "--scheduler", "local", "--nodes", "2", "--tasks-per-node", "2", "job.py", env=env,
+                   cwd=tmp_path).returncode == 0
+    job = json.loads(run_cli("list", "--json", env=env, cwd=tmp_path).stdout)[-1]["job_id"]
+    r = run_cli("logs", job, "--rank", "9", env=env, cwd=tmp_path)
+    assert r.returncode == 2 and f"job {job} has ranks 0-3" in r.stderr, r.stderr
+    r = run_cli("logs", job, "--rank", "3", env=env, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout == "hi\n", r.stderr
+
+
+def test_a_dry_run_needs_no_scheduler_client(tmp_path: Path) -> None:
+    env = no_slurm_env(tmp_path)  # no sbatch, no qsub on PATH
+    (tmp_path / "job.py").write_text("print('hi')\n")
+    for scheduler, marker in (("pbs", "#PBS"), ("slurm", "#SBATCH")):
+        r = run_cli("submit", "--scheduler", scheduler, "--dry-run", "job.py", env=env, cwd=tmp_path)
+        assert r.returncode == 0 and marker in r.stdout, r.stderr
