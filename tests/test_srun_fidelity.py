@@ -38,6 +38,7 @@ ONE_SIDED = {
     "_": "the batch shell's last command (srun), not Slurm's",
     "OLDPWD": "the batch shell's `cd` into the working directory, not Slurm's",
     "SLURMLAUNCH_SCHEDULER": "the local scheduler marks its tasks",
+    "SLURMLAUNCH_SUPERVISOR_TOKEN": "marks every process of a local job, so none outlives it (supervisor.py)",
 }
 # Names present on the real side only when the request does not name them: accounting's defaults.
 DEFAULTED = {"SLURM_JOB_ACCOUNT": "--account", "SLURM_JOB_QOS": "--qos"}
