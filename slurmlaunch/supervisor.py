@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -175,6 +176,14 @@ def _children() -> list[int]:
     return pids
 
 
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _carries(pid: int, marker: bytes) -> bool:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
@@ -190,6 +199,10 @@ def kill_leftovers(token: str, known: set[int], bound: float = 5.0) -> int:
     killed = 0
     deadline = time.monotonic() + bound
     while time.monotonic() < deadline:
+        for pid in _children():  # orphans that ended while the job ran came back to us as zombies
+            if pid not in known and _zombie(pid):
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
         mine = [pid for pid in _children() if pid not in known and _carries(pid, marker)]
         if not mine:
             break

@@ -201,3 +201,31 @@ def test_status_of_a_local_job_whose_supervisor_was_killed_is_failed_without_a_c
                 pass
     status = _status(tmp_path, job_id)
     assert (status["state"], status["exit_code"]) == ("FAILED", None)
+
+
+def test_orphans_that_ended_during_an_element_are_reaped_before_the_next(tmp_path: Path) -> None:
+    # Element 0's daemon exits on its own and comes back to the supervisor (a subreaper) as a zombie; by the
+    # time element 1 runs, the supervisor must have reaped it rather than collect zombies all job long.
+    script = """
+import os, sys, time
+if os.environ["SLURM_ARRAY_TASK_ID"] == "0":
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os._exit(0)
+        os._exit(0)
+    time.sleep(1)
+    sys.exit(0)
+supervisor = os.getppid()
+children = []
+for task in os.listdir(f"/proc/{supervisor}/task"):
+    children += open(f"/proc/{supervisor}/task/{task}/children").read().split()
+states = [open(f"/proc/{c}/stat").read().rsplit(")", 1)[1].split()[0] for c in children]
+sys.exit(3 if "Z" in states else 0)
+"""
+    proc = _submit(tmp_path, script, "--array", "0-1")
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err.decode()
