@@ -39,7 +39,7 @@ def _silence_stdout() -> None:
 def _os_error(e: OSError) -> str:
     """"what failed: the path" for an OSError, in one line."""
     what = e.strerror or str(e)
-    paths = [shown(str(p)) for p in (e.filename, e.filename2) if p is not None]
+    paths = [shown(str(p), 1000) for p in (e.filename, e.filename2) if p is not None]
     return what + (": " + " -> ".join(paths) if paths else "")
 
 
@@ -89,6 +89,15 @@ def _parser(profiles: bool = False) -> Any:
         def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse prints usage too)
             sys.stderr.write(f"{self.prog}: error: {message}\n")
             raise SystemExit(2)
+
+        def _get_values(self, action: Any, arg_strings: list[str]) -> Any:
+            # `--opt=--` (or `--opt --`): argparse drops the '--' and hands the option an empty list
+            # instead of the string '--' (Python 3.11), which no option's code expects.
+            if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+                value = self._get_value(action, "--")
+                self._check_value(action, value)
+                return value
+            return super()._get_values(action, arg_strings)
 
     top = Parser(prog="slurmlaunch", allow_abbrev=False,
                  description="Multi-node PyTorch on Slurm and on this machine, without hand-written scripts.")

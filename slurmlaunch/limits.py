@@ -75,7 +75,9 @@ def parse_count(what: str, text: str, minimum: int = 0, maximum: int = MAX_JOB_I
     ``sep`` joins name and value: " " for an option, "=" for a variable."""
     value = bounded_int(text, maximum)
     if value is None or value < minimum:
-        raise error(f"{what}{sep}{shown(text)} is not valid (expected an integer {minimum}..{maximum}{hint})")
+        plain = re.fullmatch(r"-?[0-9]{1,40}", text) is not None  # a number is shown as itself: --nodes -3
+        raise error(f"{what}{sep}{text if plain else shown(text)} is not valid (expected an integer "
+                    f"{minimum}..{maximum}{hint})")
     return value
 
 

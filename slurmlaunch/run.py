@@ -8,6 +8,7 @@ scheduler uses. The classic traps become one-line refusals before anything start
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 import time
@@ -15,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import SlurmLaunchError, SpecError
-from .limits import MAX_NODES, MAX_PER_NODE, Count, Seconds, bounded_int, is_digits, parse_count, shown
+from .limits import MAX_NODES, MAX_PER_NODE, Count, Seconds, bounded_int, shown
 
 DEFAULT_PORT = 29500  # torchrun's
 
@@ -64,10 +65,11 @@ def add_run_options(p: Any, environ: Mapping[str, str]) -> None:
 
 def parse_nnodes(text: str) -> int:
     lo, _, hi = str(text).partition(":")
-    if not is_digits(lo) or (hi and hi != lo):
-        raise SpecError(f"--nnodes {shown(str(text))} is not valid (expected a positive number; elastic MIN:MAX "
-                        f"ranges are not supported by `run`)")
-    return parse_count("--nnodes", lo, 1, MAX_NODES)
+    nnodes = bounded_int(lo, MAX_NODES)
+    if not nnodes or (hi and hi != lo):
+        raise SpecError(f"--nnodes {shown(str(text))} is not valid (expected a number 1..{MAX_NODES}; elastic "
+                        f"MIN:MAX ranges are not supported by `run`)")
+    return nnodes
 
 
 def plan_processes(nproc: str, use_cpu: bool, environ: Mapping[str, str]) -> tuple[int, bool, str | None]:
@@ -83,11 +85,11 @@ def plan_processes(nproc: str, use_cpu: bool, environ: Mapping[str, str]) -> tup
         return gpus, False, None
     if nproc == "cpu":
         return os.cpu_count() or 1, True, None
-    if not is_digits(nproc):
-        raise SpecError(f"--nproc-per-node {shown(nproc)} is not valid (expected a positive number, gpu, cpu or "
-                        f"auto)")
     # Checked before anything is built: one process (and its bookkeeping) per rank follows from it.
-    count = parse_count("--nproc-per-node", nproc, 1, MAX_PER_NODE)
+    count = bounded_int(nproc, MAX_PER_NODE)
+    if not count:
+        raise SpecError(f"--nproc-per-node {shown(nproc)} is not valid (expected a number 1..{MAX_PER_NODE}, "
+                        f"gpu, cpu or auto)")
     if use_cpu:
         return count, True, None
     if gpus == 0:
@@ -160,11 +162,20 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
         raise SpecError(f"--node-rank {ns.node_rank} is not valid with --nnodes {nnodes} (expected 0..{nnodes - 1})")
     if not 1 <= ns.master_port <= 65535:
         raise SpecError(f"--master-port {ns.master_port} is not valid (expected 1-65535)")
+    if ns.no_python and not (os.path.exists(ns.script) or shutil.which(ns.script)):
+        raise SpecError(f"--no-python executable {shown(ns.script)} not found (a path or a command on PATH)")
     if not (ns.no_python or ns.module):
         if os.path.isdir(ns.script):
             raise SpecError(f"script {shown(ns.script)} is a directory (expected a Python file; -m for a package)")
         if not os.path.isfile(ns.script):
             raise SpecError(f"script {shown(ns.script)} not found")
+    # getaddrinfo takes '127.0.0.1\n' (inet_aton stops at the newline), and every rank would get it.
+    if not ns.master_addr or any(c.isspace() or not c.isprintable() for c in ns.master_addr):
+        raise SpecError(f"--master-addr {shown(ns.master_addr)} is not valid (expected a host name or address, "
+                        f"without spaces or control characters)")
+    if ns.log_dir is not None and (not ns.log_dir or not ns.log_dir.isprintable()):
+        raise SpecError(f"--log-dir {shown(ns.log_dir)} is not valid (expected a directory name without control "
+                        f"characters such as newlines)")
     nproc, on_cpu, note = plan_processes(str(ns.nproc), ns.cpu, environ)
     addresses = resolve_master(ns.master_addr)
     if nnodes > 1 and is_loopback(addresses) and not ns.allow_loopback:
@@ -179,6 +190,11 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
                         f"choose a free port, or --standalone for a single node")
     if ns.node_rank > 0:
         wait_for_master(ns.master_addr, ns.master_port, ns.master_timeout, ns.node_rank)
+    if ns.log_dir:  # before the note: a refusal stays the only line
+        try:
+            os.makedirs(ns.log_dir, mode=0o750, exist_ok=True)
+        except OSError as e:
+            raise SpecError(f"--log-dir {shown(ns.log_dir)} cannot be made a directory ({e.strerror})") from None
     if note:
         sys.stderr.write(f"slurmlaunch: {note}\n")
     return start_ranks(ns, nnodes, nproc, on_cpu, environ)

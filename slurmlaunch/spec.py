@@ -25,7 +25,7 @@ from .limits import (
     MAX_WORLD,
     bounded_int,
     check_count,
-    is_digits,
+    parse_count,
     shown,
 )
 
@@ -270,18 +270,13 @@ def parse_nodes(text: str | int) -> tuple[int, int | None]:
         return text, None
     value = str(text)
     low, colon, high = value.partition(":")
-    if colon and is_digits(low) and is_digits(high):
-        nodes, minimum = bounded_int(high, MAX_NODES), bounded_int(low, MAX_NODES)
-        if nodes is not None and minimum is not None:
-            return nodes, minimum
-    elif not colon and is_digits(value):
-        nodes = bounded_int(value, MAX_NODES)
-        if nodes is not None:
-            return nodes, None
-    else:
+    if not colon:
+        return parse_count("--nodes", value, 1, MAX_NODES, hint="; or MIN:MAX with --mode torchrun"), None
+    nodes, minimum = bounded_int(high, MAX_NODES), bounded_int(low, MAX_NODES)
+    if nodes is None or minimum is None:
         raise SpecError(f"--nodes {shown(value)} is not valid (expected a number of nodes, or MIN:MAX with "
-                        f"--mode torchrun)")
-    raise SpecError(f"--nodes {shown(value)} is not valid (expected at most {MAX_NODES} nodes; README: Limits)")
+                        f"--mode torchrun, each at most {MAX_NODES})")
+    return nodes, minimum
 
 
 def _validate_mode(spec: JobSpec) -> None:
@@ -321,9 +316,10 @@ def _validate_container(spec: JobSpec) -> None:
                 or any(c.isspace() for c in mount):
             raise SpecError(f"--container-mount {mount!r} is not valid (expected /host/path:/container/path"
                             f"[:FLAGS], e.g. /scratch:/scratch:ro; no commas or spaces)")
-    if spec.container_workdir is not None and not spec.container_workdir.startswith("/"):
-        raise SpecError(f"--container-workdir {spec.container_workdir!r} is not valid (expected an absolute path "
-                        f"inside the container)")
+    if spec.container_workdir is not None and (not spec.container_workdir.startswith("/") or
+                                               any(c.isspace() or not c.isprintable() for c in spec.container_workdir)):
+        raise SpecError(f"--container-workdir {shown(spec.container_workdir)} is not valid (expected an absolute "
+                        f"path inside the container, without spaces or control characters)")
 
 
 def time_minutes(text: str) -> int | None:
