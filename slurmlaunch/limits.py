@@ -27,6 +27,9 @@ MAX_ARRAY_INDEX = 4_000_000
 # every element counts as one. (A sweep's script also lists every point; the local scheduler builds every
 # element's ranks, even for a dry run.)
 MAX_ARRAY_ELEMENTS = 10_000
+# The local scheduler starts every rank of every element on this one machine (one element after another) and
+# its dry run lists each rank with its variables (~10 kB each): ranks over all elements.
+MAX_LOCAL_RANKS = 16_384
 # Requeues and torchrun restarts: Slurm counts a job's restarts in 16 bits.
 MAX_RESTARTS = 65_535
 # Timeouts in seconds (rendezvous, following a job, probes): a year.

@@ -16,6 +16,7 @@ from .errors import SpecError
 from .limits import (
     MAX_ARRAY_ELEMENTS,
     MAX_ARRAY_INDEX,
+    MAX_LOCAL_RANKS,
     MAX_MEM_BYTES,
     MAX_NODES,
     MAX_PER_NODE,
@@ -360,6 +361,15 @@ def _check_output_dir(log_dir: str, given: str) -> None:
         if parent == path:
             return
         path = parent
+
+
+def validate_local(spec: JobSpec) -> None:
+    """The local scheduler's own bound (README: Limits): every rank of every element runs on this machine."""
+    elements = len(spec.array_indices) if spec.is_array else 1
+    if spec.world_size * elements > MAX_LOCAL_RANKS:
+        what = f"{spec.world_size} ranks" + (f" x {elements} array elements" if spec.is_array else "")
+        raise SpecError(f"{what} is more than the local scheduler runs on one machine (at most "
+                        f"{MAX_LOCAL_RANKS} ranks in all; submit to Slurm, or ask for fewer)")
 
 
 def validate(spec: JobSpec) -> JobSpec:

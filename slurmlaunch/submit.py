@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from .errors import SpecError
-from .spec import JobSpec, parse_env, parse_nodes, parse_sweep, validate
+from .spec import JobSpec, parse_env, parse_nodes, parse_sweep, validate, validate_local
 
 
 def spec_from_args(ns: Any) -> JobSpec:
@@ -100,6 +100,8 @@ def cmd_submit(ns: Any) -> int:
         spec = adapt_to_site(spec, getattr(ns, "option_origins", {}))
     if scheduler == "local":
         from .schedulers import local
+
+        validate_local(spec)  # before the ranks (or the dry run's lines) are built
 
         if ns.dry_run:
             sys.stdout.write(local.dry_run(spec, os.environ))

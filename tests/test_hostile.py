@@ -97,6 +97,17 @@ def test_huge_counts_one_line_in_bounded_memory(args: list[str], expect: str, sc
     one_line_exit_2(r, expect)
 
 
+def test_local_scheduler_bounds_ranks_over_all_elements(work: tuple[Path, dict[str, str]]) -> None:
+    """What Slurm may accept (many nodes), the local scheduler would build on this machine: its own bound."""
+    cwd, env = work
+    for args in (["--nodes", "1000", "--tasks-per-node", "1000"], ["--nodes", "2", "--array", "0-9999"],
+                 ["--nodes", "100000", "--tasks-per-node", "21474"]):
+        r = run(["submit", "--dry-run", "--scheduler", "local", *args, "t.py"], cwd, env, memory_limit=True)
+        one_line_exit_2(r, "more than the local scheduler runs on one machine")
+        r = run(["submit", "--dry-run", "--scheduler", "slurm", *args, "t.py"], cwd, env, memory_limit=True)
+        assert r.returncode == 0, r.stderr.decode()
+
+
 def test_run_nproc_huge_is_refused_before_any_process(work: tuple[Path, dict[str, str]]) -> None:
     cwd, env = work
     one_line_exit_2(run(["run", "--nproc-per-node", "100000000", "t.py"], cwd, env, memory_limit=True),
