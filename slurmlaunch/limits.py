@@ -78,7 +78,8 @@ def parse_count(what: str, text: str, minimum: int = 0, maximum: int = MAX_JOB_I
     ``sep`` joins name and value: " " for an option, "=" for a variable."""
     value = bounded_int(text, maximum)
     if value is None or value < minimum:
-        plain = re.fullmatch(r"-?[0-9]{1,40}", text) is not None  # a number is shown as itself: --nodes -3
+        # an option's number is shown as itself (--nodes -3); a variable's value quoted (SLURM_PROCID='-1')
+        plain = sep == " " and re.fullmatch(r"-?[0-9]{1,40}", text) is not None
         raise error(f"{what}{sep}{text if plain else shown(text)} is not valid (expected an integer "
                     f"{minimum}..{maximum}{hint})")
     return value

@@ -271,8 +271,11 @@ def parse_nodes(text: str | int) -> tuple[int, int | None]:
         return text, None
     value = str(text)
     low, colon, high = value.partition(":")
-    if not colon:
+    if not colon and re.fullmatch(r"-?[0-9]+", value):
         return parse_count("--nodes", value, 1, MAX_NODES, hint="; or MIN:MAX with --mode torchrun"), None
+    if not colon:
+        raise SpecError(f"--nodes {shown(value)} is not valid (expected a number of nodes, or MIN:MAX with "
+                        f"--mode torchrun)")
     nodes, minimum = bounded_int(high, MAX_NODES), bounded_int(low, MAX_NODES)
     if nodes is None or minimum is None:
         raise SpecError(f"--nodes {shown(value)} is not valid (expected a number of nodes, or MIN:MAX with "
@@ -452,10 +455,10 @@ def validate(spec: JobSpec) -> JobSpec:
         raise SpecError(f"--pbs-flavour {spec.pbs_flavour!r} is not valid (expected pro or torque)")
     if spec.gpu_flag not in ("gpus-per-node", "gres"):
         raise SpecError(f"--gpu-flag {spec.gpu_flag!r} is not valid (expected gpus-per-node or gres)")
-    for name, value in (("--output-dir", spec.output_dir), ("--job-name", spec.job_name)):
-        if value is not None and (not value or any(not c.isprintable() for c in value)):
-            raise SpecError(f"{name} {shown(value)} is not valid (expected a non-empty name without control "
-                            f"characters such as newlines)")
+    # (The job name is data, byte for byte, on sbatch's command line: README "Strings are data".)
+    if not spec.output_dir or not spec.output_dir.isprintable():
+        raise SpecError(f"--output-dir {shown(spec.output_dir)} is not valid (expected a directory name without "
+                        f"control characters such as newlines)")
     _check_output_dir(spec.log_dir, spec.output_dir)
     for bad in ("%", "\\"):
         if bad in spec.output_dir:

@@ -224,8 +224,8 @@ SUBMIT_VALID: dict[str, tuple[str, list[str]]] = {
     "array": ("0-3", []), "sweep": ("lr=1,2", []), "max_parallel": ("2", ["--array", "0-3"]),
     "wait_timeout": ("5", []),
 }
-# Values kept byte for byte by design (README: --env, --setup, --sweep): a newline there is data.
-BYTE_FOR_BYTE = {"env", "setup", "sweep"}
+# Values kept byte for byte by design (README: Strings are data): a newline there is data.
+BYTE_FOR_BYTE = {"env", "setup", "sweep", "job_name"}
 
 
 def value_options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
