@@ -14,6 +14,7 @@ Standard library only, like the launcher.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -83,7 +84,8 @@ def torchrun_command(env: Mapping[str, str], values: Mapping[str, str], flags: S
     is_host = me == head if me else env.get("SLURM_NODEID", "0") == "0"
     conf = f"is_host={int(is_host)}"
     timeout = env.get("SLURMLAUNCH_RDZV_TIMEOUT", "")
-    if timeout.replace(".", "", 1).isdigit() and float(timeout) > 0:  # --rdzv-timeout: how long nodes wait
+    # --rdzv-timeout: how long nodes wait (ASCII digits only: '²'.isdigit() is true, and float() refuses it)
+    if re.fullmatch(r"[0-9]+(\.[0-9]*)?", timeout) and float(timeout) > 0:
         conf += f",join_timeout={float(timeout):g}"
     nnodes = values.get("nnodes") or env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or "1"
     argv = [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
