@@ -1,6 +1,8 @@
 """Command-line front end. `launch` takes a fast path with no argparse; everything else uses argparse.
 
-Errors of the SlurmLaunchError family become one line on stderr and exit code 2.
+Errors of the SlurmLaunchError family become one line on stderr and exit code 2, and so do the OSError and
+UnicodeError that bad input causes (a file where a directory should be, a full disk, bytes that are not
+UTF-8); a reader that goes away (`| head -1`) ends the command quietly, as it ends Unix tools.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from .errors import SlurmLaunchError
+from .limits import MAX_ARRAY_ELEMENTS, MAX_NODES, MAX_PER_NODE, MAX_RESTARTS, MAX_WORLD, Count, Seconds, shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -19,6 +22,26 @@ if TYPE_CHECKING:
 def _fail(message: str, code: int = 2) -> int:
     sys.stderr.write(f"slurmlaunch: error: {message}\n")
     return code
+
+
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null, so that the interpreter's last flush (of what could not be
+    written) does not print a second error after ours."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def _os_error(e: OSError) -> str:
+    """"what failed: the path" for an OSError, in one line."""
+    what = e.strerror or str(e)
+    paths = [shown(str(p), 1000) for p in (e.filename, e.filename2) if p is not None]
+    return what + (": " + " -> ".join(paths) if paths else "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -35,12 +58,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .torchrun_mode import main as torchrun_node_main
 
             return torchrun_node_main(args[1:])
-        return _dispatch(args)
+        try:
+            code = _dispatch(args)
+        except SystemExit:  # argparse's --help and usage errors: their output is flushed below too
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # here, not at exit: a full disk or a closed pipe is still ours to report
+        return code
     except SlurmLaunchError as e:
         return _fail(str(e), e.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("slurmlaunch: interrupted\n")
         return 130
+    except BrokenPipeError:
+        _silence_stdout()
+        return 141  # the reader is gone (`| head -1`): quiet, with the status a shell shows for SIGPIPE
+    except OSError as e:
+        import errno
+
+        if e.filename is None and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
+            _silence_stdout()  # most likely standard output itself (> /dev/full); its flush would fail again
+            return _fail(f"cannot write: {_os_error(e)}")
+        return _fail(_os_error(e))
+    except UnicodeError as e:
+        return _fail(f"text that is not valid UTF-8 (or not encodable): {e}")
 
 
 def _parser(profiles: bool = False) -> Any:
@@ -52,6 +93,15 @@ def _parser(profiles: bool = False) -> Any:
         def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse prints usage too)
             sys.stderr.write(f"{self.prog}: error: {message}\n")
             raise SystemExit(2)
+
+        def _get_values(self, action: Any, arg_strings: list[str]) -> Any:
+            # `--opt=--` (or `--opt --`): argparse drops the '--' and hands the option an empty list
+            # instead of the string '--' (Python 3.11), which no option's code expects.
+            if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+                value = self._get_value(action, "--")
+                self._check_value(action, value)
+                return value
+            return super()._get_values(action, arg_strings)
 
     top = Parser(prog="slurmlaunch", allow_abbrev=False,
                  description="Multi-node PyTorch on Slurm and on this machine, without hand-written scripts.")
@@ -81,10 +131,13 @@ def _parser(profiles: bool = False) -> Any:
                          help="check what this Slurm site accepts before spending an allocation; --allocate N "
                               "runs a tiny job that checks MASTER_ADDR, the port, GPUs and torch from every rank")
     doc.add_argument("--partition", "-p", help="check requests against this partition (default: the default one)")
-    doc.add_argument("--allocate", type=int, metavar="N", help="also run a probe job on N nodes")
-    doc.add_argument("--gpus-per-node", type=int, default=0, help="with --allocate: GPUs (= ranks) per node")
-    doc.add_argument("--timeout", type=float, default=300.0, help="with --allocate: seconds to wait for the probe "
-                     "job, queueing included (default 300; it is cancelled after)")
+    doc.add_argument("--allocate", type=Count("--allocate", 1, MAX_NODES), metavar="N",
+                     help="also run a probe job on N nodes")
+    doc.add_argument("--gpus-per-node", type=Count("--gpus-per-node", 0, MAX_PER_NODE), default=0,
+                     help="with --allocate: GPUs (= ranks) per node")
+    doc.add_argument("--timeout", type=Seconds("--timeout"), default=300.0,
+                     help="with --allocate: seconds to wait for the probe job, queueing included (default 300; "
+                          "it is cancelled after)")
     doc.add_argument("--json", action="store_true")
 
     cfg = sub.add_parser("config", allow_abbrev=False,
@@ -101,7 +154,7 @@ def _parser(profiles: bool = False) -> Any:
     st.add_argument("--json", action="store_true")
     lg = sub.add_parser("logs", allow_abbrev=False, help="a job's output (the batch log, or --rank N's)")
     lg.add_argument("job")
-    lg.add_argument("--rank", type=int)
+    lg.add_argument("--rank", type=Count("--rank", 0, MAX_WORLD - 1))
     lg.add_argument("--follow", "-f", action="store_true", help="follow until the job ends")
     cn = sub.add_parser("cancel", allow_abbrev=False, help="cancel a job (scancel / qdel)")
     cn.add_argument("job")
@@ -111,9 +164,11 @@ def _parser(profiles: bool = False) -> Any:
                              "(root and Debian's slurmctld/slurmd/slurm-client)")
     dc.add_argument("action", choices=["up", "down", "status"])
     dc.add_argument("--dir", default="/tmp/slurmlaunch-dev-cluster", help="its state, logs and pid files")
-    dc.add_argument("--nodes", type=int, default=4)
-    dc.add_argument("--gpus-per-node", type=int, default=4, help="fake GPUs (/dev/null stand-ins)")
-    dc.add_argument("--cpus", type=int, default=8, help="CPUs each node claims")
+    # slurmd daemons on this one machine, each with its own port: a few dozen is already a lot.
+    dc.add_argument("--nodes", type=Count("--nodes", 1, 256), default=4)
+    dc.add_argument("--gpus-per-node", type=Count("--gpus-per-node", 0, 64), default=4,
+                    help="fake GPUs (/dev/null stand-ins)")
+    dc.add_argument("--cpus", type=Count("--cpus", 1, MAX_PER_NODE), default=8, help="CPUs each node claims")
     dc.add_argument("--accounting", action="store_true", help="MariaDB + slurmdbd too, so that sacct works")
 
     import os
@@ -168,10 +223,13 @@ def add_submit_options(s: Any) -> None:
                    "config (see slurmlaunch config show); options given here override them")
     g.add_argument("--nodes", "-N", default=1, metavar="N|MIN:MAX",
                    help="nodes (default 1); MIN:MAX for an elastic job in --mode torchrun")
-    g.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node; one rank per GPU (default 0)")
-    g.add_argument("--tasks-per-node", type=int, help="ranks per node (default: GPUs per node, or 1)")
-    g.add_argument("--cpus-per-task", type=int, help="CPUs per rank (sets OMP_NUM_THREADS)")
-    g.add_argument("--cpus-per-gpu", type=int, help="CPUs per GPU (= per rank)")
+    g.add_argument("--gpus-per-node", type=Count("--gpus-per-node", 0, MAX_PER_NODE), default=0,
+                   help="GPUs per node; one rank per GPU (default 0)")
+    g.add_argument("--tasks-per-node", type=Count("--tasks-per-node", 1, MAX_PER_NODE),
+                   help="ranks per node (default: GPUs per node, or 1)")
+    g.add_argument("--cpus-per-task", type=Count("--cpus-per-task", 1, MAX_PER_NODE),
+                   help="CPUs per rank (sets OMP_NUM_THREADS)")
+    g.add_argument("--cpus-per-gpu", type=Count("--cpus-per-gpu", 1, MAX_PER_NODE), help="CPUs per GPU (= per rank)")
     g.add_argument("--mem", help="memory per node, e.g. 64G")
     g.add_argument("--time", help="time limit: minutes, HH:MM:SS, D-HH:MM:SS")
     g.add_argument("--partition", "-p")
@@ -192,13 +250,15 @@ def add_submit_options(s: Any) -> None:
                         "this one IS run by the shell)")
     g.add_argument("--sbatch-arg", action="append", default=[], metavar="--OPTION=VALUE",
                    help="extra sbatch (or qsub) option, written as an #SBATCH (#PBS) line (repeatable)")
-    g.add_argument("--master-port", type=int, help="MASTER_PORT (default: derived from the job id)")
+    g.add_argument("--master-port", type=Count("--master-port", 1, 65535),
+                   help="MASTER_PORT (default: derived from the job id)")
     g.add_argument("--signal", default="USR2@90", metavar="NAME[@SECONDS]",
                    help="warning signal before the time limit, passed to every rank (default USR2@90; none)")
     g.add_argument("--requeue", action=argparse.BooleanOptionalAction, default=False,
                    help="requeue the job when the warning signal came (ranks save a checkpoint, exit 128+N)")
-    g.add_argument("--max-requeues", type=int, default=3, help="with --requeue: at most this many (default 3)")
-    g.add_argument("--rdzv-timeout", type=float,
+    g.add_argument("--max-requeues", type=Count("--max-requeues", 0, MAX_RESTARTS), default=3,
+                   help="with --requeue: at most this many (default 3)")
+    g.add_argument("--rdzv-timeout", type=Seconds("--rdzv-timeout"),
                    help="seconds a rank waits for MASTER_ADDR:MASTER_PORT before it is stopped (default 900)")
     g.add_argument("--python", help="interpreter for the ranks (default: the one running slurmlaunch; "
                    "python3 inside a container)")
@@ -215,8 +275,10 @@ def add_submit_options(s: Any) -> None:
     g.add_argument("--mode", choices=["srun", "torchrun"], default="srun",
                    help="srun: one Slurm task per rank through the launcher (default); torchrun: one task per "
                         "node running torchrun (c10d rendezvous on the first node, restarts, elastic ranges)")
-    g.add_argument("--nproc-per-node", type=int, help="torchrun mode without GPUs: ranks per node")
-    g.add_argument("--max-restarts", type=int, default=0, help="torchrun mode: restarts of the whole world "
+    g.add_argument("--nproc-per-node", type=Count("--nproc-per-node", 1, MAX_PER_NODE),
+                   help="torchrun mode without GPUs: ranks per node")
+    g.add_argument("--max-restarts", type=Count("--max-restarts", 0, MAX_RESTARTS), default=0,
+                   help="torchrun mode: restarts of the whole world "
                    "after a rank fails (default 0)")
     g = s.add_argument_group("containers")
     g.add_argument("--container-image", metavar="IMAGE",
@@ -234,13 +296,14 @@ def add_submit_options(s: Any) -> None:
     g.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
                    help="a grid, one array element per point; each point adds --KEY=VALUE to SCRIPT's "
                         "arguments (repeatable: the product of all)")
-    g.add_argument("--max-parallel", type=int, metavar="N", help="run at most N array elements at once")
+    g.add_argument("--max-parallel", type=Count("--max-parallel", 1, MAX_ARRAY_ELEMENTS), metavar="N",
+                   help="run at most N array elements at once")
     g = s.add_argument_group("what and how")
     g.add_argument("-m", "--module", action="store_true", help="SCRIPT is a Python module")
     g.add_argument("--no-python", action="store_true", help="SCRIPT is an executable")
     g.add_argument("--dry-run", action="store_true", help="print the script (or local commands); submit nothing")
     g.add_argument("--wait", action="store_true", help="follow the job until it ends; exit with its code")
-    g.add_argument("--wait-timeout", type=float, help="give up following after this many seconds")
+    g.add_argument("--wait-timeout", type=Seconds("--wait-timeout"), help="give up following after this many seconds")
     g.add_argument("--cancel-on-interrupt", action="store_true",
                    help="with --wait: Ctrl-C cancels the job without asking")
     s.add_argument("script", metavar="SCRIPT")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from . import hostlist
 from .distenv import DistEnv
 from .errors import EnvironmentMappingError, HostlistError, PreflightError
+from .limits import MAX_JOB_ID, bounded_int, parse_count, shown
 
 Env = Mapping[str, str]
 
@@ -56,12 +57,16 @@ def _require(env: Env, *names: str) -> tuple[str, str]:
     return found
 
 
-def _int(name: str, value: str, minimum: int = 0) -> int:
-    if not (value.isascii() and value.isdigit()) or int(value) < minimum:
-        raise EnvironmentMappingError(
-            f"{name}={value!r} is not valid (expected an integer >= {minimum})"
-        )
-    return int(value)
+def _int(name: str, value: str, minimum: int = 0, maximum: int = MAX_JOB_ID) -> int:
+    """A variable's integer. Slurm's ids and counts are 32-bit unsigned, so that is the default bound; a
+    longer value is refused before int() sees it (past 4300 digits int() raises)."""
+    return parse_count(name, value, minimum, maximum, sep="=", error=EnvironmentMappingError)
+
+
+def _optional_int(name: str, env: Env, maximum: int = MAX_JOB_ID) -> int | None:
+    """A variable that may be unset or empty (None), else an integer like :func:`_int`."""
+    value = env.get(name, "")
+    return None if value == "" else _int(name, value, 0, maximum)
 
 
 def derive_port(job_id: int, step_id: int = 0) -> int:
@@ -92,8 +97,8 @@ def local_device(env: Env, local_rank: int, local_world_size: int, ctx: Context,
         return None
     if visible >= local_world_size:
         return local_rank
-    node_gpus = env.get("SLURM_GPUS_ON_NODE", "")
-    if cvd is not None and node_gpus.isdigit() and int(node_gpus) >= local_world_size:
+    node_gpus = bounded_int(env.get("SLURM_GPUS_ON_NODE", ""), MAX_JOB_ID)
+    if cvd is not None and node_gpus is not None and node_gpus >= local_world_size:
         return 0
     raise PreflightError(
         f"{local_world_size} ranks on {host} but only {visible} GPU(s) visible ({described}): "
@@ -160,7 +165,7 @@ def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
         # The batch script (or an salloc shell) carries SLURM_PROCID=0 and the job's SLURM_NTASKS, but
         # it is no task of a step: treating it as rank 0 of N makes it wait for N-1 ranks forever.
         ntasks = env.get("SLURM_NTASKS", "1")
-        if ntasks.isdigit() and int(ntasks) > 1:
+        if (bounded_int(ntasks, MAX_JOB_ID) or 0) > 1:
             raise EnvironmentMappingError(
                 f"this is the batch step of Slurm job {job_id} (SLURM_STEP_ID is not set, "
                 f"SLURM_NTASKS={ntasks}): start the ranks with srun "
@@ -190,6 +195,10 @@ def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
             f"({nnodes_found[0] if nnodes_found else 'count'}={nnodes})"
         )
     tpn_name, tpn_text = _require(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+    longest = max((len(run) for run in tpn_text.replace("(x", ",").replace(")", ",").split(",")), default=0)
+    if longest > len(str(MAX_JOB_ID)):  # before the count list's parser converts 5000 digits
+        raise EnvironmentMappingError(f"{tpn_name}={shown(tpn_text)} is not valid (a count of {longest} "
+                                      f"characters; expected counts such as 2(x3),1)")
     try:
         tpn = hostlist.parse_counts(tpn_text)
     except HostlistError as e:
@@ -236,7 +245,9 @@ def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
         env, rank0_host, rank0_origin, derive_port(job_id, step_id),
         f"derived from SLURM_JOB_ID={job_id}, SLURM_STEP_ID={step_id}",
     )
-    cpus = env.get("SLURM_CPUS_PER_TASK", "")
+    # Slurm sets it only with --cpus-per-task; a value that is not a count is an error, not silently no
+    # OMP_NUM_THREADS (which would leave every rank's thread pool at all of the node's cores).
+    cpus = _optional_int("SLURM_CPUS_PER_TASK", env, 65535)
     origins.update({
         "RANK": f"{procid_name}={procid_text}",
         "WORLD_SIZE": f"{ntasks_name}={ntasks_text}",
@@ -245,7 +256,7 @@ def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
         "NODE_RANK": f"SLURM_NODEID={node_rank}",
         "GROUP_WORLD_SIZE": f"{nodelist_name}={nodelist}",
     })
-    if cpus.isdigit():
+    if cpus is not None:
         origins["OMP_NUM_THREADS"] = f"SLURM_CPUS_PER_TASK={cpus}"
     return DistEnv(
         source="slurm",
@@ -259,7 +270,7 @@ def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
         master_port=port,
         rank0_host=rank0_host,
         this_host=node_name or my_host,
-        omp_num_threads=int(cpus) if cpus.isdigit() and int(cpus) > 0 else None,
+        omp_num_threads=cpus or None,
         local_device=local_device(env, local_rank, local_world, ctx, node_name or my_host),
         origins=origins,
     )

@@ -20,6 +20,10 @@ from __future__ import annotations
 from .detect import Context, Env, _first, _int, _master, derive_port, local_device
 from .distenv import DistEnv
 from .errors import EnvironmentMappingError
+from .limits import bounded_int, shown
+
+# PBS Pro's job sequence numbers can be configured far past Slurm's 32 bits; 64 bits hold them all.
+MAX_PBS_ID = 2**63 - 1
 
 # name, rank, world size, local rank, local size, node index (variables that flavour's launcher sets)
 FLAVOURS: tuple[tuple[str, str, tuple[str, ...], str, tuple[str, ...], str | None], ...] = (
@@ -68,11 +72,12 @@ def _port_from_job(env: Env) -> tuple[int, str] | None:
         number = value.split(".", 1)[0]
         job_text, _, index_text = number.partition("[")
         index_text = index_text.rstrip("]")
-        if not job_text.isdigit() or (index_text and not index_text.isdigit()):
+        job, index = bounded_int(job_text, MAX_PBS_ID), bounded_int(index_text or "0", MAX_PBS_ID)
+        if job is None or index is None:
             raise EnvironmentMappingError(
-                f"PBS_JOBID={value!r} is not valid (expected NUMBER.server or NUMBER[INDEX].server)"
+                f"PBS_JOBID={shown(value)} is not valid (expected NUMBER.server or NUMBER[INDEX].server)"
             )
-        return derive_port(int(job_text), int(index_text or 0)), f"derived from PBS_JOBID={value}"
+        return derive_port(job, index), f"derived from PBS_JOBID={value}"
     digest = 0
     for ch in value:  # a stable hash: every rank of one launch computes the same
         digest = (digest * 131 + ord(ch)) % 1_000_003

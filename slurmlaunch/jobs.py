@@ -91,13 +91,13 @@ def read_bounded(path: str, limit: int = MAX_RECORD_BYTES) -> bytes:
 def find(job_id: str) -> dict[str, Any]:
     """The record of ``job_id`` (the latest submission of that id: ids restart on a new cluster).
     ARRAYID_INDEX names one element of a job array (its record then has ``_element``)."""
+    from .limits import MAX_ARRAY_INDEX, is_digits, parse_count
+
     base, sep, element = job_id.partition("_")
-    if sep and element.isdigit() and len(element) > 10:  # Slurm's array indices stay below MaxArraySize
-        raise SpecError(f"job {job_id[:40]!r}...: array index {element[:20]}... is too long (at most 10 digits)")
-    if sep and element.isdigit():
+    if sep and is_digits(element):
         array = find(base)
         indices = array_indices(array)
-        if int(element) not in indices:
+        if parse_count(f"job {base}: array element", element, 0, MAX_ARRAY_INDEX) not in indices:
             raise SpecError(f"job {job_id!r}: job {base} has no array element {element} "
                             f"(its elements: {_shown_indices(indices)})")
         return {**array, "_element": element, "_full_id": f"{array['_full_id']}_{element}"}

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecError
+from .limits import MAX_SECONDS, Count, Seconds, shown, shown_value
 from .paths import config_dir
 
 PROJECT_FILE = "slurmlaunch.toml"
@@ -43,6 +44,7 @@ class Option:
     kind: str  # int, float, str, bool, list, env
     choices: tuple[str, ...] | None
     builtin: Any
+    bounds: tuple[float, float] | None = None  # an integer's or seconds' range, from the option's type
 
 
 def option_table(parser: argparse.ArgumentParser) -> dict[str, Option]:
@@ -63,10 +65,16 @@ def option_table(parser: argparse.ArgumentParser) -> dict[str, Option]:
         elif action.dest == "nodes":
             kind, builtin = "nodes", action.default  # N, or MIN:MAX
         else:
-            kind = {int: "int", float: "float"}.get(action.type, "str")  # type: ignore[call-overload]
+            kind = getattr(action.type, "kind", None) or \
+                {int: "int", float: "float"}.get(action.type, "str")  # type: ignore[call-overload]
             builtin = action.default
+        bounds: tuple[float, float] | None = None
+        if isinstance(action.type, Count):
+            bounds = (action.type.minimum, action.type.maximum)
+        elif isinstance(action.type, Seconds):
+            bounds = (0, MAX_SECONDS)
         choices = tuple(action.choices) if action.choices else None
-        table[action.dest] = Option(action.dest, flag, kind, choices, builtin)
+        table[action.dest] = Option(action.dest, flag, kind, choices, builtin, bounds)
         action.default = None
     return table
 
@@ -96,7 +104,10 @@ def _load(path: Path) -> dict[str, Any]:
             data: dict[str, Any] = tomllib.load(f)
     except OSError as e:
         raise SpecError(f"config file {str(path)!r} cannot be read: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
+    except UnicodeDecodeError as e:  # TOML is UTF-8; tomllib lets the decoding error through
+        raise SpecError(f"config file {str(path)!r} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                        f"{e.start}; TOML files are UTF-8)") from None
+    except ValueError as e:  # TOMLDecodeError, or an integer too long for int()
         raise SpecError(f"config file {str(path)!r} is not valid TOML: {e}") from None
     unknown = set(data) - {"profile", "defaults", "profiles"}
     if unknown:
@@ -105,9 +116,16 @@ def _load(path: Path) -> dict[str, Any]:
     if "profile" in data and not isinstance(data["profile"], str):
         raise SpecError(f"config file {str(path)!r}: profile = {data['profile']!r} is not valid "
                         f"(expected profile = \"NAME\"; options go in [defaults] and [profiles.NAME] tables)")
-    for name, table in (("defaults", data.get("defaults", {})), *data.get("profiles", {}).items()):
+    if not isinstance(data.get("profiles", {}), dict):
+        raise SpecError(f"config file {str(path)!r}: profiles = {shown_value(data['profiles'])} is not valid "
+                        f"(expected [profiles.NAME] tables)")
+    if not isinstance(data.get("defaults", {}), dict):
+        raise SpecError(f"config file {str(path)!r}: defaults = {shown_value(data['defaults'])} is not valid "
+                        f"(expected a [defaults] table of options)")
+    for name, table in data.get("profiles", {}).items():
         if not isinstance(table, dict):
-            raise SpecError(f"config file {str(path)!r}: {name} is not a table (expected [profiles.{name}])")
+            raise SpecError(f"config file {str(path)!r}: profiles.{name} is not a table (expected "
+                            f"[profiles.{name}] with options under it)")
     return data
 
 
@@ -123,7 +141,11 @@ def profile_names(environ: Mapping[str, str], cwd: str) -> list[str]:
 def _convert(opt: Option, value: Any, where: str) -> Any:
     """A TOML value checked against the option's kind; SpecError names the file, the table and the key."""
     def bad(expected: str) -> SpecError:
-        return SpecError(f"{where}: {opt.flag.lstrip('-')} = {value!r} is not valid (expected {expected})")
+        return SpecError(f"{where}: {opt.flag.lstrip('-')} = {shown_value(value)} is not valid (expected "
+                         f"{expected})")
+
+    def in_bounds(number: float) -> bool:
+        return opt.bounds is None or opt.bounds[0] <= number <= opt.bounds[1]  # False for nan
 
     if opt.kind == "bool":
         if not isinstance(value, bool):
@@ -135,12 +157,12 @@ def _convert(opt: Option, value: Any, where: str) -> Any:
             raise bad("a number of nodes, or \"MIN:MAX\" for --mode torchrun")
         return value
     if opt.kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad("an integer")
+        if isinstance(value, bool) or not isinstance(value, int) or not in_bounds(value):
+            raise bad("an integer" + (f" {opt.bounds[0]}..{opt.bounds[1]}" if opt.bounds else ""))
         return value
     if opt.kind == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad("a number")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not in_bounds(value):
+            raise bad("a number" + (f" {opt.bounds[0]}..{opt.bounds[1]}" if opt.bounds else ""))
         return float(value)
     if opt.kind == "list":
         items = [value] if isinstance(value, str) else value
@@ -148,16 +170,24 @@ def _convert(opt: Option, value: Any, where: str) -> Any:
             raise bad("a string or a list of strings")
         return list(items)
     if opt.kind == "env":
+        from .spec import ENV_KEY
+
         if isinstance(value, dict):
             out = []
             for k, v in value.items():
                 if isinstance(v, bool) or not isinstance(v, (str, int, float)):
                     raise bad("a table of strings, e.g. env = { NCCL_DEBUG = \"WARN\" }")
                 out.append(f"{k}={v}")
-            return out
-        if isinstance(value, list) and all(isinstance(i, str) for i in value):
-            return list(value)
-        raise bad("a table of strings, e.g. env = { NCCL_DEBUG = \"WARN\" }")
+        elif isinstance(value, list) and all(isinstance(i, str) for i in value):
+            out = list(value)
+        else:
+            raise bad("a table of strings, e.g. env = { NCCL_DEBUG = \"WARN\" }")
+        for item in out:  # checked here, so that the error names this file and table
+            key, eq, _ = item.partition("=")
+            if not eq or not ENV_KEY.fullmatch(key):
+                raise SpecError(f"{where}: env key {shown(key)} is not valid (expected a shell variable name "
+                                f"such as NCCL_DEBUG)")
+        return out
     if not isinstance(value, str):
         raise bad("a string")
     if opt.choices and value not in opt.choices:

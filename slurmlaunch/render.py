@@ -62,16 +62,56 @@ def environment(dirs: list[Path]) -> jinja2.Environment:
     return env
 
 
+def _template_line(exc: BaseException, filename: str | None) -> str:
+    """" line N" of ``filename`` where ``exc`` was raised (Jinja maps template code to its source lines)."""
+    import traceback
+
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if filename and f.filename == filename]
+    return f" line {lines[-1]}" if lines else ""
+
+
 def render(name: str, context: Mapping[str, Any], template_dir: str | None = None,
            environ: Mapping[str, str] = os.environ) -> str:
-    """Render template ``name``; a variable the template uses but the context lacks is an error."""
+    """Render template ``name``; a variable the template uses but the context lacks is an error.
+
+    A user's template that is not UTF-8, includes what does not exist or raises while rendering is a
+    SpecError naming the file; an exception from a shipped template stays a traceback (it is our bug).
+    """
     dirs = search_path(template_dir, environ)
     try:
-        return environment(dirs).get_template(name).render(**context)
-    except jinja2.TemplateNotFound:
-        raise SpecError(f"template {name!r} not found in {', '.join(map(str, dirs))}") from None
-    except jinja2.UndefinedError as e:
-        raise SpecError(f"template {name!r}: {e.message} (variables available: {', '.join(sorted(context))})") \
-            from None
+        template = environment(dirs).get_template(name)
+    except jinja2.TemplateNotFound as e:
+        raise SpecError(_not_found(name, e, dirs)) from None
     except jinja2.TemplateSyntaxError as e:
-        raise SpecError(f"template {name!r} line {e.lineno}: {e.message}") from None
+        raise SpecError(f"template {e.filename or name!r} line {e.lineno}: {e.message}") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(f"template {name!r} (first found in {', '.join(map(str, dirs))}) is not UTF-8 text "
+                        f"(byte {e.object[e.start]:#04x} at offset {e.start})") from None
+    where = template.filename or name
+    try:
+        return template.render(**context)
+    except jinja2.TemplateNotFound as e:
+        raise SpecError(f"template {where!r}: " + _not_found(name, e, dirs)) from None
+    except jinja2.UndefinedError as e:
+        raise SpecError(f"template {where!r}{_template_line(e, template.filename)}: {e.message} (variables "
+                        f"available: {', '.join(sorted(context))})") from None
+    except jinja2.TemplateSyntaxError as e:
+        raise SpecError(f"template {e.filename or where!r} line {e.lineno}: {e.message}") from None
+    except UnicodeDecodeError as e:  # an included template
+        raise SpecError(f"template {where!r}: an included template is not UTF-8 text (byte "
+                        f"{e.object[e.start]:#04x} at offset {e.start})") from None
+    except Exception as e:
+        shipped = str(shipped_template_dir())
+        if where.startswith(shipped + os.sep):
+            raise
+        raise SpecError(f"template {where!r}{_template_line(e, template.filename)} failed: "
+                        f"{type(e).__name__}: {e}") from None
+
+
+def _not_found(name: str, e: jinja2.TemplateNotFound, dirs: list[Path]) -> str:
+    missing = e.name if isinstance(e.name, str) else name
+    if missing == name:
+        return f"template {name!r} not found in {', '.join(map(str, dirs))}"
+    # Included by the template: names are looked up in the template directories, never as absolute paths.
+    return f"it includes {missing!r}, which is not found in {', '.join(map(str, dirs))} (includes are " \
+           f"names relative to those directories)"

@@ -8,6 +8,7 @@ scheduler uses. The classic traps become one-line refusals before anything start
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import SlurmLaunchError, SpecError
+from .limits import MAX_NODES, MAX_PER_NODE, Count, Seconds, bounded_int, shown
 
 DEFAULT_PORT = 29500  # torchrun's
 
@@ -26,11 +28,18 @@ def add_run_options(p: Any, environ: Mapping[str, str]) -> None:
     def pet(name: str, default: object) -> object:
         return environ.get(f"PET_{name}", default)  # torchrun reads its flags from PET_* too
 
+    def named(flag: str, name: str) -> str:  # a bad PET_* value is named as such
+        return f"{flag} (from PET_{name})" if f"PET_{name}" in environ else flag
+
+    # String defaults go through `type` too (argparse converts them after parsing): a bad PET_* value is
+    # one line when the command runs, not a traceback while the parser is built.
     p.add_argument("--nnodes", default=pet("NNODES", "1"), help="number of nodes (N, or N:N)")
-    p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=int(str(pet("NODE_RANK", 0))))
+    p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=Count(named("--node-rank", "NODE_RANK"), 0,
+                   MAX_NODES - 1), default=pet("NODE_RANK", "0"))
     p.add_argument("--master-addr", "--master_addr", dest="master_addr", default=pet("MASTER_ADDR", "127.0.0.1"))
-    p.add_argument("--master-port", "--master_port", dest="master_port", type=int,
-                   default=int(str(pet("MASTER_PORT", DEFAULT_PORT))))
+    p.add_argument("--master-port", "--master_port", dest="master_port",
+                   type=Count(named("--master-port", "MASTER_PORT"), 1, 65535),
+                   default=pet("MASTER_PORT", str(DEFAULT_PORT)))
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default=pet("RDZV_ENDPOINT", None),
                    help="HOST:PORT, the same as --master-addr HOST --master-port PORT")
     p.add_argument("--rdzv-backend", "--rdzv_backend", "--rdzv-id", "--rdzv_id", dest="ignored", default=None,
@@ -42,7 +51,7 @@ def add_run_options(p: Any, environ: Mapping[str, str]) -> None:
     p.add_argument("--cpu", action="store_true", help="run the processes on the CPU even with GPUs visible")
     p.add_argument("--allow-loopback", action="store_true",
                    help="accept a loopback --master-addr with --nnodes > 1 (all 'nodes' on this one machine)")
-    p.add_argument("--master-timeout", type=float, default=300.0,
+    p.add_argument("--master-timeout", type=Seconds("--master-timeout"), default=300.0,
                    help="seconds a non-master node waits for the master to listen (default 300)")
     p.add_argument("--log-dir", "--log_dir", dest="log_dir", help="also write each rank's output to LOG_DIR/rank-N.log")
     p.add_argument("--use-env", "--use_env", dest="use_env", action="store_true",
@@ -57,10 +66,11 @@ def add_run_options(p: Any, environ: Mapping[str, str]) -> None:
 
 def parse_nnodes(text: str) -> int:
     lo, _, hi = str(text).partition(":")
-    if not lo.isdigit() or (hi and hi != lo) or int(lo) < 1:
-        raise SpecError(f"--nnodes {text!r} is not valid (expected a positive number; elastic MIN:MAX ranges "
-                        f"are not supported by `run`)")
-    return int(lo)
+    nnodes = bounded_int(lo, MAX_NODES)
+    if not nnodes or (hi and hi != lo):
+        raise SpecError(f"--nnodes {shown(str(text))} is not valid (expected a number 1..{MAX_NODES}; elastic "
+                        f"MIN:MAX ranges are not supported by `run`)")
+    return nnodes
 
 
 def plan_processes(nproc: str, use_cpu: bool, environ: Mapping[str, str]) -> tuple[int, bool, str | None]:
@@ -76,9 +86,11 @@ def plan_processes(nproc: str, use_cpu: bool, environ: Mapping[str, str]) -> tup
         return gpus, False, None
     if nproc == "cpu":
         return os.cpu_count() or 1, True, None
-    if not nproc.isdigit() or int(nproc) < 1:
-        raise SpecError(f"--nproc-per-node {nproc!r} is not valid (expected a positive number, gpu, cpu or auto)")
-    count = int(nproc)
+    # Checked before anything is built: one process (and its bookkeeping) per rank follows from it.
+    count = bounded_int(nproc, MAX_PER_NODE)
+    if not count:
+        raise SpecError(f"--nproc-per-node {shown(nproc)} is not valid (expected a number 1..{MAX_PER_NODE}, "
+                        f"gpu, cpu or auto)")
     if use_cpu:
         return count, True, None
     if gpus == 0:
@@ -138,9 +150,11 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
         raise SpecError("-m/--module and --no-python cannot be used together")
     if ns.rdzv_endpoint:
         host, _, port_text = ns.rdzv_endpoint.rpartition(":")
-        if not host or not port_text.isdigit():
-            raise SpecError(f"--rdzv-endpoint {ns.rdzv_endpoint!r} is not valid (expected HOST:PORT)")
-        ns.master_addr, ns.master_port = host, int(port_text)
+        port = bounded_int(port_text, 65535)
+        if not host or not port:
+            raise SpecError(f"--rdzv-endpoint {shown(ns.rdzv_endpoint)} is not valid (expected HOST:PORT, PORT "
+                            f"1-65535)")
+        ns.master_addr, ns.master_port = host, port
     if ns.standalone:
         if nnodes != 1:
             raise SpecError(f"--standalone is for one node, not --nnodes {nnodes}")
@@ -149,8 +163,20 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
         raise SpecError(f"--node-rank {ns.node_rank} is not valid with --nnodes {nnodes} (expected 0..{nnodes - 1})")
     if not 1 <= ns.master_port <= 65535:
         raise SpecError(f"--master-port {ns.master_port} is not valid (expected 1-65535)")
-    if not (ns.no_python or ns.module or os.path.isfile(ns.script)):
-        raise SpecError(f"script {ns.script!r} not found")
+    if ns.no_python and not (os.path.exists(ns.script) or shutil.which(ns.script)):
+        raise SpecError(f"--no-python executable {shown(ns.script)} not found (a path or a command on PATH)")
+    if not (ns.no_python or ns.module):
+        if os.path.isdir(ns.script):
+            raise SpecError(f"script {shown(ns.script)} is a directory (expected a Python file; -m for a package)")
+        if not os.path.isfile(ns.script):
+            raise SpecError(f"script {shown(ns.script)} not found")
+    # getaddrinfo takes '127.0.0.1\n' (inet_aton stops at the newline), and every rank would get it.
+    if not ns.master_addr or any(c.isspace() or not c.isprintable() for c in ns.master_addr):
+        raise SpecError(f"--master-addr {shown(ns.master_addr)} is not valid (expected a host name or address, "
+                        f"without spaces or control characters)")
+    if ns.log_dir is not None and (not ns.log_dir or not ns.log_dir.isprintable()):
+        raise SpecError(f"--log-dir {shown(ns.log_dir)} is not valid (expected a directory name without control "
+                        f"characters such as newlines)")
     nproc, on_cpu, note = plan_processes(str(ns.nproc), ns.cpu, environ)
     addresses = resolve_master(ns.master_addr)
     if nnodes > 1 and is_loopback(addresses) and not ns.allow_loopback:
@@ -165,6 +191,11 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
                         f"choose a free port, or --standalone for a single node")
     if ns.node_rank > 0:
         wait_for_master(ns.master_addr, ns.master_port, ns.master_timeout, ns.node_rank)
+    if ns.log_dir:  # before the note: a refusal stays the only line
+        try:
+            os.makedirs(ns.log_dir, mode=0o750, exist_ok=True)
+        except OSError as e:
+            raise SpecError(f"--log-dir {shown(ns.log_dir)} cannot be made a directory ({e.strerror})") from None
     if note:
         sys.stderr.write(f"slurmlaunch: {note}\n")
     return start_ranks(ns, nnodes, nproc, on_cpu, environ)

@@ -13,6 +13,22 @@ import sys
 from dataclasses import dataclass, field
 
 from .errors import SpecError
+from .limits import (
+    MAX_ARRAY_ELEMENTS,
+    MAX_ARRAY_INDEX,
+    MAX_LOCAL_RANKS,
+    MAX_MEM_BYTES,
+    MAX_NODES,
+    MAX_PER_NODE,
+    MAX_RESTARTS,
+    MAX_SECONDS,
+    MAX_TIME_MINUTES,
+    MAX_WORLD,
+    bounded_int,
+    check_count,
+    parse_count,
+    shown,
+)
 
 SCHEDULERS = ("auto", "slurm", "pbs", "local")
 MPI_FLAVOURS = ("openmpi", "mpich", "pals")  # how a PBS job starts its ranks
@@ -20,13 +36,16 @@ PBS_FLAVOURS = ("pro", "torque")
 # Signals a batch script may ask Slurm for before the time limit (USR1 works but NCCL uses it).
 WARNING_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP", "ALRM", "URG", "XCPU", "CONT")
 
+# Every pattern is used with fullmatch and [0-9]: `$` also matches before a trailing newline (which then
+# reached the script as a line of its own), and \d matches any script's digits, not only ASCII ones.
 # Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (and the unlimited spellings).
-_TIME = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2})$")
-_MEM = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TIME = re.compile(r"([0-9]+)(?::([0-9]{1,2}))?(?::([0-9]{1,2}))?|([0-9]+)-([0-9]{1,2})(?::([0-9]{1,2}))?"
+                   r"(?::([0-9]{1,2}))?")
+_MEM = re.compile(r"([0-9]+)([KMGT]?)", re.IGNORECASE)
+ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Slurm's --array indices: 0-15, 1,3,5-7, 0-15:4 (the %N limit is --max-parallel).
-_ARRAY_PART = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
-_SWEEP_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+_ARRAY_PART = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
+_SWEEP_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 
 
 @dataclass(frozen=True)
@@ -133,7 +152,7 @@ class JobSpec:
         if not self.signal or self.signal.lower() == "none":
             return None
         name, _, when = self.signal.partition("@")
-        return name.upper().removeprefix("SIG"), int(when) if when else 90
+        return name.upper().removeprefix("SIG"), bounded_int(when, 65535) or 0 if when else 90
 
     @property
     def time_limit_seconds(self) -> int | None:
@@ -187,9 +206,8 @@ class JobSpec:
         return os.path.join(self.workdir, self.output_dir)
 
 
-def _positive(name: str, value: int | None, minimum: int = 1) -> None:
-    if value is not None and value < minimum:
-        raise SpecError(f"{name} {value} is not valid (expected an integer >= {minimum})")
+def _positive(name: str, value: int | None, minimum: int = 1, maximum: int = MAX_PER_NODE) -> None:
+    check_count(name, value, minimum, maximum)
 
 
 def parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
@@ -197,24 +215,45 @@ def parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
     out = []
     for item in items:
         key, eq, value = item.partition("=")
-        if not eq or not _ENV_KEY.match(key):
+        if not eq or not ENV_KEY.fullmatch(key):
             raise SpecError(
-                f"--env {item!r} is not valid (expected KEY=VALUE with KEY a shell variable name, e.g. FOO=1)"
+                f"--env {shown(item)} is not valid (expected KEY=VALUE with KEY a shell variable name, e.g. FOO=1)"
             )
         out.append((key, value))
     return tuple(out)
 
 
+def array_ranges(text: str) -> list[range]:
+    """Slurm's --array index expression as ranges, checked (indices up to Slurm's largest MaxArraySize - 1,
+    at most MAX_ARRAY_ELEMENTS in all) without expanding it; SpecError when malformed or too large."""
+    ranges: list[range] = []
+    total = 0
+    for part in text.split(","):
+        m = _ARRAY_PART.fullmatch(part)
+        if m is None:
+            raise SpecError(f"--array {shown(text)} is not valid (expected indices such as 0-9, 1,3,5-7 or "
+                            f"0-15:4; the concurrency limit is --max-parallel N)")
+        first, last, step = (None if g is None else bounded_int(g, MAX_ARRAY_INDEX) for g in m.groups())
+        if first is None or (m.group(2) and last is None) or (m.group(3) and step is None):
+            raise SpecError(f"--array {shown(text)} is not valid (indices go up to {MAX_ARRAY_INDEX}: Slurm's "
+                            f"MaxArraySize may not exceed {MAX_ARRAY_INDEX + 1})")
+        if (last is not None and last < first) or step == 0:
+            raise SpecError(f"--array {shown(text)} is not valid (expected indices such as 0-9, 1,3,5-7 or "
+                            f"0-15:4, each range from low to high)")
+        r = range(first, (last if last is not None else first) + 1, step or 1)
+        total += len(r)
+        if total > MAX_ARRAY_ELEMENTS:
+            raise SpecError(f"--array {shown(text)} names more than {MAX_ARRAY_ELEMENTS} elements (expected at "
+                            f"most {MAX_ARRAY_ELEMENTS}: each element is a whole distributed job; README: Limits)")
+        ranges.append(r)
+    return ranges
+
+
 def parse_array(text: str) -> list[int]:
     """Slurm's --array index expression, expanded (sorted, without repeats); SpecError when malformed."""
     out: set[int] = set()
-    for part in text.split(","):
-        m = _ARRAY_PART.match(part)
-        first, last, step = (int(g) if g else None for g in m.groups()) if m else (None, None, None)
-        if first is None or (last is not None and last < first) or step == 0:
-            raise SpecError(f"--array {text!r} is not valid (expected indices such as 0-9, 1,3,5-7 or 0-15:4; "
-                            f"the concurrency limit is --max-parallel N)")
-        out.update(range(first, (last if last is not None else first) + 1, step or 1))
+    for r in array_ranges(text):
+        out.update(r)
     return sorted(out)
 
 
@@ -224,35 +263,51 @@ def parse_sweep(items: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
     for item in items:
         key, eq, values = item.partition("=")
         parts = tuple(values.split(","))
-        if not eq or not _SWEEP_KEY.match(key) or any(not v for v in parts):
-            raise SpecError(f"--sweep {item!r} is not valid (expected KEY=V1,V2,... with non-empty values, "
+        if not eq or not _SWEEP_KEY.fullmatch(key) or any(not v for v in parts):
+            raise SpecError(f"--sweep {shown(item)} is not valid (expected KEY=V1,V2,... with non-empty values, "
                             f"e.g. lr=0.1,0.01)")
         if key in dict(out):
             raise SpecError(f"--sweep {key} is given twice (give all its values in one --sweep {key}=V1,V2)")
         out.append((key, parts))
+    points = 1
+    for _, grid_values in out:  # checked before the grid is built: its size is the product
+        points *= len(grid_values)
+        if points > MAX_ARRAY_ELEMENTS:
+            raise SpecError(f"--sweep: the grid has more than {MAX_ARRAY_ELEMENTS} points (expected at most "
+                            f"{MAX_ARRAY_ELEMENTS}: one distributed job each, all listed in the script; "
+                            f"README: Limits)")
     return tuple(out)
 
 
 def parse_nodes(text: str | int) -> tuple[int, int | None]:
     """--nodes N or (torchrun mode) MIN:MAX -> (N or MAX, MIN or None)."""
+    if isinstance(text, int) and not isinstance(text, bool):  # the Python API and TOML profiles
+        check_count("--nodes", text, 1, MAX_NODES)
+        return text, None
     value = str(text)
     low, colon, high = value.partition(":")
-    if (colon and low.isdigit() and high.isdigit()) or (not colon and value.lstrip("-").isdigit()):
-        return (int(high), int(low)) if colon else (int(value), None)
-    raise SpecError(f"--nodes {value!r} is not valid (expected a number of nodes, or MIN:MAX with --mode torchrun)")
+    if not colon and re.fullmatch(r"-?[0-9]+", value):
+        return parse_count("--nodes", value, 1, MAX_NODES, hint="; or MIN:MAX with --mode torchrun"), None
+    if not colon:
+        raise SpecError(f"--nodes {shown(value)} is not valid (expected a number of nodes, or MIN:MAX with "
+                        f"--mode torchrun)")
+    nodes, minimum = bounded_int(high, MAX_NODES), bounded_int(low, MAX_NODES)
+    if nodes is None or minimum is None:
+        raise SpecError(f"--nodes {shown(value)} is not valid (expected a number of nodes, or MIN:MAX with "
+                        f"--mode torchrun, each at most {MAX_NODES})")
+    return nodes, minimum
 
 
 def _validate_mode(spec: JobSpec) -> None:
     if spec.mode not in ("srun", "torchrun"):
         raise SpecError(f"--mode {spec.mode!r} is not valid (expected srun or torchrun)")
-    _positive("--max-restarts", spec.max_restarts, 0)
-    _positive("--nproc-per-node", spec.nproc_per_node)
+    _positive("--max-restarts", spec.max_restarts, 0, MAX_RESTARTS)
     if spec.mode != "torchrun":
-        for shown, given in ((f"--max-restarts {spec.max_restarts}", spec.max_restarts != 0),
-                             (f"--nodes {spec.nodes_text}", spec.min_nodes is not None),
-                             (f"--nproc-per-node {spec.nproc_per_node}", spec.nproc_per_node is not None)):
+        for text, given in ((f"--max-restarts {spec.max_restarts}", spec.max_restarts != 0),
+                            (f"--nodes {spec.nodes_text}", spec.min_nodes is not None),
+                            (f"--nproc-per-node {spec.nproc_per_node}", spec.nproc_per_node is not None)):
             if given:
-                raise SpecError(f"{shown} needs --mode torchrun (torchrun's restarts, elastic ranges and "
+                raise SpecError(f"{text} needs --mode torchrun (torchrun's restarts, elastic ranges and "
                                 f"ranks per node); in srun mode use --requeue and --tasks-per-node")
         return
     if spec.tasks_per_node not in (None, 1):
@@ -280,18 +335,78 @@ def _validate_container(spec: JobSpec) -> None:
                 or any(c.isspace() for c in mount):
             raise SpecError(f"--container-mount {mount!r} is not valid (expected /host/path:/container/path"
                             f"[:FLAGS], e.g. /scratch:/scratch:ro; no commas or spaces)")
-    if spec.container_workdir is not None and not spec.container_workdir.startswith("/"):
-        raise SpecError(f"--container-workdir {spec.container_workdir!r} is not valid (expected an absolute path "
-                        f"inside the container)")
+    if spec.container_workdir is not None and (not spec.container_workdir.startswith("/") or
+                                               any(c.isspace() or not c.isprintable() for c in spec.container_workdir)):
+        raise SpecError(f"--container-workdir {shown(spec.container_workdir)} is not valid (expected an absolute "
+                        f"path inside the container, without spaces or control characters)")
+
+
+def time_minutes(text: str) -> int | None:
+    """Slurm's --time (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in whole minutes rounded up; None when malformed."""
+    m = _TIME.fullmatch(text)
+    if m is None:
+        return None
+    g = m.groups()
+    if g[0] is not None:  # M, M:S, H:M:S
+        parts = [p for p in g[:3] if p is not None]
+        numbers = [bounded_int(p, MAX_TIME_MINUTES * 60) for p in parts]
+        if any(n is None for n in numbers):
+            return MAX_TIME_MINUTES + 1
+        weights = {1: [60], 2: [60, 1], 3: [3600, 60, 1]}[len(parts)]
+    else:  # D-H, D-H:M, D-H:M:S
+        parts = [p for p in g[3:] if p is not None]
+        numbers = [bounded_int(p, MAX_TIME_MINUTES) for p in parts]
+        if any(n is None for n in numbers):
+            return MAX_TIME_MINUTES + 1
+        weights = [86400, 3600, 60, 1][:len(parts)]
+    seconds = sum(n * w for n, w in zip(numbers, weights, strict=True) if n is not None)
+    return -(-seconds // 60)
+
+
+def _check_output_dir(log_dir: str, given: str) -> None:
+    """The logs' directory must be one or become one: a file on its path is refused here, before a dry run
+    prints a script that could never write its logs (creating it is the scheduler's, at submission)."""
+    path = os.path.abspath(log_dir)
+    while True:
+        if os.path.lexists(path):
+            if not os.path.isdir(path):
+                what = "is a file" if path == os.path.abspath(log_dir) else f"is under {path!r}, which is not a " \
+                                                                            f"directory"
+                raise SpecError(f"--output-dir {shown(given)} {what} (expected a directory, or a path where one "
+                                f"can be made)")
+            return
+        parent = os.path.dirname(path)
+        if parent == path:
+            return
+        path = parent
+
+
+def validate_local(spec: JobSpec) -> None:
+    """The local scheduler's own bound (README: Limits): every rank of every element runs on this machine."""
+    elements = len(spec.array_indices) if spec.is_array else 1
+    if spec.world_size * elements > MAX_LOCAL_RANKS:
+        what = f"{spec.world_size} ranks" + (f" x {elements} array elements" if spec.is_array else "")
+        raise SpecError(f"{what} is more than the local scheduler runs on one machine (at most "
+                        f"{MAX_LOCAL_RANKS} ranks in all; submit to Slurm, or ask for fewer)")
 
 
 def validate(spec: JobSpec) -> JobSpec:
     """Raise SpecError for the first thing wrong with ``spec``; return it unchanged otherwise."""
-    _positive("--nodes", spec.nodes)
+    # The counts first, before anything that is sized by them (README: Limits).
+    _positive("--nodes", spec.nodes, 1, MAX_NODES)
     _positive("--gpus-per-node", spec.gpus_per_node, 0)
     _positive("--tasks-per-node", spec.tasks_per_node)
     _positive("--cpus-per-task", spec.cpus_per_task)
     _positive("--cpus-per-gpu", spec.cpus_per_gpu)
+    _positive("--nproc-per-node", spec.nproc_per_node)
+    if spec.min_nodes is not None:
+        _positive("--nodes MIN", spec.min_nodes, 1, MAX_NODES)
+    if spec.world_size > MAX_WORLD:
+        raise SpecError(f"{spec.nodes} nodes x {spec.ntasks_per_node} ranks per node is {spec.world_size} ranks "
+                        f"(expected at most {MAX_WORLD}: torch.distributed ranks are 32-bit integers)")
+    if spec.cpus_per_task is not None and spec.cpus_per_task * spec.ntasks_per_node > MAX_PER_NODE:
+        raise SpecError(f"--cpus-per-task {spec.cpus_per_task} x {spec.ntasks_per_node} ranks per node is more "
+                        f"than the {MAX_PER_NODE} CPUs a node may have (README: Limits)")
     if spec.cpus_per_task is not None and spec.cpus_per_gpu is not None:
         raise SpecError("--cpus-per-task and --cpus-per-gpu cannot be used together (give one of them)")
     if spec.cpus_per_gpu is not None and spec.gpus_per_node == 0:
@@ -301,34 +416,47 @@ def validate(spec: JobSpec) -> JobSpec:
             f"--tasks-per-node {spec.tasks_per_node} is not valid with --gpus-per-node {spec.gpus_per_node} "
             f"(one rank per GPU: tasks per node must equal GPUs per node)"
         )
-    if spec.time is not None and spec.time.upper() not in ("UNLIMITED", "INFINITE") and not _TIME.match(spec.time):
-        raise SpecError(
-            f"--time {spec.time!r} is not a time Slurm accepts "
-            f"(expected minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)"
-        )
-    if spec.mem is not None and not _MEM.match(spec.mem):
-        raise SpecError(f"--mem {spec.mem!r} is not valid (expected a size such as 4000, 16G or 512M)")
+    if spec.time is not None and spec.time.upper() not in ("UNLIMITED", "INFINITE"):
+        minutes = time_minutes(spec.time)
+        if minutes is None:
+            raise SpecError(
+                f"--time {shown(spec.time)} is not a time Slurm accepts "
+                f"(expected minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)"
+            )
+        if minutes > MAX_TIME_MINUTES:
+            raise SpecError(f"--time {shown(spec.time)} is longer than Slurm can keep (at most {MAX_TIME_MINUTES} "
+                            f"minutes; UNLIMITED for no limit)")
+    if spec.mem is not None:
+        m = _MEM.fullmatch(spec.mem)
+        if m is None:
+            raise SpecError(f"--mem {shown(spec.mem)} is not valid (expected a size such as 4000, 16G or 512M)")
+        scale = 2 ** (10 * "KMGT".index(m.group(2).upper())) * 1024 if m.group(2) else 2**20  # no unit: MB
+        amount = bounded_int(m.group(1), MAX_MEM_BYTES)
+        if amount is None or amount * scale > MAX_MEM_BYTES:
+            raise SpecError(f"--mem {shown(spec.mem)} is more than any node has (expected at most 1 EiB, e.g. "
+                            f"512G)")
     if spec.signal and spec.signal.lower() != "none":
         name, _, when = spec.signal.partition("@")
-        if name.upper().removeprefix("SIG") not in WARNING_SIGNALS or (when and not (when.isdigit() and
-                                                                                      int(when) <= 65535)):
+        # Slurm: "sig_time must have an integer value between 0 and 65535".
+        if name.upper().removeprefix("SIG") not in WARNING_SIGNALS or (when and bounded_int(when, 65535) is None):
             raise SpecError(
-                f"--signal {spec.signal!r} is not valid (expected NAME[@SECONDS] with NAME one of "
+                f"--signal {shown(spec.signal)} is not valid (expected NAME[@SECONDS] with NAME one of "
                 f"{', '.join(WARNING_SIGNALS)}, e.g. USR2@90; or none)"
             )
-    _positive("--max-requeues", spec.max_requeues, 0)
+    _positive("--max-requeues", spec.max_requeues, 0, MAX_RESTARTS)
     if spec.requeue and spec.warning is None:
         raise SpecError("--requeue needs a warning signal (--signal NAME@SECONDS), not --signal none")
-    if spec.rdzv_timeout is not None and not spec.rdzv_timeout >= 0:
-        raise SpecError(f"--rdzv-timeout {spec.rdzv_timeout} is not valid (expected seconds >= 0; 0: no bound)")
+    if spec.rdzv_timeout is not None and not 0 <= spec.rdzv_timeout <= MAX_SECONDS:
+        raise SpecError(f"--rdzv-timeout {spec.rdzv_timeout} is not valid (expected seconds 0..{MAX_SECONDS}; "
+                        f"0: no bound)")
     if spec.master_port is not None and not 1 <= spec.master_port <= 65535:
         raise SpecError(f"--master-port {spec.master_port} is not valid (expected 1-65535)")
     if spec.array is not None:
         if spec.sweep:
             raise SpecError("--array and --sweep cannot be used together (a sweep makes its own array: one "
                             "element per point)")
-        parse_array(spec.array)
-    _positive("--max-parallel", spec.max_parallel)
+        array_ranges(spec.array)
+    _positive("--max-parallel", spec.max_parallel, 1, MAX_ARRAY_ELEMENTS)
     if spec.max_parallel is not None and not spec.is_array:
         raise SpecError("--max-parallel needs --array or --sweep")
     if spec.is_array and spec.master_port is not None:
@@ -342,6 +470,11 @@ def validate(spec: JobSpec) -> JobSpec:
         raise SpecError(f"--pbs-flavour {spec.pbs_flavour!r} is not valid (expected pro or torque)")
     if spec.gpu_flag not in ("gpus-per-node", "gres"):
         raise SpecError(f"--gpu-flag {spec.gpu_flag!r} is not valid (expected gpus-per-node or gres)")
+    # (The job name is data, byte for byte, on sbatch's command line: README "Strings are data".)
+    if not spec.output_dir or not spec.output_dir.isprintable():
+        raise SpecError(f"--output-dir {shown(spec.output_dir)} is not valid (expected a directory name without "
+                        f"control characters such as newlines)")
+    _check_output_dir(spec.log_dir, spec.output_dir)
     for bad in ("%", "\\"):
         if bad in spec.output_dir:
             raise SpecError(
@@ -362,8 +495,10 @@ def validate(spec: JobSpec) -> JobSpec:
             raise SpecError("no SCRIPT given")
         if spec.no_python and not (os.path.exists(spec.script) or shutil.which(spec.script)):
             raise SpecError(f"--no-python executable {spec.script!r} not found (a path or a command on PATH)")
+    elif os.path.isdir(os.path.join(spec.workdir, spec.script)):
+        raise SpecError(f"script {shown(spec.script)} is a directory (expected a Python file; -m for a package)")
     elif not os.path.isfile(os.path.join(spec.workdir, spec.script)):
-        raise SpecError(f"script {spec.script!r} not found (expected a file, relative to {spec.workdir!r})")
+        raise SpecError(f"script {shown(spec.script)} not found (expected a file, relative to {spec.workdir!r})")
     if spec.container is None and not os.path.isfile(spec.python):
         raise SpecError(f"--python {spec.python!r} not found (expected the interpreter that runs the ranks)")
     return spec

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from .errors import SpecError
-from .spec import JobSpec, parse_env, parse_nodes, parse_sweep, validate
+from .spec import JobSpec, parse_env, parse_nodes, parse_sweep, validate, validate_local
 
 
 def spec_from_args(ns: Any) -> JobSpec:
@@ -92,30 +92,9 @@ def cmd_submit(ns: Any) -> int:
 
     refuse_unsupported(spec, scheduler, getattr(ns, "option_origins", {}))
     if scheduler == "local":
-        from .support import shown_not_enforced
-
-        shown = shown_not_enforced(spec)
-        if shown and not ns.dry_run:
-            sys.stderr.write(f"slurmlaunch: the local scheduler shows {', '.join(shown)} to the tasks as Slurm "
-                             f"would (SLURM_* variables) but reserves and enforces nothing on this machine\n")
-        for given, why in ((ns.template_dir, "--template-dir: the local scheduler renders no batch script"),
-                           (ns.wait_timeout, "--wait-timeout: the local scheduler runs the job in the foreground; "
-                                             "bound it with --time")):
-            if given is not None:
-                raise SpecError(f"{why} (leave it out, or --scheduler slurm/pbs)")
-    if scheduler == "local" and spec.apptainer and not shutil.which("apptainer"):
-        raise SpecError("--apptainer: apptainer is not on PATH on this machine (install it, or leave out "
-                        "--apptainer for the local scheduler)")
+        return submit_local(spec, ns)
     if scheduler == "slurm":
         spec = adapt_to_site(spec, getattr(ns, "option_origins", {}))
-    if scheduler == "local":
-        from .schedulers import local
-
-        if ns.dry_run:
-            sys.stdout.write(local.dry_run(spec, os.environ))
-            return 0
-        _, outcome = local.run(spec, os.environ)
-        return outcome.exit_code
     from .schedulers import pbs, slurm
 
     edge: Any = pbs if scheduler == "pbs" else slurm
@@ -136,6 +115,31 @@ def cmd_submit(ns: Any) -> int:
     if not ns.wait:
         return 0
     return wait_for(edge, sub.job_id, spec, ns.cancel_on_interrupt, ns.wait_timeout)
+
+
+def submit_local(spec: JobSpec, ns: Any) -> int:
+    """Run the job on the local scheduler, in the foreground (or print its commands for --dry-run)."""
+    from .schedulers import local
+    from .support import shown_not_enforced
+
+    for given, why in ((ns.template_dir, "--template-dir: the local scheduler renders no batch script"),
+                       (ns.wait_timeout, "--wait-timeout: the local scheduler runs the job in the foreground; "
+                                         "bound it with --time")):
+        if given is not None:
+            raise SpecError(f"{why} (leave it out, or --scheduler slurm/pbs)")
+    if spec.apptainer and not shutil.which("apptainer"):
+        raise SpecError("--apptainer: apptainer is not on PATH on this machine (install it, or leave out "
+                        "--apptainer for the local scheduler)")
+    validate_local(spec)  # before the ranks (or the dry run's lines) are built
+    if ns.dry_run:
+        sys.stdout.write(local.dry_run(spec, os.environ))
+        return 0
+    shown = shown_not_enforced(spec)
+    if shown:
+        sys.stderr.write(f"slurmlaunch: the local scheduler shows {', '.join(shown)} to the tasks as Slurm "
+                         f"would (SLURM_* variables) but reserves and enforces nothing on this machine\n")
+    _, outcome = local.run(spec, os.environ)
+    return outcome.exit_code
 
 
 def describe_array(spec: JobSpec, job_id: str) -> None:

@@ -14,12 +14,14 @@ Standard library only, like the launcher.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 
 from .detect import derive_port
-from .errors import SlurmLaunchError
+from .errors import EnvironmentMappingError, SlurmLaunchError
 from .hostlist import first_host
+from .limits import MAX_JOB_ID, bounded_int, parse_count
 
 USAGE = """usage: slurmlaunch torchrun-node --nproc-per-node N [--nnodes N|MIN:MAX] [--max-restarts N]
                               [--forward-signal NAME] [-m|--no-python] SCRIPT [ARGS...]
@@ -72,15 +74,18 @@ def torchrun_command(env: Mapping[str, str], values: Mapping[str, str], flags: S
     if not job or not nodelist:
         raise SlurmLaunchError("torchrun-node: not inside a Slurm step (SLURM_JOB_ID and SLURM_STEP_NODELIST "
                                "are unset); it is what `slurmlaunch submit --mode torchrun` runs on each node")
+    job_name = "SLURM_JOB_ID" if env.get("SLURM_JOB_ID") else "SLURM_JOBID"
+    job_id = parse_count(job_name, job, 0, MAX_JOB_ID, sep="=", error=EnvironmentMappingError)
     step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "0"
     head = first_host(nodelist)
     host = env.get("MASTER_ADDR") or head
-    port = env.get("MASTER_PORT") or str(derive_port(int(job), int(step) if step.isdigit() else 0))
+    port = env.get("MASTER_PORT") or str(derive_port(job_id, bounded_int(step, MAX_JOB_ID) or 0))
     me = env.get("SLURMD_NODENAME")
     is_host = me == head if me else env.get("SLURM_NODEID", "0") == "0"
     conf = f"is_host={int(is_host)}"
     timeout = env.get("SLURMLAUNCH_RDZV_TIMEOUT", "")
-    if timeout.replace(".", "", 1).isdigit() and float(timeout) > 0:  # --rdzv-timeout: how long nodes wait
+    # --rdzv-timeout: how long nodes wait (ASCII digits only: '²'.isdigit() is true, and float() refuses it)
+    if re.fullmatch(r"[0-9]+(\.[0-9]*)?", timeout) and float(timeout) > 0:
         conf += f",join_timeout={float(timeout):g}"
     nnodes = values.get("nnodes") or env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or "1"
     argv = [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
@@ -94,10 +99,10 @@ def torchrun_command(env: Mapping[str, str], values: Mapping[str, str], flags: S
         wanted = "SIG" + signame.upper().removeprefix("SIG")
         if wanted not in handled.split(","):
             extra["PET_SIGNALS_TO_HANDLE"] = f"{handled},{wanted}"
-    cpus = env.get("SLURM_CPUS_PER_TASK", "")
-    nproc = values["nproc-per-node"]
-    if "OMP_NUM_THREADS" not in env and cpus.isdigit() and nproc.isdigit() and int(nproc) > 0:
-        extra["OMP_NUM_THREADS"] = str(max(1, int(cpus) // int(nproc)))  # torchrun would say 1
+    cpus = bounded_int(env.get("SLURM_CPUS_PER_TASK", ""), MAX_JOB_ID)
+    nproc = bounded_int(values["nproc-per-node"], MAX_JOB_ID)
+    if "OMP_NUM_THREADS" not in env and cpus is not None and nproc:
+        extra["OMP_NUM_THREADS"] = str(max(1, cpus // nproc))  # torchrun would say 1
     return argv, extra
 
 

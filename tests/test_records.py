@@ -15,7 +15,7 @@ from slurmlaunch.schedulers import write_private
 from tests.conftest import run_cli
 from tests.test_submit import no_slurm_env
 
-FAR_AHEAD = 5_000_000_000  # a local id no clock reaches soon: the test knows which ids come next
+FAR_AHEAD = 3_000_000_000  # a local id no clock reaches soon (below 2**32, the bound on job ids)
 
 
 def _state(env: dict[str, str]) -> Path:
