@@ -20,6 +20,9 @@ PBS_GOLDEN = {
                                         setup=("module load openmpi",)),
     "pbs_torque_mpich.qsub": golden_spec(pbs_flavour="torque", mpi="mpich", time="90", exclusive=True),
     "pbs_pro_pals.qsub": golden_spec(mpi="pals", time="2:00:00", cpus_per_task=16, exclusive=True),
+    "pbs_pro_sweep.qsub": golden_spec(time="30", sweep=(("lr", ("0.1", "0.01")), ("seed", ("1", "2"))),
+                                      max_parallel=2, requeue=True),
+    "pbs_torque_array.qsub": golden_spec(pbs_flavour="torque", mpi="mpich", time="30", array="1,3,5-6"),
 }
 
 
@@ -65,7 +68,7 @@ def calls(tmp_path: Path) -> list[list[str]]:
 
 def test_submit_wait_through_emulated_pbs(tmp_path: Path) -> None:
     env = fake_pbs(tmp_path, exit_status=3)
-    name = "job $(touch PWNED) 'x'\nline"
+    name = "job$(touch${IFS}PWNED)'x'"  # a valid PBS name (no whitespace) that a shell would run
     r = run_cli("submit", "--nodes", "2", "--gpus-per-node", "4", f"--job-name={name}", "--wait",
                 str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
     assert r.returncode == 3, r.stderr
