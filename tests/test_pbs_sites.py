@@ -73,8 +73,10 @@ SITES: dict[str, tuple[list[str], dict[str, str], list[str]]] = {
         r"-j oe": OPENPBS,
         r"-k doe": OPENPBS,
     }, [r"-q gpuvolta", r"-l ncpus=96", r"-l ngpus=8", r"-l mem="]),
-    "torque": (["--nodes", "2", "--gpus-per-node", "2", "--time", "30", "--account", "acct", "--partition", "batch"], {
+    "torque": (["--nodes", "2", "--gpus-per-node", "2", "--time", "30", "--account", "acct", "--partition", "batch",
+                "--mem", "8G"], {
         r"-l nodes=2:ppn=2:gpus=2": TORQUE,
+        r"-l mem=16gb": TORQUE,
         r"-l walltime=\d+:\d\d:\d\d": TORQUE,
         r"-q batch": TORQUE,
         r"-A acct": TORQUE,
@@ -270,3 +272,4 @@ def test_mem_totals_keep_the_unit() -> None:
     spec = golden_spec(pbs_request="totals", mem="190G", nodes=3, gpus_per_node=0)
     assert "-l mem=570gb" in pbs.directives(spec) and "-l ncpus=3" in pbs.directives(spec)
     assert "-l mem=4000mb" in pbs.directives(replace(spec, mem="4000", nodes=1))
+    assert "-l mem=8gb" in pbs.directives(golden_spec(pbs_flavour="torque", mem="4G", nodes=2))  # the job's

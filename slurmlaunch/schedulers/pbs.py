@@ -176,8 +176,8 @@ def directives(spec: JobSpec) -> list[str]:
     if spec.pbs_flavour == "torque":
         gpus = f":gpus={spec.gpus_per_node}" if spec.gpus_per_node else ""
         out.append(f"-l nodes={spec.nodes}:ppn={cpus}{gpus}")
-        if spec.mem:
-            out.append(f"-l mem={_pbs_size(spec.mem)}")
+        if spec.mem:  # Torque's mem is the whole job's (qsub(1B), pbs_resources): --mem is per node
+            out.append(f"-l mem={_pbs_size(spec.mem, spec.nodes)}")
     elif spec.pbs_request == "totals":  # job-wide amounts, as NCI's Gadi asks for them
         out.append(f"-l ncpus={spec.nodes * cpus}")
         if spec.gpus_per_node:
