@@ -7,6 +7,7 @@ start (mpiexec through the launcher) is tested with a real Open MPI mpirun.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from dataclasses import replace
@@ -275,22 +276,41 @@ def qsub_command(spec: JobSpec, script_path: str) -> list[str]:
 def submit(spec: JobSpec, script_text: str) -> Submission:
     """Save the script beside the logs, qsub it, and keep a record; SchedulerError when PBS refuses."""
 
-    def parse(out: str) -> str | None:  # 1234.server, 1234[].server (arrays)
-        return out.split(".", 1)[0] if re.fullmatch(r"\d+(\[\d*\])?(\.[\w.-]+)?", out) else None
+    def parse(out: str) -> str | None:  # 1234.server; an array 1234[].server is 1234 (its subjobs 1234_N)
+        return out.split(".", 1)[0].split("[", 1)[0] if re.fullmatch(r"\d+(\[\d*\])?(\.[\w.-]+)?", out) else None
 
     return submit_with(spec, script_text, "pbs", "qsub", qsub_command, parse)
 
 
-def status(job_id: str, log_dir: str | None = None) -> JobStatus:
+def _array_base(job_id: str) -> str:
+    """1234 of 1234[].server, 1234[] or 1234."""
+    return job_id.split(".", 1)[0].removesuffix("[]")
+
+
+def pbs_id(job_id: str) -> str:
+    """slurmlaunch's name of a job array's element, ARRAYID_INDEX (as Slurm's), in PBS's spelling ARRAYID[INDEX]."""
+    base, sep, index = job_id.rpartition("_")
+    return f"{_array_base(base)}[{index}]" if sep and index.isdigit() else job_id
+
+
+def _qstat(job_id: str, *flags: str) -> str:
     """qstat -x -f (PBS Pro keeps finished jobs with -x), else qstat -f (Torque)."""
     try:
-        text = run_command(["qstat", "-x", "-f", job_id], timeout=30).stdout
+        return run_command(["qstat", "-x", "-f", *flags, job_id], timeout=30).stdout
     except SchedulerError:
-        text = run_command(["qstat", "-f", job_id], timeout=30).stdout
-    fields = dict(re.findall(r"^\s*(job_state|Exit_status|exit_status|exec_host)\s*=\s*(\S+)", text, re.M))
+        return run_command(["qstat", "-f", *flags, job_id], timeout=30).stdout
+
+
+def _fields(block: str) -> dict[str, str]:
+    return dict(re.findall(r"^\s*(job_state|Exit_status|exit_status|exec_host)\s*=\s*(\S+)", block, re.M))
+
+
+def status(job_id: str, log_dir: str | None = None) -> JobStatus:
+    """qstat -x -f (PBS Pro keeps finished jobs with -x), else qstat -f (Torque)."""
+    fields = _fields(_qstat(pbs_id(job_id)))
     letter = fields.get("job_state", "")
     if letter not in _STATES:
-        raise SchedulerError(f"qstat -f {job_id}: unknown job_state {letter!r}")
+        raise SchedulerError(f"qstat -f {pbs_id(job_id)}: unknown job_state {letter!r}")
     state = _STATES[letter]
     code_text = fields.get("Exit_status") or fields.get("exit_status")
     code = int(code_text) if code_text and code_text.lstrip("-").isdigit() else None
@@ -305,5 +325,48 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
     return JobStatus(state, None, fields.get("exec_host"))
 
 
+def array_status(job_id: str, log_dir: str, indices: list[int]) -> JobStatus:
+    """A job array as one job (as Slurm's): running while a subjob is, then FAILED with the first failing
+    subjob's exit code (in index order), or COMPLETED. Subjobs come from qstat -f -t ID[] (one "Job Id:
+    ID[N].server" block each); a finished one's code is its exit-code file, else PBS's Exit_status."""
+    base = _array_base(job_id)
+    text = _qstat(f"{base}[]", "-t")
+    live: dict[int, tuple[str, str]] = {}
+    ended: dict[int, int | None] = {}
+    for block in re.split(r"^Job Id:\s*", text, flags=re.M)[1:]:
+        m = re.match(r"\d+\[(\d+)\]", block)
+        if not m:
+            continue  # the array itself (ID[]), not a subjob
+        fields = _fields(block)
+        state = _STATES.get(fields.get("job_state", ""), "PENDING")
+        code_text = fields.get("Exit_status") or fields.get("exit_status") or ""
+        if state == "COMPLETED":
+            ended[int(m[1])] = int(code_text) if code_text.lstrip("-").isdigit() else None
+        else:
+            live[int(m[1])] = (state, fields.get("exec_host", ""))
+    codes: dict[int, int | None] = {}
+    for i in indices:
+        if i not in live:
+            try:
+                with open(os.path.join(log_dir, f"job-{base}_{i}.exitcode")) as f:
+                    codes[i] = int(f.read().strip())
+            except (OSError, ValueError):
+                codes[i] = ended.get(i)
+    elements = {str(i): live[i][0] if i in live else
+                ("COMPLETED 0" if codes[i] == 0 else f"FAILED {codes[i]}" if codes[i] is not None
+                 else "ENDED without exit code (deleted, or the walltime ran out)")
+                for i in indices}
+    if live:
+        states = [state for state, _ in live.values()]
+        nodes = ",".join(sorted({n for _, n in live.values() if n}))
+        return JobStatus("RUNNING" if "RUNNING" in states else states[0], None, nodes or None, elements)
+    failed = [(i, c) for i, c in codes.items() if c != 0]
+    if not failed:
+        return JobStatus("COMPLETED", 0, None, elements)
+    code = failed[0][1]
+    return JobStatus("FAILED", code if code is not None and code > 0 else 1, None, elements)
+
+
 def cancel(job_id: str) -> None:
-    run_command(["qdel", job_id], timeout=30)
+    """qdel ID; an array's element ID_N is ID[N] to PBS (the whole array is recorded as ID[].server)."""
+    run_command(["qdel", pbs_id(job_id)], timeout=30)
