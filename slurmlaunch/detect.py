@@ -76,7 +76,8 @@ def local_device(env: Env, local_rank: int, local_world_size: int, ctx: Context,
     never rewritten), SLURM_GPUS_ON_NODE, and, when CUDA_VISIBLE_DEVICES is unset, the count of
     /dev/nvidiaN devices, else of Intel's Level Zero devices (ZE_AFFINITY_MASK, gpus.intel_gpu_ids).
     The rule: when a rank sees at least as many GPUs as there are ranks on its node, it uses GPU
-    LOCAL_RANK (Slurm's --gpus-per-node / --gres layout, which slurmlaunch generates); when Slurm (or an
+    LOCAL_RANK (Slurm's --gpus-per-node / --gres layout, which slurmlaunch generates; with
+    SLURMLAUNCH_GPU_ORDER=reversed, GPU visible-1-LOCAL_RANK, ALCF's Polaris order); when Slurm (or an
     Intel per-rank ZE_AFFINITY_MASK) bound a subset to each task (--gpus-per-task, --gpu-bind), it uses
     its first, index 0.
     """
@@ -93,7 +94,11 @@ def local_device(env: Env, local_rank: int, local_world_size: int, ctx: Context,
     if visible == 0:
         return None
     if visible >= local_world_size:
-        return local_rank
+        order = env.get("SLURMLAUNCH_GPU_ORDER", "")
+        if order not in ("", "in-order", "reversed"):
+            raise PreflightError(f"SLURMLAUNCH_GPU_ORDER={order!r} is not valid (expected in-order or reversed)")
+        # reversed: rank 0 on the last GPU, as ALCF binds Polaris ranks (its first cores sit nearest GPU 3)
+        return visible - 1 - local_rank if order == "reversed" else local_rank
     node_gpus = env.get("SLURM_GPUS_ON_NODE", "")
     if cvd is not None and node_gpus.isdigit() and int(node_gpus) >= local_world_size:
         return 0

@@ -1,6 +1,7 @@
-"""Intel GPUs (Level Zero, e.g. ALCF Aurora's PVC): found through ZE_AFFINITY_MASK or a /dev + /sys tree laid
-out as the i915/xe drivers lay it out (render nodes in /dev/dri, one gt directory per tile), and chosen per rank
-by the same rule as NVIDIA's. The trees are built in tmp_path; the launcher runs as a real process."""
+"""GPUs under PBS sites. Intel GPUs (Level Zero, e.g. ALCF Aurora's PVC): found through ZE_AFFINITY_MASK or a
+/dev + /sys tree laid out as the i915/xe drivers lay it out (render nodes in /dev/dri, one gt directory per
+tile), and chosen per rank by the same rule as NVIDIA's; Polaris's reversed NVIDIA order. The trees are built
+in tmp_path; the launcher runs as a real process."""
 
 from __future__ import annotations
 
@@ -110,3 +111,14 @@ def test_init_process_group_takes_xpu_and_xccl(monkeypatch: pytest.MonkeyPatch) 
         monkeypatch.setenv(k, v)
     device = torch_helpers.init_process_group()
     assert str(device) == "xpu:5" and chosen == [5] and calls[0][0] == "xccl"
+
+
+@pytest.mark.parametrize(("order", "expected"), [("", [0, 1, 2, 3]), ("in-order", [0, 1, 2, 3]),
+                                                 ("reversed", [3, 2, 1, 0])])
+def test_polaris_order_of_nvidia_gpus(order: str, expected: list[int]) -> None:
+    """ALCF binds Polaris's 4 ranks per node to GPUs 3, 2, 1, 0 (set_affinity_gpu_polaris.sh)."""
+    env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "SLURMLAUNCH_GPU_ORDER": order}
+    ctx = Context(hostname="x", read_file=lambda p: "", gpu_device_count=lambda: 0)
+    assert [local_device(env, r, 4, ctx, "x") for r in range(4)] == expected
+    with pytest.raises(SlurmLaunchError, match="SLURMLAUNCH_GPU_ORDER='backwards'"):
+        local_device({**env, "SLURMLAUNCH_GPU_ORDER": "backwards"}, 0, 4, ctx, "x")
