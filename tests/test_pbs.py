@@ -146,3 +146,15 @@ for i, line in enumerate(l for l in lines if l):
     for job, qdel in (("77", "77[].pbs-server"), ("77_2", "77[2]")):
         r = run_cli("cancel", job, env=env, cwd=tmp_path)
         assert r.returncode == 0 and calls(tmp_path)[-1][1:] == [qdel], r.stderr
+
+
+def test_the_scripts_exit_code_wins_over_a_qstat_without_one(tmp_path: Path) -> None:
+    """EMULATION of a Torque-style qstat (Slurm's slurm-wlm-torque wrapper prints no exit status)."""
+    env = fake_pbs(tmp_path)
+    (tmp_path / "fake-pbs" / "qstat").write_text("#!/bin/sh\necho 'Job Id: 77'\necho '    job_state = C'\n")
+    r = run_cli("submit", "--scheduler", "pbs", str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(run_cli("status", "77", "--json", env=env, cwd=tmp_path).stdout)["state"] == "COMPLETED"
+    (tmp_path / "slurmlaunch-logs" / "job-77.exitcode").write_text("4\n")
+    st = json.loads(run_cli("status", "77", "--json", env=env, cwd=tmp_path).stdout)
+    assert st["state"] == "FAILED" and st["exit_code"] == 4, st

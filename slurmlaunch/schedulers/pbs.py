@@ -306,7 +306,8 @@ def _fields(block: str) -> dict[str, str]:
 
 
 def status(job_id: str, log_dir: str | None = None) -> JobStatus:
-    """qstat -x -f (PBS Pro keeps finished jobs with -x), else qstat -f (Torque)."""
+    """qstat -x -f (PBS Pro keeps finished jobs with -x), else qstat -f (Torque); a finished job's exit code is
+    its exit-code file in ``log_dir`` when the script wrote one, else PBS's Exit_status."""
     fields = _fields(_qstat(pbs_id(job_id)))
     letter = fields.get("job_state", "")
     if letter not in _STATES:
@@ -314,6 +315,13 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
     state = _STATES[letter]
     code_text = fields.get("Exit_status") or fields.get("exit_status")
     code = int(code_text) if code_text and code_text.lstrip("-").isdigit() else None
+    if state == "COMPLETED" and log_dir is not None:
+        # The script's own word wins: some qstat (Slurm's Torque wrappers) report no exit status at all.
+        try:
+            with open(os.path.join(log_dir, f"job-{_array_base(job_id)}.exitcode")) as f:
+                code = int(f.read().strip())
+        except (OSError, ValueError):
+            pass
     if state == "COMPLETED":
         if code is None:
             code = 0
