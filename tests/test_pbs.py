@@ -68,7 +68,7 @@ def calls(tmp_path: Path) -> list[list[str]]:
 
 def test_submit_wait_through_emulated_pbs(tmp_path: Path) -> None:
     env = fake_pbs(tmp_path, exit_status=3)
-    name = "job$(touch${IFS}PWNED)'x'"  # a valid PBS name (no whitespace) that a shell would run
+    name = "job$(touch${IFS}PWNED)'x'"  # no whitespace (it passes the name check), yet a shell would run it
     r = run_cli("submit", "--nodes", "2", "--gpus-per-node", "4", f"--job-name={name}", "--wait",
                 str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
     assert r.returncode == 3, r.stderr

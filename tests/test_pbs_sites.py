@@ -193,6 +193,8 @@ REFUSED: dict[str, tuple[list[str], str]] = {
     "resource select": (["--pbs-resource", "select=3"], "--pbs-resource"),
     "resource walltime": (["--pbs-resource", "walltime=1:00:00"], "--pbs-resource"),
     "resource with a space": (["--pbs-resource", "a=b c"], "--pbs-resource"),
+    "resource with a newline": (["--pbs-resource", "a=b\n"], "--pbs-resource"),
+    "chunk with a newline": (["--pbs-chunk", "a=b\n"], "--pbs-chunk"),
     "resource ncpus with totals": (["--pbs-request", "totals", "--pbs-resource", "ncpus=4"], "--pbs-resource"),
     "chunk ngpus": (["--pbs-chunk", "ngpus=2"], "--pbs-chunk"),
     "chunk without value": (["--pbs-chunk", "bigmem"], "--pbs-chunk"),
@@ -223,7 +225,7 @@ def test_pbs_options_are_refused_elsewhere(site: Path, capsys: pytest.CaptureFix
 
 
 @pytest.mark.parametrize(("name", "ok"), [
-    ("train", True), ("0run", True), ("a" * 236, True), ("run-1.x+y", True), ("r$(x)'q'", True),
+    ("train", True), ("0run", True), ("a" * 236, True), ("run-1.x+y", True),
     ("", False), ("-run", False), ("_run", False), (".run", False), ("a b", False), ("a\tb", False),
     ("a" * 237, False), ("ab\n", False),
 ])

@@ -46,14 +46,15 @@ def walltime(time: str) -> str:
     return f"{total // 3600:d}:{total // 60 % 60:02d}:{total % 60:02d}"
 
 
-# PBS Pro / OpenPBS job names (qsub -N, the Job_Name attribute): at most 236 characters, the first
-# alphanumeric, no whitespace (Altair PBS Professional Reference Guide, "Job Name" format; OpenPBS qsub(1B)).
+# PBS Pro / OpenPBS job names (qsub -N, the Job_Name attribute): at most 236 characters (PBS 13 on; PBS 12
+# and old Torque allowed 15), the first alphanumeric, no whitespace (PBS Professional Reference Guide,
+# "Formats"; OpenPBS qsub(1B)). Only this rule is checked, not the older 15-character one.
 _JOB_NAME = re.compile(r"[A-Za-z0-9]\S{0,235}")
 _KEY = r"[A-Za-z_][A-Za-z0-9_.-]*"
 _VALUE = r"[^\s'\"#,]+"
-_RESOURCE = re.compile(rf"^({_KEY})(?:=({_VALUE}))?$")
-_CHUNK = re.compile(rf"^({_KEY})=([^\s'\"#,+:]+)$")
-_QUEUE = re.compile(r"^([A-Za-z0-9_.@-]+):(\d+)-(\d*)$")
+_RESOURCE = re.compile(rf"({_KEY})(?:=({_VALUE}))?")
+_CHUNK = re.compile(rf"({_KEY})=([^\s'\"#,+:]+)")
+_QUEUE = re.compile(r"([A-Za-z0-9_.@-]+):(\d+)-(\d*)")
 # What slurmlaunch itself writes into the request: a user's value would contradict it.
 _OWN_RESOURCES = {"select": "--nodes and --pbs-chunk", "walltime": "--time", "nodes": "--nodes (Torque)"}
 _OWN_TOTALS = {"ncpus": "--cpus-per-task/--cpus-per-gpu", "ngpus": "--gpus-per-node", "mem": "--mem"}
@@ -86,7 +87,7 @@ def queue(spec: JobSpec) -> str | None:
     if spec.partition or not spec.pbs_queues:
         return spec.partition
     for item in spec.pbs_queues.split(","):
-        m = _QUEUE.match(item.strip())
+        m = _QUEUE.fullmatch(item.strip())
         assert m is not None
         low, high = int(m[2]), int(m[3]) if m[3] else None
         if low <= spec.nodes and (high is None or spec.nodes <= high):
@@ -138,14 +139,14 @@ def check(spec: JobSpec) -> None:
                                 f"or -P project (leave it out, or --pbs-flavour pro)")
     own = dict(_OWN_RESOURCES, **(_OWN_TOTALS if spec.pbs_request == "totals" else {}))
     for item in spec.pbs_resources:
-        m = _RESOURCE.match(item)
+        m = _RESOURCE.fullmatch(item)
         if not m:
             raise SpecError(f"--pbs-resource {item!r} is not valid (expected KEY or KEY=VALUE without spaces, "
                             f"quotes, '#' or ',', e.g. filesystems=home:eagle, storage=gdata/ab1+scratch/ab1 or wd)")
         if m[1] in own:
             raise SpecError(f"--pbs-resource {item}: slurmlaunch writes {m[1]} itself (use {own[m[1]]})")
     for item in spec.pbs_chunk:
-        m = _CHUNK.match(item)
+        m = _CHUNK.fullmatch(item)
         if not m:
             raise SpecError(f"--pbs-chunk {item!r} is not valid (expected KEY=VALUE without spaces, quotes, ':', "
                             f"'#', ',' or '+', e.g. system=polaris)")
@@ -158,7 +159,7 @@ def check(spec: JobSpec) -> None:
         raise SpecError(f"--project {spec.project!r} is not valid (expected a non-empty name without spaces)")
     if spec.pbs_queues is not None:
         for item in spec.pbs_queues.split(","):
-            m = _QUEUE.match(item.strip())
+            m = _QUEUE.fullmatch(item.strip())
             if not m or (m[3] and int(m[3]) < int(m[2])):
                 raise SpecError(f"--pbs-queues {spec.pbs_queues!r} is not valid (expected QUEUE:MIN-MAX entries "
                                 f"separated by commas, MAX may be empty: e.g. debug:1-2,prod:10-)")
