@@ -271,6 +271,21 @@ def add_submit_options(s: Any) -> None:
                    help="PBS Pro/OpenPBS (-l select=...) or Torque (-l nodes=N:ppn=...)")
     g.add_argument("--mpi", choices=["openmpi", "mpich", "pals"], default="openmpi",
                    help="under PBS: the MPI whose mpiexec starts the ranks (flags differ)")
+    g = s.add_argument_group("PBS site resources (README: PBS; shipped profiles polaris, aurora, gadi, torque)")
+    g.add_argument("--pbs-resource", action="append", default=[], metavar="KEY[=VALUE]",
+                   help="a job-wide resource, #PBS -l KEY=VALUE (e.g. filesystems=home:eagle, storage=gdata/ab1, "
+                        "jobfs=100GB, wd)")
+    g.add_argument("--pbs-chunk", action="append", default=[], metavar="KEY=VALUE",
+                   help="a resource of every select chunk, select=N:...:KEY=VALUE (e.g. system=polaris)")
+    g.add_argument("--project", "-P", help="under PBS: #PBS -P PROJECT (the project charged, e.g. on Gadi)")
+    g.add_argument("--pbs-request", choices=["select", "nodes", "totals"], default="select",
+                   help="select: select=N:ncpus=..:mpiprocs=..:ngpus=.. (default); nodes: select=N and the "
+                        "--pbs-chunk resources only (ALCF); totals: job-wide -l ncpus/ngpus/mem (NCI Gadi)")
+    g.add_argument("--mpiexec-arg", action="append", default=[], metavar="--FLAG[=VALUE]",
+                   help="under PBS: an extra mpiexec flag, e.g. Aurora's --cpu-bind=list:... / --gpu-bind=list:... "
+                        "(a --cpu-bind here replaces slurmlaunch's own)")
+    g.add_argument("--pbs-queues", metavar="QUEUE:MIN-MAX,...",
+                   help="without --partition: the first queue whose node range holds --nodes (MAX may be empty)")
     g = s.add_argument_group("torchrun mode")
     g.add_argument("--mode", choices=["srun", "torchrun"], default="srun",
                    help="srun: one Slurm task per rank through the launcher (default); torchrun: one task per "

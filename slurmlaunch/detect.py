@@ -79,9 +79,12 @@ def local_device(env: Env, local_rank: int, local_world_size: int, ctx: Context,
 
     Reads SLURMLAUNCH_DEVICE ("cpu" forces the CPU), CUDA_VISIBLE_DEVICES (kept as Slurm set it: it is
     never rewritten), SLURM_GPUS_ON_NODE, and, when CUDA_VISIBLE_DEVICES is unset, the count of
-    /dev/nvidiaN devices. The rule: when a rank sees at least as many GPUs as there are ranks on its
-    node, it uses GPU LOCAL_RANK (Slurm's --gpus-per-node / --gres layout, which slurmlaunch generates);
-    when Slurm bound a subset to each task (--gpus-per-task, --gpu-bind), it uses its first, index 0.
+    /dev/nvidiaN devices, else of Intel's Level Zero devices (ZE_AFFINITY_MASK, gpus.intel_gpu_ids).
+    The rule: when a rank sees at least as many GPUs as there are ranks on its node, it uses GPU
+    LOCAL_RANK (Slurm's --gpus-per-node / --gres layout, which slurmlaunch generates; with
+    SLURMLAUNCH_GPU_ORDER=reversed, GPU visible-1-LOCAL_RANK, ALCF's Polaris order); when Slurm (or an
+    Intel per-rank ZE_AFFINITY_MASK) bound a subset to each task (--gpus-per-task, --gpu-bind), it uses
+    its first, index 0.
     """
     if env.get("SLURMLAUNCH_DEVICE", "").lower() == "cpu":
         return None
@@ -96,10 +99,16 @@ def local_device(env: Env, local_rank: int, local_world_size: int, ctx: Context,
     if visible == 0:
         return None
     if visible >= local_world_size:
-        return local_rank
+        order = env.get("SLURMLAUNCH_GPU_ORDER", "")
+        if order not in ("", "in-order", "reversed"):
+            raise PreflightError(f"SLURMLAUNCH_GPU_ORDER={order!r} is not valid (expected in-order or reversed)")
+        # reversed: rank 0 on the last GPU, as ALCF binds Polaris ranks (its first cores sit nearest GPU 3)
+        return visible - 1 - local_rank if order == "reversed" else local_rank
     node_gpus = bounded_int(env.get("SLURM_GPUS_ON_NODE", ""), MAX_JOB_ID)
     if cvd is not None and node_gpus is not None and node_gpus >= local_world_size:
         return 0
+    if cvd is None and env.get("ZE_AFFINITY_MASK", "").strip():
+        return 0  # Intel: a per-rank mask (ALCF's gpu_tile_compact.sh, mpiexec --gpu-bind) bound it to its own
     raise PreflightError(
         f"{local_world_size} ranks on {host} but only {visible} GPU(s) visible ({described}): "
         f"request at least {local_world_size} GPUs per node, start fewer ranks per node, "

@@ -102,7 +102,7 @@ def find(job_id: str) -> dict[str, Any]:
                             f"(its elements: {_shown_indices(indices)})")
         return {**array, "_element": element, "_full_id": f"{array['_full_id']}_{element}"}
     for entry in reversed(entries()):
-        if entry["job_id"] == job_id or entry["job_id"].split(".", 1)[0] == job_id:
+        if entry["job_id"] == job_id or entry["job_id"].split(".", 1)[0].removesuffix("[]") == job_id:
             try:
                 record = json.loads(read_bounded(entry["record"]).decode("utf-8"))
             except FileNotFoundError:

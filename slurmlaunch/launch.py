@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from .detect import Context, detect
 from .distenv import DistEnv, mask
 from .errors import PreflightError, SlurmLaunchError
-from .gpus import dev_gpu_ids
+from .gpus import device_count
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ def _read_file(path: str) -> str:
 
 def context() -> Context:
     return Context(hostname=os.uname().nodename, read_file=_read_file,
-                   gpu_device_count=lambda: len(dev_gpu_ids()))
+                   gpu_device_count=lambda: device_count(os.environ))
 
 
 def _bindable(port: int) -> OSError | None:

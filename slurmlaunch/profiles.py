@@ -129,10 +129,16 @@ def _load(path: Path) -> dict[str, Any]:
     return data
 
 
+def shipped_profile_files() -> list[Path]:
+    """Site profiles shipped with slurmlaunch (slurmlaunch/site_profiles/*.toml, README: PBS): the lowest
+    profile layer, used only when their profile is chosen; the user's and project's files add to them."""
+    return sorted((Path(__file__).resolve().parent / "site_profiles").glob("*.toml"))
+
+
 def profile_names(environ: Mapping[str, str], cwd: str) -> list[str]:
     """The profiles the user and project files define (for completion and `config profiles`)."""
     names: set[str] = set()
-    for path in (user_config_path(environ), project_config_path(cwd)):
+    for path in (*shipped_profile_files(), user_config_path(environ), project_config_path(cwd)):
         if path is not None and path.is_file():
             names.update(_load(path).get("profiles", {}))
     return sorted(names)
@@ -231,6 +237,10 @@ def resolve(ns: argparse.Namespace, table: Mapping[str, Option], environ: Mappin
     if profile is None:
         for _, data in files:
             profile = data.get("profile", profile)
+    if profile is not None:
+        shipped = [(path, data) for path in shipped_profile_files()
+                   for data in (_load(path),) if profile in data.get("profiles", {})]
+        files = [(path, {"profiles": {profile: data["profiles"][profile]}}) for path, data in shipped] + files
     if profile is not None and not files:
         raise SpecError(f"profile {profile!r} not found: no config file ({user} or {PROJECT_FILE} in "
                         f"{cwd} or above)")

@@ -83,6 +83,14 @@ class JobSpec:
     rdzv_timeout: float | None = None  # SLURMLAUNCH_RDZV_TIMEOUT for the ranks
     pbs_flavour: str = "pro"  # PBS Pro / OpenPBS (-l select=...) or Torque (-l nodes=...:ppn=...)
     mpi: str = "openmpi"  # the MPI whose mpiexec starts the ranks under PBS
+    # PBS site resources (checked in schedulers/pbs.py): job-wide -l KEY[=VALUE], per-chunk KEY=VALUE in
+    # select, the project (-P), how resources are requested, and the queue chosen by node count.
+    pbs_resources: tuple[str, ...] = ()
+    pbs_chunk: tuple[str, ...] = ()
+    project: str | None = None
+    pbs_request: str = "select"  # select: select=N:ncpus:mpiprocs:ngpus; nodes: select=N only; totals: -l ncpus=
+    pbs_queues: str | None = None  # QUEUE:MIN-MAX,... (first match wins) when --partition is not given
+    mpiexec_args: tuple[str, ...] = ()  # extra flags for the mpiexec that starts the ranks under PBS
     array: str | None = None  # Slurm --array indices: one distributed job per index
     max_parallel: int | None = None  # at most this many array elements at once (--array=...%N)
     sweep: tuple[tuple[str, tuple[str, ...]], ...] = ()  # a grid: one array element per point

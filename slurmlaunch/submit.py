@@ -28,6 +28,8 @@ def spec_from_args(ns: Any) -> JobSpec:
         python=ns.python or ("python3" if ns.container_image or ns.apptainer else sys.executable),
         gpu_flag=ns.gpu_flag, signal=ns.signal, requeue=ns.requeue,
         max_requeues=ns.max_requeues, rdzv_timeout=ns.rdzv_timeout, pbs_flavour=ns.pbs_flavour, mpi=ns.mpi,
+        pbs_resources=tuple(ns.pbs_resource), pbs_chunk=tuple(ns.pbs_chunk), project=ns.project,
+        pbs_request=ns.pbs_request, pbs_queues=ns.pbs_queues, mpiexec_args=tuple(ns.mpiexec_arg),
         array=ns.array, max_parallel=ns.max_parallel, sweep=parse_sweep(ns.sweep),
         container_image=ns.container_image, apptainer=ns.apptainer, container_mounts=tuple(ns.container_mount),
         container_workdir=ns.container_workdir,

@@ -25,27 +25,39 @@ NOT_CARRIED_OUT: Mapping[str, Mapping[str, str]] = {
         "container_image": "it uses Slurm's pyxis plugin through srun (use --apptainer IMAGE here)",
         "pbs_flavour": "it is for PBS (leave it out, or --scheduler pbs)",
         "mpi": "it is for PBS, whose ranks mpiexec starts (leave it out, or --scheduler pbs)",
+        "pbs_resources": "it is a PBS site resource (leave it out, or --scheduler pbs)",
+        "pbs_chunk": "it is a PBS select-chunk resource (leave it out, or --scheduler pbs)",
+        "project": "it is PBS's -P project (leave it out; --account is the account charged)",
+        "pbs_request": "it chooses how a PBS job asks for resources (leave it out, or --scheduler pbs)",
+        "pbs_queues": "it chooses a PBS queue by node count (leave it out; --partition chooses the partition)",
+        "mpiexec_args": "it starts the ranks itself, without mpiexec (leave it out, or --scheduler pbs)",
     },
     "slurm": {
         "pbs_flavour": "it is for PBS (leave it out, or --scheduler pbs)",
         "mpi": "under Slurm srun starts the ranks (leave it out, or --scheduler pbs)",
+        "pbs_resources": "it is a PBS site resource (leave it out, or --scheduler pbs)",
+        "pbs_chunk": "it is a PBS select-chunk resource (leave it out, or --scheduler pbs)",
+        "project": "it is PBS's -P project (leave it out; --account is the account charged)",
+        "pbs_request": "it chooses how a PBS job asks for resources (leave it out, or --scheduler pbs)",
+        "pbs_queues": "it chooses a PBS queue by node count (leave it out; --partition chooses the partition)",
+        "mpiexec_args": "under Slurm srun starts the ranks (leave it out, or --scheduler pbs)",
     },
     "pbs": {
-        "qos": "PBS has no QOS (use --sbatch-arg '-l ...' for a site resource, or -q via --partition)",
-        "constraint": "PBS has no --constraint (use --sbatch-arg '-l select=...:FEATURE=true'-style site "
-                      "resources)",
+        "qos": "PBS has no QOS (a site's equivalent is a queue, --partition, or a resource, --pbs-resource "
+               "KEY=VALUE)",
+        "constraint": "PBS has no node features list (ask for a site resource of every node with --pbs-chunk "
+                      "KEY=VALUE, e.g. system=polaris)",
         "gpu_flag": "it only chooses how sbatch is asked for GPUs (leave it out)",
         "container_image": "it uses Slurm's pyxis plugin through srun (use --apptainer IMAGE under PBS)",
-        "requeue": "the qsub script does not requeue (leave it out; under PBS use qrerun or resubmit)",
-        "signal": "the qsub script asks PBS for no warning signal before the walltime (leave it out)",
-        "array": "job arrays are submitted to Slurm or run locally (under PBS submit one job per point)",
-        "sweep": "job arrays are submitted to Slurm or run locally (under PBS submit one job per point)",
-        "max_parallel": "job arrays are submitted to Slurm or run locally",
+        "max_requeues": "PBS reruns a -r y job itself and slurmlaunch does not count them (leave it out)",
+        "signal": "the qsub script asks PBS for no warning signal before the walltime (leave it out; PBS sends "
+                  "SIGTERM at the walltime, then SIGKILL after the server's kill_delay)",
         "mode": "under PBS mpiexec starts one launcher per rank (leave out --mode)",
     },
 }
 # Fields whose option name differs from the field's.
-FLAGS = {"sbatch_args": "--sbatch-arg", "container_mounts": "--container-mount"}
+FLAGS = {"sbatch_args": "--sbatch-arg", "container_mounts": "--container-mount", "pbs_resources": "--pbs-resource",
+         "mpiexec_args": "--mpiexec-arg"}
 _TORQUE = {"exclusive": "Torque's qsub script has no exclusive placement (leave it out, or --pbs-flavour pro)"}
 
 

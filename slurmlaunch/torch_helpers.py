@@ -52,7 +52,8 @@ def init_process_group(backend: str | None = None, *, rendezvous_timeout: float 
     Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK and SLURMLAUNCH_LOCAL_DEVICE (which GPU
     among the visible ones, see the README's GPU rule), SLURMLAUNCH_RDZV_TIMEOUT.
 
-    * ``backend=None``: nccl when CUDA is available, else gloo; with CUDA, the rank's device is selected.
+    * ``backend=None``: nccl when CUDA is available, xccl when Intel GPUs are (torch.xpu), else gloo; on a
+      GPU the rank's device is selected.
     * The rendezvous is bounded by ``rendezvous_timeout`` seconds (default SLURMLAUNCH_RDZV_TIMEOUT, 900):
       rank 0 waits for every rank to check in and, on time-out, names the ranks that never arrived; the
       others poll the master every 2 ms, so none loses the TCPStore client's back-off of 0.25 s or more
@@ -71,13 +72,17 @@ def init_process_group(backend: str | None = None, *, rendezvous_timeout: float 
     except (KeyError, ValueError) as e:
         raise SlurmLaunchError(f"init_process_group: {e} is missing or invalid: start this script with "
                                f"slurmlaunch (or torchrun)") from None
+    index = int(env.get("SLURMLAUNCH_LOCAL_DEVICE", env.get("LOCAL_RANK", "0")))
+    xpu = getattr(torch, "xpu", None)  # Intel GPUs (Level Zero), e.g. ALCF Aurora
     if torch.cuda.is_available():
-        index = int(env.get("SLURMLAUNCH_LOCAL_DEVICE", env.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(index)
         device = torch.device("cuda", index)
+    elif xpu is not None and xpu.is_available():
+        xpu.set_device(index)
+        device = torch.device("xpu", index)
     else:
         device = torch.device("cpu")
-    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    backend = backend or {"cuda": "nccl", "xpu": "xccl"}.get(device.type, "gloo")
     if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         dist.init_process_group(backend, **kwargs)
         return device

@@ -50,14 +50,15 @@ def test_bash_completion(tmp_path: Path) -> None:
     assert complete(script, ["slurmlaunch", "completion", "z"]) == ["zsh"]
     (tmp_path / "train_me.py").write_text("")
     assert complete(f"cd {tmp_path}\n" + script, ["slurmlaunch", "submit", "train_"]) == ["train_me.py"]
-    # profile names come from the config files, through `slurmlaunch config profiles`
+    # profile names come from the config files and the shipped site profiles, through `slurmlaunch config profiles`
     (tmp_path / "slurmlaunch.toml").write_text("[profiles.booster]\nnodes = 2\n[profiles.cpu]\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "slurmlaunch").write_text(f"#!/bin/sh\nexec {sys.executable} -m slurmlaunch \"$@\"\n")
     (bin_dir / "slurmlaunch").chmod(0o755)
     env = dict(no_slurm_env(tmp_path), PATH=f"{bin_dir}:/usr/bin:/bin")
-    assert complete(f"cd {tmp_path}\n" + script, ["slurmlaunch", "submit", "--profile", ""], env) == ["booster", "cpu"]
+    assert complete(f"cd {tmp_path}\n" + script, ["slurmlaunch", "submit", "--profile", ""], env) == [
+        "aurora", "booster", "cpu", "gadi", "gadi-gpuvolta", "polaris", "torque"]
 
 
 def test_zsh_and_fish_scripts() -> None:
@@ -76,4 +77,4 @@ def test_zsh_and_fish_scripts() -> None:
 def test_config_profiles_lists_names(tmp_path: Path) -> None:
     (tmp_path / "slurmlaunch.toml").write_text("[profiles.b]\n[profiles.a]\n")
     r = run_cli("config", "profiles", env=no_slurm_env(tmp_path), cwd=tmp_path)
-    assert r.returncode == 0 and r.stdout == "a\nb\n"
+    assert r.returncode == 0 and r.stdout == "a\naurora\nb\ngadi\ngadi-gpuvolta\npolaris\ntorque\n"  # + shipped

@@ -20,6 +20,9 @@ PBS_GOLDEN = {
                                         setup=("module load openmpi",)),
     "pbs_torque_mpich.qsub": golden_spec(pbs_flavour="torque", mpi="mpich", time="90", exclusive=True),
     "pbs_pro_pals.qsub": golden_spec(mpi="pals", time="2:00:00", cpus_per_task=16, exclusive=True),
+    "pbs_pro_sweep.qsub": golden_spec(time="30", sweep=(("lr", ("0.1", "0.01")), ("seed", ("1", "2"))),
+                                      max_parallel=2, requeue=True),
+    "pbs_torque_array.qsub": golden_spec(pbs_flavour="torque", mpi="mpich", time="30", array="1,3,5-6"),
 }
 
 
@@ -65,7 +68,7 @@ def calls(tmp_path: Path) -> list[list[str]]:
 
 def test_submit_wait_through_emulated_pbs(tmp_path: Path) -> None:
     env = fake_pbs(tmp_path, exit_status=3)
-    name = "job $(touch PWNED) 'x'\nline"
+    name = "job$(touch${IFS}PWNED)'x'"  # no whitespace (it passes the name check), yet a shell would run it
     r = run_cli("submit", "--nodes", "2", "--gpus-per-node", "4", f"--job-name={name}", "--wait",
                 str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
     assert r.returncode == 3, r.stderr
@@ -103,3 +106,55 @@ def test_pbs_logs_are_the_jobs_one_output(tmp_path: Path) -> None:
     assert run_cli("logs", "77", env=env).stdout == "0: hello\n1: hello\n"
     r = run_cli("logs", "77", "--rank", "1", env=env)
     assert r.returncode == 2 and "tagged by mpiexec" in r.stderr
+
+
+def test_array_status_and_cancel_through_emulated_pbs(tmp_path: Path) -> None:
+    """EMULATION: qsub prints an array's id (77[].pbs-server); qstat -t lists the array and its subjobs in the
+    layout of PBS Pro's qstat -f (one "Job Id:" block each)."""
+    env = fake_pbs(tmp_path)
+    bin_dir = tmp_path / "fake-pbs"
+    rec = tmp_path / "pbs-calls.jsonl"
+    recorder = ("#!/usr/bin/env python3\nimport json, sys\n"
+                f"open({str(rec)!r}, 'a').write(json.dumps(sys.argv) + '\\n')\n")
+    (bin_dir / "qsub").write_text(recorder + "print('77[].pbs-server')\n")
+    states = tmp_path / "states"
+    states.write_text("F 0\nR\nQ\n")
+    (bin_dir / "qstat").write_text(recorder + f"""
+lines = open({str(states)!r}).read().split('\\n')
+print('Job Id: 77[].pbs-server\\n    job_state = B')
+for i, line in enumerate(l for l in lines if l):
+    state, _, code = line.partition(' ')
+    print(f'Job Id: 77[{{i}}].pbs-server\\n    job_state = {{state}}\\n    exec_host = n{{i}}/0*4')
+    if code:
+        print(f'    Exit_status = {{code}}')
+""")
+    r = run_cli("submit", "--scheduler", "pbs", "--array", "0-2", str(EXAMPLES / "train_ddp.py"), env=env,
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "slurmlaunch-logs" / "job-77.json").exists()
+    r = run_cli("status", "77", "--json", env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["state"] == "RUNNING" and st["elements"] == {"0": "COMPLETED 0", "1": "RUNNING", "2": "PENDING"}, st
+    assert calls(tmp_path)[-1][1:] == ["-x", "-f", "-t", "77[]"]
+    states.write_text("F 0\nF 3\nF 0\n")
+    (tmp_path / "slurmlaunch-logs" / "job-77_2.exitcode").write_text("5\n")  # the script's own word wins
+    st = json.loads(run_cli("status", "77", "--json", env=env, cwd=tmp_path).stdout)
+    assert st["state"] == "FAILED" and st["exit_code"] == 3 and st["elements"]["2"] == "FAILED 5", st
+    run_cli("status", "77_1", env=env, cwd=tmp_path)
+    assert calls(tmp_path)[-1][1:] == ["-x", "-f", "77[1]"]
+    for job, qdel in (("77", "77[].pbs-server"), ("77_2", "77[2]")):
+        r = run_cli("cancel", job, env=env, cwd=tmp_path)
+        assert r.returncode == 0 and calls(tmp_path)[-1][1:] == [qdel], r.stderr
+
+
+def test_the_scripts_exit_code_wins_over_a_qstat_without_one(tmp_path: Path) -> None:
+    """EMULATION of a Torque-style qstat (Slurm's slurm-wlm-torque wrapper prints no exit status)."""
+    env = fake_pbs(tmp_path)
+    (tmp_path / "fake-pbs" / "qstat").write_text("#!/bin/sh\necho 'Job Id: 77'\necho '    job_state = C'\n")
+    r = run_cli("submit", "--scheduler", "pbs", str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(run_cli("status", "77", "--json", env=env, cwd=tmp_path).stdout)["state"] == "COMPLETED"
+    (tmp_path / "slurmlaunch-logs" / "job-77.exitcode").write_text("4\n")
+    st = json.loads(run_cli("status", "77", "--json", env=env, cwd=tmp_path).stdout)
+    assert st["state"] == "FAILED" and st["exit_code"] == 4, st

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,17 +108,20 @@ def test_local_sweep_runs_every_point_in_its_own_world(tmp_path: Path) -> None:
     assert r.returncode == 2 and f"name one, e.g. {job}_0" in r.stderr
 
 
-def test_pbs_refuses_arrays(tmp_path: Path) -> None:
+def test_pbs_submits_arrays_as_one_job_array(tmp_path: Path) -> None:
     env = no_slurm_env(tmp_path)
     bin_dir = tmp_path / "pbs-bin"
     bin_dir.mkdir()
-    (bin_dir / "qsub").write_text(f"#!/bin/sh\ntouch {tmp_path}/SUBMITTED\n")
+    # EMULATION of qsub: keeps the script it was given, prints an array job's id as PBS Pro does.
+    (bin_dir / "qsub").write_text(f"#!{sys.executable}\nimport shutil, sys\n"
+                                  f"shutil.copy(sys.argv[-1], {str(tmp_path / 'SUBMITTED')!r})\nprint('88[].srv')\n")
     (bin_dir / "qsub").chmod(0o755)
     (tmp_path / "t.py").write_text("")
-    r = run_cli("submit", "--scheduler", "pbs", "--array", "0-1", "t.py",
+    r = run_cli("submit", "--scheduler", "pbs", "--sweep", "lr=0.1,0.2", "t.py",
                 env=dict(env, PATH=f"{bin_dir}:{env['PATH']}"), cwd=tmp_path)
-    assert r.returncode == 2 and "under PBS submit one job per point" in r.stderr
-    assert not (tmp_path / "SUBMITTED").exists()
+    assert r.returncode == 0, r.stderr
+    script = (tmp_path / "SUBMITTED").read_text()
+    assert "#PBS -J 0-1\n" in script and '1) point=(--lr=0.2) ;;' in script and "$PBS_ARRAY_INDEX" in script
 
 
 @pytest.mark.slurm
