@@ -223,7 +223,10 @@ SUBMIT_VALID: dict[str, tuple[str, list[str]]] = {
     "container_mount": ("/a:/b", ["--apptainer", "i.sif"]), "container_workdir": ("/w", ["--apptainer", "i.sif"]),
     "array": ("0-3", []), "sweep": ("lr=1,2", []), "max_parallel": ("2", ["--array", "0-3"]),
     "wait_timeout": ("5", []),
+    "pbs_resource": ("filesystems=home", []), "pbs_chunk": ("system=polaris", []), "project": ("proj", []),
+    "pbs_request": ("totals", []), "pbs_queues": ("debug:1-2", []), "mpiexec_arg": ("--no-transfer", []),
 }
+PBS_ONLY = {"pbs_flavour", "mpi", "pbs_resource", "pbs_chunk", "project", "pbs_request", "pbs_queues", "mpiexec_arg"}
 # Values kept byte for byte by design (README: Strings are data): a newline there is data.
 BYTE_FOR_BYTE = {"env", "setup", "sweep", "job_name"}
 
@@ -288,7 +291,7 @@ def test_trailing_newline_on_every_submit_option(project: tuple[Path, dict[str, 
             if flag == "--scheduler":
                 companions = []
                 base_here = ["submit", "--dry-run"]
-            elif action.dest in ("pbs_flavour", "mpi"):  # PBS's own options: Slurm refuses them (support.py)
+            elif action.dest in PBS_ONLY:  # PBS's own options: Slurm refuses them (support.py)
                 base_here = ["submit", "--dry-run", "--scheduler", "pbs"]
             else:
                 base_here = base

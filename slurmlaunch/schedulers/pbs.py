@@ -87,7 +87,7 @@ def queue(spec: JobSpec) -> str | None:
     if spec.partition or not spec.pbs_queues:
         return spec.partition
     for item in spec.pbs_queues.split(","):
-        m = _QUEUE.fullmatch(item.strip())
+        m = _QUEUE.fullmatch(item.strip(" "))  # spaces after commas; never a newline
         assert m is not None
         low, high = int(m[2]), int(m[3]) if m[3] else None
         if low <= spec.nodes and (high is None or spec.nodes <= high):
@@ -159,7 +159,7 @@ def check(spec: JobSpec) -> None:
         raise SpecError(f"--project {spec.project!r} is not valid (expected a non-empty name without spaces)")
     if spec.pbs_queues is not None:
         for item in spec.pbs_queues.split(","):
-            m = _QUEUE.fullmatch(item.strip())
+            m = _QUEUE.fullmatch(item.strip(" "))  # spaces after commas; never a newline
             if not m or (m[3] and int(m[3]) < int(m[2])):
                 raise SpecError(f"--pbs-queues {spec.pbs_queues!r} is not valid (expected QUEUE:MIN-MAX entries "
                                 f"separated by commas, MAX may be empty: e.g. debug:1-2,prod:10-)")
