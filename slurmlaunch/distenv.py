@@ -79,10 +79,11 @@ def _is_ipv6(value: str) -> bool:
         "%" not in value or (zone != "" and all(c in _HOST_CHARS or c == "." for c in zone)))
 
 
-def check_master_addr(value: str) -> None:
+def check_master_addr(value: str, label: str = "MASTER_ADDR") -> None:
     """MASTER_ADDR must be what torch hands to getaddrinfo: a host name or an IP address. Anything else
     (a URL, host:port, a bracketed IPv6 address, spaces) is refused here with one line that never shows a
-    URL's credentials, instead of failing later in the rendezvous with the value in a traceback."""
+    URL's credentials, instead of failing later in the rendezvous with the value in a traceback.
+    ``label`` names where the value came from: a variable (NAME=value) or an option (--flag value)."""
     if _is_host_name(value) or _is_ipv6(value):
         return
     shown = mask("MASTER_ADDR", value)
@@ -99,7 +100,8 @@ def check_master_addr(value: str) -> None:
         hint = "expected a host name or an IP address only: no brackets, the port goes in MASTER_PORT"
     else:
         hint = "expected a host name (letters, digits, '-', '_', dots) or an IPv4/IPv6 address"
-    raise EnvironmentMappingError(f"MASTER_ADDR={shown!r} is not valid: {hint}")
+    given = f"{label} {shown!r}" if label.startswith("-") else f"{label}={shown!r}"
+    raise EnvironmentMappingError(f"{given} is not valid: {hint}")
 
 
 _FIELDS = ("source", "rank", "local_rank", "world_size", "local_world_size", "node_rank", "num_nodes",

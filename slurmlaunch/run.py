@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .distenv import check_master_addr
 from .errors import SlurmLaunchError, SpecError
 
 DEFAULT_PORT = 29500  # torchrun's
@@ -151,6 +152,7 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
     if not (ns.no_python or ns.module or os.path.isfile(ns.script)):
         raise SpecError(f"script {ns.script!r} not found")
     nproc, on_cpu, note = plan_processes(str(ns.nproc), ns.cpu, environ)
+    check_master_addr(ns.master_addr, "--rdzv-endpoint host" if ns.rdzv_endpoint else "--master-addr")
     addresses = resolve_master(ns.master_addr)
     if nnodes > 1 and is_loopback(addresses) and not ns.allow_loopback:
         raise SpecError(

@@ -165,3 +165,17 @@ def test_config_show_masks_url_userinfo_in_env(tmp_path: Path) -> None:
     r = run_cli("config", "show", "--profile", "p", env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "pw-xyz" not in r.stdout and "c-123" not in r.stdout and "postgres://****@db/x" in r.stdout
+
+
+@pytest.mark.parametrize("args, shown", [
+    (["--master-addr", "http://me:hunter2@10.0.0.9", "--nnodes", "2", "--node-rank", "1"],
+     "--master-addr 'http://****@10.0.0.9' is not valid: it is a URL"),
+    (["--rdzv-endpoint", "https://me:hunter2@node7:29500", "--nnodes", "2", "--node-rank", "1"],
+     "--rdzv-endpoint host 'https://****@node7' is not valid: it is a URL"),
+])
+def test_run_refuses_a_url_master_without_echoing_it(args: list[str], shown: str, tmp_path: Path) -> None:
+    script = tmp_path / "noop.py"
+    script.write_text("pass\n")
+    r = run_cli("run", *args, str(script), env=clean_env(), cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert shown in r.stderr and "hunter2" not in r.stderr and "me:" not in r.stderr
