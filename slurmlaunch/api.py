@@ -169,6 +169,8 @@ def _export_distributed_env(spec: JobSpec) -> None:
         rank = int(environ["SUBMITIT_LOCAL_GLOBALID"])
         gpus, _ = gpu_plan(spec, environ)
         emulated = rank_env(spec, environ["SUBMITIT_LOCAL_JOB_ID"], rank, environ, gpus)
+        if spec.gpus_per_node == 0:  # asked for no GPU, gets none (as under Slurm, and as before: submitit's
+            emulated["CUDA_VISIBLE_DEVICES"] = ""  # controller blanked it, for every job, GPUs asked or not)
         environ.update({k: v for k, v in emulated.items() if environ.get(k) != v})
     dist = preflight(resolve(environ), environ)
     environ.update(dist.exports(environ))
@@ -417,8 +419,8 @@ def _controller_main() -> None:
 
 def _start_controller(folder: Path, command: str, ntasks: int, timeout_min: float,
                       signal_delay_s: int) -> subprocess.Popen[bytes]:
-    """submitit's start_controller, with our controller (and without blanking CUDA_VISIBLE_DEVICES:
-    the emulated nodes hand out the GPUs themselves, see schedulers/local.py's gpu_plan)."""
+    """submitit's start_controller, with our controller, and without blanking CUDA_VISIBLE_DEVICES:
+    the emulated nodes hand out the GPUs themselves (_export_distributed_env)."""
     env = dict(os.environ, SUBMITIT_LOCAL_NTASKS=str(ntasks), SUBMITIT_LOCAL_COMMAND=command,
                SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * timeout_min)), SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(signal_delay_s),
                SUBMITIT_LOCAL_NODEID="0", SUBMITIT_LOCAL_JOB_NUM_NODES="1", SUBMITIT_STDERR_TO_STDOUT="",

@@ -181,3 +181,17 @@ def test_local_requeue_after_the_warning_signal(tmp_path: Path) -> None:
     results, _ = outcome(job)
     assert isinstance(results, list), results
     assert [steps for _, steps in results] == [100, 100] and results[0][0] > 0
+
+
+def gpu_view() -> tuple[str, str]:
+    return os.environ["CUDA_VISIBLE_DEVICES"], os.environ.get("SLURMLAUNCH_LOCAL_DEVICE", "cpu")
+
+
+def test_emulated_nodes_hand_out_the_callers_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU is touched (nothing imports CUDA): what is checked is which ids each rank is given. submitit's
+    controller blanked CUDA_VISIBLE_DEVICES for every job, so gpus_per_node had no effect."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    gpus = slurmlaunch.submit(gpu_view, scheduler="local", nodes=2, gpus_per_node=2, output_dir=str(tmp_path))
+    cpus = local_job(gpu_view, tmp_path)
+    assert outcome(gpus)[0] == [("4,5", "0"), ("4,5", "1"), ("6,7", "0"), ("6,7", "1")]
+    assert outcome(cpus)[0] == [("", "cpu"), ("", "cpu")]  # no GPU asked, none given
