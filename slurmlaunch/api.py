@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shlex
 import signal
 import subprocess
@@ -54,10 +55,10 @@ _STATUS_FILE = "{job_id}_ranks.json"
 # After the first rank fails, the others get SIGINT (submitit's tasks ignore SIGTERM), then SIGKILL after
 # this many seconds: long enough for `finally` blocks, short enough that the caller hears within seconds.
 _STOP_GRACE_S = 3.0
-_POLL_S = 0.02
+_POLL_MS = 50  # the controller's timer (signals received, time limit); a rank's end wakes it at once
 # A rank that ended without a Python exception (os._exit, a signal) is only seen ending by the controller,
-# up to a poll and a busy machine's scheduling delay late, while its peers' errors about the lost
-# connection carry the time they happened: within this slack, the death comes first, as it caused them.
+# a busy machine's scheduling delay late, while its peers' errors about the lost connection carry the
+# time they happened: within this slack, the death comes first, as it caused them.
 _DEATH_SLACK_S = 0.5
 _REQUEUE_CODE = 144  # what submitit's local tasks exit with to be started again (after a checkpoint)
 _MAX_STARTS = 6  # submitit's local bound on requeues; its per-job timeout countdown applies as well
@@ -352,6 +353,7 @@ class _LocalController:
         procs: dict[int, subprocess.Popen[bytes]] = {}
         ended: dict[int, dict[str, Any]] = {}
         reason: str | None = None
+        poller, pidfds = select.poll(), dict[int, int]()
         try:
             for k, p in enumerate(paths):
                 out, err = open(p.stdout, "ab"), open(p.stderr, "ab")  # noqa: SIM115 (closed below)
@@ -360,6 +362,14 @@ class _LocalController:
                            SUBMITIT_LOCAL_JOB_ID=self.job_id)
                 procs[k] = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                             start_new_session=True, preexec_fn=die_with_controller)
+            # Woken by a rank's end through its pidfd rather than by a timer, so that "at" is when it ended,
+            # give or take the scheduler: it decides which failure came first (see _DEATH_SLACK_S).
+            for k, proc in procs.items():
+                try:
+                    pidfds[k] = os.pidfd_open(proc.pid)
+                    poller.register(pidfds[k], select.POLLIN)
+                except (AttributeError, OSError):  # Linux < 5.3: the poll below is a plain timer
+                    pass
             start, warned, kill_at = time.monotonic(), False, None
             while len(ended) < len(procs):
                 for k, proc in procs.items():
@@ -367,6 +377,8 @@ class _LocalController:
                     if code is None:
                         continue
                     ended[k] = {"code": code, "at": time.time(), "stopped": reason is not None}
+                    if k in pidfds:
+                        poller.unregister(pidfds[k])
                     if reason is None and code != 0:
                         reason = "requeued" if code == _REQUEUE_CODE else f"stopped after rank {k} failed"
                 while self.received:
@@ -389,13 +401,15 @@ class _LocalController:
                     _signal_ranks(procs, ended, signal.SIGINT)
                 if kill_at is not None and time.monotonic() >= kill_at:
                     _signal_ranks(procs, ended, signal.SIGKILL)
-                time.sleep(_POLL_S)
+                poller.poll(_POLL_MS)
         finally:
             for proc in procs.values():  # whatever a rank started in its session goes with it
                 _signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
             for f in files:
                 f.close()
+            for fd in pidfds.values():
+                os.close(fd)
         return ended, reason
 
 
