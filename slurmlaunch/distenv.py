@@ -9,6 +9,7 @@ rank can see, of the one it should use).
 
 from __future__ import annotations
 
+import _socket
 from collections.abc import Mapping
 
 from .errors import EnvironmentMappingError
@@ -22,7 +23,6 @@ MASKED = "****"
 # No `re` here: this module is on the launcher's path, which runs once per rank (see launch.py).
 _SCHEME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-")
 _HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
-_IPV6_CHARS = frozenset("0123456789abcdefABCDEF:.")
 _AUTHORITY_ENDS = "/?#"
 
 
@@ -75,8 +75,13 @@ def _is_host_name(value: str) -> bool:
 
 def _is_ipv6(value: str) -> bool:
     address, _, zone = value.partition("%")
-    return ":" in address and all(c in _IPV6_CHARS for c in address) and (
-        "%" not in value or (zone != "" and all(c in _HOST_CHARS or c == "." for c in zone)))
+    if "%" in value and not (zone and all(c in _HOST_CHARS or c == "." for c in zone)):
+        return False
+    try:  # the C library's parser (the C module launch.py imports anyway, not `socket` or `ipaddress`)
+        _socket.inet_pton(_socket.AF_INET6, address)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def check_master_addr(value: str, label: str = "MASTER_ADDR") -> None:

@@ -106,17 +106,25 @@ def test_every_ip_address_is_accepted(address: ipaddress.IPv4Address | ipaddress
 
 @given(st.text(min_size=1, max_size=30))
 def test_whatever_is_accepted_is_a_numeric_address_or_a_name_getaddrinfo_takes(value: str) -> None:
-    """Oracle: the C library. An accepted value is either a numeric address getaddrinfo parses without
-    DNS, or a name made only of characters a host name can hold."""
+    """Oracle: the C library. An accepted value is either an IPv6 address inet_pton parses (with a zone
+    made of name characters), or a name made only of characters a host name (or an IPv4 address) holds."""
     try:
         check_master_addr(value)
     except EnvironmentMappingError as e:
         assert "\n" not in str(e)
         return
-    try:
-        socket.getaddrinfo(value, 1, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
-    except (socket.gaierror, UnicodeError, ValueError):
-        assert set(value) <= set(string.ascii_letters + string.digits + "-_."), value
+    name_chars = set(string.ascii_letters + string.digits + "-_.")
+    if set(value) <= name_chars:
+        return
+    address, _, zone = value.partition("%")
+    socket.inet_pton(socket.AF_INET6, address)  # raises if check_master_addr took a non-address
+    assert set(zone) <= name_chars
+
+
+@pytest.mark.parametrize("value", ["0:", ":::", "1:2:3", "fe80::1%", "::1%a b", "12345::"])
+def test_colons_alone_do_not_make_an_address(value: str) -> None:
+    with pytest.raises(EnvironmentMappingError):
+        check_master_addr(value)
 
 
 def test_print_env_masks_credentials_and_url_userinfo(tmp_path: Path) -> None:
