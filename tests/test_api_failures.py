@@ -195,3 +195,25 @@ def test_emulated_nodes_hand_out_the_callers_gpus(tmp_path: Path, monkeypatch: p
     cpus = local_job(gpu_view, tmp_path)
     assert outcome(gpus)[0] == [("4,5", "0"), ("4,5", "1"), ("6,7", "0"), ("6,7", "1")]
     assert outcome(cpus)[0] == [("", "cpu"), ("", "cpu")]  # no GPU asked, none given
+
+
+@pytest.mark.slurm
+def test_slurm_unpicklable_return_value_is_reported(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    """The same packing on submitit's Slurm executor: srun --kill-on-bad-exit stops rank 0, and the caller
+    reads rank 1's own report instead of two ranks without a result."""
+    import subprocess
+    import sys
+
+    code = (
+        "import slurmlaunch\n"
+        "from tests.test_api_failures import unpicklable_on_rank_1\n"
+        f"job = slurmlaunch.submit(unpicklable_on_rank_1, {str(tmp_path / 't')!r}, scheduler='slurm', "
+        f"tasks_per_node=2, output_dir={str(tmp_path / 'logs')!r})\n"
+        "try:\n    job.results()\nexcept slurmlaunch.RankFailed as e:\n    print('FAILED', e.rank)\n    print(e)\n"
+    )
+    env = dict(cluster_env, PYTHONPATH=str(Path(__file__).parent.parent))
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "FAILED 1\n" in r.stdout, r.stdout[-3000:]
+    assert "value['lock'] is a _thread.lock" in r.stdout and "cannot pickle '_thread.lock' object" in r.stdout
