@@ -7,15 +7,28 @@
 
 The options are JobSpec's fields, validated by the same code as the CLI's. Under Slurm, submitit's
 SlurmExecutor runs one task per GPU (srun --kill-on-bad-exit); ``scheduler="local"`` uses submitit's
-LocalExecutor and emulates the nodes the way the CLI's local scheduler does. Inside every task the torch
+LocalExecutor for the pickling and the files, with our own controller process in place of submitit's
+(see _LocalController: it knows how each rank ended, and stops the others when one fails, as srun
+does), and emulates the nodes the way the CLI's local scheduler does. Inside every task the torch
 distributed environment is computed and exported by the launcher's own code (detect, checks, exports)
 before ``fn`` runs.
+
+How a job's outcome is collected (Job.results, the same on both schedulers): wait for the job to end,
+then read every rank's result file; the return value travels pickled by the rank itself (_Packed), so a
+value that cannot be pickled is reported as such, with the part that could not be; a rank with no result
+file ended without a Python exception, and the local controller's status file says how (exit code or
+signal). The first failure by time is raised as RankFailed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import select
+import shlex
+import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -38,13 +51,112 @@ _PROFILE_FIELDS = {"sbatch_arg": "sbatch_args", "container_mount": "container_mo
                    "mpiexec_arg": "mpiexec_args"}
 
 
-class RankFailed(SlurmLaunchError):
-    """A rank of a distributed job raised; ``rank`` is the first to fail, ``trace`` its traceback."""
+# The local controller's record of how every rank ended, next to submitit's files of the job.
+_STATUS_FILE = "{job_id}_ranks.json"
+# After the first rank fails, the others get SIGINT (submitit's tasks ignore SIGTERM), then SIGKILL after
+# this many seconds: long enough for `finally` blocks, short enough that the caller hears within seconds.
+_STOP_GRACE_S = 3.0
+_POLL_MS = 50  # the controller's timer (signals received, time limit); a rank's end wakes it at once
+# A rank that ended without a Python exception (os._exit, a signal) is only seen ending by the controller,
+# a busy machine's scheduling delay late, while its peers' errors about the lost connection carry the
+# time they happened: within this slack, the death comes first, as it caused them.
+_DEATH_SLACK_S = 0.5
+_REQUEUE_CODE = 144  # what submitit's local tasks exit with to be started again (after a checkpoint)
+_MAX_STARTS = 6  # submitit's local bound on requeues; its per-job timeout countdown applies as well
+# submitit waits this long for a result file that the file system may show late (NFS); once per job here.
+_RESULT_WAIT_S = 15.0
 
-    def __init__(self, rank: int, trace: str) -> None:
-        super().__init__(f"rank {rank} failed:\n{trace}")
+
+class RankFailed(SlurmLaunchError):
+    """A rank of a distributed job failed; ``rank`` is the first to fail, ``trace`` what it reported (its
+    traceback, or how its process ended and its last log lines). How its process ended, where known (the
+    local scheduler always knows): ``returncode`` as subprocess has it (-N: killed by signal N) and
+    ``signal_name`` ("SIGSEGV"); None otherwise."""
+
+    def __init__(self, rank: int, trace: str, returncode: int | None = None) -> None:
         self.rank = rank
         self.trace = trace
+        self.returncode = returncode
+        self.signal_name = _signal_name(-returncode).split()[0] if returncode is not None and returncode < 0 else None
+        how = ("" if returncode is None else f" (killed by {_signal_name(-returncode)})" if returncode < 0
+               else f" (exit code {returncode})")
+        super().__init__(f"rank {rank} failed{how}:\n{trace}")
+
+
+def _mark() -> str:
+    """The first line of the error a task raises, so that the caller can tell the first failure from its
+    consequences in the other ranks: the rank and the time (taken before formatting a traceback)."""
+    return f"{_MARK} rank={os.environ.get('RANK', '?')} at={time.time():.6f}\n"
+
+
+def _failure(message: str) -> RuntimeError:
+    return RuntimeError(_mark() + message)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return f"{signal.Signals(number).name} (signal {number})"
+    except ValueError:
+        return f"signal {number}"
+
+
+class _Packed:
+    """A rank's return value, pickled in the rank: submitit would pickle it after ``fn`` returned, and a
+    value that cannot be pickled would then leave no result at all (its error dump collides with the
+    half-written file), so the caller would wait and learn nothing."""
+
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+
+    def value(self) -> Any:
+        import pickle
+
+        return pickle.loads(self.payload)
+
+
+def _type_name(value: object) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _unpicklable_part(value: object, dumps: Callable[[object], bytes], path: str, depth: int = 0) -> str | None:
+    """Where in ``value`` the pickling fails: the deepest container entry or attribute that does not pickle
+    (at most 5 levels, 1000 entries a level: this only runs on the failure path)."""
+    if depth >= 5:
+        return None
+    parts: list[tuple[str, object]] = []
+    if isinstance(value, dict):
+        parts = [(f"{path}[{k!r}]", v) for k, v in list(value.items())[:1000]]
+    elif isinstance(value, (list, tuple)):
+        parts = [(f"{path}[{i}]", v) for i, v in enumerate(value[:1000])]
+    elif isinstance(value, (set, frozenset)):
+        parts = [(f"an element of {path}", v) for v in list(value)[:1000]]
+    elif isinstance(getattr(value, "__dict__", None), dict):
+        parts = [(f"{path}.{k}", v) for k, v in list(vars(value).items())[:1000]]
+    for where, part in parts:
+        try:
+            dumps(part)
+        except Exception:
+            return _unpicklable_part(part, dumps, where, depth + 1) or f"{where} is a {_type_name(part)}"
+    return None
+
+
+def _pack(value: object) -> _Packed:
+    import pickle
+
+    import cloudpickle  # type: ignore[import-untyped]  # submitit's dependency, and its pickler for results
+
+    def dumps(obj: object) -> bytes:
+        return bytes(cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+    try:
+        return _Packed(dumps(value))
+    except Exception as e:
+        where = _unpicklable_part(value, dumps, "the value") or f"the value is a {_type_name(value)}"
+        raise _failure(f"the function returned a {_type_name(value)} that cannot be pickled to send it back "
+                       f"({where}): {type(e).__name__}: {e}") from None
 
 
 def _export_distributed_env(spec: JobSpec) -> None:
@@ -59,6 +171,8 @@ def _export_distributed_env(spec: JobSpec) -> None:
         rank = int(environ["SUBMITIT_LOCAL_GLOBALID"])
         gpus, _ = gpu_plan(spec, environ)
         emulated = rank_env(spec, environ["SUBMITIT_LOCAL_JOB_ID"], rank, environ, gpus)
+        if spec.gpus_per_node == 0:  # asked for no GPU, gets none (as under Slurm, and as before: submitit's
+            emulated["CUDA_VISIBLE_DEVICES"] = ""  # controller blanked it, for every job, GPUs asked or not)
         environ.update({k: v for k, v in emulated.items() if environ.get(k) != v})
     dist = preflight(resolve(environ), environ)
     environ.update(dist.exports(environ))
@@ -71,13 +185,14 @@ class _DistributedCall:
     def __init__(self, spec: JobSpec, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         self.spec, self.fn, self.args, self.kwargs = spec, fn, tuple(args), dict(kwargs)
 
-    def __call__(self) -> Any:
+    def __call__(self) -> _Packed:
         _export_distributed_env(self.spec)
         try:
-            return self.fn(*self.args, **self.kwargs)
+            value = self.fn(*self.args, **self.kwargs)
         except Exception as e:  # not SystemExit: submitit exits that way to requeue a preempted job
-            rank = os.environ.get("RANK", "?")
-            raise RuntimeError(f"{_MARK} rank={rank} at={time.time():.6f}\n{traceback.format_exc()}") from e
+            mark = _mark()
+            raise RuntimeError(mark + traceback.format_exc()) from e
+        return _pack(value)
 
 
 class _CheckpointableCall(_DistributedCall):
@@ -100,21 +215,248 @@ class _ScriptCall:
         self.spec = spec
 
     def __call__(self) -> int:
-        import subprocess
-
         from .schedulers.slurm import launch_command
 
         _export_distributed_env(self.spec)
         done = subprocess.run(launch_command(self.spec), cwd=self.spec.workdir)
         if done.returncode != 0:
-            raise RuntimeError(f"{_MARK} rank={os.environ.get('RANK', '?')} at={time.time():.6f}\n"
-                               f"{self.spec.script} exited with code {done.returncode}")
+            how = (f"was killed by {_signal_name(-done.returncode)}" if done.returncode < 0
+                   else f"exited with code {done.returncode}")
+            raise _failure(f"{self.spec.script} {how}")
         return done.returncode
 
 
 def _wrap(spec: JobSpec, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> _DistributedCall:
     cls = _CheckpointableCall if hasattr(fn, "checkpoint") else _DistributedCall
     return cls(spec, fn, args, kwargs)
+
+
+def _status(job: Any) -> dict[str, Any] | None:
+    """The local controller's record of how the ranks ended (None: not a local job, or no record)."""
+    try:
+        with open(Path(job.paths.folder) / _STATUS_FILE.format(job_id=job.job_id), encoding="utf-8") as f:
+            return dict(json.load(f))
+    except (OSError, ValueError):
+        return None
+
+
+def _tail(task: Any, lines: int = 20) -> str:
+    for path in (task.paths.stderr, task.paths.stdout):
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - 8192))
+                text = f.read().decode(errors="replace").rstrip()
+        except OSError:
+            continue
+        if text:
+            return f"--- the last lines of {path} ---\n" + "\n".join(text.splitlines()[-lines:])
+    return f"(nothing in {task.paths.stderr} nor {task.paths.stdout})"
+
+
+def _collect(job: Any, world: int) -> list[Any]:
+    """Every rank's value once the job has ended (Job.results); RankFailed for the first failure by time."""
+    from submitit.core.utils import pickle_load
+
+    status = _status(job)
+    ended: dict[str, dict[str, Any]] = status["ranks"] if status else {}
+    tasks = [job.task(rank) for rank in range(world)]
+    # Without the controller's record (Slurm), a missing result file may only be late on a shared file
+    # system: one bounded wait for all of them, not submitit's wait per rank, one rank after another.
+    deadline = time.monotonic() + _RESULT_WAIT_S
+    while (status is None and time.monotonic() < deadline
+           and not all(t.paths.result_pickle.exists() for t in tasks)):
+        time.sleep(0.5)
+    values: list[Any] = []
+    failures: list[tuple[float, int, str, int | None]] = []
+    stopped: list[int] = []
+    for rank, task in enumerate(tasks):
+        end = ended.get(str(rank))
+        code = None if end is None else int(end["code"])
+        values.append(None)
+        if task.paths.result_pickle.exists():
+            outcome, payload = pickle_load(task.paths.result_pickle)
+            if outcome == "success":
+                values[rank] = payload.value() if isinstance(payload, _Packed) else payload
+                continue
+            mark = re.search(_MARK + r" rank=(\S+) at=([\d.]+)\n", payload)
+            when = float(mark.group(2)) if mark else float(end["at"]) if end else float("inf")
+            failures.append((when, rank, payload[mark.end():] if mark else payload, code))
+        elif end is not None and end["stopped"]:
+            stopped.append(rank)  # stopped because another rank failed, or the job was cancelled
+        else:
+            how = ("ended without a result" if code is None else
+                   f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}")
+            text = (f"its process {how}, without a Python exception (os._exit, a crash in native code, "
+                    f"a kill from outside, running out of memory)\n{_tail(task)}")
+            failures.append((float(end["at"]) - _DEATH_SLACK_S if end else float("inf"), rank, text, code))
+    if failures:
+        _, rank, text, code = min(failures)
+        raise RankFailed(rank, text, code)
+    if stopped:
+        raise SlurmLaunchError(f"job {job.job_id} was {status['reason'] if status else 'stopped'} before "
+                               f"rank(s) {', '.join(map(str, stopped))} finished (no rank failed)")
+    return values
+
+
+class _LocalController:
+    """One local job's tasks, in place of submitit's controller: the same variables and files, but it
+    records how every rank ended (exit code, or negative: the signal) and, like srun --kill-on-bad-exit,
+    stops the other ranks as soon as one fails (submitit's waits for all of them: a rank that died left the
+    others in a collective, or computing, for as long as it took)."""
+
+    def __init__(self, folder: str) -> None:
+        env = os.environ
+        self.ntasks = int(env["SUBMITIT_LOCAL_NTASKS"])
+        self.command = shlex.split(env["SUBMITIT_LOCAL_COMMAND"])
+        self.timeout_s = float(env["SUBMITIT_LOCAL_TIMEOUT_S"])
+        self.warn_s = self.timeout_s - float(env["SUBMITIT_LOCAL_SIGNAL_DELAY_S"])
+        self.job_id = str(os.getpid())
+        self.folder = folder
+        self.received: list[int] = []
+        self.received_stop: int | None = None  # the SIGINT or SIGTERM that cancelled the job
+
+    def run(self) -> int:
+        from submitit.core.utils import JobPaths
+
+        paths = [JobPaths(self.folder, self.job_id, k) for k in range(self.ntasks)]
+        paths[0].folder.mkdir(parents=True, exist_ok=True)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, lambda number, _frame: self.received.append(number))
+        for _ in range(_MAX_STARTS):
+            ended, reason = self._attempt(paths)
+            if reason != "requeued":
+                break
+            for p in paths:  # the stopped ranks' errors must not pass for the next start's results
+                p.result_pickle.unlink(missing_ok=True)
+        status = {"ranks": {str(k): v for k, v in sorted(ended.items())}, "reason": reason}
+        target = paths[0].folder / _STATUS_FILE.format(job_id=self.job_id)
+        temporary = target.with_suffix(".tmp")
+        temporary.write_text(json.dumps(status))
+        os.replace(temporary, target)  # the caller reads it once this process has ended; atomic anyway
+        if reason and reason.startswith("cancelled"):
+            number = self.received_stop or signal.SIGINT
+            signal.signal(number, signal.SIG_DFL)
+            os.kill(os.getpid(), number)  # the job's state reads INTERRUPTED, as with submitit's controller
+        return 0 if all(v["code"] == 0 for v in ended.values()) else 1
+
+    def _attempt(self, paths: list[Any]) -> tuple[dict[int, dict[str, Any]], str | None]:
+        import ctypes  # before any fork: the children only call into it
+
+        from submitit.local.local import LocalJobEnvironment
+
+        def die_with_controller() -> None:  # PR_SET_PDEATHSIG: a killed controller leaves no rank behind
+            try:
+                ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+            except (OSError, AttributeError):
+                pass
+
+        files: list[Any] = []
+        procs: dict[int, subprocess.Popen[bytes]] = {}
+        ended: dict[int, dict[str, Any]] = {}
+        reason: str | None = None
+        poller, pidfds = select.poll(), dict[int, int]()
+        try:
+            for k, p in enumerate(paths):
+                out, err = open(p.stdout, "ab"), open(p.stderr, "ab")  # noqa: SIM115 (closed below)
+                files += [out, err]
+                env = dict(os.environ, SUBMITIT_LOCAL_LOCALID=str(k), SUBMITIT_LOCAL_GLOBALID=str(k),
+                           SUBMITIT_LOCAL_JOB_ID=self.job_id)
+                procs[k] = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                            start_new_session=True, preexec_fn=die_with_controller)
+            # Woken by a rank's end through its pidfd rather than by a timer, so that "at" is when it ended,
+            # give or take the scheduler: it decides which failure came first (see _DEATH_SLACK_S).
+            for k, proc in procs.items():
+                try:
+                    pidfds[k] = os.pidfd_open(proc.pid)
+                    poller.register(pidfds[k], select.POLLIN)
+                except (AttributeError, OSError):  # Linux < 5.3: the poll below is a plain timer
+                    pass
+            start, warned, kill_at = time.monotonic(), False, None
+            while len(ended) < len(procs):
+                for k, proc in procs.items():
+                    code = None if k in ended else proc.poll()
+                    if code is None:
+                        continue
+                    ended[k] = {"code": code, "at": time.time(), "stopped": reason is not None}
+                    if k in pidfds:
+                        poller.unregister(pidfds[k])
+                    if reason is None and code != 0:
+                        reason = "requeued" if code == _REQUEUE_CODE else f"stopped after rank {k} failed"
+                while self.received:
+                    number = self.received.pop(0)
+                    if number in (signal.SIGINT, signal.SIGTERM):
+                        self.received_stop = self.received_stop or number
+                        reason = reason or f"cancelled ({signal.Signals(number).name})"
+                    else:
+                        _signal_ranks(procs, ended, number)
+                elapsed = time.monotonic() - start
+                # as submitit's controller: no warning when the delay exceeds the time limit (a warning
+                # signal before the tasks have installed submitit's handler would kill them)
+                if not warned and 0 < self.warn_s <= elapsed:
+                    warned = True
+                    _signal_ranks(procs, ended, LocalJobEnvironment._usr_sig())
+                if reason is None and elapsed >= self.timeout_s:
+                    reason = "stopped at its time limit"
+                if reason is not None and kill_at is None:
+                    kill_at = time.monotonic() + _STOP_GRACE_S
+                    _signal_ranks(procs, ended, signal.SIGINT)
+                if kill_at is not None and time.monotonic() >= kill_at:
+                    _signal_ranks(procs, ended, signal.SIGKILL)
+                poller.poll(_POLL_MS)
+        finally:
+            for proc in procs.values():  # whatever a rank started in its session goes with it
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+            for f in files:
+                f.close()
+            for fd in pidfds.values():
+                os.close(fd)
+        return ended, reason
+
+
+def _signal_group(pid: int, number: int) -> None:
+    try:
+        os.killpg(pid, number)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal_ranks(procs: dict[int, Any], ended: dict[int, Any], number: int) -> None:
+    for k, proc in procs.items():
+        if k not in ended:
+            _signal_group(proc.pid, number)
+
+
+def _controller_main() -> None:
+    """Entry point of the local controller process (see _start_controller)."""
+    sys.exit(_LocalController(sys.argv[1]).run())
+
+
+def _start_controller(folder: Path, command: str, ntasks: int, timeout_min: float,
+                      signal_delay_s: int) -> subprocess.Popen[bytes]:
+    """submitit's start_controller, with our controller, and without blanking CUDA_VISIBLE_DEVICES:
+    the emulated nodes hand out the GPUs themselves (_export_distributed_env)."""
+    env = dict(os.environ, SUBMITIT_LOCAL_NTASKS=str(ntasks), SUBMITIT_LOCAL_COMMAND=command,
+               SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * timeout_min)), SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(signal_delay_s),
+               SUBMITIT_LOCAL_NODEID="0", SUBMITIT_LOCAL_JOB_NUM_NODES="1", SUBMITIT_STDERR_TO_STDOUT="",
+               SUBMITIT_EXECUTOR="local")
+    code = "from slurmlaunch.api import _controller_main; _controller_main()"
+    return subprocess.Popen([sys.executable, "-c", code, str(folder)], env=env)
+
+
+def _local_executor(folder: str, python: str) -> Any:
+    """submitit's LocalExecutor (pickling, paths, arrays) starting _LocalController for every job."""
+    import submitit
+    from submitit.local.local import LocalJob
+
+    class Executor(submitit.LocalExecutor):
+        def _submit_command(self, command: str) -> LocalJob[Any]:
+            ntasks = int(self.parameters.get("tasks_per_node", 1))
+            process = _start_controller(self.folder, command, ntasks, float(self.parameters["timeout_min"]),
+                                        int(self.parameters["signal_delay_s"]))
+            return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
+
+    return Executor(folder=folder, python=python)
 
 
 class Job:
@@ -146,24 +488,13 @@ class Job:
 
     def results(self) -> list[Any]:
         """Every rank's return value, by rank; waits for the job. Raises RankFailed for the first rank that
-        failed (by time), with its traceback."""
-        from submitit.core.utils import FailedJobError, UncompletedJobError
-
-        values: list[Any] = []
-        failures: list[tuple[float, int, str]] = []
-        for rank in range(self.spec.world_size):
-            try:
-                values.append(self._job.task(rank).result())
-            except (FailedJobError, UncompletedJobError) as e:
-                text = str(e)
-                mark = re.search(_MARK + r" rank=(\S+) at=([\d.]+)\n", text)
-                when = float(mark.group(2)) if mark else float("inf")
-                failures.append((when, rank, text[mark.end():] if mark else text))
-                values.append(None)
-        if failures:
-            _, rank, trace = min(failures)
-            raise RankFailed(rank, trace)
-        return values
+        failed (by time), with its traceback or how its process ended."""
+        if self.scheduler == "local":
+            while not self._job.done():  # the controller has ended: every rank has, and it wrote its status
+                time.sleep(0.1)
+        else:
+            self._job.wait()
+        return _collect(self._job, self.spec.world_size)
 
     def result(self) -> Any:
         """Rank 0's return value (waits for the job; raises RankFailed when any rank failed)."""
@@ -237,7 +568,7 @@ def _executor(spec: JobSpec, scheduler: str) -> Any:
     folder = Path(spec.log_dir) / "submitit" / "%j"
     tpn = spec.ntasks_per_node
     if scheduler == "local":
-        local = submitit.LocalExecutor(folder=str(folder), python=spec.python)
+        local = _local_executor(str(folder), spec.python)
         local.update_parameters(tasks_per_node=spec.world_size, nodes=1, timeout_min=_minutes(spec.time),
                                 signal_delay_s=spec.warning[1] if spec.warning else 90)
         return local

@@ -9,15 +9,104 @@ rank can see, of the one it should use).
 
 from __future__ import annotations
 
+import _socket
 from collections.abc import Mapping
 
-_SECRET_WORDS = ("TOKEN", "KEY", "PASSWORD", "PASSWD", "SECRET", "CREDENTIAL")
+from .errors import EnvironmentMappingError
+
+# A variable is shown as **** when its name contains one of these, in any case. Substrings on purpose:
+# secrets hide in names like APIKEY, GITHUBTOKEN, SLURM_AUTH_CRED, MUNGE_CRED, PGPASSFILE, SESSION_COOKIE; the
+# price is an occasional harmless name masked too (a certificate path), which costs a debugging line, not a
+# credential. "PWD" is not among them: it is the shell's working directory.
+SECRET_WORDS = ("TOKEN", "KEY", "PASS", "SECRET", "CRED", "AUTH", "COOKIE", "CERT", "PRIVATE", "SIGNATURE")
+MASKED = "****"
+# No `re` here: this module is on the launcher's path, which runs once per rank (see launch.py).
+_SCHEME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-")
+_HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
+_AUTHORITY_ENDS = "/?#"
+
+
+def secret_name(name: str) -> bool:
+    """Whether the variable's name looks like it holds a credential (see SECRET_WORDS)."""
+    upper = name.upper()
+    return any(w in upper for w in SECRET_WORDS)
+
+
+def _url_spans(value: str) -> list[tuple[int, int, int]]:
+    """(scheme start, authority start, authority end) of every scheme://authority in ``value``."""
+    spans = []
+    at = value.find("://")
+    while at > 0:
+        start = at
+        while start > 0 and value[start - 1] in _SCHEME_CHARS:
+            start -= 1
+        end = at + 3
+        while end < len(value) and value[end] not in _AUTHORITY_ENDS and not value[end].isspace():
+            end += 1
+        if start < at and value[start].isalpha():
+            spans.append((start, at + 3, end))
+        at = value.find("://", end)
+    return spans
 
 
 def mask(name: str, value: str) -> str:
-    """The value to show in a diagnostic: '****' when the variable's name looks secret."""
-    upper = name.upper()
-    return "****" if any(w in upper for w in _SECRET_WORDS) else value
+    """The value to show in a diagnostic: '****' when the name looks secret; otherwise the value with the
+    userinfo of every URL in it masked (``https://user:pw@host`` -> ``https://****@host``; a bare token
+    in the user's place is masked too)."""
+    if secret_name(name):
+        return MASKED
+    out, done = [], 0
+    for _, authority, end in _url_spans(value):
+        # up to the authority's last "@": a raw "@" in a password is common although RFC 3986 wants %40
+        userinfo_end = value.rfind("@", authority, end)
+        if userinfo_end >= 0:
+            out += [value[done:authority], MASKED]
+            done = userinfo_end
+    return "".join(out) + value[done:] if out else value
+
+
+def _is_host_name(value: str) -> bool:
+    # Dot-separated labels of letters, digits, '-' and '_' (Slurm node names and /etc/hosts accept '_',
+    # RFC 1123 does not), none empty or starting with '-'; 253 characters at most, a final dot allowed.
+    labels = (value[:-1] if value.endswith(".") else value).split(".")
+    return 0 < len(value) <= 253 and all(
+        0 < len(label) <= 63 and label[0] != "-" and all(c in _HOST_CHARS for c in label) for label in labels)
+
+
+def _is_ipv6(value: str) -> bool:
+    address, _, zone = value.partition("%")
+    if "%" in value and not (zone and all(c in _HOST_CHARS or c == "." for c in zone)):
+        return False
+    try:  # the C library's parser (the C module launch.py imports anyway, not `socket` or `ipaddress`)
+        _socket.inet_pton(_socket.AF_INET6, address)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def check_master_addr(value: str, label: str = "MASTER_ADDR") -> None:
+    """MASTER_ADDR must be what torch hands to getaddrinfo: a host name or an IP address. Anything else
+    (a URL, host:port, a bracketed IPv6 address, spaces) is refused here with one line that never shows a
+    URL's credentials, instead of failing later in the rendezvous with the value in a traceback.
+    ``label`` names where the value came from: a variable (NAME=value) or an option (--flag value)."""
+    if _is_host_name(value) or _is_ipv6(value):
+        return
+    shown = mask("MASTER_ADDR", value)
+    spans = _url_spans(value)
+    if spans and spans[0][0] == 0:
+        _, authority, end = spans[0]
+        host = value[authority:end][value[authority:end].rfind("@") + 1:]
+        if host.startswith("["):
+            host = host[1:host.find("]")] if "]" in host else host[1:]
+        else:
+            host = host.partition(":")[0]
+        hint = f"it is a URL; expected a host name or an IP address only ({host!r}), the port in MASTER_PORT"
+    elif value.startswith("[") or (":" in value and value.rpartition(":")[2].isdigit()):
+        hint = "expected a host name or an IP address only: no brackets, the port goes in MASTER_PORT"
+    else:
+        hint = "expected a host name (letters, digits, '-', '_', dots) or an IPv4/IPv6 address"
+    given = f"{label} {shown!r}" if label.startswith("-") else f"{label}={shown!r}"
+    raise EnvironmentMappingError(f"{given} is not valid: {hint}")
 
 
 _FIELDS = ("source", "rank", "local_rank", "world_size", "local_world_size", "node_rank", "num_nodes",

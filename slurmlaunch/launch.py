@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 
 from .detect import Context, detect
-from .distenv import DistEnv, mask
+from .distenv import DistEnv, check_master_addr, mask
 from .errors import PreflightError, SlurmLaunchError
 from .gpus import device_count
 
@@ -270,8 +270,12 @@ def preflight(dist: DistEnv, environ: dict[str, str] | os._Environ[str]) -> Dist
 
 
 def resolve(environ: dict[str, str] | os._Environ[str]) -> DistEnv:
-    """This process's distributed environment; a world of 1 gets a free port here."""
+    """This process's distributed environment; a world of 1 gets a free port here. MASTER_ADDR (the
+    user's or the derived one) must be a host name or an IP address: a URL is refused without echoing
+    its credentials."""
     dist = detect(environ, context())
+    if not dist.owned_by_torchrun:  # torchrun's own values are left alone, as everywhere else
+        check_master_addr(dist.master_addr)
     if dist.master_port == 0 and not dist.owned_by_torchrun:
         dist = dist.replace(master_port=_free_port())
     return dist
@@ -282,7 +286,9 @@ _INPUT_PREFIXES = ("SLURM_", "SLURMD_", "CUDA_", "NCCL_", "GLOO_", "OMP_", "TORC
 
 def describe(dist: DistEnv, exports: dict[str, str], environ: dict[str, str] | os._Environ[str]) -> str:
     """One line: this rank's place, what it exports, and the inputs that matter for debugging a launch
-    (scheduler, CUDA, NCCL/gloo variables); values of secret-looking names show as ****."""
+    (scheduler, CUDA, NCCL/gloo variables). distenv.mask decides what is hidden: values of credential-like
+    names show as ****, and so does the userinfo of any URL; such variables are listed even outside the
+    prefixes, masked, so that the line says they are set."""
     exported = " ".join(f"{k}={mask(k, v)}" for k, v in exports.items())
     inputs = " ".join(
         f"{k}={mask(k, v)!r}" for k, v in sorted(environ.items())

@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .distenv import check_master_addr
 from .errors import SlurmLaunchError, SpecError
 from .limits import MAX_NODES, MAX_PER_NODE, Count, Seconds, bounded_int, shown
 
@@ -178,6 +179,7 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
         raise SpecError(f"--log-dir {shown(ns.log_dir)} is not valid (expected a directory name without control "
                         f"characters such as newlines)")
     nproc, on_cpu, note = plan_processes(str(ns.nproc), ns.cpu, environ)
+    check_master_addr(ns.master_addr, "--rdzv-endpoint host" if ns.rdzv_endpoint else "--master-addr")
     addresses = resolve_master(ns.master_addr)
     if nnodes > 1 and is_loopback(addresses) and not ns.allow_loopback:
         raise SpecError(
