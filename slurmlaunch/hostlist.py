@@ -24,6 +24,8 @@ bounds what an input may cost; the README's node-list section gives the reasons)
 * Slurm 22.05 turns a ``[`` that is never closed into a mangled name (``n[1-2`` becomes ``n]``);
   we reject it;
 * a number in a bracket must be below 2**64-1 and the digits ending a name at most 2**64-1 (see above);
+* Slurm 22.05 loses an error in a bracket third from last or earlier: it logs it, drops the term and
+  goes on (``a[x]b[1]c[2],d`` gives ``d``); we reject the list;
 * a number in a bracket may be written with at most MAX_DIGITS digits, leading zeros included;
 * an expression may be at most MAX_EXPRESSION characters long;
 * :func:`expand` and :func:`iter_hosts` build at most MAX_EXPAND_HOSTS hosts and MAX_EXPAND_CHARS
@@ -44,10 +46,10 @@ from .errors import HostlistError
 # Slurm 22.05's own limits (src/common/hostlist.c, hostlist.h): a list past one of them is invalid there too.
 MAX_RANGE = 65536  # hosts in one LO-HI range (Slurm: "Too many hosts in range")
 MAX_PREFIX_HOSTS = 65536  # hosts of a bracket that is not the last of its term (Slurm: MAX_PREFIX_CNT)
-# Ours, where Slurm has no bound (README, "Node lists: bounds", says why these numbers):
+# Ours, where Slurm has none (the README's "Node lists" says why these numbers):
 MAX_DIGITS = 64  # digits of one number in a bracket: HOST_NAME_MAX on Linux, no host name is longer
 MAX_EXPRESSION = 131072  # characters: MAX_ARG_STRLEN, the longest argv or environment string Linux passes
-MAX_EXPAND_HOSTS = 1 << 20  # hosts that expand()/iter_hosts() build: 10x the largest machine Slurm has run
+MAX_EXPAND_HOSTS = 1 << 20  # hosts that expand()/iter_hosts() build: 100x the largest Slurm machine's nodes
 MAX_EXPAND_CHARS = 1 << 26  # characters of host names they build (64 MiB, 64 per host at the host bound)
 
 _SEPARATORS = ",\t "
