@@ -15,15 +15,17 @@ Pure functions only. What Slurm does, established against `scontrol show hostnam
 * a term without ``[`` is a host name as written (``node1-5`` is one host), and so is a prefix whose
   brackets do not pair up before the last ``[`` (``a]b[c[1]`` gives ``a]b[c1``);
 * numbers are C ``unsigned long``: a number above 2**64-1 becomes 18446744073709551615, zero-padded to the
-  width of its text, in a bracket and in the digits that end a host name alike; a range that reaches
-  2**64-1 crashes scontrol, in a bracket before the last one it loops for ever.
+  width of its text, in a bracket and in the digits that end a host name alike; a range of several
+  hosts that reaches 2**64-1 crashes scontrol, and 2**64-1 in a bracket before the last one makes it
+  loop for ever.
 
 Deviations, on purpose (each one refuses a list instead of handing out a host that does not exist, or
 bounds what an input may cost; the README's node-list section gives the reasons):
 
 * Slurm 22.05 turns a ``[`` that is never closed into a mangled name (``n[1-2`` becomes ``n]``);
   we reject it;
-* a number in a bracket must be below 2**64-1 and the digits ending a name at most 2**64-1 (see above);
+* numbers above 2**64-1 (in a bracket or ending a name) and the ranges that crash or hang Slurm (above)
+  are refused;
 * Slurm 22.05 loses an error in a bracket third from last or earlier: it logs it, drops the term and
   goes on (``a[x]b[1]c[2],d`` gives ``d``); we reject the list;
 * a number in a bracket may be written with at most MAX_DIGITS digits, leading zeros included;
@@ -191,13 +193,18 @@ def _strtoul(text: str, expr: str) -> tuple[int | None, int]:
             f"invalid node list {_show(expr)}: a number of {i - start} digits ({_show(text[start:i])}); "
             f"a number in a node list has at most {MAX_DIGITS} digits"
         )
-    value = min(int(text[start:i]), _ULONG_MAX)
+    value = int(text[start:i])
+    if value > _ULONG_MAX:
+        raise HostlistError(
+            f"invalid node list {_show(expr)}: the number {_show(text[start:i])} is above 2**64-1 "
+            "(Slurm would clamp it to 18446744073709551615, a host that does not exist)"
+        )
     if negative and value:
         value = (_ULONG_MAX + 1 - value) & _ULONG_MAX
     return value, i
 
 
-def _parse_range(text: str, expr: str) -> _Range:
+def _parse_range(text: str, expr: str, last: bool) -> _Range:
     def bad(why: str) -> HostlistError:
         return HostlistError(
             f"invalid node list {_show(expr)}: {why} in range {_show(text)} (expected N or LO-HI with LO <= HI)"
@@ -219,9 +226,6 @@ def _parse_range(text: str, expr: str) -> _Range:
         hi = lo
         if lo_end != len(lo_text):
             raise bad("not a number")
-    if max(lo, hi) >= _ULONG_MAX:
-        # Slurm clamps a larger number to 2**64-1, and a range that reaches it crashes or hangs scontrol.
-        raise bad(f"a number at or above 2**64-1 ({_ULONG_MAX})")
     if lo > hi:
         raise bad("LO greater than HI")
     if hi - lo + 1 > MAX_RANGE:
@@ -229,12 +233,16 @@ def _parse_range(text: str, expr: str) -> _Range:
             f"invalid node list {_show(expr)}: too many hosts in range {_show(text)}: {hi - lo + 1} "
             f"(Slurm allows at most {MAX_RANGE} in one range)"
         )
+    if hi == _ULONG_MAX and (lo < hi or not last):
+        # Slurm counts up past the top: scontrol crashes on such a range, or loops for ever on a bracket
+        # before the last. 2**64-1 alone in the last bracket it handles.
+        raise bad("a range reaching 2**64-1 (Slurm 22.05 crashes or hangs on it)")
     return (lo, hi, len(lo_text))
 
 
 def _parse_group(text: str, expr: str, last: bool) -> _Group:
     # Slurm's other bracket bound, 65536 ranges, needs more than MAX_EXPRESSION characters to reach.
-    group = tuple(_parse_range(part, expr) for part in text.split(","))
+    group = tuple(_parse_range(part, expr, last) for part in text.split(","))
     if not last and _group_size(group) > MAX_PREFIX_HOSTS:
         raise HostlistError(
             f"invalid node list {_show(expr)}: the bracket [{_show(text)[1:-1]}] names {_group_size(group)} "
