@@ -267,13 +267,12 @@ def disagreement(expr: str, theirs: Answer, stderr: str | None, rng: random.Rand
     if isinstance(ours, HostlistError):
         if _deviation(ours):
             return None
-        if theirs is not None:
-            # The documented deviation: an unclosed '[' that Slurm turns into a mangled name.
-            if "without ']'" in str(ours) and _unclosed_term(expr):
-                return None
-            return f"we refuse ({ours}), scontrol gives {theirs[:5]}"
         if "without ']'" in str(ours) and _unclosed_term(expr):
-            return None  # the deviation comes first: Slurm goes on and may refuse a later term
+            # The documented deviation: an unclosed '[' that Slurm turns into a mangled name (and then
+            # goes on, so it may yet refuse a later term, for its own reason).
+            return None
+        if theirs is not None:
+            return f"we refuse ({ours}), scontrol gives {theirs[:5]}"
         if stderr is not None:  # both refuse: for the same range, when Slurm names one
             named = _RANGE_ERROR.search(stderr)
             if named and repr(named.group(1)) not in str(ours):
