@@ -226,7 +226,8 @@ def _size(expr: str) -> int:
 
 
 def _generate(rng: random.Random) -> str:
-    terms, hosts = [], 0
+    terms: list[str] = []
+    hosts = 0
     for _ in range(rng.choice([1, 1, 2, 2, 3, 4])):
         if terms and rng.random() < 0.1:
             terms.append(rng.choice(terms))  # a duplicate term
@@ -332,8 +333,8 @@ def shrink(expr: str, still_wrong: Callable[[str], bool]) -> str:
 def compare(exprs: list[str], oracle: Scontrol) -> list[str]:
     """Every disagreement, shrunk, one line each."""
     accepted = [e for e in exprs if not isinstance(_ours(e), HostlistError)]
-    refused = [e for e in exprs if isinstance(_ours(e), HostlistError)]
-    refused = [e for e in refused if not _deviation(_ours(e))]  # (scontrol may hang on those)
+    refusals = {e: r for e in exprs if isinstance(r := _ours(e), HostlistError)}
+    refused = [e for e, r in refusals.items() if not _deviation(r)]  # (scontrol may hang on the others)
     batches: list[list[str]] = [[]]
     hosts = 0
     for e in accepted:
@@ -352,7 +353,7 @@ def compare(exprs: list[str], oracle: Scontrol) -> list[str]:
         answers += [(e, a, None) for e, a in zip(batch, got, strict=True)]
     answers += [(e, a, err) for e, (a, err) in zip(refused, single, strict=True)]
     rng = random.Random(SEED)
-    problems = []
+    problems: list[str] = []
     for expr, theirs, err in answers:
         why = disagreement(expr, theirs, err, rng)
         if why is None:
