@@ -1,11 +1,11 @@
-"""Node lists: a table of cases established with Slurm 22.05's scontrol, properties, and a live
-comparison with `scontrol show hostnames` where it is installed."""
+"""Node lists: a table of cases established with Slurm 22.05's scontrol, properties, the bounds on what
+an input may cost. The tables and thousands of generated expressions are compared with `scontrol show
+hostnames` in tests/test_hostlist_scontrol.py."""
 
 from __future__ import annotations
 
-import random
-import shutil
 import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -44,7 +44,14 @@ VALID = [
     ("n[1y-2]", ["n01", "n02"]),
     ("n[1- 2]", ["n1", "n2"]),
     ("n[1, 2]", ["n1", "n02"]),
-    ("n[18446744073709551616]", ["n18446744073709551615"]),
+    ("n[18446744073709551614]", ["n18446744073709551614"]),
+    ("n[18446744073709551615]", ["n18446744073709551615"]),  # alone in the last bracket: Slurm copes
+    ("n[018446744073709551615-]", ["n018446744073709551615"]),
+    ("a[1-2]b[1,18446744073709551615]", ["a1b1", "a1b18446744073709551615", "a2b1", "a2b18446744073709551615"]),
+    ("n[18446744073709551613-18446744073709551614]", ["n18446744073709551613", "n18446744073709551614"]),
+    ("n18446744073709551615", ["n18446744073709551615"]),
+    ("n000000000000000000000000000000018446744073709551615", ["n000000000000000000000000000000018446744073709551615"]),
+    ("n[0000000000000000000000000000000000000000000000000000000000000001]", ["n" + "0" * 63 + "1"]),
     ("gpu-[001-004,010]", ["gpu-001", "gpu-002", "gpu-003", "gpu-004", "gpu-010"]),
     ("rack[1-2]-node[01-02]", ["rack1-node01", "rack1-node02", "rack2-node01", "rack2-node02"]),
     ("a[1-2][3-4]", ["a13", "a14", "a23", "a24"]),
@@ -63,6 +70,20 @@ VALID = [
     ("0[[01-2]", ["0[01", "0[02"]),
     ("a\nb", ["a\nb"]),
     ("rack[1-2]-node[01-02],x", ["rack1-node01", "rack1-node02", "rack2-node01", "rack2-node02", "x"]),
+    # Issue 14: a bracket holding a separator after an already closed bracket is still the same term.
+    ("rack[1-2]-node[01,03]", ["rack1-node01", "rack1-node03", "rack2-node01", "rack2-node03"]),
+    ("gpu[1-100]-ib[0,2]", [f"gpu{i}-ib{j}" for i in range(1, 101) for j in (0, 2)]),
+    ("a[2-3]b[1,4],a5b1", ["a2b1", "a2b4", "a3b1", "a3b4", "a5b1"]),
+    ("a[3-29]p[1-9,50-58]", [f"a{i}p{j}" for i in range(3, 30) for j in [*range(1, 10), *range(50, 59)]]),
+    ("a[1,2] b[3, 4]", ["a1", "a2", "b3", "b04"]),  # a space inside a bracket is part of the range
+    ("a[1,2]	b[3,4]c[5,6]", ["a1", "a2", "b3c5", "b3c6", "b4c5", "b4c6"]),
+    ("x[1,2]y[3,4]z[5,6]", ["x1y3z5", "x1y3z6", "x2y3z5", "x2y3z6", "x1y4z5", "x1y4z6", "x2y4z5", "x2y4z6"]),
+    ("a[1,[2],3]", ["a[1,2", "3]"]),  # the term ends at the first ']' that follows a separator
+    ("a[1],b]", ["a1", "b]"]),
+    ("]a", ["]a"]),
+    ("a[1-2]b[3],[4]", ["a1b3", "a2b3", "4"]),
+    ("r[0-65535]s[1]", [f"r{i}s1" for i in range(65536)]),  # a bracket before the last: 65536 is allowed
+    ("r[0-30000,30001-65535]s[1-2]", [f"r{i}s{j}" for i in range(65536) for j in (1, 2)]),
 ]
 
 INVALID = [
@@ -70,8 +91,20 @@ INVALID = [
     "n[-2]", "n[-1--2]", "n[1-2-3]", "n[1,]", "n[,1]", "n[1,,2]", "n[1-2,3 ]", "n[0x1]", "n[1x-2]",
     "n[1-1e2]", "a[]b[1]", "a[1]b[]", "a[x]b[1]", "x[1]y]z[2]", "a[1-2]b]", "n[0-65536]", "n[0-999999]",
     "n[1-2]\ny", "a[1-2]b[3-4]c",
+    # Issue 14: rightly refused, for the right reason (see test_refusal_reasons).
+    "da[1-10]c[1-2,8]p0",
+    # Slurm's bounds: 65537 hosts in a range, or in a bracket before the last one.
+    "n[0-65536]", "a[0-65535,0]b[1]", "a[1-32768,1-32769]b[1-2]",
+    # Slurm 22.05 logs an error in a bracket third from last or earlier but then drops the term and
+    # carries on (it answers "d" for the first): we refuse.
+    "a[x]b[1]c[2],d", "a[5-3]b[1-2]c[2],d", "a[x]b[1-2]c[2]d[3],e",
+    # Numbers at or above 2**64-1: Slurm clamps them, and crashes or hangs on a range that reaches 2**64-1.
+    "n[18446744073709551616]", "n[18446744073709551614-18446744073709551615]", "n[099999999999999999999]",
+    "a[18446744073709551615]b[1-2]", "n18446744073709551616", "n99999999999999999999999",
+    # Longer than a host name can be: at most 64 digits in a number.
+    "n[00000000000000000000000000000000000000000000000000000000000000001]",
     # Slurm 22.05 mangles an unclosed '[' into a host that does not exist ("n[1-2" -> "n]"); we refuse.
-    "n[1-2", "n[", "n1,n[2", "[",
+    "n[1-2", "n[", "n1,n[2", "[", "][", "][,[0+]", "a]b[1,2]",
 ]
 
 
@@ -171,50 +204,87 @@ def test_cli_hostnames() -> None:
     assert r.stderr.count("\n") == 1 and "'n[5-3]'" in r.stderr and "Traceback" not in r.stderr
 
 
-# --- against Slurm's own tool -------------------------------------------------------------------------
+# --- why a list is refused, and what any input may cost ---------------------------------------------
 
-def _scontrol(expr: str, conf: str) -> list[str] | None:
-    # scontrol exits 0 on an invalid list and only prints an error: read its output, not its status.
-    r = subprocess.run(["scontrol", "show", "hostnames", expr], capture_output=True, text=True,
-                       env={"SLURM_CONF": conf, "PATH": "/usr/bin:/bin"})
-    if "Invalid hostlist" in r.stdout + r.stderr or "error" in r.stderr:
-        return None
-    return r.stdout.split("\n")[:-1] if r.stdout else []
-
-
-@pytest.fixture(scope="module")
-def scontrol_conf(tmp_path_factory: pytest.TempPathFactory) -> str:
-    if shutil.which("scontrol") is None:
-        from tests.conftest import skip_or_fail
-
-        skip_or_fail("scontrol is not installed (apt-get install slurm-client)")
-    conf = tmp_path_factory.mktemp("sconf") / "slurm.conf"
-    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
-    return str(conf)
-
-
-# scontrol prints hosts one per line, so a host holding a newline cannot be compared through it.
-@pytest.mark.parametrize(("expr", "hosts"), [(e, h) for e, h in VALID if "\n" not in e])
-def test_table_agrees_with_scontrol(expr: str, hosts: list[str], scontrol_conf: str) -> None:
-    assert _scontrol(expr, scontrol_conf) == hosts
+@pytest.mark.parametrize(("expr", "reason"), [
+    ("da[1-10]c[1-2,8]p0", "text after ']' in 'da[1-10]c[1-2,8]p0'"),  # not "'[' without ']'"
+    ("n[1-2]-ib,m", "text after ']' in 'n[1-2]-ib'"),
+    ("a[1,2]b[3,4", "'[' without ']' in 'a[1,2]b[3'"),  # no ']' follows, so the term ends at the ','
+    ("n[0-65536]", "too many hosts in range '0-65536'"),
+    ("a[0-65535,0]b[1]", "names 65537 hosts"),
+    ("a[x]b[1]c[2],d", "in range 'x'"),
+    ("n[5-3]", "LO greater than HI in range '5-3'"),
+    ("n[18446744073709551616]", "the number '18446744073709551616' is above 2**64-1"),
+    ("n[18446744073709551614-18446744073709551615]", "a range reaching 2**64-1"),
+    ("a[18446744073709551615]b[1]", "a range reaching 2**64-1"),
+    ("n18446744073709551616", "ends in a number above 2**64-1"),
+    ("n[" + "7" * 5000 + "]", "a number of 5000 digits"),
+    ("n[" + "0" * 65 + "]", "a number of 65 digits"),
+])
+def test_refusal_reasons(expr: str, reason: str) -> None:
+    for f in (hostlist.expand, hostlist.count, hostlist.first_host):
+        with pytest.raises(HostlistError) as e:
+            f(expr)
+        assert reason in str(e.value) and "\n" not in str(e.value)
+        assert len(str(e.value)) < 600  # a 5000-digit number is shown by its start and its length
 
 
-def test_random_expressions_agree_with_scontrol(scontrol_conf: str) -> None:
-    rng = random.Random(20261130)
-    alphabet = list("ab0123-,[] ") + ["[1-3]", "[01-2]", "n", "[0,2]", "x", "\t", "+", "05"]
-    checked = 0
-    for _ in range(300):
-        expr = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 9)))
-        if expr.startswith("-"):
-            continue  # scontrol would read it as an option
-        expected = _scontrol(expr, scontrol_conf)
-        try:
-            ours: list[str] | None = hostlist.expand(expr)
-        except HostlistError as e:
-            ours = None
-            if expected is not None:
-                assert "without ']'" in str(e), (expr, expected)  # only our documented deviation
-                continue
-        assert ours == expected, expr
-        checked += 1
-    assert checked > 150
+def test_counting_has_no_bound_but_listing_has() -> None:
+    huge = "a[0-65535]b[0-65535]"  # 2**32 hosts: Slurm's per-bracket bounds allow it
+    assert hostlist.count(huge) == 2**32
+    assert hostlist.first_host(huge) == "a0b0"
+    assert hostlist.nth_host(huge, 2**32 - 1) == "a65535b65535"
+    with pytest.raises(HostlistError, match="names 4294967296 hosts, too many to list"):
+        hostlist.expand(huge)
+    with pytest.raises(HostlistError, match="too many to list"):
+        next(hostlist.iter_hosts(huge))
+
+
+def test_the_listing_bound_is_exact() -> None:
+    at_bound = "a[0-15]b[0-65535]"  # MAX_EXPAND_HOSTS, streamed
+    assert sum(1 for _ in hostlist.iter_hosts(at_bound)) == hostlist.MAX_EXPAND_HOSTS == 2**20
+    with pytest.raises(HostlistError, match="names 1048577 hosts"):
+        hostlist.iter_hosts(at_bound + ",c").__next__()
+    long_names = "x" * 1200 + "[0-60000]"  # few hosts, but 72 MB of names
+    assert hostlist.count(long_names) == 60001 and hostlist.first_host(long_names) == "x" * 1200 + "0"
+    with pytest.raises(HostlistError, match="characters in all, too many to list"):
+        hostlist.expand(long_names)
+    fits = "x" * 1000 + "[0-60000]"
+    assert sum(map(len, hostlist.iter_hosts(fits))) == 60001 * 1000 + sum(len(str(i)) for i in range(60001))
+
+
+def test_expression_length_bound() -> None:
+    at_bound = "n1," * (hostlist.MAX_EXPRESSION // 3) + "n1"  # 131072 characters
+    assert len(at_bound) == hostlist.MAX_EXPRESSION and hostlist.count(at_bound) == 43691
+    with pytest.raises(HostlistError, match="131073 characters long; at most 131072"):
+        hostlist.first_host(at_bound + "1")
+
+
+def _under_ulimit(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Python run with at most 100 MiB of address space (ulimit -v): a refusal must come first."""
+    return subprocess.run(["bash", "-c", 'ulimit -v 102400 && exec "$0" "$@"', sys.executable, *code.split(),
+                           *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("expr", [
+    "a[0-65535]b[0-65535]",  # issue 13: this reached 11 GB
+    "a[0-65535]b[0-65535]c[0-65535]",
+    "n[" + "1" * 5000 + "]",  # issue 13: Python's 4300-digit limit
+    "n[0-18446744073709551614]",
+    "x" * 100000 + "[0-65535]",
+    ",".join(["r[0-65535]"] * 1000),
+])
+def test_cli_refuses_in_bounded_memory(expr: str) -> None:
+    r = _under_ulimit("-m slurmlaunch hostnames", expr)
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stderr[-2000:])
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("slurmlaunch: ") and "Traceback" not in r.stderr
+
+
+def test_api_refuses_in_bounded_memory() -> None:
+    # Longer than any argument or environment variable can be, so only through the API.
+    code = ("import sys; from slurmlaunch import hostlist; from slurmlaunch.errors import HostlistError\n"
+            "for e in ['n[1-2],' * 30000, 'n[' + '1,' * 70000 + '1]']:\n"
+            "    try: hostlist.expand(e)\n"
+            "    except HostlistError as x: print(x)\n")
+    r = _under_ulimit("-c", code)
+    assert r.returncode == 0 and r.stdout.count("at most 131072") == 2, r.stdout + r.stderr[-2000:]
