@@ -556,10 +556,9 @@ def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
 def _minutes(time_text: str | None) -> int:
     if time_text is None or time_text.upper() in ("UNLIMITED", "INFINITE"):
         return 60 * 24 * 365
-    from .schedulers.pbs import walltime
+    from .spec import time_seconds
 
-    h, m, s = (int(p) for p in walltime(time_text).split(":"))
-    return max(1, h * 60 + m + (1 if s else 0))
+    return max(1, -(-(time_seconds(time_text) or 0) // 60))  # whole minutes, rounded up
 
 
 def _executor(spec: JobSpec, scheduler: str) -> Any:

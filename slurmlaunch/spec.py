@@ -48,6 +48,21 @@ _ARRAY_PART = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
 _SWEEP_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 
 
+def time_seconds(text: str) -> int | None:
+    """A time in one of Slurm's --time formats (already validated) in seconds; None for UNLIMITED/INFINITE."""
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    day_text, dash, rest = text.partition("-")
+    parts = [int(p) for p in (rest if dash else text).split(":")]
+    if dash:  # D-H, D-H:M, D-H:M:S
+        h, m, s = (parts + [0, 0])[:3]
+    elif len(parts) == 3:  # H:M:S
+        h, m, s = parts
+    else:  # M or M:S
+        h, m, s = 0, parts[0], parts[1] if len(parts) == 2 else 0
+    return (int(day_text) if dash else 0) * 86400 + h * 3600 + m * 60 + s
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """One distributed job: where, how big, and what each rank runs."""
@@ -164,18 +179,8 @@ class JobSpec:
 
     @property
     def time_limit_seconds(self) -> int | None:
-        """--time in seconds (already validated; Slurm's formats), None when unlimited or not given."""
-        if self.time is None or self.time.upper() in ("UNLIMITED", "INFINITE"):
-            return None
-        day_text, dash, rest = self.time.partition("-")
-        parts = [int(p) for p in (rest if dash else self.time).split(":")]
-        if dash:  # D-H, D-H:M, D-H:M:S
-            h, m, s = (parts + [0, 0])[:3]
-        elif len(parts) == 3:  # H:M:S
-            h, m, s = parts
-        else:  # M or M:S
-            h, m, s = 0, parts[0], parts[1] if len(parts) == 2 else 0
-        return ((int(day_text or 0) if dash else 0) * 24 * 3600) + h * 3600 + m * 60 + s
+        """--time in seconds, None when unlimited or not given."""
+        return None if self.time is None else time_seconds(self.time)
 
     @property
     def ntasks_per_node(self) -> int:

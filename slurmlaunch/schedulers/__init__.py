@@ -38,6 +38,35 @@ def job_status(edge: Any, job_id: str, log_dir: str, indices: Sequence[int] = ()
     return st
 
 
+def array_outcome(job_id: str, log_dir: str, indices: Sequence[int], live: dict[int, tuple[str, str]],
+                  reported: dict[int, int | None], unknown_end: str) -> JobStatus:
+    """A job array as one job, from the scheduler's live elements (index -> (state, nodes)): running while
+    any element is, then FAILED with the first failing element's exit code (in index order), or COMPLETED.
+    An ended element's code is its exit-code file (written by our script), else what the scheduler
+    ``reported``; ``unknown_end`` says what an element without either probably met."""
+    codes: dict[int, int | None] = {}
+    for i in indices:
+        if i not in live:
+            try:
+                with open(os.path.join(log_dir, f"job-{job_id}_{i}.exitcode")) as f:
+                    codes[i] = int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                codes[i] = reported.get(i)
+    elements = {str(i): live[i][0] if i in live else
+                ("COMPLETED 0" if codes[i] == 0 else f"FAILED {codes[i]}" if codes[i] is not None
+                 else f"ENDED without exit code ({unknown_end})")
+                for i in indices}
+    if live:
+        states = [state for state, _ in live.values()]
+        nodes = ",".join(sorted({n for _, n in live.values() if n}))
+        return JobStatus("RUNNING" if "RUNNING" in states else states[0], None, nodes or None, elements)
+    failed = [(i, c) for i, c in codes.items() if c != 0]
+    if not failed:
+        return JobStatus("COMPLETED", 0, None, elements)
+    code = failed[0][1]
+    return JobStatus("FAILED", code if code is not None and code > 0 else 1, None, elements)
+
+
 def run_command(cmd: Sequence[str], timeout: float = 60.0, input_text: str | None = None,
                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run a scheduler command without a shell; failures raise SchedulerError with the command and output."""

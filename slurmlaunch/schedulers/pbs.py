@@ -16,8 +16,8 @@ from typing import Any
 from .. import __version__
 from ..errors import SchedulerError, SpecError
 from ..render import render
-from ..spec import JobSpec
-from . import JobStatus, Submission, run_command, script_env, submit_with
+from ..spec import JobSpec, time_seconds
+from . import JobStatus, Submission, array_outcome, run_command, script_env, submit_with
 from .slurm import launch_command
 
 TEMPLATE = "pbs.qsub.j2"
@@ -32,17 +32,7 @@ def available() -> bool:
 
 def walltime(time: str) -> str:
     """A time in one of Slurm's formats (as --time takes them, already validated) as PBS's H:MM:SS."""
-    day_text, dash, rest = time.partition("-")
-    if not dash:
-        day_text, rest = "0", time
-    parts = [int(p) for p in rest.split(":")]
-    if dash:  # D-H, D-H:M, D-H:M:S
-        h, m, s = (parts + [0, 0])[:3]
-    elif len(parts) == 3:  # H:M:S
-        h, m, s = parts
-    else:  # M or M:S
-        h, m, s = 0, parts[0], parts[1] if len(parts) == 2 else 0
-    total = ((int(day_text) * 24 + h) * 60 + m) * 60 + s
+    total = time_seconds(time) or 0
     return f"{total // 3600:d}:{total // 60 % 60:02d}:{total % 60:02d}"
 
 
@@ -353,27 +343,7 @@ def array_status(job_id: str, log_dir: str, indices: list[int]) -> JobStatus:
             ended[int(m[1])] = int(code_text) if code_text.lstrip("-").isdigit() else None
         else:
             live[int(m[1])] = (state, fields.get("exec_host", ""))
-    codes: dict[int, int | None] = {}
-    for i in indices:
-        if i not in live:
-            try:
-                with open(os.path.join(log_dir, f"job-{base}_{i}.exitcode")) as f:
-                    codes[i] = int(f.read().strip())
-            except (OSError, ValueError):
-                codes[i] = ended.get(i)
-    elements = {str(i): live[i][0] if i in live else
-                ("COMPLETED 0" if codes[i] == 0 else f"FAILED {codes[i]}" if codes[i] is not None
-                 else "ENDED without exit code (deleted, or the walltime ran out)")
-                for i in indices}
-    if live:
-        states = [state for state, _ in live.values()]
-        nodes = ",".join(sorted({n for _, n in live.values() if n}))
-        return JobStatus("RUNNING" if "RUNNING" in states else states[0], None, nodes or None, elements)
-    failed = [(i, c) for i, c in codes.items() if c != 0]
-    if not failed:
-        return JobStatus("COMPLETED", 0, None, elements)
-    code = failed[0][1]
-    return JobStatus("FAILED", code if code is not None and code > 0 else 1, None, elements)
+    return array_outcome(base, log_dir, indices, live, ended, "deleted, or the walltime ran out")
 
 
 def cancel(job_id: str) -> None:

@@ -11,7 +11,7 @@ from .. import __version__
 from ..errors import SchedulerError
 from ..render import render
 from ..spec import JobSpec
-from . import JobStatus, Submission, run_command, script_env, submit_with
+from . import JobStatus, Submission, array_outcome, run_command, script_env, submit_with
 
 TEMPLATE = "slurm.sbatch.j2"
 
@@ -254,26 +254,7 @@ def array_status(job_id: str, log_dir: str, indices: list[int]) -> JobStatus:
         index = tag.rpartition("_")[2]
         if index.isdigit() and state and state not in FINISHED:
             live[int(index)] = (state, nodes)
-    codes: dict[int, int | None] = {}
-    for i in indices:
-        if i not in live:
-            try:
-                with open(os.path.join(log_dir, f"job-{job_id}_{i}.exitcode")) as f:
-                    codes[i] = int(f.read().strip())
-            except (OSError, ValueError):
-                codes[i] = None  # ended without reaching the end of the script: cancelled, timed out, ...
-    elements = {str(i): live[i][0] if i in live else
-                ("COMPLETED 0" if codes[i] == 0 else f"FAILED {codes[i]}" if codes[i] is not None
-                 else "ENDED without exit code (cancelled or timed out)")
-                for i in indices}
-    if live:
-        states = [state for state, _ in live.values()]
-        nodes = ",".join(sorted({n for _, n in live.values() if n}))
-        return JobStatus("RUNNING" if "RUNNING" in states else states[0], None, nodes or None, elements)
-    failed = [(i, c) for i, c in codes.items() if c != 0]
-    if not failed:
-        return JobStatus("COMPLETED", 0, None, elements)
-    return JobStatus("FAILED", failed[0][1] or 1, None, elements)
+    return array_outcome(job_id, log_dir, indices, live, {}, "cancelled or timed out")
 
 
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
