@@ -71,3 +71,24 @@ def needs_torch() -> None:
 @pytest.fixture
 def torch_available() -> None:
     needs_torch()
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An in-process CLI's world: a working directory with train.py, no config files of the user's, and
+    sbatch/qsub/apptainer on PATH that are never run (dry runs), eight visible GPUs (names only)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sbatch", "qsub", "apptainer"):
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 99\n")
+        (bin_dir / tool).chmod(0o755)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")  # GPU options show their effect locally too
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    for name in ("SLURMLAUNCH_PROFILE", "SLURMLAUNCH_CONFIG", "SLURMLAUNCH_TEMPLATE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

@@ -89,26 +89,6 @@ def test_every_submit_option_is_walked() -> None:
     assert flags == set(SAMPLES) | set(NOT_THE_JOB), "add the new option to SAMPLES (or NOT_THE_JOB, with why)"
 
 
-@pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A working directory with a script, no config files, and sbatch/qsub on PATH (never run: dry runs)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool in ("sbatch", "qsub", "apptainer"):
-        (bin_dir / tool).write_text("#!/bin/sh\nexit 99\n")
-        (bin_dir / tool).chmod(0o755)
-    (tmp_path / "train.py").write_text("print('hi')\n")
-    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")  # GPU options must show their effect locally too
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    for name in ("SLURMLAUNCH_PROFILE", "SLURMLAUNCH_CONFIG", "SLURMLAUNCH_TEMPLATE_DIR"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def dry_run(capsys: pytest.CaptureFixture[str], scheduler: str, args: list[str]) -> tuple[int, str, str]:
     """(exit code, what would run: the script or commands and the submit command line, stderr)."""
     code = cli.main(["submit", "--scheduler", scheduler, "--dry-run", *args, "train.py"])

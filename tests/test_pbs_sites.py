@@ -85,24 +85,6 @@ SITES: dict[str, tuple[list[str], dict[str, str], list[str]]] = {
 }
 
 
-@pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A working directory with a script, no config files of the user's, and qsub on PATH (never run)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "qsub").write_text("#!/bin/sh\nexit 99\n")
-    (bin_dir / "qsub").chmod(0o755)
-    (tmp_path / "train.py").write_text("print('hi')\n")
-    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    for name in ("SLURMLAUNCH_PROFILE", "SLURMLAUNCH_CONFIG", "SLURMLAUNCH_TEMPLATE_DIR"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def dry_run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = cli.main(["submit", "--dry-run", *args, "train.py"])
     out, err = capsys.readouterr()
