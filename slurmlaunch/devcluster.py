@@ -135,7 +135,10 @@ def write_config(root: Path, nodes: int, gpus: int, cpus: int, accounting: bool 
                  net: Network | None = None) -> Path:
     for sub in ("state", "spool", "log", "dev"):
         (root / sub).mkdir(parents=True, exist_ok=True)
-    base = _free_port_block(nodes + 2)
+    # Loopback: every daemon shares this machine's ports, so find free ones. Netns: each has its own
+    # address in namespaces nothing else uses, so Slurm's usual ports (ctld 6817, slurmd 6818, dbd 6819).
+    base = 6817 if net else _free_port_block(nodes + 2)
+    dbd_port = base + 2 if net else base + nodes + 1
     names = [f"node{i}" for i in range(1, nodes + 1)]
     host = socket.gethostname()
     lines = [
@@ -156,7 +159,7 @@ def write_config(root: Path, nodes: int, gpus: int, cpus: int, accounting: bool 
         "TaskPlugin=task/none",
         "JobAcctGatherType=jobacct_gather/none",
         *(["AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=localhost",
-           f"AccountingStoragePort={base + nodes + 1}", "JobCompType=jobcomp/none"]
+           f"AccountingStoragePort={dbd_port}", "JobCompType=jobcomp/none"]
           if accounting else ["AccountingStorageType=accounting_storage/none"]),
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
@@ -173,8 +176,8 @@ def write_config(root: Path, nodes: int, gpus: int, cpus: int, accounting: bool 
     ]
     for i, name in enumerate(names, start=1):
         lines.append(
-            f"NodeName={name} NodeAddr={net.node_addr(i) if net else '127.0.0.1'} Port={base + i} CPUs={cpus} "
-            "RealMemory=4000"
+            f"NodeName={name} NodeAddr={net.node_addr(i) if net else '127.0.0.1'} "
+            f"Port={base + 1 if net else base + i} CPUs={cpus} RealMemory=4000"
             + (f" Gres=gpu:{gpus}" if gpus else "")
             + " State=UNKNOWN"
         )
