@@ -51,7 +51,10 @@ def _cluster(netns: bool) -> Iterator[dict[str, str]]:
         env = slurmcluster.up(root, nodes=4, gpus=4, cpus=8, accounting=True, netns=netns)
     except Exception as e:  # show the daemons' logs: a cluster that did not come up is hard to debug
         logs = "".join(p.read_text(errors="replace")[-2000:] for p in (root / "log").glob("*.log"))
-        slurmcluster.down(root)
+        try:
+            slurmcluster.down(root)
+        except RuntimeError as left:  # what the networked mode could not remove: say so too
+            logs += f"\n{left}"
         pytest.fail(f"local Slurm cluster did not come up: {e}\n{logs}")
     base = dict(os.environ)
     if netns:  # the point of this cluster: the launcher's checks run as on a real one
