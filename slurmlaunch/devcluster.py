@@ -15,8 +15,9 @@ Two network modes:
 - loopback (the default): every node name resolves to 127.0.0.1, so jobs set SLURMLAUNCH_ALLOW_LOOPBACK=1.
 - netns: the nodes are different hosts on a private bridge. The cluster makes one network namespace
   "PREFIX-hub" (the bridge, slurmctld, slurmdbd, MariaDB, and every client) and one "PREFIX-nodeI" per slurmd
-  (its own address on a veth pair into the bridge; names resolve through /etc/netns/NAME/hosts, which
-  `ip netns exec` mounts over /etc/hosts). None of them has a default route, so a packet to anywhere else
+  (its own address on a veth pair into the bridge). Names resolve through the cluster's hosts file: bound
+  over /etc/hosts for each slurmd as in the loopback mode, and copied to /etc/netns/NAME/hosts, which
+  `ip netns exec` mounts there. None of them has a default route, so a packet to anywhere else
   fails at once with "network unreachable"; the root namespace gets an `unreachable` route for the subnet
   (added before anything else, so that a stray packet from here fails at once too) and no address on it.
   DIR/bin holds wrappers of Slurm's clients that enter the hub namespace (and run the client where it is
@@ -92,12 +93,14 @@ def _tool(name: str) -> str:
 
 def start_accounting(root: Path, conf: Path, dbd_port: int, timeout: float, inside: tuple[str, ...] = ()) -> None:
     """MariaDB on a unix socket only, then slurmdbd on it, then the cluster registered: sacct works.
-    ``inside`` prefixes every command (``ip netns exec HUB`` in the networked mode)."""
+    ``inside`` prefixes every command (the hub's ``nsenter`` in the networked mode)."""
     db = root / "db"
     sock = root / "mysql.sock"
     if not db.exists():
-        subprocess.run([*inside, _tool("mariadb-install-db"), "--no-defaults", f"--datadir={db}", "--user=root",
-                        "--skip-test-db"], check=True, capture_output=True)
+        r = subprocess.run([*inside, _tool("mariadb-install-db"), "--no-defaults", f"--datadir={db}", "--user=root",
+                            "--skip-test-db"], capture_output=True, text=True)
+        if r.returncode != 0:  # its own words, or a failed cluster start says only "exit status 1"
+            raise RuntimeError(f"mariadb-install-db failed (exit {r.returncode}): {(r.stdout + r.stderr)[-1500:]}")
     subprocess.Popen([*inside, _tool("mariadbd"), "--no-defaults", f"--datadir={db}", f"--socket={sock}",
                       "--skip-networking", f"--pid-file={root}/mariadb.pid", "--user=root",
                       f"--log-error={root}/log/mariadb.log"],
@@ -324,12 +327,15 @@ def make_network(root: Path, nodes: int, subnet: str | None = None) -> Network:
     every step recorded in root/netns-made as it happens."""
     root.mkdir(parents=True, exist_ok=True)
     claimed = _claim_subnet(root, subnet)
-    for _ in range(20):
+    why = ""
+    for _ in range(20):  # a random name, so that clusters started at once do not meet
         prefix = f"slc{random.getrandbits(24):06x}"
-        if _ip("netns", "add", f"{prefix}-hub").returncode == 0:
+        r = _ip("netns", "add", f"{prefix}-hub")
+        if r.returncode == 0:
             break
+        why = r.stderr.strip()
     else:
-        raise RuntimeError("could not create a network namespace named slcXXXXXX-hub (20 names tried)")
+        raise RuntimeError(f"could not create a network namespace slcXXXXXX-hub ({why}; 20 names tried)")
     net = Network(prefix, claimed, nodes)
     _record(root, "netns", net.hub)
     for i in range(1, nodes + 1):
