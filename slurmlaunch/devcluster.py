@@ -317,8 +317,9 @@ def _claim_subnet(root: Path, wanted: str | None) -> ipaddress.IPv4Network:
             _record(root, "route", str(net))
             return net
         if wanted:
-            raise RuntimeError(f"subnet {net} is in use here ({', '.join(map(str, clash)) or 'its route exists'}):"
-                               " pick another private one, or none to have one chosen")
+            used = ", ".join(sorted({str(c) for c in clash})) or "its route exists"
+            raise RuntimeError(f"subnet {net} is in use here ({used}): pick another private one, or none to have "
+                               "one chosen")
     raise RuntimeError(f"no free /24 in {SUBNET_POOL} (every one is routed or has an address here)")
 
 
