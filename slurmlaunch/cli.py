@@ -170,6 +170,9 @@ def _parser(profiles: bool = False) -> Any:
                     help="fake GPUs (/dev/null stand-ins)")
     dc.add_argument("--cpus", type=Count("--cpus", 1, MAX_PER_NODE), default=8, help="CPUs each node claims")
     dc.add_argument("--accounting", action="store_true", help="MariaDB + slurmdbd too, so that sacct works")
+    dc.add_argument("--netns", nargs="?", const="auto", metavar="SUBNET",
+                    help="each node its own address on a private bridge, in network namespaces (SUBNET: a "
+                         "private /24 to use; default: a free one of 10.213.0.0/16); clients in DIR/bin")
 
     import os
 
@@ -350,7 +353,7 @@ def _dispatch(args: list[str]) -> int:
 
         from .devcluster import cmd
 
-        return cmd(ns.action, Path(ns.dir), ns.nodes, ns.gpus_per_node, ns.cpus, ns.accounting)
+        return cmd(ns.action, Path(ns.dir), ns.nodes, ns.gpus_per_node, ns.cpus, ns.accounting, ns.netns)
     if ns.command == "run":
         from .run import cmd_run
 

@@ -38,27 +38,59 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: str | Path | Non
                           env=env, cwd=cwd, timeout=timeout, input=input_text)
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[dict[str, str]]:
-    why = slurmcluster.missing_requirements() or slurmcluster.accounting_missing()
+# SLURMLAUNCH_TEST_CLUSTER=netns runs every cluster test on the networked cluster (then only one is started).
+DEFAULT_NETNS = os.environ.get("SLURMLAUNCH_TEST_CLUSTER", "loopback") == "netns"
+
+
+def _cluster(netns: bool) -> Iterator[dict[str, str]]:
+    why = (slurmcluster.missing_requirements(netns) or slurmcluster.accounting_missing())
     if why:
         skip_or_fail(why)
     root = Path(tempfile.mkdtemp(prefix="slurmlaunch-cluster-"))
     try:
-        env = slurmcluster.up(root, nodes=4, gpus=4, cpus=8, accounting=True)
+        env = slurmcluster.up(root, nodes=4, gpus=4, cpus=8, accounting=True, netns=netns)
     except Exception as e:  # show the daemons' logs: a cluster that did not come up is hard to debug
         logs = "".join(p.read_text(errors="replace")[-2000:] for p in (root / "log").glob("*.log"))
-        slurmcluster.down(root)
+        try:
+            slurmcluster.down(root)
+        except RuntimeError as left:  # what the networked mode could not remove: say so too
+            logs += f"\n{left}"
         pytest.fail(f"local Slurm cluster did not come up: {e}\n{logs}")
-    yield {**os.environ, **env}
+    base = dict(os.environ)
+    if netns:  # the point of this cluster: the launcher's checks run as on a real one
+        base.pop("SLURMLAUNCH_ALLOW_LOOPBACK", None)
+    yield {**base, **env, "SLURMLAUNCH_TEST_CLUSTER_DIR": str(root)}
     slurmcluster.down(root)
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[dict[str, str]]:
+    """The cluster most tests run on: loopback (every node is 127.0.0.1), or networked under
+    SLURMLAUNCH_TEST_CLUSTER=netns."""
+    yield from _cluster(DEFAULT_NETNS)
+
+
+@pytest.fixture(scope="session")
+def netns_cluster(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    """A cluster whose nodes are different hosts on a private network (devcluster's netns mode): its
+    clients are the wrappers on its PATH, and SLURMLAUNCH_ALLOW_LOOPBACK is not set."""
+    if DEFAULT_NETNS:
+        yield request.getfixturevalue("slurm_cluster")
+    else:
+        yield from _cluster(True)
 
 
 @pytest.fixture
 def cluster_env(slurm_cluster: dict[str, str], tmp_path: Path) -> dict[str, str]:
     """The cluster's client environment, with a fresh working directory per test (job ids restart at 1)."""
     return dict(slurm_cluster)
+
+
+@pytest.fixture
+def netns_cluster_env(netns_cluster: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """The networked cluster's client environment."""
+    return dict(netns_cluster)
 
 
 def needs_torch() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from pathlib import Path
 
@@ -53,8 +54,10 @@ def test_site_checks_and_what_they_teach_submit(cluster_env: dict[str, str], tmp
 
 
 @pytest.mark.slurm
-def test_probe_job_on_two_nodes(cluster_env: dict[str, str], tmp_path: Path, torch_available: None) -> None:
-    env = dict(cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
+def test_probe_job_on_two_nodes(netns_cluster_env: dict[str, str], tmp_path: Path, torch_available: None) -> None:
+    """On the networked cluster: node1 resolves to its own address on every node, rank 0's port is reached
+    over the bridge."""
+    env = dict(netns_cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
     r = run_cli("doctor", "--allocate", "2", "--gpus-per-node", "2", "--timeout", "120", "--json", env=env,
                 cwd=tmp_path, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -63,6 +66,8 @@ def test_probe_job_on_two_nodes(cluster_env: dict[str, str], tmp_path: Path, tor
     assert [(x["rank"], x["host"], x["gpus"]["CUDA_VISIBLE_DEVICES"], x["gpus"]["local_device"]) for x in ranks] == [
         (0, "node1", "0,1", "0"), (1, "node1", "0,1", "1"), (2, "node2", "0,1", "0"), (3, "node2", "0,1", "1")]
     assert all(x["resolve"]["ok"] and x["port"]["ok"] and x["torch"]["ok"] for x in ranks)
+    addresses = {x["resolve"]["detail"] for x in ranks}
+    assert len(addresses) == 1 and not ipaddress.ip_address(addresses.pop()).is_loopback, ranks
     assert ranks[0]["port"]["detail"].endswith("all 3 other ranks connected")
     assert "torch 2.13.0" in ranks[1]["torch"]["detail"] and ranks[1]["master_addr"] == "node1"
 

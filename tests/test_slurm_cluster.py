@@ -1,4 +1,6 @@
-"""Against the real local Slurm cluster (4 slurmd nodes x 4 fake GPUs on this machine).
+"""Against the real local Slurm cluster (4 slurmd nodes x 4 fake GPUs on this machine). The end-to-end
+submit and the fail-fast test run on the networked one (netns_cluster_env: each node its own address, no
+SLURMLAUNCH_ALLOW_LOOPBACK), so that the launcher's address checks run as on a real cluster.
 
 These skip without root or Slurm's packages, and fail instead under CI=true.
 """
@@ -34,10 +36,10 @@ def records(d: Path, tag: str) -> list[dict[str, object]]:
     return sorted((json.loads(p.read_text()) for p in d.glob(f"{tag}-*.json")), key=lambda r: int(str(r["RANK"])))
 
 
-def test_example_trains_across_two_nodes(cluster_env: dict[str, str], tmp_path: Path,
+def test_example_trains_across_two_nodes(netns_cluster_env: dict[str, str], tmp_path: Path,
                                          torch_available: None) -> None:
     r = run_cli("submit", "--nodes", "2", "--gpus-per-node", "2", "--cpus-per-task", "1", "--wait",
-                str(EXAMPLES / "train_ddp.py"), "--epochs", "2", env=cluster_env, cwd=tmp_path, timeout=300)
+                str(EXAMPLES / "train_ddp.py"), "--epochs", "2", env=netns_cluster_env, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "auto chose slurm" in r.stderr and re.search(r"job \d+ RUNNING on node\[1-2\]", r.stderr)
     assert "done: world_size=4 sum_of_ranks=6" in r.stdout  # rank 0's output, followed live
@@ -56,12 +58,12 @@ def test_example_trains_across_two_nodes(cluster_env: dict[str, str], tmp_path: 
     assert record["job_id"] == job and record["command"][0] == "sbatch"
 
 
-def test_failing_rank_ends_the_job_with_its_code(cluster_env: dict[str, str], tmp_path: Path) -> None:
+def test_failing_rank_ends_the_job_with_its_code(netns_cluster_env: dict[str, str], tmp_path: Path) -> None:
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
     start = time.monotonic()
     r = run_cli("submit", "--nodes", "2", "--tasks-per-node", "2", "--wait", str(script), str(tmp_path), "2", "7",
-                env=cluster_env, cwd=tmp_path, timeout=120)
+                env=netns_cluster_env, cwd=tmp_path, timeout=120)
     assert r.returncode == 7, r.stdout + r.stderr
     assert time.monotonic() - start < 60
     batch_log = next((tmp_path / "slurmlaunch-logs").glob("*.batch.log")).read_text()

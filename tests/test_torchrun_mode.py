@@ -119,11 +119,12 @@ def test_torchrun_mode_on_the_local_scheduler(tmp_path: Path, torch_available: N
 
 
 @pytest.mark.slurm
-def test_torchrun_mode_on_the_real_cluster(cluster_env: dict[str, str], tmp_path: Path,
+def test_torchrun_mode_on_the_real_cluster(netns_cluster_env: dict[str, str], tmp_path: Path,
                                            torch_available: None) -> None:
+    # on the networked cluster: node1's c10d store is reached over the bridge at node1's own address
     r = run_cli("submit", "--mode", "torchrun", "--nodes", "2", "--gpus-per-node", "2", "--cpus-per-gpu", "1",
                 "--wait", "--wait-timeout", "200", str(EXAMPLES / "train_ddp.py"), "--epochs", "1",
-                env=dict(cluster_env, SLURMLAUNCH_DEVICE="cpu"), cwd=tmp_path, timeout=240)
+                env=dict(netns_cluster_env, SLURMLAUNCH_DEVICE="cpu"), cwd=tmp_path, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     job = r.stdout.split()[0]
     logs = tmp_path / "slurmlaunch-logs"
@@ -133,8 +134,8 @@ def test_torchrun_mode_on_the_real_cluster(cluster_env: dict[str, str], tmp_path
         for rank, local, group in re.findall(rf"rank=(\d) local_rank=(\d) node_rank=(\d) world_size=4 host={host}",
                                              text):
             places[int(rank)] = (int(local), int(group), host)
-    # torchrun numbers the nodes in rendezvous order (its sort of the agents' names), not Slurm's; here
-    # every node's name resolves to localhost, so either node may be group 0
+    # torchrun numbers the nodes in rendezvous order (its sort of the agents' names), not Slurm's, so
+    # either node may be group 0
     assert sorted(places) == [0, 1, 2, 3], places
     assert [(places[r][0], places[r][1]) for r in range(4)] == [(0, 0), (1, 0), (0, 1), (1, 1)]
     assert places[0][2] == places[1][2] != places[2][2] == places[3][2]
