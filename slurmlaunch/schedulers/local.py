@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import sys
 from collections.abc import Mapping
 
 from ..errors import SpecError
 from ..gpus import visible_gpus
+from ..launch import RETURNED_DIR
 from ..spec import JobSpec
 from ..supervisor import Outcome, RankProcess, supervise
+from ..torchrun_mode import SIGABRT_CODE, aborted_workers, teardown_aborts, teardown_message
 from . import make_log_dir, rank_log, write_private, write_record
 from .slurm import launch_command
 
@@ -115,6 +118,22 @@ def dry_run(spec: JobSpec, environ: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def aborted_ranks(spec: JobSpec, procs: list[RankProcess], result: Outcome) -> list[int]:
+    """Ranks killed by SIGABRT: by their exit code, or in torchrun mode by the failure summary torchrun wrote
+    into its node's log."""
+    if spec.mode != "torchrun":
+        return [rank for rank, code in sorted(result.codes.items()) if code == SIGABRT_CODE]
+    ranks: set[int] = set()
+    for p in procs:
+        if result.codes.get(p.rank, 0) != 0 and p.log_path:
+            try:
+                with open(p.log_path, encoding="utf-8", errors="replace") as f:
+                    ranks.update(aborted_workers(f.read()))
+            except OSError:
+                pass
+    return sorted(ranks)
+
+
 def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple[str, Outcome]:
     """Run the job in the foreground (an array's elements one after another); returns (job id, outcome):
     an array's is its first failing element's, in index order."""
@@ -135,11 +154,17 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
             f"local job {job_id}"
         sys.stderr.write(f"slurmlaunch: {what}: {spec.world_size} rank(s) on {spec.nodes} emulated "
                          f"node(s) {node_list(spec.nodes)}; logs in {spec.log_dir}\n")
-        result = supervise(rank_processes(spec, step_job, environ, tag, extra, point), grace=grace)
+        returned = os.path.join(spec.log_dir, f"job-{tag}.returned")  # the launcher's "script returned" marks
+        os.makedirs(returned, exist_ok=True)
+        procs = rank_processes(spec, step_job, environ, tag, {**extra, RETURNED_DIR: returned}, point)
+        result = supervise(procs, grace=grace)
         write_private(os.path.join(spec.log_dir, f"job-{tag}.exitcode"), f"{result.exit_code}\n")
         if result.first_failed_rank is not None:
             sys.stderr.write(f"slurmlaunch: {what}: {spec.log_unit} {result.first_failed_rank} failed first with "
                              f"exit code {result.exit_code}; the other ranks were stopped\n")
+        for rank in teardown_aborts(aborted_ranks(spec, procs, result), returned):
+            sys.stderr.write(f"slurmlaunch: {what}: {teardown_message(rank)}\n")
+        shutil.rmtree(returned, ignore_errors=True)
         if outcome is None or (outcome.exit_code == 0 and result.exit_code != 0):
             outcome = result
     assert outcome is not None
