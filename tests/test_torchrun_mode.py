@@ -36,6 +36,15 @@ elif first:
 """
 
 
+def teardown_abort_only(log: str) -> bool:
+    """torch 2.13 may abort a rank at interpreter exit after its training finished (README: Teardown aborts).
+    The job then fails, honestly, and the log names each such rank; a failure of that kind alone, and with
+    the training's output checked in full below, is torch's and not this test's. Any other failure is."""
+    failed = re.findall(r"^slurmlaunch: .*failed first with exit code (\d+)", log, re.M)
+    teardown = re.findall(r"rank \d+ aborted in torch's teardown after the script returned", log)
+    return bool(teardown) and failed == ["1"]
+
+
 def command(env: dict[str, str], *argv: str) -> tuple[list[str], dict[str, str]]:
     values, flags, script = parse(list(argv))
     return torchrun_command(env, values, flags, script, "/py")
@@ -63,6 +72,19 @@ def test_other_nodes_connect_and_given_values_win() -> None:
     (["t.py"], "--nproc-per-node is required"), (["--nproc-per-node=1"], "no SCRIPT given"),
     (["--nproc-per-node=1", "--standalone", "t.py"], "unknown option '--standalone'"),
 ])
+@pytest.mark.parametrize(("log", "tolerated"), [
+    ("slurmlaunch: torchrun on node2 (node task 1) failed first with exit code 1; the other nodes were stopped\n"
+     "slurmlaunch: rank 3 aborted in torch's teardown after the script returned (SIGABRT ...)\n", True),
+    ("slurmlaunch: torchrun on node2 (node task 1) failed first with exit code 1; the other nodes were stopped\n",
+     False),
+    ("slurmlaunch: torchrun on node2 (node task 1) failed first with exit code 7; the other nodes were stopped\n"
+     "slurmlaunch: rank 3 aborted in torch's teardown after the script returned (SIGABRT ...)\n", False),
+    ("", False),
+])
+def test_only_a_diagnosed_teardown_abort_is_tolerated(log: str, tolerated: bool) -> None:
+    assert teardown_abort_only(log) == tolerated
+
+
 def test_bad_node_arguments(argv: list[str], expect: str) -> None:
     with pytest.raises(SlurmLaunchError, match=re.escape(expect)):
         parse(argv)
@@ -108,7 +130,7 @@ def test_torchrun_mode_on_the_local_scheduler(tmp_path: Path, torch_available: N
     env = no_slurm_env(tmp_path)
     r = run_cli("submit", "--mode", "torchrun", "--nodes", "2", "--nproc-per-node", "2", str(EXAMPLES / "train_ddp.py"),
                 "--epochs", "1", env=env, cwd=tmp_path, timeout=180)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0 or teardown_abort_only(r.stderr), r.stderr
     logs = sorted((tmp_path / "slurmlaunch-logs").glob("*.node-*.log"))
     assert len(logs) == 2
     text = "".join(p.read_text() for p in logs)
@@ -124,9 +146,10 @@ def test_torchrun_mode_on_the_real_cluster(cluster_env: dict[str, str], tmp_path
     r = run_cli("submit", "--mode", "torchrun", "--nodes", "2", "--gpus-per-node", "2", "--cpus-per-gpu", "1",
                 "--wait", "--wait-timeout", "200", str(EXAMPLES / "train_ddp.py"), "--epochs", "1",
                 env=dict(cluster_env, SLURMLAUNCH_DEVICE="cpu"), cwd=tmp_path, timeout=240)
-    assert r.returncode == 0, r.stdout + r.stderr
     job = r.stdout.split()[0]
     logs = tmp_path / "slurmlaunch-logs"
+    assert r.returncode == 0 or teardown_abort_only((logs / f"job-{job}.batch.log").read_text()), \
+        r.stdout + r.stderr
     places = {}
     for node, host in ((0, "node1"), (1, "node2")):  # node-N.log is Slurm's node N: its torchrun's ranks
         text = (logs / f"job-{job}.node-{node}.log").read_text()
