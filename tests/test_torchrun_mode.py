@@ -68,10 +68,6 @@ def test_other_nodes_connect_and_given_values_win() -> None:
     assert cmd[-2:] == ["-m", "pkg.train"] and extra == {}
 
 
-@pytest.mark.parametrize(("argv", "expect"), [
-    (["t.py"], "--nproc-per-node is required"), (["--nproc-per-node=1"], "no SCRIPT given"),
-    (["--nproc-per-node=1", "--standalone", "t.py"], "unknown option '--standalone'"),
-])
 @pytest.mark.parametrize(("log", "tolerated"), [
     ("slurmlaunch: torchrun on node2 (node task 1) failed first with exit code 1; the other nodes were stopped\n"
      "slurmlaunch: rank 3 aborted in torch's teardown after the script returned (SIGABRT ...)\n", True),
@@ -85,6 +81,10 @@ def test_only_a_diagnosed_teardown_abort_is_tolerated(log: str, tolerated: bool)
     assert teardown_abort_only(log) == tolerated
 
 
+@pytest.mark.parametrize(("argv", "expect"), [
+    (["t.py"], "--nproc-per-node is required"), (["--nproc-per-node=1"], "no SCRIPT given"),
+    (["--nproc-per-node=1", "--standalone", "t.py"], "unknown option '--standalone'"),
+])
 def test_bad_node_arguments(argv: list[str], expect: str) -> None:
     with pytest.raises(SlurmLaunchError, match=re.escape(expect)):
         parse(argv)
