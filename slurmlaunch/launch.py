@@ -41,6 +41,9 @@ environment:
                             before it is stopped with a message (default 900; 0: no bound)
   SLURMLAUNCH_ALLOW_LOOPBACK=1  accept a loopback MASTER_ADDR for a job on several "nodes" of one machine
   SLURMLAUNCH_DEVICE=cpu    run on the CPU even when GPUs are visible
+  SLURMLAUNCH_RETURNED_DIR  run SCRIPT through a small runner that leaves an empty file named by the rank
+                            here when SCRIPT returns (set by the batch script: tells a SIGABRT in torch's
+                            teardown at interpreter exit from one in the training)
   -h, --help                show this help
 Everything after SCRIPT is passed to it unchanged.
 
