@@ -6,6 +6,7 @@ torch's teardown runs; the control aborts inside the script and must not be call
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,9 +41,38 @@ if sys.argv[1:2] == ["exit"]:
 """
 
 
+def teardown_abort_only(log: str) -> bool:
+    """torch 2.13 may abort a rank at interpreter exit after its training finished (README: Teardown aborts).
+    The job then fails, honestly, and the console or batch log names each such rank. For tests of training
+    runs: a failure of that kind alone (the only failure line is a torchrun node's 1 or a rank's 134, or none,
+    as srun reports an aborted task without an exit code), with the training's output checked in full by the
+    caller, is torch's and not the test's. Any other failure is the test's."""
+    failed = re.findall(r"^slurmlaunch: .*failed first with exit code (\d+)", log, re.M)
+    teardown = re.findall(r"rank \d+ aborted in torch's teardown after the script returned", log)
+    return bool(teardown) and failed in ([], ["1"], ["134"])
+
+
 def run_python(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, cwd=cwd, timeout=60,
                           env={k: v for k, v in dict(os.environ, **env).items() if k != "PYTHONSTARTUP"})
+
+
+@pytest.mark.parametrize(("log", "tolerated"), [
+    ("slurmlaunch: torchrun on node2 (node task 1) failed first with exit code 1; the other nodes were stopped\n"
+     "slurmlaunch: rank 3 aborted in torch's teardown after the script returned (SIGABRT ...)\n", True),
+    ("slurmlaunch: torchrun on node2 (node task 1) failed first with exit code 1; the other nodes were stopped\n",
+     False),
+    ("slurmlaunch: torchrun on node2 (node task 1) failed first with exit code 7; the other nodes were stopped\n"
+     "slurmlaunch: rank 3 aborted in torch's teardown after the script returned (SIGABRT ...)\n", False),
+    ("slurmlaunch: local job 9: rank 2 failed first with exit code 134; the other ranks were stopped\n"
+     "slurmlaunch: local job 9: rank 2 aborted in torch's teardown after the script returned (SIGABRT ...)\n", True),
+    ("srun: error: node2: task 1: Aborted (core dumped)\n"
+     "slurmlaunch: rank 1 aborted in torch's teardown after the script returned (SIGABRT ...)\n", True),
+    ("slurmlaunch: local job 9: rank 2 failed first with exit code 134; the other ranks were stopped\n", False),
+    ("", False),
+])
+def test_only_a_diagnosed_teardown_abort_is_tolerated(log: str, tolerated: bool) -> None:
+    assert teardown_abort_only(log) == tolerated
 
 
 @pytest.mark.parametrize("args", [[], ["raise"], ["exit", "0"], ["exit", "4"]])

@@ -12,6 +12,7 @@ from slurmlaunch.spec import JobSpec, parse_nodes, validate
 from slurmlaunch.torchrun_mode import parse, torchrun_command
 from tests.conftest import EXAMPLES, run_cli
 from tests.test_submit import assert_refused, no_slurm_env
+from tests.test_teardown import teardown_abort_only
 
 STEP = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "gpu[07-08]",
         "SLURM_STEP_NUM_NODES": "2", "SLURMD_NODENAME": "gpu07", "SLURM_NODEID": "0", "SLURM_CPUS_PER_TASK": "32"}
@@ -36,15 +37,6 @@ elif first:
 """
 
 
-def teardown_abort_only(log: str) -> bool:
-    """torch 2.13 may abort a rank at interpreter exit after its training finished (README: Teardown aborts).
-    The job then fails, honestly, and the log names each such rank; a failure of that kind alone, and with
-    the training's output checked in full below, is torch's and not this test's. Any other failure is."""
-    failed = re.findall(r"^slurmlaunch: .*failed first with exit code (\d+)", log, re.M)
-    teardown = re.findall(r"rank \d+ aborted in torch's teardown after the script returned", log)
-    return bool(teardown) and failed == ["1"]
-
-
 def command(env: dict[str, str], *argv: str) -> tuple[list[str], dict[str, str]]:
     values, flags, script = parse(list(argv))
     return torchrun_command(env, values, flags, script, "/py")
@@ -66,19 +58,6 @@ def test_other_nodes_connect_and_given_values_win() -> None:
     assert "--rdzv-conf=is_host=0,join_timeout=60" in cmd and "--rdzv-endpoint=10.0.0.7:29500" in cmd
     assert "--nnodes=1:2" in cmd
     assert cmd[-2:] == ["-m", "pkg.train"] and extra == {}
-
-
-@pytest.mark.parametrize(("log", "tolerated"), [
-    ("slurmlaunch: torchrun on node2 (node task 1) failed first with exit code 1; the other nodes were stopped\n"
-     "slurmlaunch: rank 3 aborted in torch's teardown after the script returned (SIGABRT ...)\n", True),
-    ("slurmlaunch: torchrun on node2 (node task 1) failed first with exit code 1; the other nodes were stopped\n",
-     False),
-    ("slurmlaunch: torchrun on node2 (node task 1) failed first with exit code 7; the other nodes were stopped\n"
-     "slurmlaunch: rank 3 aborted in torch's teardown after the script returned (SIGABRT ...)\n", False),
-    ("", False),
-])
-def test_only_a_diagnosed_teardown_abort_is_tolerated(log: str, tolerated: bool) -> None:
-    assert teardown_abort_only(log) == tolerated
 
 
 @pytest.mark.parametrize(("argv", "expect"), [
