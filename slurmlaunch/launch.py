@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .detect import Context, detect
 from .distenv import DistEnv, check_master_addr, mask
@@ -41,6 +41,9 @@ environment:
                             before it is stopped with a message (default 900; 0: no bound)
   SLURMLAUNCH_ALLOW_LOOPBACK=1  accept a loopback MASTER_ADDR for a job on several "nodes" of one machine
   SLURMLAUNCH_DEVICE=cpu    run on the CPU even when GPUs are visible
+  SLURMLAUNCH_RETURNED_DIR  run SCRIPT through a small runner that leaves an empty file named by the rank
+                            here when SCRIPT returns (set by the batch script: tells a SIGABRT in torch's
+                            teardown at interpreter exit from one in the training)
   -h, --help                show this help
 Everything after SCRIPT is passed to it unchanged.
 
@@ -98,14 +101,69 @@ def parse_launch_args(argv: Sequence[str]) -> LaunchOptions | None:
     return opts
 
 
-def command(opts: LaunchOptions, dist: DistEnv) -> list[str]:
+RETURNED_DIR = "SLURMLAUNCH_RETURNED_DIR"
+
+# `python -c RUNNER SCRIPT ARGS...` (or `-c RUNNER -m MODULE ARGS...`) runs SCRIPT as `python SCRIPT` would: in
+# __main__, with its argv, __file__ and sys.path[0], and tracebacks without a frame of this wrapper. When the
+# script returns, or exits with status 0, it leaves an empty file named by $RANK in $SLURMLAUNCH_RETURNED_DIR.
+# Why: torch can abort (SIGABRT) while the interpreter exits, after the training finished (gloo's threads,
+# kept alive past destroy_process_group by DDP, race the process's own teardown); the file is the evidence
+# that lets the batch log say "after the script returned" instead of guessing. An atexit hook cannot be
+# installed in a program we exec, and a sitecustomize would shadow the site's own; this costs one compile.
+RUNNER = """-0  # torchrun names a failed worker by its first argument without a leading "-": the script, not this
+def _slurmlaunch_main():
+    import os, sys
+    where, argv = os.environ.get("SLURMLAUNCH_RETURNED_DIR", ""), sys.argv[1:]
+    main = sys.modules["__main__"].__dict__
+    del main["_slurmlaunch_main"]
+    hook = sys.excepthook
+    def excepthook(kind, value, tb):
+        while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
+            tb = tb.tb_next
+        hook(kind, value.with_traceback(tb) if isinstance(value, BaseException) else value, tb)
+    sys.excepthook = excepthook
+    def returned():
+        if where:
+            try:
+                os.close(os.open(os.path.join(where, os.environ.get("RANK", "rank")), os.O_WRONLY | os.O_CREAT, 0o644))
+            except OSError:
+                pass
+    try:
+        if argv[:1] == ["-m"]:
+            import runpy
+            sys.argv[:] = ["-m", *argv[2:]]
+            sys.path[0] = os.getcwd()
+            runpy._run_module_as_main(argv[1])
+        else:
+            path = os.path.abspath(argv[0])
+            sys.argv[:] = argv
+            sys.path[0] = os.path.dirname(os.path.realpath(path))
+            with open(path, "rb") as f:
+                code = compile(f.read(), path, "exec", dont_inherit=True)
+            main.update(__file__=path, __cached__=None)
+            exec(code, main)
+    except SystemExit as e:
+        if e.code is None or e.code == 0:
+            returned()
+        raise
+    returned()
+_slurmlaunch_main()
+"""
+
+
+def python_argv(python: str, module: bool, script: str, environ: Mapping[str, str]) -> list[str]:
+    """``python -u [-m] SCRIPT``, through RUNNER when $SLURMLAUNCH_RETURNED_DIR asks for the returned-marker."""
+    if environ.get(RETURNED_DIR):
+        return [python, "-u", "-c", RUNNER, *(["-m"] if module else []), script]
+    return [python, "-u", *(["-m"] if module else []), script]
+
+
+def command(opts: LaunchOptions, dist: DistEnv, environ: Mapping[str, str] | None = None) -> list[str]:
     """The argv to exec; like torchrun, Python runs unbuffered (-u) so logs follow the training."""
     if opts.no_python:
         cmd = [opts.script]
-    elif opts.module:
-        cmd = [sys.executable, "-u", "-m", opts.script]
     else:
-        cmd = [sys.executable, "-u", opts.script]
+        cmd = python_argv(sys.executable, opts.module, opts.script, environ if environ is not None else {})
     if opts.legacy_local_rank:
         cmd.append(f"--local-rank={dist.local_rank}")
     return cmd + opts.args
@@ -317,7 +375,7 @@ def main(argv: Sequence[str]) -> int | NoReturn:
         sys.stderr.write(f"slurmlaunch: {note}\n")
     if opts.print_env:
         sys.stderr.write(describe(dist, exports, environ) + "\n")
-    cmd = command(opts, dist)
+    cmd = command(opts, dist, environ)
     environ.update(exports)
     sys.stdout.flush()
     sys.stderr.flush()

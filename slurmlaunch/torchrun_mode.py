@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from .detect import derive_port
 from .errors import EnvironmentMappingError, SlurmLaunchError
 from .hostlist import first_host
+from .launch import RETURNED_DIR, python_argv
 from .limits import MAX_JOB_ID, bounded_int, parse_count
 
 USAGE = """usage: slurmlaunch torchrun-node --nproc-per-node N [--nnodes N|MIN:MAX] [--max-restarts N]
@@ -31,6 +32,9 @@ example (what `slurmlaunch submit --mode torchrun` writes into the batch script)
   srun --ntasks-per-node=1 python -m slurmlaunch torchrun-node --nproc-per-node=4 --max-restarts=3 train.py
 """
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's own default
+# torchrun's failure summary: "  rank      : 3 (local_rank: 1)" then "  exitcode  : -6 (pid: 812) ..."
+_FAILED_WORKER = re.compile(r"^ *rank *: (\d+) \(local_rank: \d+\)\n *exitcode *: (-?\d+) ", re.M)
+SIGABRT_CODE = 128 + 6  # the shell's and the supervisor's code for a process killed by SIGABRT
 
 
 def parse(argv: Sequence[str]) -> tuple[dict[str, str], list[str], list[str]]:
@@ -88,6 +92,11 @@ def torchrun_command(env: Mapping[str, str], values: Mapping[str, str], flags: S
     if re.fullmatch(r"[0-9]+(\.[0-9]*)?", timeout) and float(timeout) > 0:
         conf += f",join_timeout={float(timeout):g}"
     nnodes = values.get("nnodes") or env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    if env.get(RETURNED_DIR) and "--no-python" not in flags:
+        # each worker through the launcher's RUNNER, which marks "the script returned" (torchrun adds -u
+        # itself only when it runs Python)
+        script = [*python_argv(python, "-m" in flags, script[0], env), *script[1:]]
+        flags = ["--no-python"]
     argv = [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
             f"--nproc-per-node={values['nproc-per-node']}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={host}:{port}", f"--rdzv-id={job}", f"--rdzv-conf={conf}",
@@ -104,6 +113,22 @@ def torchrun_command(env: Mapping[str, str], values: Mapping[str, str], flags: S
     if "OMP_NUM_THREADS" not in env and cpus is not None and nproc:
         extra["OMP_NUM_THREADS"] = str(max(1, cpus // nproc))  # torchrun would say 1
     return argv, extra
+
+
+def aborted_workers(log_text: str) -> list[int]:
+    """The ranks torchrun's failure summary in ``log_text`` reports as killed by SIGABRT (exitcode -6)."""
+    return sorted({int(rank) for rank, code in _FAILED_WORKER.findall(log_text) if code == "-6"})
+
+
+def teardown_aborts(aborted: Sequence[int], returned_dir: str) -> list[int]:
+    """Of the ranks killed by SIGABRT, those whose script had returned (the launcher's RUNNER left their
+    marker in ``returned_dir``): they died in torch's teardown at interpreter exit, not in the training."""
+    return [r for r in aborted if os.path.exists(os.path.join(returned_dir, str(r)))]
+
+
+def teardown_message(rank: int) -> str:
+    return (f"rank {rank} aborted in torch's teardown after the script returned (SIGABRT at interpreter exit, "
+            f"its work had finished; see the README's 'Teardown aborts'); the job counts as failed")
 
 
 def main(argv: Sequence[str]) -> int:

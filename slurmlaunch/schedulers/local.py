@@ -12,6 +12,7 @@ import functools
 import os
 import pwd
 import shlex
+import shutil
 import signal
 import socket
 import sys
@@ -21,10 +22,12 @@ from dataclasses import replace
 
 from ..errors import SpecError
 from ..gpus import dev_gpu_ids, visible_gpus
+from ..launch import RETURNED_DIR
 from ..paths import state_dir
 from ..spec import JobSpec
 from ..stepenv import GPU_LISTS, Submitter, step_env
 from ..supervisor import Outcome, RankProcess, supervise
+from ..torchrun_mode import SIGABRT_CODE, aborted_workers, teardown_aborts, teardown_message
 from . import make_log_dir, rank_log, script_env, write_private, write_record
 from .slurm import launch_command
 
@@ -160,6 +163,22 @@ def dry_run(spec: JobSpec, environ: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def aborted_ranks(spec: JobSpec, procs: list[RankProcess], result: Outcome) -> list[int]:
+    """Ranks killed by SIGABRT: by their exit code, or in torchrun mode by the failure summary torchrun wrote
+    into its node's log."""
+    if spec.mode != "torchrun":
+        return [rank for rank, code in sorted(result.codes.items()) if code == SIGABRT_CODE]
+    ranks: set[int] = set()
+    for p in procs:
+        if result.codes.get(p.rank, 0) != 0 and p.log_path:
+            try:
+                with open(p.log_path, encoding="utf-8", errors="replace") as f:
+                    ranks.update(aborted_workers(f.read()))
+            except OSError:
+                pass
+    return sorted(ranks)
+
+
 ID_FILE = "local-job-ids"
 STATES_BY_SIGNAL = {signal.SIGINT: "CANCELLED", signal.SIGTERM: "CANCELLED", signal.SIGHUP: "CANCELLED"}
 
@@ -285,12 +304,19 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
         while True:
             _say(f"{what}: {spec.world_size} rank(s) on {spec.nodes} emulated node(s) {node_list(spec.nodes)}; "
                  f"logs in {spec.log_dir}")
-            step_env = {**extra, "SLURM_RESTART_COUNT": str(restarts)} if restarts else extra
+            returned = os.path.join(spec.log_dir, f"job-{tag}.returned")  # the launcher's "script returned" marks
+            os.makedirs(returned, mode=0o750, exist_ok=True)
+            step_env = {**extra, RETURNED_DIR: returned}
+            if restarts:
+                step_env["SLURM_RESTART_COUNT"] = str(restarts)
             ranks = rank_processes(spec, step_job, environ, tag, step_env, point)
             if restarts:  # a requeued run goes on in the same logs, as Slurm's does
                 ranks = [replace(r, log_append=True) for r in ranks]
             result = supervise(ranks, grace=grace, time_limit=spec.time_limit_seconds, warning=warning)
             _report(what, spec, result)
+            for rank in teardown_aborts(aborted_ranks(spec, ranks, result), returned):
+                _say(f"{what}: {teardown_message(rank)}")
+            shutil.rmtree(returned, ignore_errors=True)
             saved = warning is not None and (result.warned or result.exit_code == 128 + warning[0])
             if spec.requeue and saved and result.interrupted_by is None:
                 if restarts < spec.max_requeues:
