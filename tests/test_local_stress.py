@@ -48,6 +48,7 @@ def test_everything_at_once(tmp_path: Path) -> None:
     mark = uuid.uuid4().hex
     env = no_slurm_env(tmp_path)
     env["PATH"] += ":/usr/bin:/bin"
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")  # an index of its own: `list` must show exactly these jobs
     scripts = {}
     for name, text in (("lines", LINES), ("sleepers", SLEEPERS), ("daemons", DAEMONS)):
         scripts[name] = tmp_path / f"{name}.py"
