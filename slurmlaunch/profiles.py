@@ -33,8 +33,11 @@ BUILTIN = "built-in default"
 COMMAND_LINE = "command line"
 # Options that describe one submission, not a cluster: never taken from a profile.
 NOT_IN_PROFILES = frozenset({"script", "args", "dry_run", "profile", "help", "sweep", "array"})
-# Paths a profile may give relative to its own file.
-FILE_RELATIVE = frozenset({"template_dir"})
+# Options that change what SCRIPT is (a file, a module, an executable): a file that set them would silently
+# turn every `submit train.py` into `-m train.py`, so a file naming them is refused (README: Profiles).
+CHANGES_WHAT_RUNS = {"module": "-m/--module", "no_python": "--no-python"}
+# Paths a file may give relative to itself (README: Profiles), so that a file means the same from any directory.
+FILE_RELATIVE = frozenset({"template_dir", "output_dir"})
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ def option_table(parser: argparse.ArgumentParser) -> dict[str, Option]:
     """
     table: dict[str, Option] = {}
     for action in parser._actions:
-        if action.dest in NOT_IN_PROFILES or not action.option_strings:
+        if action.dest in NOT_IN_PROFILES or action.dest in CHANGES_WHAT_RUNS or not action.option_strings:
             continue
         flag = next(o for o in action.option_strings if o.startswith("--"))
         if isinstance(action, argparse._AppendAction):
@@ -250,6 +253,10 @@ def resolve(ns: argparse.Namespace, table: Mapping[str, Option], environ: Mappin
     for where, path, layer in _layers(files, profile):
         for key, raw in layer.items():
             opt = by_name.get(key)
+            refused = CHANGES_WHAT_RUNS.get(key.replace("-", "_"))
+            if opt is None and refused is not None:
+                raise SpecError(f"{where}: {key} = {str(raw).lower() if isinstance(raw, bool) else shown_value(raw)} is not taken from config files (it changes "
+                                f"what SCRIPT is for every submission; give {refused} on the command line)")
             if opt is None:
                 raise SpecError(f"{where}: unknown option {key!r} (valid: "
                                 f"{', '.join(sorted(o.flag.lstrip('-') for o in table.values()))})")

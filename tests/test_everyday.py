@@ -1,0 +1,152 @@
+"""Issue 18, second pass: the README's everyday claims, each checked against the parser or a real process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.test_submit import no_slurm_env
+
+# --- item 2: every boolean a file may set has its --no- undo; what changes SCRIPT is refused in files ----------
+
+
+def _submit_parser() -> argparse.ArgumentParser:
+    from slurmlaunch.cli import _parser
+
+    top = _parser(profiles=True)
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    parser: argparse.ArgumentParser = sub.choices["submit"]
+    return parser
+
+
+def test_every_boolean_profile_key_has_an_undo_flag(tmp_path: Path) -> None:
+    from slurmlaunch import profiles
+
+    parser = _submit_parser()
+    table = parser.get_default("options_table")
+    booleans = sorted(o.flag.lstrip("-") for o in table.values() if o.kind == "bool")
+    assert {"wait", "cancel-on-interrupt", "exclusive", "requeue"} <= set(booleans)
+    (tmp_path / "slurmlaunch.toml").write_text("[defaults]\n" + "".join(f"{b} = true\n" for b in booleans))
+    env = no_slurm_env(tmp_path)
+    from_file = profiles.resolve(parser.parse_args(["x.py"]), table, env, str(tmp_path))
+    assert all(from_file.values[b.replace("-", "_")] is True for b in booleans)
+    undone = profiles.resolve(parser.parse_args([f"--no-{b}" for b in booleans] + ["x.py"]), table, env,
+                              str(tmp_path))
+    assert all(undone.values[b.replace("-", "_")] is False for b in booleans), undone.values
+    assert all(undone.origins[b.replace("-", "_")] == profiles.COMMAND_LINE for b in booleans)
+
+
+@pytest.mark.parametrize(("key", "flag"), [("module", "-m/--module"), ("no-python", "--no-python"),
+                                           ("no_python", "--no-python")])
+def test_keys_that_change_what_runs_are_refused_in_files(key: str, flag: str, tmp_path: Path) -> None:
+    env = no_slurm_env(tmp_path)
+    (tmp_path / "slurmlaunch.toml").write_text(f"[defaults]\n{key} = true\n")
+    (tmp_path / "t.py").write_text("open('ran', 'w')")
+    r = run_cli("submit", "t.py", env=env, cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert f"{key} = true is not taken from config files" in r.stderr and flag in r.stderr, r.stderr
+    assert "slurmlaunch.toml [defaults]" in r.stderr and not (tmp_path / "ran").exists()
+
+
+def test_completion_offers_undo_flags_only_for_booleans() -> None:
+    fish = run_cli("completion", "fish").stdout.splitlines()
+    submit = [line for line in fish if "'__fish_seen_subcommand_from submit'" in line]
+    undo = {line.split(" -l ")[1].split()[0] for line in submit if "-d 'undo " in line}
+    assert undo == {"no-exclusive", "no-requeue", "no-wait", "no-cancel-on-interrupt"}, undo
+    no_python = [line for line in submit if " -l no-python " in line]
+    assert len(no_python) == 1 and "-d 'SCRIPT is an executable'" in no_python[0], no_python
+    bash = run_cli("completion", "bash").stdout
+    assert "--no-wait" in bash and "--no-cancel-on-interrupt" in bash
+
+
+# --- item 11: paths in a config file are relative to that file ---------------------------------------------------
+
+
+def test_paths_in_a_file_are_relative_to_the_file(tmp_path: Path) -> None:
+    env = no_slurm_env(tmp_path)
+    project = tmp_path / "proj"
+    (project / "deep").mkdir(parents=True)
+    (project / "templates").mkdir()
+    (project / "slurmlaunch.toml").write_text('[defaults]\noutput-dir = "runs"\ntemplate-dir = "templates"\n')
+    r = run_cli("config", "show", "--json", env=env, cwd=project / "deep")
+    assert r.returncode == 0, r.stderr
+    options = json.loads(r.stdout)["options"]
+    assert options["output-dir"]["value"] == str(project / "runs")
+    assert options["template-dir"]["value"] == str(project / "templates")
+    (project / "deep" / "t.py").write_text("print('hello')")
+    (project / "slurmlaunch.toml").write_text('[defaults]\noutput-dir = "runs"\n')  # the local run takes no template
+    r = run_cli("submit", "t.py", env=env, cwd=project / "deep")
+    assert r.returncode == 0, r.stderr
+    assert list((project / "runs").glob("*.rank-0.log")) and not (project / "deep" / "runs").exists()
+    # given on the command line, a path is the working directory's, as any command's argument
+    r = run_cli("submit", "--output-dir", "here", "t.py", env=env, cwd=project / "deep")
+    assert r.returncode == 0 and list((project / "deep" / "here").glob("*.rank-0.log")), r.stderr
+
+
+# --- item 3: `slurmlaunch run` accepts every torchrun flag, or refuses it in one line saying what to use ----------
+
+
+def torchrun_flags() -> list[tuple[str, str | None]]:
+    """(flag, a valid value or None) for every option string of the installed torch's torchrun (the oracle)."""
+    import re
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    text = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--help"], capture_output=True,
+                          text=True, timeout=120, check=True).stdout
+    options = text.split("\noptions:\n", 1)[1]
+    flags: list[tuple[str, str | None]] = []
+    for line in options.splitlines():
+        if not re.match(r"  -", line):
+            continue
+        for part in re.split(r"  +", line.strip(), maxsplit=1)[0].split(", "):
+            flag, _, metavar = part.partition(" ")
+            if flag in ("-h", "--help"):
+                continue
+            choices = re.fullmatch(r"\{(.*)\}", metavar)
+            flags.append((flag, choices.group(1).split(",")[0] if choices else ("1" if metavar else None)))
+    assert len(flags) > 40 and ("--max-restarts", "1") in flags and ("--standalone", None) in flags, flags
+    return flags
+
+
+def test_run_takes_or_refuses_every_torchrun_flag(tmp_path: Path) -> None:
+    from slurmlaunch.cli import _parser
+    from slurmlaunch.errors import SpecError
+
+    accepted, refused = [], []
+    for flag, value in torchrun_flags():
+        argv = ["run", flag, *([value] if value is not None else []), "x.py", "--lr", "1"]
+        try:
+            ns = _parser().parse_args(argv)
+        except SpecError as e:
+            message = str(e)
+            assert message.startswith(f"{flag} is a torchrun flag") and "\n" not in message, message
+            assert "use " in message or "drop the flag" in message, message
+            refused.append(flag)
+        else:
+            assert ns.script == "x.py" and ns.args == ["--lr", "1"], (flag, ns)
+            accepted.append(flag)
+    assert "--max-restarts" in refused and "--nproc_per_node" in accepted and "--shutdown-timeout" in accepted
+    r = run_cli("run", "--max-restarts=1", "x.py", env=no_slurm_env(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "slurmlaunch submit --mode torchrun --max-restarts N" in r.stderr, r.stderr
+
+
+def test_run_shutdown_timeout_is_the_grace_before_sigkill(tmp_path: Path) -> None:
+    """Rank 1 fails at once; rank 0 ignores SIGTERM: it is killed after --shutdown-timeout, not the default 10s."""
+    import time
+
+    (tmp_path / "t.py").write_text(
+        "import os, signal, sys, time\n"
+        "if os.environ['RANK'] == '1':\n    sys.exit(3)\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ignoring', flush=True)\ntime.sleep(120)\n")
+    start = time.monotonic()
+    r = run_cli("run", "--nproc-per-node", "2", "--cpu", "--shutdown-timeout", "0.5", "t.py",
+                env=no_slurm_env(tmp_path), cwd=tmp_path)
+    assert r.returncode == 3 and "rank 1 failed first with exit code 3" in r.stderr, r.stderr
+    assert time.monotonic() - start < 60  # bounded; the default (10 s) would also pass: the parse test names it
