@@ -22,7 +22,7 @@ def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPar
 
 def _options(parser: argparse.ArgumentParser) -> list[tuple[list[str], list[str] | None, bool, str]]:
     """(option strings, choices, takes a value, help) of each option."""
-    out = []
+    out: list[tuple[list[str], list[str] | None, bool, str]] = []
     for action in parser._actions:
         if isinstance(action, argparse.BooleanOptionalAction):
             # Its --no-X spellings are undo flags, offered (and described) apart: --no-python, which is not

@@ -255,8 +255,9 @@ def resolve(ns: argparse.Namespace, table: Mapping[str, Option], environ: Mappin
             opt = by_name.get(key)
             refused = CHANGES_WHAT_RUNS.get(key.replace("-", "_"))
             if opt is None and refused is not None:
-                raise SpecError(f"{where}: {key} = {str(raw).lower() if isinstance(raw, bool) else shown_value(raw)} is not taken from config files (it changes "
-                                f"what SCRIPT is for every submission; give {refused} on the command line)")
+                as_toml = str(raw).lower() if isinstance(raw, bool) else shown_value(raw)
+                raise SpecError(f"{where}: {key} = {as_toml} is not taken from config files (it changes what "
+                                f"SCRIPT is for every submission; give {refused} on the command line)")
             if opt is None:
                 raise SpecError(f"{where}: unknown option {key!r} (valid: "
                                 f"{', '.join(sorted(o.flag.lstrip('-') for o in table.values()))})")

@@ -188,11 +188,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+REPORT_EVERY = 10.0  # seconds between "still waiting" lines: a silent wait of minutes looks like a hang
+
+
 def wait_for_master(addr: str, port: int, timeout: float, node_rank: int) -> None:
-    """Non-master nodes start their ranks only once the master listens, up to ``timeout`` seconds."""
+    """Non-master nodes start their ranks only once the master listens, up to ``timeout`` seconds; what is
+    waited for, and for how long so far, is said on stderr (at the start, every REPORT_EVERY s, at the end)."""
     from .net import wait_listening
 
-    failed = wait_listening(addr, port, time.monotonic() + timeout, 0.2)
+    start = time.monotonic()
+    deadline = start + timeout
+    sys.stderr.write(f"slurmlaunch: node {node_rank}: waiting for the master (node 0) to listen at {addr}:{port} "
+                     f"(at most {timeout:.0f}s, --master-timeout)\n")
+    while True:
+        failed = wait_listening(addr, port, min(deadline, time.monotonic() + REPORT_EVERY), 0.2)
+        elapsed = time.monotonic() - start
+        if failed is None:
+            sys.stderr.write(f"slurmlaunch: node {node_rank}: the master at {addr}:{port} answered after "
+                             f"{elapsed:.0f}s\n")
+            return
+        if time.monotonic() >= deadline:
+            break
+        sys.stderr.write(f"slurmlaunch: node {node_rank}: still waiting for the master at {addr}:{port} "
+                         f"({elapsed:.0f}s of {timeout:.0f}s; last: {failed})\n")
     if failed is not None:
         raise SlurmLaunchError(
             f"node {node_rank} could not reach the master at {addr}:{port} within {timeout:.0f}s ({failed}): "

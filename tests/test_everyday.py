@@ -186,3 +186,34 @@ def test_readme_option_list_is_the_parsers(command: str, marker: str) -> None:
         for o in a.option_strings:
             if o in flags and a.choices:
                 assert flags[o] == "{" + ",".join(map(str, a.choices)) + "}", (o, flags[o])
+
+
+# --- item 12: a non-master `run` node says what it waits for, with the time so far -------------------------------
+
+
+def test_non_master_says_it_waits_for_the_master(tmp_path: Path) -> None:
+    import re
+    import socket
+
+    script = tmp_path / "s.py"
+    script.write_text("pass")
+    env = no_slurm_env(tmp_path)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # nobody listens: the start, the "still waiting" lines (one per 10 s) and the end are all said
+    r = run_cli("run", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                "--allow-loopback", "--master-timeout", "12", str(script), env=env, cwd=tmp_path, timeout=120)
+    lines = r.stderr.splitlines()
+    assert r.returncode == 2 and lines[0] == (f"slurmlaunch: node 1: waiting for the master (node 0) to listen at "
+                                              f"127.0.0.1:{port} (at most 12s, --master-timeout)"), r.stderr
+    assert re.fullmatch(rf"slurmlaunch: node 1: still waiting for the master at 127.0.0.1:{port} \(1\ds of 12s; "
+                        r"last: Connection refused\)", lines[1]), r.stderr
+    assert "could not reach the master" in lines[-1] and len(lines) == 3, r.stderr
+    # something listens: it says so, with the time it took, and the ranks start
+    with socket.create_server(("127.0.0.1", 0)) as master:
+        port = master.getsockname()[1]
+        r = run_cli("run", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
+                    str(port), "--allow-loopback", "--cpu", str(script), env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert re.search(rf"node 1: the master at 127.0.0.1:{port} answered after \d+s\n", r.stderr), r.stderr
