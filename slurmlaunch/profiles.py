@@ -36,6 +36,7 @@ NOT_IN_PROFILES = frozenset({"script", "args", "dry_run", "profile", "help", "sw
 # Options that change what SCRIPT is (a file, a module, an executable): a file that set them would silently
 # turn every `submit train.py` into `-m train.py`, so a file naming them is refused (README: Profiles).
 CHANGES_WHAT_RUNS = {"module": "-m/--module", "no_python": "--no-python"}
+SHOW_ALIGN = 48  # `config show`: values up to this wide line their origins up
 # Paths a file may give relative to itself (README: Profiles), so that a file means the same from any directory.
 FILE_RELATIVE = frozenset({"template_dir", "output_dir"})
 
@@ -300,9 +301,12 @@ def show(resolved: Resolved, table: Mapping[str, Option], as_json: bool) -> str:
         }, indent=2) + "\n"
     lines = ["files: " + (", ".join(str(p) for p in resolved.files) or "none"),
              f"profile: {resolved.profile or 'none'}"]
-    rows = [(table[d].flag.lstrip("-"), _shown(d, v), resolved.origins[d]) for d, v in resolved.values.items()]
-    width = max(len(k) + len(v) for k, v, _ in rows) + 3
-    lines += [f"  {k} = {v}".ljust(width + 2) + f"  <- {origin}" for k, v, origin in rows]
+    rows = [(f"  {table[d].flag.lstrip('-')} = {_shown(d, v)}", resolved.origins[d])
+            for d, v in resolved.values.items()]
+    # The origins line up, except after a value too long to line up with: one long setup line or env table
+    # would otherwise pad every line to its width.
+    width = max((len(left) for left, _ in rows if len(left) <= SHOW_ALIGN), default=0)
+    lines += [left.ljust(width) + f"  <- {origin}" for left, origin in rows]
     return "\n".join(lines) + "\n"
 
 

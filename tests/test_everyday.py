@@ -217,3 +217,41 @@ def test_non_master_says_it_waits_for_the_master(tmp_path: Path) -> None:
                     str(port), "--allow-loopback", "--cpu", str(script), env=env, cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
     assert re.search(rf"node 1: the master at 127.0.0.1:{port} answered after \d+s\n", r.stderr), r.stderr
+
+
+# --- item 15 (rest): dev-cluster status after down; config show without padding -------------------------------------
+
+
+def test_dev_cluster_status_after_down_is_one_line(tmp_path: Path) -> None:
+    """What `down` leaves: slurm.conf, no pid files (or a stale one): one line, not sinfo's connection error."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "cluster"
+    root.mkdir()
+    (root / "slurm.conf").write_text(f"ClusterName=x\nSlurmctldHost=localhost\nSlurmctldPort=1\n"
+                                     f"SlurmctldPidFile={root}/slurmctld.pid\n")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=60)
+    for pidfile in (None, str(dead.pid)):
+        if pidfile is not None:
+            (root / "slurmctld.pid").write_text(pidfile + "\n")
+        r = run_cli("dev-cluster", "status", "--dir", str(root), env=no_slurm_env(tmp_path), cwd=tmp_path)
+        assert r.returncode == 1 and r.stdout == "", r
+        assert r.stderr == (f"slurmlaunch: dev-cluster in {root} is down: its controller is not running "
+                            f"(slurmlaunch dev-cluster up --dir {root} starts one)\n"), r.stderr
+
+
+def test_config_show_does_not_pad_to_the_longest_value(tmp_path: Path) -> None:
+    env = no_slurm_env(tmp_path)
+    long_line = "source /opt/site/env/" + "x" * 100
+    (tmp_path / "slurmlaunch.toml").write_text(f'[defaults]\nsetup = ["{long_line}"]\n')
+    r = run_cli("config", "show", env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    nodes = next(line for line in lines if line.startswith("  nodes = 1 "))
+    setup = next(line for line in lines if line.startswith("  setup = "))
+    assert long_line in setup and setup.index("  <- ") == len(f'  setup = ["{long_line}"]'), setup
+    assert nodes.index("<- built-in default") < 60, nodes  # lined up with the short values, not the long one
+    assert all(line == line.rstrip() for line in lines)
+    assert len({line.index(" <- ") for line in lines if " <- " in line and len(line.split(" <- ")[0]) < 48}) == 1
