@@ -320,9 +320,12 @@ def add_submit_options(s: Any) -> None:
     g.add_argument("-m", "--module", action="store_true", help="SCRIPT is a Python module")
     g.add_argument("--no-python", action="store_true", help="SCRIPT is an executable")
     g.add_argument("--dry-run", action="store_true", help="print the script (or local commands); submit nothing")
-    g.add_argument("--wait", action="store_true", help="follow the job until it ends; exit with its code")
+    # Every boolean a profile may set has its --no- undo (README: Profiles); -m and --no-python are not
+    # taken from files (profiles.CHANGES_WHAT_RUNS), so they have none.
+    g.add_argument("--wait", action=argparse.BooleanOptionalAction, default=False,
+                   help="follow the job until it ends; exit with its code")
     g.add_argument("--wait-timeout", type=Seconds("--wait-timeout"), help="give up following after this many seconds")
-    g.add_argument("--cancel-on-interrupt", action="store_true",
+    g.add_argument("--cancel-on-interrupt", action=argparse.BooleanOptionalAction, default=False,
                    help="with --wait: Ctrl-C cancels the job without asking")
     s.add_argument("script", metavar="SCRIPT")
     s.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to SCRIPT unchanged")

@@ -22,9 +22,16 @@ def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPar
 
 def _options(parser: argparse.ArgumentParser) -> list[tuple[list[str], list[str] | None, bool, str]]:
     """(option strings, choices, takes a value, help) of each option."""
-    out = []
+    out: list[tuple[list[str], list[str] | None, bool, str]] = []
     for action in parser._actions:
-        if action.option_strings:
+        if isinstance(action, argparse.BooleanOptionalAction):
+            # Its --no-X spellings are undo flags, offered (and described) apart: --no-python, which is not
+            # an undo of anything, is a plain option and keeps its own help.
+            yes = [o for o in action.option_strings if not o.startswith("--no-")]
+            no = [o for o in action.option_strings if o.startswith("--no-")]
+            out.append((yes, None, False, action.help or ""))
+            out.append((no, None, False, "undo " + " ".join(yes)))
+        elif action.option_strings and action.help != argparse.SUPPRESS:  # refused torchrun flags: not offered
             choices = [str(c) for c in action.choices] if action.choices else None
             out.append((list(action.option_strings), choices, action.nargs != 0, action.help or ""))
     return out

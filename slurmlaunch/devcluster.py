@@ -527,6 +527,18 @@ def down(root: Path, timeout: float = 10.0) -> None:
 DEFAULT_DIR = "/tmp/slurmlaunch-dev-cluster"
 
 
+def _controller_running(root: Path) -> bool:
+    """Whether the slurmctld of the pid file under root is alive (`down` removes the pid files)."""
+    try:
+        pid = int((root / "slurmctld.pid").read_text().strip())
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # alive, another user's
+    except (OSError, ValueError):
+        return False
+    return pid > 0
+
+
 def cmd(action: str, root: Path, nodes: int, gpus: int, cpus: int, accounting: bool,
         netns: str | None = None) -> int:
     """`slurmlaunch dev-cluster`: up prints the variables to export; status shows sinfo; down stops it.
@@ -560,6 +572,10 @@ def cmd(action: str, root: Path, nodes: int, gpus: int, cpus: int, accounting: b
         return 0
     if not (root / "slurm.conf").exists():
         raise SpecError(f"dev-cluster: none in {root} (slurmlaunch dev-cluster up --dir {root})")
+    if not _controller_running(root):  # `down` keeps slurm.conf: sinfo would print a raw connection error
+        sys.stderr.write(f"slurmlaunch: dev-cluster in {root} is down: its controller is not running "
+                         f"(slurmlaunch dev-cluster up --dir {root} starts one)\n")
+        return 1
     env = dict(os.environ, SLURM_CONF=str(root / "slurm.conf"))
     net = load_network(root)
     if net:

@@ -22,6 +22,7 @@ from .errors import SchedulerError, SpecError
 from .schedulers import run_command
 
 COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel")
+REPORT_EVERY = 15.0  # seconds between "still PENDING" lines while the probe job is waited for
 
 
 @dataclass
@@ -116,6 +117,14 @@ def login_checks(partition: str | None) -> tuple[list[Check], list[list[str]], d
     checks.append(Check("accounting", "ok" if has_sacct else "warn",
                         "sacct answers" if has_sacct else "no accounting (sacct): finished jobs are known from "
                                                           "scontrol for MinJobAge seconds, then from the exit files"))
+    if partition:  # what was asked for must exist: the probes below would only warn
+        known, text = _try(["scontrol", "show", "partition", partition])
+        if not known:
+            _, names = _try(["sinfo", "-h", "-o", "%R"])
+            checks.append(Check("partition", "fail", f"--partition {partition}: no such partition here (known: "
+                                                    f"{', '.join(sorted(set(names.split()))) or 'none'})"))
+            return checks, [], facts
+        checks.append(Check("partition", "ok", f"{partition} exists"))
     where = [f"--partition={partition}"] if partition else []
     probe = ["sbatch", "--test-only", "--nodes=1", *where, "--wrap", "true"]
     per_node_ok, per_node = _try([*probe[:2], "--gpus-per-node=1", *probe[2:]])
@@ -162,12 +171,21 @@ def allocate(nodes: int, gpus: int, partition: str | None, timeout: float) -> tu
     sub = slurm.submit(spec, slurm.render_script(spec))
     sys.stderr.write(f"slurmlaunch doctor: probe job {sub.job_id} on {nodes} node(s), {spec.world_size} "
                      f"rank(s); waiting at most {timeout:.0f}s\n")
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
+    seen, next_report = "", start + REPORT_EVERY
     while True:
         st = slurm.status(sub.job_id, spec.log_dir)
+        now = time.monotonic()
+        # What is waited for, with the time so far: each state change, and a line every REPORT_EVERY s.
+        if st.state != seen or now >= next_report:
+            still = "still " if st.state == seen else ""
+            sys.stderr.write(f"slurmlaunch doctor: probe job {sub.job_id} {still}{st.state} after "
+                             f"{now - start:.0f}s\n")
+            seen, next_report = st.state, now + REPORT_EVERY
         if st.finished:
             break
-        if time.monotonic() > deadline:
+        if now > deadline:
             slurm.cancel(sub.job_id)
             raise SchedulerError(f"doctor: probe job {sub.job_id} did not finish within {timeout:.0f}s (still "
                                  f"{st.state}; cancelled); is the partition busy? (--timeout S waits longer)")
@@ -181,6 +199,18 @@ def allocate(nodes: int, gpus: int, partition: str | None, timeout: float) -> tu
             log = os.path.join(spec.log_dir, f"job-{sub.job_id}.rank-{rank}.log")
             records.append({"rank": rank, "missing": f"no report (see {log})"})
     return records, sub.job_id
+
+
+def gpu_problem(records: list[dict[str, Any]], gpus: int) -> str | None:
+    """With --gpus-per-node G > 0, every rank must see a CUDA device through torch: the ranks that do not."""
+    if gpus == 0:
+        return None
+    blind = sorted(r["rank"] for r in records if "missing" not in r and not r["torch"].get("cuda"))
+    if not blind:
+        return None
+    return (f"--gpus-per-node {gpus} was asked for, but rank(s) {', '.join(map(str, blind))} see no CUDA device "
+            f"(torch.cuda.is_available() is False, or torch did not import): this site cannot serve the request "
+            f"as given")
 
 
 def rank_rows(records: list[dict[str, Any]]) -> tuple[list[list[str]], bool]:
@@ -214,8 +244,11 @@ def cmd_doctor(partition: str | None, as_json: bool, nodes: int | None, gpus: in
     if nodes is not None and not failed:
         records, job = allocate(nodes, gpus, partition, timeout)
     ranks, healthy = rank_rows(records)
+    problem = gpu_problem(records, gpus) if records else None
     if as_json:
-        print(json.dumps({"cluster": cluster, "checks": [c.__dict__ for c in checks],
+        print(json.dumps({"cluster": cluster, "checks": [c.__dict__ for c in checks], "problems": [
+                              *(f"{c.name}: {c.detail}" for c in checks if c.state == "fail"),
+                              *([problem] if problem else [])],
                           "partitions": [dict(zip(["partition", "avail", "nodes", "gres", "cpus", "memory",
                                                    "timelimit"], p, strict=True)) for p in partitions],
                           "probe_job": job, "ranks": records}, indent=2))
@@ -231,4 +264,6 @@ def cmd_doctor(partition: str | None, as_json: bool, nodes: int | None, gpus: in
         if records:
             out.write(f"\nprobe job {job}:\n" + render_table(
                 ["rank", "host", "MASTER_ADDR resolves", "MASTER_PORT", "GPUs", "python", "torch"], ranks))
-    return 1 if failed or not healthy else 0
+        if problem:
+            out.write(f"\nFAIL: {problem}\n")
+    return 1 if failed or not healthy or problem else 0

@@ -65,9 +65,9 @@ def torch_info() -> dict[str, Any]:
     except Exception as e:  # any import failure is the finding itself
         return {"ok": False, "detail": f"import torch failed: {type(e).__name__}: {e}"}
     cuda = torch.cuda.is_available()
-    return {"ok": True, "detail": f"torch {torch.__version__}, cuda available: {cuda}, "
-                                  f"devices: {torch.cuda.device_count() if cuda else 0}",
-            "import_s": round(time.monotonic() - start, 2)}
+    devices = torch.cuda.device_count() if cuda else 0
+    return {"ok": True, "detail": f"torch {torch.__version__}, cuda available: {cuda}, devices: {devices}",
+            "cuda": bool(cuda and devices), "devices": devices, "import_s": round(time.monotonic() - start, 2)}
 
 
 def main(argv: list[str]) -> int:

@@ -33,8 +33,12 @@ BUILTIN = "built-in default"
 COMMAND_LINE = "command line"
 # Options that describe one submission, not a cluster: never taken from a profile.
 NOT_IN_PROFILES = frozenset({"script", "args", "dry_run", "profile", "help", "sweep", "array"})
-# Paths a profile may give relative to its own file.
-FILE_RELATIVE = frozenset({"template_dir"})
+# Options that change what SCRIPT is (a file, a module, an executable): a file that set them would silently
+# turn every `submit train.py` into `-m train.py`, so a file naming them is refused (README: Profiles).
+CHANGES_WHAT_RUNS = {"module": "-m/--module", "no_python": "--no-python"}
+SHOW_ALIGN = 48  # `config show`: values up to this wide line their origins up
+# Paths a file may give relative to itself (README: Profiles), so that a file means the same from any directory.
+FILE_RELATIVE = frozenset({"template_dir", "output_dir"})
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ def option_table(parser: argparse.ArgumentParser) -> dict[str, Option]:
     """
     table: dict[str, Option] = {}
     for action in parser._actions:
-        if action.dest in NOT_IN_PROFILES or not action.option_strings:
+        if action.dest in NOT_IN_PROFILES or action.dest in CHANGES_WHAT_RUNS or not action.option_strings:
             continue
         flag = next(o for o in action.option_strings if o.startswith("--"))
         if isinstance(action, argparse._AppendAction):
@@ -250,6 +254,11 @@ def resolve(ns: argparse.Namespace, table: Mapping[str, Option], environ: Mappin
     for where, path, layer in _layers(files, profile):
         for key, raw in layer.items():
             opt = by_name.get(key)
+            refused = CHANGES_WHAT_RUNS.get(key.replace("-", "_"))
+            if opt is None and refused is not None:
+                as_toml = str(raw).lower() if isinstance(raw, bool) else shown_value(raw)
+                raise SpecError(f"{where}: {key} = {as_toml} is not taken from config files (it changes what "
+                                f"SCRIPT is for every submission; give {refused} on the command line)")
             if opt is None:
                 raise SpecError(f"{where}: unknown option {key!r} (valid: "
                                 f"{', '.join(sorted(o.flag.lstrip('-') for o in table.values()))})")
@@ -292,9 +301,12 @@ def show(resolved: Resolved, table: Mapping[str, Option], as_json: bool) -> str:
         }, indent=2) + "\n"
     lines = ["files: " + (", ".join(str(p) for p in resolved.files) or "none"),
              f"profile: {resolved.profile or 'none'}"]
-    rows = [(table[d].flag.lstrip("-"), _shown(d, v), resolved.origins[d]) for d, v in resolved.values.items()]
-    width = max(len(k) + len(v) for k, v, _ in rows) + 3
-    lines += [f"  {k} = {v}".ljust(width + 2) + f"  <- {origin}" for k, v, origin in rows]
+    rows = [(f"  {table[d].flag.lstrip('-')} = {_shown(d, v)}", resolved.origins[d])
+            for d, v in resolved.values.items()]
+    # The origins line up, except after a value too long to line up with: one long setup line or env table
+    # would otherwise pad every line to its width.
+    width = max((len(left) for left, _ in rows if len(left) <= SHOW_ALIGN), default=0)
+    lines += [left.ljust(width) + f"  <- {origin}" for left, origin in rows]
     return "\n".join(lines) + "\n"
 
 

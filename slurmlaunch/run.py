@@ -22,6 +22,51 @@ from .limits import MAX_NODES, MAX_PER_NODE, Count, Seconds, bounded_int, shown
 
 DEFAULT_PORT = 29500  # torchrun's
 
+# torchrun's flags that `run` does not carry out, each with what to use instead (README: slurmlaunch run). Kept
+# in step with `python -m torch.distributed.run --help` by tests/test_everyday.py. (flags, takes a value, advice)
+REFUSED: tuple[tuple[tuple[str, ...], bool, str], ...] = (
+    (("--max-restarts", "--max_restarts"), True,
+     "restarts need torchrun's agent: use `slurmlaunch submit --mode torchrun --max-restarts N`, or torchrun itself"),
+    (("--rdzv-conf", "--rdzv_conf"), True,
+     "the rendezvous is static (env://): use --master-timeout SECONDS for how long other nodes wait for the master"),
+    (("--event-log-handler", "--event_log_handler"), True,
+     "there is no elastic agent to log events; drop the flag, or use torchrun itself"),
+    (("--role",), True, "every rank has torchrun's default role; drop the flag"),
+    (("--run-path", "--run_path"), False,
+     "each rank is its own `python SCRIPT` process; drop the flag (-m for a module)"),
+    (("-r", "--redirects"), True,
+     "use --log-dir LOG_DIR: every rank's output goes to LOG_DIR/rank-N.log and, prefixed, to the terminal"),
+    (("-t", "--tee"), True,
+     "use --log-dir LOG_DIR: every rank's output goes to LOG_DIR/rank-N.log and, prefixed, to the terminal"),
+    (("--local-ranks-filter", "--local_ranks_filter"), True,
+     "every rank's output is shown with its rank prefix; use --log-dir LOG_DIR for one file per rank"),
+    (("--duplicate-stdout-filters", "--duplicate_stdout_filters"), True,
+     "use --log-dir LOG_DIR and search the rank logs"),
+    (("--duplicate-stderr-filters", "--duplicate_stderr_filters"), True,
+     "use --log-dir LOG_DIR and search the rank logs"),
+    (("--local-addr", "--local_addr"), True,
+     "the ranks reach the master at --master-addr and this node's own address is not needed: drop the flag"),
+    (("--logs-specs", "--logs_specs"), True, "use --log-dir LOG_DIR for one file per rank"),
+    (("--numa-binding", "--numa_binding"), True,
+     "bind in the script, or use --no-python with a binding tool (e.g. numactl ... python SCRIPT)"),
+    (("--signals-to-handle", "--signals_to_handle"), True,
+     "SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 are always forwarded to every rank; drop the flag"),
+    (("--virtual-local-rank", "--virtual_local_rank"), False,
+     "each rank's device follows from LOCAL_RANK and CUDA_VISIBLE_DEVICES (README: the GPU rule); drop the flag"),
+)
+
+
+def _refusal(advice: str) -> Any:
+    import argparse
+
+    class Refuse(argparse.Action):
+        """Refuses the flag when argparse meets it: one line that says what to use instead."""
+
+        def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+            raise SpecError(f"{option_string} is a torchrun flag that `slurmlaunch run` does not carry out: {advice}")
+
+    return Refuse
+
 
 def add_run_options(p: Any, environ: Mapping[str, str]) -> None:
     import argparse
@@ -45,6 +90,16 @@ def add_run_options(p: Any, environ: Mapping[str, str]) -> None:
                    help="HOST:PORT, the same as --master-addr HOST --master-port PORT")
     p.add_argument("--rdzv-backend", "--rdzv_backend", "--rdzv-id", "--rdzv_id", dest="ignored", default=None,
                    help="accepted for torchrun compatibility; the rendezvous is always static (env://)")
+    p.add_argument("--monitor-interval", "--monitor_interval", dest="ignored", default=None,
+                   help="accepted for torchrun compatibility; a rank's exit is noticed at once")
+    p.add_argument("--start-method", "--start_method", dest="ignored", choices=["spawn", "fork", "forkserver"],
+                   default=None, help="accepted for torchrun compatibility; every rank is a new process (as spawn)")
+    p.add_argument("--shutdown-timeout", "--shutdown_timeout", dest="shutdown_timeout",
+                   type=Seconds("--shutdown-timeout"), default=10.0,
+                   help="seconds the other ranks get after SIGTERM before SIGKILL, once one failed (default 10)")
+    for flags, takes_value, advice in REFUSED:
+        p.add_argument(*flags, dest="refused", nargs="?" if takes_value else 0, action=_refusal(advice),
+                       default=None, help=argparse.SUPPRESS)
     p.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc", default=pet("NPROC_PER_NODE", "1"),
                    help="processes on this node: a number, gpu (one per visible GPU), cpu (one per core) or auto")
     p.add_argument("--standalone", action="store_true", default=pet("STANDALONE", "") not in ("", "0"),
@@ -59,8 +114,8 @@ def add_run_options(p: Any, environ: Mapping[str, str]) -> None:
                    help="accepted for torch.distributed.launch compatibility (the variables are always set)")
     p.add_argument("--print-env", action="store_true", help="each rank prints its variables (secrets masked)")
     p.add_argument("--legacy-local-rank-arg", action="store_true", help="pass --local-rank=N to the script")
-    p.add_argument("-m", "--module", action="store_true")
-    p.add_argument("--no-python", "--no_python", dest="no_python", action="store_true")
+    p.add_argument("-m", "--module", action="store_true", help="SCRIPT is a Python module")
+    p.add_argument("--no-python", "--no_python", dest="no_python", action="store_true", help="SCRIPT is an executable")
     p.add_argument("script", metavar="SCRIPT")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
 
@@ -133,11 +188,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+REPORT_EVERY = 10.0  # seconds between "still waiting" lines: a silent wait of minutes looks like a hang
+
+
 def wait_for_master(addr: str, port: int, timeout: float, node_rank: int) -> None:
-    """Non-master nodes start their ranks only once the master listens, up to ``timeout`` seconds."""
+    """Non-master nodes start their ranks only once the master listens, up to ``timeout`` seconds; what is
+    waited for, and for how long so far, is said on stderr (at the start, every REPORT_EVERY s, at the end)."""
     from .net import wait_listening
 
-    failed = wait_listening(addr, port, time.monotonic() + timeout, 0.2)
+    start = time.monotonic()
+    deadline = start + timeout
+    sys.stderr.write(f"slurmlaunch: node {node_rank}: waiting for the master (node 0) to listen at {addr}:{port} "
+                     f"(at most {timeout:.0f}s, --master-timeout)\n")
+    while True:
+        failed = wait_listening(addr, port, min(deadline, time.monotonic() + REPORT_EVERY), 0.2)
+        elapsed = time.monotonic() - start
+        if failed is None:
+            sys.stderr.write(f"slurmlaunch: node {node_rank}: the master at {addr}:{port} answered after "
+                             f"{elapsed:.0f}s\n")
+            return
+        if time.monotonic() >= deadline:
+            break
+        sys.stderr.write(f"slurmlaunch: node {node_rank}: still waiting for the master at {addr}:{port} "
+                         f"({elapsed:.0f}s of {timeout:.0f}s; last: {failed})\n")
     if failed is not None:
         raise SlurmLaunchError(
             f"node {node_rank} could not reach the master at {addr}:{port} within {timeout:.0f}s ({failed}): "
@@ -228,7 +301,7 @@ def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping
         if log and os.path.lexists(log):  # a new run, a new log (made afresh: never through a planted link)
             os.unlink(log)
         ranks.append(RankProcess(rank, argv, dict(base, SLURMLAUNCH_LOCAL_RANK=str(local)), log))
-    outcome = supervise(ranks)
+    outcome = supervise(ranks, grace=ns.shutdown_timeout)
     if outcome.interrupted_by is not None:
         sys.stderr.write(f"slurmlaunch: stopped by {signal.Signals(outcome.interrupted_by).name}; every rank "
                          f"was stopped (exit code {outcome.exit_code})\n")

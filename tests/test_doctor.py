@@ -60,8 +60,10 @@ def test_probe_job_on_two_nodes(netns_cluster_env: dict[str, str], tmp_path: Pat
     env = dict(netns_cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
     r = run_cli("doctor", "--allocate", "2", "--gpus-per-node", "2", "--timeout", "120", "--json", env=env,
                 cwd=tmp_path, timeout=180)
-    assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(r.stdout)
+    # the dev cluster's GPUs are /dev/null stand-ins: torch sees no CUDA, and doctor says the site cannot serve it
+    assert r.returncode == 1 and [p.split(" see no CUDA")[0] for p in report["problems"]] == [
+        "--gpus-per-node 2 was asked for, but rank(s) 0, 1, 2, 3"], r.stdout + r.stderr
     ranks = sorted(report["ranks"], key=lambda x: x["rank"])
     assert [(x["rank"], x["host"], x["gpus"]["CUDA_VISIBLE_DEVICES"], x["gpus"]["local_device"]) for x in ranks] == [
         (0, "node1", "0,1", "0"), (1, "node1", "0,1", "1"), (2, "node2", "0,1", "0"), (3, "node2", "0,1", "1")]
@@ -80,3 +82,45 @@ def test_probe_reports_an_unresolvable_master_within_its_bound(cluster_env: dict
     rows = [line for line in r.stdout.splitlines() if line[:1].isdigit()]
     assert len(rows) == 2 and all("FAIL no-such-host.invalid -> does not resolve" in row for row in rows)
     assert "of 1 other ranks connected before the timeout" in rows[0] and "skipped" in rows[1]
+
+
+def test_gpu_problem_names_the_ranks_without_cuda() -> None:
+    from slurmlaunch.doctor import gpu_problem
+
+    seen = {"rank": 0, "torch": {"ok": True, "cuda": True}}
+    blind = {"rank": 1, "torch": {"ok": True, "cuda": False}}
+    no_torch = {"rank": 2, "torch": {"ok": False, "detail": "import torch failed"}}
+    assert gpu_problem([seen, blind, no_torch], 0) is None  # no GPU asked for: nothing to serve
+    assert gpu_problem([seen], 4) is None
+    problem = gpu_problem([seen, blind, no_torch], 4)
+    assert problem is not None and problem.startswith("--gpus-per-node 4 was asked for, but rank(s) 1, 2 see no")
+
+
+@pytest.mark.slurm
+def test_a_partition_that_does_not_exist_fails(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    env = dict(cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
+    r = run_cli("doctor", "--partition", "nosuch", env=env, cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    row = [line for line in r.stdout.splitlines() if line.startswith("partition ")]
+    assert len(row) == 1 and "fail" in row[0] and "--partition nosuch: no such partition here (known: debug, " \
+        "first)" in row[0], r.stdout
+    r = run_cli("doctor", "--partition", "first", env=env, cwd=tmp_path)
+    assert r.returncode == 0 and "first exists" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.slurm
+def test_gpus_the_ranks_cannot_use_fail_and_the_wait_is_reported(cluster_env: dict[str, str], tmp_path: Path,
+                                                                 torch_available: None) -> None:
+    """The dev cluster's GPUs are /dev/null stand-ins: Slurm grants them, torch sees no CUDA device."""
+    env = dict(cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
+    r = run_cli("doctor", "--allocate", "1", "--gpus-per-node", "2", "--timeout", "100", env=env, cwd=tmp_path,
+                timeout=180)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAIL: --gpus-per-node 2 was asked for, but rank(s) 0, 1 see no CUDA device" in r.stdout, r.stdout
+    # between "waiting at most" and the table: the probe job's states, with the time so far
+    lines = r.stderr.splitlines()
+    assert "waiting at most 100s" in lines[0], r.stderr
+    import re
+    states = [m.group(1) for line in lines[1:] if (m := re.fullmatch(r"slurmlaunch doctor: probe job \d+ "
+                                                                      r"(?:still )?([A-Z]+) after \d+s", line))]
+    assert states and states[-1] == "COMPLETED" and len(states) == len(lines) - 1, r.stderr
