@@ -321,3 +321,23 @@ def test_hostile_paths_for_workdir_script_and_output_dir(cluster_env: dict[str, 
     for f in (work / out_dir).iterdir():
         assert f.stat().st_mode & 0o002 == 0, f  # nothing world-writable
     assert not list(tmp_path.rglob("PWNED"))
+
+
+@pytest.mark.slurm
+def test_setup_sees_env_and_files_are_not_writable_by_others_under_umask_0(cluster_env: dict[str, str],
+                                                                           tmp_path: Path) -> None:
+    # --setup runs after the --env exports (README: what runs in the batch script, in order); under the
+    # submitter's umask 0, neither the batch shell's files nor Slurm's logs become writable by others.
+    (tmp_path / "hi.py").write_text("print('rank says hi')\n")
+    r = subprocess.run([sys.executable, "-c", "import os, sys; os.umask(0); from slurmlaunch.cli import main; "
+                        "sys.exit(main(sys.argv[1:]))", "submit", "--nodes", "2", "--env", "GREETING=x y",
+                        "--setup", 'echo "setup sees $GREETING"', "--wait", "--wait-timeout", "120", "hi.py"],
+                       env=cluster_env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    logs = tmp_path / "slurmlaunch-logs"
+    job = r.stdout.split()[0]
+    assert "setup sees x y" in (logs / f"job-{job}.batch.log").read_text()
+    made = sorted(logs.iterdir())
+    assert {p.name for p in made} >= {f"job-{job}.batch.log", f"job-{job}.srun.log", f"job-{job}.exitcode",
+                                      f"job-{job}.rank-0.log", f"job-{job}.rank-1.log"}
+    assert [p.name for p in made if p.stat().st_mode & 0o022] == []

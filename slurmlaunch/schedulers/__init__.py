@@ -67,12 +67,28 @@ def array_outcome(job_id: str, log_dir: str, indices: Sequence[int], live: dict[
     return JobStatus("FAILED", code if code is not None and code > 0 else 1, None, elements)
 
 
+def current_umask() -> int:
+    """This process's umask, read without changing it where Linux shows it (/proc/self/status, 4.7+)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def run_command(cmd: Sequence[str], timeout: float = 60.0, input_text: str | None = None,
-                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run a scheduler command without a shell; failures raise SchedulerError with the command and output."""
+                env: dict[str, str] | None = None, umask: int = -1) -> subprocess.CompletedProcess[str]:
+    """Run a scheduler command without a shell; failures raise SchedulerError with the command and output.
+    ``umask`` (when >= 0) is the command's: sbatch hands its own to the job, whose output files Slurm
+    creates with it."""
     try:
         proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, input=input_text,
-                              env=env, errors="replace")
+                              env=env, errors="replace", umask=umask)
     except FileNotFoundError:
         raise SchedulerError(f"{cmd[0]!r} not found on PATH (is the scheduler's client installed?)") from None
     except subprocess.TimeoutExpired:
@@ -171,7 +187,8 @@ def submit_with(spec: JobSpec, script_text: str, scheduler: str, suffix: str,
     write_private(pending, script_text, 0o750)
     cmd = command(spec, pending)
     try:
-        out = run_command(cmd).stdout.strip()
+        # never writable by others: the batch log and rank logs Slurm creates take the submitter's umask
+        out = run_command(cmd, umask=current_umask() | 0o022).stdout.strip()
     except SchedulerError:
         os.unlink(pending)
         raise

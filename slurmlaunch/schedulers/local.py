@@ -28,7 +28,7 @@ from ..spec import JobSpec
 from ..stepenv import GPU_LISTS, Submitter, step_env
 from ..supervisor import Outcome, RankProcess, supervise
 from ..torchrun_mode import SIGABRT_CODE, aborted_workers, teardown_aborts, teardown_message
-from . import make_log_dir, rank_log, script_env, write_private, write_record
+from . import current_umask, make_log_dir, rank_log, script_env, write_private, write_record
 from .slurm import launch_command
 
 NODE_PREFIX = "local-node"
@@ -55,19 +55,6 @@ def gpu_plan(spec: JobSpec, environ: Mapping[str, str]) -> tuple[list[str] | Non
     return gpus[:need], None
 
 
-def _umask() -> int:
-    try:  # Linux >= 4.7 shows it without changing it
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def _usable_cpus() -> int:
     if hasattr(os, "sched_getaffinity"):  # Linux: the CPUs this process may run on, as a cgroup'd node's
         return len(os.sched_getaffinity(0))
@@ -84,7 +71,7 @@ def submitter() -> Submitter:
     except KeyError:  # a uid without a passwd entry (containers): Slurm would refuse it; keep the number
         user = str(uid)
     return Submitter(user=user, uid=uid, gid=os.getgid(), host=socket.gethostname().split(".")[0],
-                     umask=_umask(), nice=os.getpriority(os.PRIO_PROCESS, 0),
+                     umask=current_umask(), nice=os.getpriority(os.PRIO_PROCESS, 0),
                      node_cpus=_usable_cpus())  # every emulated node is this machine
 
 
