@@ -33,7 +33,9 @@ from .limits import (
 SCHEDULERS = ("auto", "slurm", "pbs", "local")
 MPI_FLAVOURS = ("openmpi", "mpich", "pals")  # how a PBS job starts its ranks
 PBS_FLAVOURS = ("pro", "torque")
-# Signals a batch script may ask Slurm for before the time limit (USR1 works but NCCL uses it).
+# Signals a batch script may ask Slurm for before the time limit. USR2 is the default (submitit's too); USR1
+# is Lightning's, and NCCL only catches it when NCCL_PROXY_DUMP_SIGNAL asks it to (since NCCL 2.14).
+REQUEUED_BY = ("slurmlaunch", "script")
 WARNING_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP", "ALRM", "URG", "XCPU", "CONT")
 
 # Every pattern is used with fullmatch and [0-9]: `$` also matches before a trailing newline (which then
@@ -92,8 +94,11 @@ class JobSpec:
     python: str = field(default_factory=lambda: sys.executable)
     workdir: str = field(default_factory=os.getcwd)
     gpu_flag: str = "gpus-per-node"  # or "gres": --gres=gpu:N for sites that refuse --gpus-per-node
-    signal: str | None = "USR2@90"  # the warning before the time limit; USR1 is NCCL's, so not the default
+    signal: str | None = "USR2@90"  # the warning before the time limit (submit gives Lightning scripts USR1)
     requeue: bool = False
+    # Who requeues on the warning: "slurmlaunch" (the batch shell, or the local scheduler), or "script" (its
+    # framework does it itself: Lightning's rank 0 runs scontrol requeue; the batch shell must not as well).
+    requeued_by: str = "slurmlaunch"
     max_requeues: int = 3
     rdzv_timeout: float | None = None  # SLURMLAUNCH_RDZV_TIMEOUT for the ranks
     pbs_flavour: str = "pro"  # PBS Pro / OpenPBS (-l select=...) or Torque (-l nodes=...:ppn=...)
@@ -457,6 +462,9 @@ def validate(spec: JobSpec) -> JobSpec:
                 f"{', '.join(WARNING_SIGNALS)}, e.g. USR2@90; or none)"
             )
     _positive("--max-requeues", spec.max_requeues, 0, MAX_RESTARTS)
+    if spec.requeued_by not in REQUEUED_BY:
+        raise SpecError(f"requeued_by {shown(spec.requeued_by)} is not valid (expected one of "
+                        f"{', '.join(REQUEUED_BY)})")
     if spec.requeue and spec.warning is None:
         raise SpecError("--requeue needs a warning signal (--signal NAME@SECONDS), not --signal none")
     if spec.rdzv_timeout is not None and not 0 <= spec.rdzv_timeout <= MAX_SECONDS:

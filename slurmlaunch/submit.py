@@ -86,6 +86,48 @@ def adapt_to_site(spec: JobSpec, origins: dict[str, str]) -> JobSpec:
     return replace(spec, gpu_flag=learned[0])
 
 
+def adapt_to_client(spec: JobSpec, origins: dict[str, str], scheduler: str) -> JobSpec:
+    """Send Lightning the warning signal it saves and requeues on, unless --signal was given (README: Time
+    limits, preemption, requeue). Under Slurm, Lightning's rank 0 then requeues the job itself and the batch
+    shell does not; the local scheduler, which Lightning's scontrol cannot reach, requeues as before."""
+    from . import clients
+    from .profiles import BUILTIN
+
+    if scheduler not in ("slurm", "local") or spec.no_python:
+        return spec
+    source = clients.script_source(spec.script, spec.module, spec.workdir)
+    found = clients.lightning_signal(source) if source is not None else None
+    if found is None or not found.requeues:
+        return spec
+    given = origins.get("signal", BUILTIN) != BUILTIN
+    what = f"{spec.script} uses {found.client} ({found.detail})"
+    if found.signal is None:
+        if not given:
+            sys.stderr.write(f"slurmlaunch: {what}, whose requeue signal is not readable from the source: the "
+                             f"warning stays SIG{spec.warning[0] if spec.warning else 'none'}; pass --signal "
+                             f"NAME@90 with the signal Lightning listens for\n")
+        return spec
+    if given:
+        if spec.warning is not None and spec.warning[0] != found.signal:
+            sys.stderr.write(f"slurmlaunch: {what}, which saves and requeues on SIG{found.signal} only: "
+                             f"--signal {spec.signal} will end its ranks unless the script handles "
+                             f"SIG{spec.warning[0]} itself\n")
+        if spec.warning is None or spec.warning[0] != found.signal:
+            return spec
+    else:
+        spec = replace(spec, signal=f"{found.signal}@{spec.warning[1] if spec.warning else 90}")
+    if scheduler == "slurm":
+        spec = replace(spec, requeued_by="script")
+        how = (f"{found.client} saves a checkpoint on it and requeues the job itself, so the batch script will "
+               f"not requeue it again")
+    else:
+        how = f"{found.client} saves a checkpoint on it" + ("; the local scheduler requeues" if spec.requeue else "")
+    seconds = spec.warning[1] if spec.warning else 90
+    sys.stderr.write(f"slurmlaunch: {what}: warning signal SIG{found.signal} {seconds}s before the time limit; "
+                     f"{how} (--signal NAME@SECONDS overrides)\n")
+    return spec
+
+
 def cmd_submit(ns: Any) -> int:
     ns = merged_options(ns)
     spec = spec_from_args(ns)
@@ -93,6 +135,7 @@ def cmd_submit(ns: Any) -> int:
     from .support import refuse_unsupported
 
     refuse_unsupported(spec, scheduler, getattr(ns, "option_origins", {}))
+    spec = adapt_to_client(spec, getattr(ns, "option_origins", {}), scheduler)
     if scheduler == "local":
         return submit_local(spec, ns)
     if scheduler == "slurm":
@@ -170,6 +213,9 @@ def wait_for(edge: Any, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, t
 
     try:
         code: int = follow(job_id, status, rank0, timeout=timeout)
+        if edge.__name__.endswith("slurm") and not spec.is_array:
+            for line in warning_lines(os.path.join(spec.log_dir, f"job-{job_id}.batch.log")):
+                sys.stderr.write(line)
         if last and last[0].elements:
             for index, state in last[0].elements.items():
                 sys.stderr.write(f"slurmlaunch:   {job_id}_{index}: {state}\n")
@@ -182,6 +228,16 @@ def wait_for(edge: Any, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, t
             sys.stderr.write(f"slurmlaunch: job {job_id} keeps running (slurmlaunch cancel {job_id} cancels it; "
                              f"slurmlaunch logs --follow {job_id} follows it)\n")
         return 130
+
+
+def warning_lines(batch_log: str) -> list[str]:
+    """The batch log's lines saying the ranks died of the warning signal (--wait repeats them, since the
+    batch log is not what it follows)."""
+    try:
+        with open(batch_log, encoding="utf-8", errors="replace") as f:
+            return [line for line in f if line.startswith("slurmlaunch: ") and ", the warning signal: " in line]
+    except OSError:
+        return []
 
 
 def _ask(question: str) -> bool:
