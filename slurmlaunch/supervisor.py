@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -60,6 +60,9 @@ class Outcome:
     console_lost: bool = False  # the console stopped taking output; the logs have all of it
     warned: bool = False  # the warning signal was sent before the time limit
     timed_out: bool = False  # the time limit stopped the run
+    # ranks a signal ended (rank -> signal number), which ``codes`` shows as 128+N like an exit with that
+    # code: a rank killed by the warning signal saved nothing, one that exited 128+N may have
+    signaled: Mapping[int, int] = field(default_factory=dict)
 
 
 def _code(returncode: int) -> int:
@@ -252,6 +255,7 @@ def supervise(ranks: Sequence[RankProcess], *, grace: float = 10.0, prefix: bool
         for sig in FORWARDED:
             previous[sig] = signal.signal(sig, forward)
     codes: dict[int, int] = {}
+    signaled: dict[int, int] = {}
     first_failed: int | None = None
     stop_deadline: float | None = None
     started = time.monotonic()
@@ -285,6 +289,8 @@ def supervise(ranks: Sequence[RankProcess], *, grace: float = 10.0, prefix: bool
                 if rc is None:
                     continue
                 codes[rank] = _code(rc)
+                if rc < 0:
+                    signaled[rank] = -rc
                 if codes[rank] != 0 and first_failed is None and not _stopping(received) and not timed_out:
                     first_failed = rank
                     for other, q in procs.items():
@@ -343,7 +349,7 @@ def supervise(ranks: Sequence[RankProcess], *, grace: float = 10.0, prefix: bool
         exit_code = 128 + signal.SIGTERM
     else:
         exit_code = 0
-    return Outcome(exit_code, first_failed, codes, interrupted, console.gone, warned, timed_out)
+    return Outcome(exit_code, first_failed, codes, interrupted, console.gone, warned, timed_out, signaled)
 
 
 def _stopping(received: Sequence[int]) -> int | None:

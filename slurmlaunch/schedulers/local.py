@@ -247,6 +247,15 @@ def _warning(spec: JobSpec) -> tuple[int, float] | None:
     return int(signal.Signals["SIG" + name]), float(seconds)
 
 
+def warning_fix(name: str, requeue: bool) -> str:
+    """What to do when the ranks died of the warning signal SIG``name`` (the batch script says the same)."""
+    number = int(signal.Signals["SIG" + name])
+    return (f"the script does not handle it, so nothing was saved{' and the job is not requeued' if requeue else ''}. "
+            f"Fix: handle SIG{name} in the script (save a checkpoint, exit {128 + number}; see "
+            f"examples/checkpoint_requeue.py), or ask for the signal it handles (--signal USR1@90 for Lightning), "
+            f"or --signal none")
+
+
 def _report(what: str, spec: JobSpec, result: Outcome) -> None:
     if result.interrupted_by is not None:
         name = signal.Signals(result.interrupted_by).name
@@ -304,7 +313,13 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
             for rank in teardown_aborts(aborted_ranks(spec, ranks, result), returned):
                 _say(f"{what}: {teardown_message(rank)}")
             shutil.rmtree(returned, ignore_errors=True)
-            saved = warning is not None and (result.warned or result.exit_code == 128 + warning[0])
+            killed = sorted(r for r, number in result.signaled.items() if warning and number == warning[0])
+            if killed and warning is not None and result.interrupted_by is None:
+                _say(f"{what}: {spec.log_unit}(s) {', '.join(map(str, killed))} killed by "
+                     f"{signal.Signals(warning[0]).name}, the warning signal: "
+                     + warning_fix(signal.Signals(warning[0]).name.removeprefix("SIG"), spec.requeue))
+            # a rank that died of the warning signal had no handler for it and saved nothing
+            saved = warning is not None and not killed and (result.warned or result.exit_code == 128 + warning[0])
             if spec.requeue and saved and result.interrupted_by is None:
                 if restarts < spec.max_requeues:
                     restarts += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from signal import Signals, strsignal
 from typing import Any
 
 from .. import __version__
@@ -138,7 +139,11 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
         "srun_args": srun_args(spec),
         "launch_cmd": launch_command(spec),
         "warning_signal": spec.warning[0] if spec.warning else None,
+        # how srun words a task killed by it (strsignal), and its number: to tell "died of it" from "saved"
+        "warning_description": strsignal(Signals["SIG" + spec.warning[0]]) if spec.warning else None,
+        "warning_number": int(Signals["SIG" + spec.warning[0]]) if spec.warning else 0,
         "requeue": spec.requeue,
+        "requeued_by_script": spec.requeued_by == "script",
         "max_requeues": spec.max_requeues,
         "array": spec.is_array,
         "torchrun": spec.mode == "torchrun",
