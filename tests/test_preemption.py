@@ -1,0 +1,173 @@
+"""The warning-signal policy without a cluster (issue 15 items 2 and 3): which signal a script's framework
+listens for (a look at its source), what submit then asks for, the batch script's requeue block, and the
+local scheduler telling "died of the warning signal" from "saved and exited 128+N"."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slurmlaunch.clients import lightning_signal, script_source
+from slurmlaunch.schedulers import slurm
+from slurmlaunch.spec import JobSpec, validate
+
+from .conftest import run_cli
+
+# --- the detector: a table through the pure function ------------------------------------------------
+
+CASES = [
+    ("import lightning as L\nL.Trainer()", ("USR1", True)),
+    ("import pytorch_lightning as pl", ("USR1", True)),
+    ("from lightning.pytorch import Trainer", ("USR1", True)),
+    ("from pytorch_lightning.callbacks import ModelCheckpoint", ("USR1", True)),
+    ("def main():\n    import lightning.pytorch as pl\n", ("USR1", True)),  # an import inside a function
+    ("import lightning\nfrom lightning.pytorch.plugins.environments import SLURMEnvironment\n"
+     "import signal\nenv = SLURMEnvironment(requeue_signal=signal.SIGUSR2)", ("USR2", True)),
+    ("import lightning\nfrom lightning.pytorch.plugins.environments import SLURMEnvironment as S\n"
+     "e = lightning.pytorch.plugins.environments.SLURMEnvironment(requeue_signal=SIGHUP)", ("HUP", True)),
+    ("import pytorch_lightning as pl\npl.plugins.environments.SLURMEnvironment(auto_requeue=False)",
+     ("USR1", False)),
+    ("import lightning\nSLURMEnvironment(requeue_signal=pick())", (None, True)),  # not readable
+    ("import lightning.fabric as F", None),  # Fabric alone installs no handler
+    ("from lightning_fabric import Fabric", None),
+    ("import torch\nimport lightningx\nimport my_lightning", None),
+    ("text = 'import lightning'", None),  # a string is not an import
+    ("from .lightning import x", None),  # a local module of that name
+    ("def (:", None),  # not Python
+]
+
+
+@pytest.mark.parametrize("source,expected", CASES)
+def test_lightning_signal_from_source(source: str, expected: tuple[str | None, bool] | None) -> None:
+    found = lightning_signal(source)
+    assert (None if found is None else (found.signal, found.requeues)) == expected
+
+
+def test_script_source_reads_the_script_or_the_module(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "train.py").write_text("import lightning\n")
+    (tmp_path / "pkg" / "mod.py").write_text("import pytorch_lightning\n")
+    (tmp_path / "pkg" / "sub" / "__main__.py").write_text("x = 1\n")
+    assert script_source("train.py", False, str(tmp_path)) == "import lightning\n"
+    assert script_source(str(tmp_path / "train.py"), False, "/") == "import lightning\n"
+    assert script_source("pkg.mod", True, str(tmp_path)) == "import pytorch_lightning\n"
+    assert script_source("pkg.sub", True, str(tmp_path)) == "x = 1\n"
+    assert script_source("missing.py", False, str(tmp_path)) is None
+    assert script_source("json", True, str(tmp_path)) is None  # not under the working directory: not scanned
+
+
+# --- what submit asks for ----------------------------------------------------------------------------
+
+LIT = "import lightning as L\nL.Trainer().fit(None)\n"
+
+
+def _dry(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "train.py").write_text(source)
+    return run_cli("submit", "--scheduler", "slurm", "--dry-run", "--time", "10", *args, "train.py", cwd=tmp_path)
+
+
+def test_lightning_script_gets_usr1_and_the_batch_shell_leaves_the_requeue_to_it(tmp_path: Path) -> None:
+    r = _dry(tmp_path, LIT, "--requeue")
+    assert r.returncode == 0, r.stderr
+    assert "#SBATCH --signal=B:USR1@90" in r.stdout
+    assert 'scontrol requeue "$SLURM_JOB_ID"' not in r.stdout  # Lightning's rank 0 runs it; never both
+    lines = [line for line in r.stderr.splitlines() if "uses Lightning" in line]
+    assert lines == ["slurmlaunch: train.py uses Lightning (imports lightning): warning signal SIGUSR1 90s before "
+                     "the time limit; Lightning saves a checkpoint on it and requeues the job itself, so the batch "
+                     "script will not requeue it again (--signal NAME@SECONDS overrides)"]
+
+
+def test_plain_script_keeps_usr2_and_slurmlaunch_requeues(tmp_path: Path) -> None:
+    r = _dry(tmp_path, "import torch\n", "--requeue")
+    assert r.returncode == 0, r.stderr
+    assert "#SBATCH --signal=B:USR2@90" in r.stdout and 'scontrol requeue "$SLURM_JOB_ID"' in r.stdout
+    assert "Lightning" not in r.stderr
+
+
+def test_given_signal_decides(tmp_path: Path) -> None:
+    r = _dry(tmp_path, LIT, "--requeue", "--signal", "USR1@200")  # Lightning's own, with other seconds
+    assert "#SBATCH --signal=B:USR1@200" in r.stdout and 'scontrol requeue "$SLURM_JOB_ID"' not in r.stdout
+    r = _dry(tmp_path, LIT, "--requeue", "--signal", "USR2@60")  # not Lightning's: said, and obeyed
+    assert "#SBATCH --signal=B:USR2@60" in r.stdout and 'scontrol requeue "$SLURM_JOB_ID"' in r.stdout
+    assert "which saves and requeues on SIGUSR1 only: --signal USR2@60 will end its ranks" in r.stderr
+    r = _dry(tmp_path, "import lightning\nfrom x import SLURMEnvironment\n"
+             "SLURMEnvironment(requeue_signal=signal.SIGUSR2)\n", "--requeue")
+    assert "#SBATCH --signal=B:USR2@90" in r.stdout and 'scontrol requeue "$SLURM_JOB_ID"' not in r.stdout
+    r = _dry(tmp_path, "import lightning\nSLURMEnvironment(auto_requeue=False)\n", "--requeue")
+    assert "#SBATCH --signal=B:USR2@90" in r.stdout and 'scontrol requeue "$SLURM_JOB_ID"' in r.stdout
+
+
+def test_requeued_by_is_validated() -> None:
+    with pytest.raises(Exception, match="requeued_by 'lightning' is not valid"):
+        validate(JobSpec(script="x.py", requeued_by="lightning"))
+
+
+def _script(tmp_path: Path, **kw: object) -> str:
+    (tmp_path / "x.py").write_text("pass\n")
+    return slurm.render_script(validate(JobSpec(script="x.py", workdir=str(tmp_path), **kw)))  # type: ignore[arg-type]
+
+
+def test_batch_script_matches_srun_words_for_the_warning_signal(tmp_path: Path) -> None:
+    """srun writes strsignal()'s words for a task a signal ended: the script looks for exactly those."""
+    text = _script(tmp_path, time="10", requeue=True)
+    assert "want=': User defined signal 2'" in text
+    assert f"-eq {128 + signal.SIGUSR2} ]" in text and "kill -s USR2 $$" in text
+
+
+def test_batch_script_block_reports_killed_ranks(tmp_path: Path) -> None:
+    """The awk of the batch script's warning block, run on srun's lines: only ranks the warning signal
+    ended are named, whatever srun calls the others."""
+    text = _script(tmp_path, time="10")
+    start = text.index("killed=$(awk")
+    block = text[start:text.index('"$srun_log")', start) + len('"$srun_log")')]
+    log = tmp_path / "srun.log"
+    log.write_text("srun: error: node1: task 0: User defined signal 2\n"
+                   "srun: error: node2: tasks 1-3: User defined signal 2 (core dumped)\n"
+                   "srun: error: node3: task 4: Terminated\n"
+                   "srun: error: node3: task 5: Exited with exit code 140\n")
+    out = subprocess.run(["bash", "-c", f'srun_log={log}\n{block}\necho "$killed"'], capture_output=True,
+                         text=True, check=True).stdout
+    assert out == "task 0 on node1, tasks 1-3 on node2\n"
+    log.write_text("srun: error: node3: task 5: Exited with exit code 140\n")
+    out = subprocess.run(["bash", "-c", f'srun_log={log}\n{block}\necho "[$killed]"'], capture_output=True,
+                         text=True, check=True).stdout
+    assert out == "[]\n"
+
+
+# --- the local scheduler ----------------------------------------------------------------------------
+
+def test_local_rank_killed_by_the_warning_is_not_a_saved_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "plain.py").write_text("import time\ntime.sleep(120)\n")
+    # --time 1 with USR2@57: the local scheduler sends the warning 3 s after the start, exactly
+    r = run_cli("submit", "--scheduler", "local", "--nodes", "2", "--time", "1", "--signal", "USR2@57",
+                "--requeue", "plain.py", cwd=tmp_path, timeout=120)
+    assert r.returncode == 128 + signal.SIGUSR2, r.stderr
+    assert "rank(s) 0, 1 killed by SIGUSR2, the warning signal: the script does not handle it, so nothing was " \
+           "saved and the job is not requeued. Fix: handle SIGUSR2 in the script" in r.stderr, r.stderr
+    assert "requeued" not in r.stderr.replace("not requeued", "")
+
+
+def test_local_rank_that_saved_and_exited_140_is_requeued(tmp_path: Path) -> None:
+    (tmp_path / "saver.py").write_text(
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGUSR2, lambda *_: sys.exit(140))\n"
+        "if os.environ.get('SLURM_RESTART_COUNT'):\n    print('resumed', flush=True)\n    sys.exit(0)\n"
+        "time.sleep(120)\n")
+    r = run_cli("submit", "--scheduler", "local", "--nodes", "2", "--time", "1", "--signal", "USR2@57",
+                "--requeue", "saver.py", cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "requeued (restart 1 of at most 3)" in r.stderr and "the warning signal" not in r.stderr
+    assert r.stdout.count("resumed") == 2
+
+
+def test_local_lightning_script_gets_usr1(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(LIT)
+    r = run_cli("submit", "--scheduler", "local", "--dry-run", "--time", "10", "train.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "SIGUSR1 to every rank 90s before" in r.stdout
+    assert "Lightning saves a checkpoint on it (--signal" in r.stderr
+
+
