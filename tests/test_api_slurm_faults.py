@@ -125,6 +125,7 @@ def sacct(env: dict[str, str], job_id: str, field: str) -> str:
 
 def heard_within_bound(env: dict[str, str], out: dict[str, Any]) -> None:
     ended = datetime.strptime(sacct(env, out["job_id"], "End"), "%Y-%m-%dT%H:%M:%S").timestamp()
+    print(f"job {out['job_id']}: heard {out['heard'] - ended:.1f}s after sacct's End")  # shown with -s
     assert out["heard"] - ended < BOUND_S + 1, (out, ended)  # End is in whole seconds
 
 
