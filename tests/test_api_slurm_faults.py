@@ -28,6 +28,22 @@ BUSY_S = 600  # what the healthy ranks would go on doing if nobody stopped them
 SIXTEEN = {"nodes": 4, "tasks_per_node": 4, "cpus_per_task": 1}
 
 
+def free_port() -> int:
+    """A port nothing listens on now, below the ephemeral range. The port derived from the job id is not
+    enough here: other engineers' dev clusters restart job ids at 1 on the same loopback addresses."""
+    import random
+    import socket
+
+    for port in random.sample(range(20000, 32000), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-31999")
+
+
 def started(folder: str) -> None:
     Path(folder, f"started-{os.environ['RANK']}").write_text(repr(time.time()))
 
@@ -97,11 +113,13 @@ class Resumable:
 
 
 def run_api(env: dict[str, str], tmp_path: Path, body: str, timeout: float = 300) -> dict[str, Any]:
-    """``body`` in a fresh Python with slurmlaunch imported, ``folder``/``logs`` set and ``out`` a dict it
-    fills; returns ``out``. The caller's outcome (a value, or the error's type, rank, code) is in it."""
+    """``body`` in a fresh Python with slurmlaunch imported, ``folder``/``logs`` set, ``api`` the options
+    every job here takes, and ``out`` a dict it fills; returns ``out``. The caller's outcome (a value, or
+    the error's type, rank, code) is in it."""
     code = (
         "import json, os, subprocess, sys, time\nimport slurmlaunch\nfrom tests.test_api_slurm_faults import *\n"
         f"folder, logs, out = {str(tmp_path)!r}, {str(tmp_path / 'logs')!r}, {{}}\n"
+        "api = dict(scheduler='slurm', output_dir=logs, master_port=free_port())\n"
         "def outcome(job, ask=None):\n"
         "    try:\n        out['value'] = (ask or job.results)()\n"
         "    except slurmlaunch.SlurmLaunchError as e:\n"
@@ -137,7 +155,7 @@ WAIT_STARTED = ("deadline = time.monotonic() + 180\n"
 @pytest.mark.slurm
 def test_cancel_of_16_ranks_is_a_cancel_heard_at_once(cluster_env: dict[str, str], tmp_path: Path) -> None:
     out = run_api(cluster_env, tmp_path, (
-        "job = slurmlaunch.submit(sleeps, folder, scheduler='slurm', output_dir=logs, **SIXTEEN)\n"
+        "job = slurmlaunch.submit(sleeps, folder, **api, **SIXTEEN)\n"
         + WAIT_STARTED.format(n=16) + "job.cancel()\noutcome(job)\n"))
     assert out["error"] == "SlurmLaunchError", out  # not RankFailed: no rank failed
     assert out["message"].startswith(f"job {out['job_id']} was cancelled (CANCELLED"), out
@@ -149,7 +167,7 @@ def test_cancel_of_16_ranks_is_a_cancel_heard_at_once(cluster_env: dict[str, str
 @pytest.mark.slurm
 def test_hard_exit_of_one_of_16_ranks_is_named_with_its_code(cluster_env: dict[str, str], tmp_path: Path) -> None:
     out = run_api(cluster_env, tmp_path, (
-        "job = slurmlaunch.submit(hard_exit_on_rank, folder, 11, 7, scheduler='slurm', output_dir=logs, "
+        "job = slurmlaunch.submit(hard_exit_on_rank, folder, 11, 7, **api, "
         "**SIXTEEN)\noutcome(job)\n"))
     assert out["error"] == "RankFailed" and out["rank"] == 11 and out["returncode"] == 7, out
     assert out["message"].startswith("rank 11 failed (exit code 7):\nits process exited with code 7"), out
@@ -160,7 +178,7 @@ def test_hard_exit_of_one_of_16_ranks_is_named_with_its_code(cluster_env: dict[s
 @pytest.mark.slurm
 def test_a_signal_is_named(cluster_env: dict[str, str], tmp_path: Path) -> None:
     out = run_api(cluster_env, tmp_path, (
-        "job = slurmlaunch.submit(segfault_on_rank_1, folder, scheduler='slurm', output_dir=logs, "
+        "job = slurmlaunch.submit(segfault_on_rank_1, folder, **api, "
         "tasks_per_node=2, cpus_per_task=1)\noutcome(job)\n"))
     assert out["error"] == "RankFailed" and out["rank"] == 1, out
     assert out["returncode"] == -11 and out["signal_name"] == "SIGSEGV", out
@@ -171,7 +189,7 @@ def test_a_signal_is_named(cluster_env: dict[str, str], tmp_path: Path) -> None:
 def test_sys_exit_in_rank_0_is_the_cause_not_the_peers_gloo_errors(cluster_env: dict[str, str], tmp_path: Path,
                                                                   torch_available: None) -> None:
     out = run_api(cluster_env, tmp_path, (
-        "job = slurmlaunch.submit(sys_exit_3_on_rank_0, folder, scheduler='slurm', output_dir=logs, nodes=2, "
+        "job = slurmlaunch.submit(sys_exit_3_on_rank_0, folder, **api, nodes=2, "
         "tasks_per_node=2, cpus_per_task=1)\noutcome(job)\n"))
     assert out["error"] == "RankFailed" and out["rank"] == 0 and out["returncode"] == 3, out
     assert out["message"].startswith("rank 0 failed (exit code 3):\nit raised SystemExit with exit code 3"), out
@@ -188,7 +206,7 @@ def test_the_batch_shells_warning_requeues_an_api_job(cluster_env: dict[str, str
     name = (signal_option or "USR2@").split("@")[0]
     extra = f", signal={signal_option!r}" if signal_option else ""
     out = run_api(cluster_env, tmp_path, (
-        f"job = slurmlaunch.submit(Resumable(folder), 300, scheduler='slurm', output_dir=logs, tasks_per_node=2, "
+        f"job = slurmlaunch.submit(Resumable(folder), 300, **api, tasks_per_node=2, "
         f"cpus_per_task=1{extra})\n"
         "deadline = time.monotonic() + 180\n"
         "while not os.path.exists(os.path.join(folder, 'count-0')) and time.monotonic() < deadline:\n"
@@ -210,7 +228,7 @@ def test_result_loads_rank_0s_value_alone(cluster_env: dict[str, str], tmp_path:
     """Three ranks return 50 MiB each: result() must not load them (tracemalloc counts every allocation the
     unpickling makes). Also: the files are the user's alone, and the state agrees with done() throughout."""
     out = run_api(cluster_env, tmp_path, (
-        "job = slurmlaunch.submit(big_unless_rank_0, 50, scheduler='slurm', output_dir=logs, tasks_per_node=4, "
+        "job = slurmlaunch.submit(big_unless_rank_0, 50, **api, tasks_per_node=4, "
         "cpus_per_task=1)\n"
         "out['first'] = (job.state, job.done())\n"
         "while not job.done():\n    time.sleep(0.2)\n"
