@@ -369,7 +369,7 @@ def _collect(job: Any, world: int, state: str | None, wanted: Iterable[int] | No
     if status is None and state == "COMPLETED":
         # Every rank returned, so every result file will come; a shared file system may show one late.
         deadline = time.monotonic() + _RESULT_WAIT_S
-        while time.monotonic() < deadline and not all(r.exists() for r in results):
+        while time.monotonic() < deadline and not all(r.exists() or _exit_record(r).exists() for r in results):
             time.sleep(0.5)
     steps = _step_ends(Path(tasks[0].paths.stderr)) if status is None else {}
     keep = set(range(world)) if wanted is None else set(wanted)

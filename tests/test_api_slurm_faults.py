@@ -246,3 +246,18 @@ def test_result_loads_rank_0s_value_alone(cluster_env: dict[str, str], tmp_path:
     assert out["top"] == 0o700, out
     results = {p: m for p, m in out["modes"].items() if p.endswith("_result.pkl")}
     assert len(results) == 4 and all(m & 0o077 == 0 for m in results.values()), out["modes"]
+
+
+def exit_0_on_rank_1() -> int:
+    if os.environ["RANK"] == "1":
+        sys.exit(0)
+    return 5
+
+
+@pytest.mark.slurm
+def test_sys_exit_0_is_a_rank_that_returned_nothing(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    """No result file will come for it: nothing waits for one (its exit record says how it ended)."""
+    out = run_api(cluster_env, tmp_path, (
+        "job = slurmlaunch.submit(exit_0_on_rank_1, **api, tasks_per_node=2, cpus_per_task=1)\noutcome(job)\n"))
+    assert out["value"] == [5, None] and out["state"] == "COMPLETED", out
+    heard_within_bound(cluster_env, out)
