@@ -261,3 +261,24 @@ def test_sys_exit_0_is_a_rank_that_returned_nothing(cluster_env: dict[str, str],
         "job = slurmlaunch.submit(exit_0_on_rank_1, **api, tasks_per_node=2, cpus_per_task=1)\noutcome(job)\n"))
     assert out["value"] == [5, None] and out["state"] == "COMPLETED", out
     heard_within_bound(cluster_env, out)
+
+
+def rank_1_hangs() -> int:
+    if os.environ["RANK"] == "1":
+        time.sleep(BUSY_S)
+    return 0
+
+
+@pytest.mark.slurm
+def test_a_hung_rank_at_the_time_limit_is_named(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    """Rank 0 returned, rank 1 hangs until Slurm's time limit (1 minute, the shortest): the caller hears
+    TIMEOUT and which rank had not finished, within seconds of the job's end. (The warning comes 5 s before
+    the limit; rank 1 is not rank 0, so submitit's handler there neither checkpoints nor requeues.)"""
+    out = run_api(cluster_env, tmp_path, (
+        "job = slurmlaunch.submit(rank_1_hangs, **api, tasks_per_node=2, cpus_per_task=1, time='1', "
+        "signal='USR2@5')\noutcome(job)\n"), timeout=400)
+    assert out["error"] == "SlurmLaunchError", out
+    assert out["message"] == f"job {out['job_id']} was stopped (TIMEOUT) before rank(s) 1 finished (no rank failed " \
+                             "before that)", out
+    assert out["state"] == "TIMEOUT" and out["done"] is True
+    heard_within_bound(cluster_env, out)
