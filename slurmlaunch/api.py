@@ -13,11 +13,20 @@ does), and emulates the nodes the way the CLI's local scheduler does. Inside eve
 distributed environment is computed and exported by the launcher's own code (detect, checks, exports)
 before ``fn`` runs.
 
-How a job's outcome is collected (Job.results, the same on both schedulers): wait for the job to end,
-then read every rank's result file; the return value travels pickled by the rank itself (_Packed), so a
-value that cannot be pickled is reported as such, with the part that could not be; a rank with no result
-file ended without a Python exception, and the local controller's status file says how (exit code or
-signal). The first failure by time is raised as RankFailed.
+How a job's outcome is collected (Job.results, the same on both schedulers): wait for the job to end
+(under Slurm: until sacct says so, one batched sacct every 2 s for all the jobs being waited for), then
+look at every rank's files at once, without waiting for any that is missing; the return value travels
+pickled by the rank itself (_Packed), so a value that cannot be pickled is reported as such, with the part
+that could not be; a rank that raised SystemExit left an exit record (its code, and when); a rank with
+neither ended without a Python exception, and how (exit code or signal) comes from the local controller's
+status file, or under Slurm from srun's own report of the step's tasks in the batch log. The first failure
+by time is raised as RankFailed; a job that Slurm cancelled or stopped at its time limit says so instead.
+Only the values asked for are loaded: result() reads rank 0's alone.
+
+The warning signal under Slurm follows the CLI's plan (templates/slurm.sbatch.j2): ``--signal=B:SIG@secs``
+goes to the batch shell, which traps it and passes it on through srun to the ranks, where submitit's
+handler (told the signal's name) checkpoints and requeues. The batch script is submitit's; _batch_lines
+are its setup lines.
 """
 
 from __future__ import annotations
@@ -63,20 +72,32 @@ _POLL_MS = 50  # the controller's timer (signals received, time limit); a rank's
 _DEATH_SLACK_S = 0.5
 _REQUEUE_CODE = 144  # what submitit's local tasks exit with to be started again (after a checkpoint)
 _MAX_STARTS = 6  # submitit's local bound on requeues; its per-job timeout countdown applies as well
-# submitit waits this long for a result file that the file system may show late (NFS); once per job here.
+# submitit waits this long for a result file that the file system may show late (NFS); here only when
+# the job COMPLETED (every rank returned, so every result must come), once per job.
 _RESULT_WAIT_S = 15.0
+_SACCT_EVERY_S = 2  # at most one sacct per this many seconds, for all the jobs being waited for together
+# Job states after which the ranks that left nothing were stopped from outside, not failed on their own.
+_STOPPED_STATES = ("CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE")
+# The first line the batch shell writes to the batch log at each start: srun's reports before the last
+# one belong to an earlier run of a requeued job.
+_BATCH_MARK = "slurmlaunch: batch shell started"
+# srun's report of a task that ended badly, as the batch log has it (one line per task or task range).
+_SRUN_TASK = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.+)$", re.MULTILINE)
+# srun names a signal by its description (strsignal): "Segmentation fault (core dumped)", "Killed".
+_SIGNAL_TEXTS = {signal.strsignal(s): int(s) for s in signal.Signals if signal.strsignal(s)}
 
 
 class RankFailed(SlurmLaunchError):
     """A rank of a distributed job failed; ``rank`` is the first to fail, ``trace`` what it reported (its
     traceback, or how its process ended and its last log lines). How its process ended, where known (the
-    local scheduler always knows): ``returncode`` as subprocess has it (-N: killed by signal N) and
-    ``signal_name`` ("SIGSEGV"); None otherwise."""
+    local scheduler always knows, Slurm from srun's report): ``returncode`` as subprocess has it (-N: killed
+    by signal N) and ``signal_name`` ("SIGSEGV"); None otherwise. ``at``: when it failed, where known."""
 
-    def __init__(self, rank: int, trace: str, returncode: int | None = None) -> None:
+    def __init__(self, rank: int, trace: str, returncode: int | None = None, at: float | None = None) -> None:
         self.rank = rank
         self.trace = trace
         self.returncode = returncode
+        self.at = at  # when it failed (time.time()), where known
         self.signal_name = _signal_name(-returncode).split()[0] if returncode is not None and returncode < 0 else None
         how = ("" if returncode is None else f" (killed by {_signal_name(-returncode)})" if returncode < 0
                else f" (exit code {returncode})")
@@ -178,18 +199,59 @@ def _export_distributed_env(spec: JobSpec) -> None:
     environ.update(dist.exports(environ))
 
 
+def _exit_record(result_pickle: Path) -> Path:
+    """Where a rank that raised SystemExit records its code and when, beside its (absent) result file."""
+    return result_pickle.with_name(result_pickle.name.replace("_result.pkl", "_exit.json"))
+
+
+def _own_exit_record() -> Path | None:
+    try:
+        import submitit
+
+        return _exit_record(submitit.JobEnvironment().paths.result_pickle)
+    except Exception:  # not run by submitit (a test calling it directly): nothing to record
+        return None
+
+
+def _raised_by_submitit(error: BaseException) -> bool:
+    """submitit's own SystemExit: its signal handler leaves that way after requeueing a preempted job."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith("submitit")
+
+
+def _record_exit(path: Path, error: SystemExit) -> None:
+    at = time.time()
+    code = error.code
+    number = 0 if code is None else code if isinstance(code, int) else 1  # sys.exit("text") exits 1
+    message = "" if isinstance(code, int) or code is None else str(code)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps({"code": number, "at": at, "message": message}))
+    os.replace(temporary, path)
+
+
 class _DistributedCall:
     """What submitit runs in every task: the environment, then ``fn``; a failure is marked with its rank
-    and time, so that the caller can tell the first failure from its consequences in the other ranks."""
+    and time, so that the caller can tell the first failure from its consequences in the other ranks.
+    SystemExit is not an error submitit reports (the process just exits with the code): the rank records
+    the code and the time itself (_exit_record)."""
 
     def __init__(self, spec: JobSpec, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         self.spec, self.fn, self.args, self.kwargs = spec, fn, tuple(args), dict(kwargs)
 
     def __call__(self) -> _Packed:
+        record = _own_exit_record()
+        if record is not None:
+            record.unlink(missing_ok=True)  # an earlier run's, before a requeue
         _export_distributed_env(self.spec)
         try:
             value = self.fn(*self.args, **self.kwargs)
-        except Exception as e:  # not SystemExit: submitit exits that way to requeue a preempted job
+        except SystemExit as e:  # passed on: submitit exits that way to requeue a preempted job
+            if record is not None and not _raised_by_submitit(e):
+                _record_exit(record, e)
+            raise
+        except Exception as e:
             mark = _mark()
             raise RuntimeError(mark + traceback.format_exc()) from e
         return _pack(value)
@@ -253,49 +315,135 @@ def _tail(task: Any, lines: int = 20) -> str:
     return f"(nothing in {task.paths.stderr} nor {task.paths.stdout})"
 
 
-def _collect(job: Any, world: int) -> list[Any]:
-    """Every rank's value once the job has ended (Job.results); RankFailed for the first failure by time."""
+def _outcome(result_pickle: Path) -> str:
+    """"success" or "error", read from the start of a result file without loading the value after it
+    (submitit pickles the tuple (outcome, value): the outcome is the first string)."""
+    import pickletools
+
+    with open(result_pickle, "rb") as f:
+        for _, arg, _ in pickletools.genops(f):
+            if isinstance(arg, str):
+                return arg
+    return "unreadable"
+
+
+def _step_ends(batch_log: Path) -> dict[int, tuple[int, int | None, str]]:
+    """srun's report of the tasks that ended badly in the job's last run, as the batch log has it: rank ->
+    (the order of srun's report, the return code as subprocess has it (-N: signal N) or None, srun's words).
+    srun reports a task when it sees it end, so the order is the order of the ends, as srun saw them."""
+    try:
+        with open(batch_log, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - (1 << 20)))  # srun's lines come last
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return {}
+    text = text[text.rfind(_BATCH_MARK) + 1:] if _BATCH_MARK in text else text
+    ends: dict[int, tuple[int, int | None, str]] = {}
+    for order, m in enumerate(_SRUN_TASK.finditer(text)):
+        words = m.group(3).strip()
+        exited = re.fullmatch(r"Exited with exit code (\d+)", words)
+        code = int(exited.group(1)) if exited else _SIGNAL_TEXTS.get(words.removesuffix(" (core dumped)"))
+        code = code if exited or code is None else -code
+        for part in m.group(2).split(","):
+            low, _, high = part.partition("-")
+            for rank in range(int(low), int(high or low) + 1):
+                ends.setdefault(rank, (order, code, words))
+    return ends
+
+
+def _how(code: int | None) -> str:
+    return ("ended without a result" if code is None else
+            f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}")
+
+
+def _collect(job: Any, world: int, state: str | None, wanted: Iterable[int] | None = None) -> dict[int, Any]:
+    """The values of the ranks in ``wanted`` (all: None) once the job has ended (Job.results); RankFailed
+    for the first failure by time, SlurmLaunchError for a job cancelled or stopped from outside. ``state``:
+    the job's final state under Slurm (None on the local scheduler, whose controller records the ranks)."""
     from submitit.core.utils import pickle_load
 
     status = _status(job)
     ended: dict[str, dict[str, Any]] = status["ranks"] if status else {}
     tasks = [job.task(rank) for rank in range(world)]
-    # Without the controller's record (Slurm), a missing result file may only be late on a shared file
-    # system: one bounded wait for all of them, not submitit's wait per rank, one rank after another.
-    deadline = time.monotonic() + _RESULT_WAIT_S
-    while (status is None and time.monotonic() < deadline
-           and not all(t.paths.result_pickle.exists() for t in tasks)):
-        time.sleep(0.5)
-    values: list[Any] = []
-    failures: list[tuple[float, int, str, int | None]] = []
+    results = [Path(t.paths.result_pickle) for t in tasks]
+    if status is None and state == "COMPLETED":
+        # Every rank returned, so every result file will come; a shared file system may show one late.
+        deadline = time.monotonic() + _RESULT_WAIT_S
+        while time.monotonic() < deadline and not all(r.exists() or _exit_record(r).exists() for r in results):
+            time.sleep(0.5)
+    steps = _step_ends(Path(tasks[0].paths.stderr)) if status is None else {}
+    keep = set(range(world)) if wanted is None else set(wanted)
+    values: dict[int, Any] = {}
+    timed: list[tuple[float, int, str, int | None]] = []  # failures that carry their time
+    deaths: list[tuple[int, int, str, int | None]] = []  # ends without a time, in srun's order
     stopped: list[int] = []
     for rank, task in enumerate(tasks):
         end = ended.get(str(rank))
-        code = None if end is None else int(end["code"])
-        values.append(None)
-        if task.paths.result_pickle.exists():
-            outcome, payload = pickle_load(task.paths.result_pickle)
-            if outcome == "success":
-                values[rank] = payload.value() if isinstance(payload, _Packed) else payload
+        step = steps.get(rank)
+        code = int(end["code"]) if end is not None else step[1] if step is not None else None
+        exit_path = _exit_record(results[rank])
+        if results[rank].exists():
+            if _outcome(results[rank]) == "success":
+                if rank in keep:
+                    payload = pickle_load(results[rank])[1]
+                    values[rank] = payload.value() if isinstance(payload, _Packed) else payload
                 continue
+            payload = pickle_load(results[rank])[1]
             mark = re.search(_MARK + r" rank=(\S+) at=([\d.]+)\n", payload)
             when = float(mark.group(2)) if mark else float(end["at"]) if end else float("inf")
-            failures.append((when, rank, payload[mark.end():] if mark else payload, code))
+            timed.append((when, rank, payload[mark.end():] if mark else payload, code))
+        elif exit_path.exists():
+            record = json.loads(exit_path.read_text())
+            if record["code"] == 0 and not code:
+                values[rank] = None  # sys.exit(0): ended well, returned nothing
+                continue
+            said = f": {record['message']}" if record["message"] else ""
+            text = f"it raised SystemExit with exit code {record['code']}{said}\n{_tail(task)}"
+            timed.append((float(record["at"]), rank, text, int(record["code"])))
         elif end is not None and end["stopped"]:
             stopped.append(rank)  # stopped because another rank failed, or the job was cancelled
-        else:
-            how = ("ended without a result" if code is None else
-                   f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}")
-            text = (f"its process {how}, without a Python exception (os._exit, a crash in native code, "
+        elif end is not None or step is not None:
+            how = _how(code)
+            seen = "" if end is not None else f" (srun: {step[2]})" if step is not None else ""
+            text = (f"its process {how}{seen}, without a Python exception (os._exit, a crash in native code, "
                     f"a kill from outside, running out of memory)\n{_tail(task)}")
-            failures.append((float(end["at"]) - _DEATH_SLACK_S if end else float("inf"), rank, text, code))
-    if failures:
-        _, rank, text, code = min(failures)
-        raise RankFailed(rank, text, code)
+            if end is not None:
+                timed.append((float(end["at"]) - _DEATH_SLACK_S, rank, text, code))
+            elif step is not None:
+                deaths.append((step[0], rank, text, code))
+        else:
+            timed.append((float("inf"), rank, f"its process ended without a result (the job ended {state})\n"
+                          f"{_tail(task)}", None))
+    if state is not None and state.split()[0] in _STOPPED_STATES:
+        # The ranks' errors are the consequences (a peer killed first): the job's end is the news.
+        unfinished = [r for r in range(world) if r not in values and not _success(results[r])]
+        how = "was cancelled" if state.startswith("CANCELLED") else "was stopped"
+        raise SlurmLaunchError(f"job {job.job_id} {how} ({state}) before rank(s) {_ranks(unfinished)} finished"
+                               f" (no rank failed before that)")
+    first = min(timed) if timed else None
+    if deaths:
+        death = min(deaths)
+        step = steps.get(first[1]) if first is not None else None
+        # A rank's error is timed, a death only ordered by srun's report: the death came first when srun
+        # saw it end before the rank that erred (whose error then is the death's consequence).
+        if first is None or step is None or step[0] > death[0]:
+            _, rank, text, code = death
+            raise RankFailed(rank, text, code)
+    if first is not None:
+        when, rank, text, code = first
+        raise RankFailed(rank, text, code, None if when == float("inf") else when)
     if stopped:
         raise SlurmLaunchError(f"job {job.job_id} was {status['reason'] if status else 'stopped'} before "
-                               f"rank(s) {', '.join(map(str, stopped))} finished (no rank failed)")
+                               f"rank(s) {_ranks(stopped)} finished (no rank failed)")
     return values
+
+
+def _success(result_pickle: Path) -> bool:
+    return result_pickle.exists() and _outcome(result_pickle) == "success"
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ", ".join(map(str, ranks))
 
 
 class _LocalController:
@@ -473,10 +621,30 @@ class Job:
 
     @property
     def state(self) -> str:
-        return str(self._job.state)
+        """The scheduler's state: final (COMPLETED, FAILED, CANCELLED by ..., TIMEOUT; locally FINISHED or
+        INTERRUPTED) exactly when done() is true. Under Slurm, sacct's (at most 2 s old), and PENDING for a
+        job submitted but not in accounting yet."""
+        if self.scheduler == "local":
+            return str(self._job.state)
+        state = str(_watcher().get_state(self.job_id, mode="standard"))
+        return "PENDING" if state == "UNKNOWN" else state
 
     def done(self) -> bool:
-        return bool(self._job.done())
+        """Whether the job has ended (under Slurm: sacct says so; rank result files alone do not end a job,
+        so state and done() agree)."""
+        if self.scheduler == "local":
+            return bool(self._job.done())
+        return bool(_watcher().is_done(self.job_id, mode="standard"))
+
+    def _wait(self) -> str | None:
+        """Wait for the job's end; its final state under Slurm (None locally)."""
+        if self.scheduler == "local":
+            while not self._job.done():  # the controller has ended: every rank has, and it wrote its status
+                time.sleep(0.1)
+            return None
+        while not self.done():
+            time.sleep(0.5)
+        return str(_watcher().get_state(self.job_id, mode="cache"))
 
     def cancel(self) -> None:
         self._job.cancel(check=False)
@@ -489,19 +657,30 @@ class Job:
     def results(self) -> list[Any]:
         """Every rank's return value, by rank; waits for the job. Raises RankFailed for the first rank that
         failed (by time), with its traceback or how its process ended."""
-        if self.scheduler == "local":
-            while not self._job.done():  # the controller has ended: every rank has, and it wrote its status
-                time.sleep(0.1)
-        else:
-            self._job.wait()
-        return _collect(self._job, self.spec.world_size)
+        values = _collect(self._job, self.spec.world_size, self._wait())
+        return [values[rank] for rank in range(self.spec.world_size)]
 
     def result(self) -> Any:
-        """Rank 0's return value (waits for the job; raises RankFailed when any rank failed)."""
-        return self.results()[0]
+        """Rank 0's return value (waits for the job; raises RankFailed when any rank failed). Only rank 0's
+        value is loaded: the others' are checked for failure, not read."""
+        return _collect(self._job, self.spec.world_size, self._wait(), wanted=(0,))[0]
 
     def __repr__(self) -> str:
         return f"slurmlaunch.Job({self.job_id!r}, {self.scheduler}, {self.spec.world_size} ranks)"
+
+
+_WATCHERS: list[Any] = []
+
+
+def _watcher() -> Any:
+    """One sacct watcher for every API job of this process (submitit's batches the ids it is asked about
+    into one sacct call); ours refreshes at most every _SACCT_EVERY_S, where submitit's shared one backs off
+    to minutes for long jobs, which would delay the news of a job's end as long."""
+    if not _WATCHERS:
+        from submitit.slurm.slurm import SlurmInfoWatcher
+
+        _WATCHERS.append(SlurmInfoWatcher(delay_s=_SACCT_EVERY_S))
+    return _WATCHERS[0]
 
 
 def profile_options(name: str) -> dict[str, Any]:
@@ -561,21 +740,69 @@ def _minutes(time_text: str | None) -> int:
     return max(1, -(-(time_seconds(time_text) or 0) // 60))  # whole minutes, rounded up
 
 
+def _batch_lines(signal_name: str) -> list[str]:
+    """submitit's batch script, made to follow the CLI's signal plan (templates/slurm.sbatch.j2): these are
+    its setup lines, before its own srun line. That srun runs in the background (a shell runs a trap only
+    between commands), and the trap passes the warning signal on through srun (which forwards signals to
+    the tasks). submitit's handler in the ranks listens to the signal its SUBMITIT_PREEMPT_SIGNAL names."""
+    sig = shlex.quote(signal_name)
+    return [
+        "# slurmlaunch: what this job writes (results, logs) is the user's alone",
+        "umask 077",
+        f'echo "{_BATCH_MARK} (restart ${{SLURM_RESTART_COUNT:-0}})" >&2',
+        f"export SUBMITIT_PREEMPT_SIGNAL={sig}",
+        "srun() {",
+        '    command srun "$@" &',
+        "    slurmlaunch_srun=$!",
+        "    while :; do  # the trap interrupts wait: keep waiting for srun itself",
+        '        wait "$slurmlaunch_srun"',
+        "        slurmlaunch_rc=$?",
+        '        kill -0 "$slurmlaunch_srun" 2>/dev/null || break',
+        "    done",
+        '    if [ "$slurmlaunch_rc" -gt 128 ]; then  # srun ended while the trap ran: its own status, if kept',
+        '        wait "$slurmlaunch_srun" 2>/dev/null',
+        '        slurmlaunch_late=$?',
+        '        [ "$slurmlaunch_late" -ne 127 ] && slurmlaunch_rc=$slurmlaunch_late',
+        "    fi",
+        '    return "$slurmlaunch_rc"',
+        "}",
+        "slurmlaunch_forward() {",
+        f'    echo "slurmlaunch: SIG{signal_name} received, passing it on to the ranks" >&2',
+        f'    [ -n "${{slurmlaunch_srun:-}}" ] && kill -s {sig} "$slurmlaunch_srun"',
+        "}",
+        f"trap slurmlaunch_forward {sig}",
+    ]
+
+
+def _private_folder(spec: JobSpec) -> Path:
+    """The folder of submitit's files (the pickled arguments and results): the user's alone, as the CLI's
+    job records are. Nothing removes them: submitit never does, and result() can be asked again later."""
+    base = Path(spec.log_dir) / "submitit"
+    base.mkdir(parents=True, exist_ok=True)
+    base.chmod(0o700)
+    return base / "%j"
+
+
 def _executor(spec: JobSpec, scheduler: str) -> Any:
     import submitit
 
-    folder = Path(spec.log_dir) / "submitit" / "%j"
+    folder = _private_folder(spec)
     tpn = spec.ntasks_per_node
     if scheduler == "local":
         local = _local_executor(str(folder), spec.python)
         local.update_parameters(tasks_per_node=spec.world_size, nodes=1, timeout_min=_minutes(spec.time),
                                 signal_delay_s=spec.warning[1] if spec.warning else 90)
         return local
-    ex = submitit.SlurmExecutor(folder=str(folder), python=spec.python)
+    if spec.warning is None:
+        raise SpecError(f"signal {spec.signal!r} is not carried out under Slurm by the submitit-based API (submitit "
+                        f"always asks for a warning signal): give NAME@SECONDS, or use `slurmlaunch submit`")
+    signal_name, signal_s = spec.warning
+    # submitit counts its requeues after a time-out down from max_num_timeout (preemptions are not counted)
+    ex = submitit.SlurmExecutor(folder=str(folder), python=spec.python, max_num_timeout=spec.max_requeues)
     params: dict[str, Any] = {
         "nodes": spec.nodes, "ntasks_per_node": tpn, "time": _minutes(spec.time), "job_name": spec.name,
-        "srun_args": ["--kill-on-bad-exit=1"], "setup": list(spec.setup),
-        "signal_delay_s": spec.warning[1] if spec.warning else 90,
+        "srun_args": ["--kill-on-bad-exit=1"], "setup": _batch_lines(signal_name) + list(spec.setup),
+        "signal_delay_s": signal_s,
     }
     if spec.exclusive:  # submitit writes --exclusive=<value>: only pass it when wanted
         params["exclusive"] = True
@@ -586,12 +813,12 @@ def _executor(spec: JobSpec, scheduler: str) -> Any:
             params[name] = getattr(spec, name)
     if spec.per_task_cpus is not None:
         params["cpus_per_task"] = spec.per_task_cpus
-    extra = {}
+    # B: the batch shell alone gets the warning, and passes it on (_batch_lines); submitit writes USR2, always
+    extra: dict[str, Any] = {"signal": f"B:{signal_name}@{signal_s}"}
     for arg in spec.sbatch_args:
         key, _, value = arg.lstrip("-").partition("=")
         extra[key.replace("-", "_")] = value or True
-    if extra:
-        params["additional_parameters"] = extra
+    params["additional_parameters"] = extra
     ex.update_parameters(**params)
     return ex
 
