@@ -160,6 +160,28 @@ def test_relay_exits_as_the_worker_did() -> None:
     assert (r.returncode, r.stdout, r.stderr) == (5, b"no newline at the end", b"oops\n")
 
 
+def test_relay_outlives_a_signal_to_the_group_until_the_worker_is_done() -> None:
+    # torchrun stops (or warns) its workers with killpg: the relay gets the signal too, and must keep passing
+    # on what the worker says while it handles it (a checkpoint's "saved" line), then exit as the worker did
+    worker = ("import signal, sys, time\n"
+              "def stop(*_):\n    print('saved on', 'SIGUSR2'); sys.exit(7)\n"
+              "signal.signal(signal.SIGUSR2, stop)\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", RELAY, "-u", "-c", worker], stdout=subprocess.PIPE,
+                         start_new_session=True)
+    try:
+        assert p.stdout is not None
+        import select
+
+        assert select.select([p.stdout], [], [], 60)[0] and p.stdout.readline() == b"ready\n"
+        os.killpg(p.pid, signal.SIGUSR2)
+        out, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert (p.returncode, out) == (7, b"saved on SIGUSR2\n")
+
+
 def test_relay_does_not_wait_for_what_the_worker_left_behind() -> None:
     # a child of the worker that keeps the output open (a daemon) must not keep torchrun waiting
     r = _relay("sh", "-c", "sleep 30 & echo started", stdin=subprocess.DEVNULL)
