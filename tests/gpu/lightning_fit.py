@@ -17,9 +17,11 @@ class Tiny(L.LightningModule):  # type: ignore[misc]
     def __init__(self) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(8, 1)
+        self.seen: set[str] = set()  # where the steps ran (Lightning moves the model back to the CPU at the end)
 
     def training_step(self, batch: list[torch.Tensor], _index: int) -> torch.Tensor:
         x, y = batch
+        self.seen.add(str(self.layer.weight.device))
         return torch.nn.functional.mse_loss(self.layer(x), y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -32,8 +34,7 @@ trainer = L.Trainer(accelerator="gpu", devices=1, max_steps=3, logger=False, ena
                     enable_progress_bar=False, enable_model_summary=False)
 trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=16))
 want = int(os.environ.get("SLURMLAUNCH_LOCAL_DEVICE", "0"))
-where = next(model.parameters()).device
-ok = trainer.global_step == 3 and where == torch.device("cuda", want)
-print(f"PROBE lightning {L.__version__} steps={trainer.global_step} device={where} "
-      f"environment={type(trainer.strategy.cluster_environment).__name__} ok={ok}", flush=True)
+ok = trainer.global_step == 3 and model.seen == {str(torch.device("cuda", want))}
+print(f"PROBE lightning {L.__version__} steps={trainer.global_step} devices={sorted(model.seen)} "
+      f"strategy={type(trainer.strategy).__name__} ok={ok}", flush=True)
 sys.exit(0 if ok else 1)
