@@ -54,7 +54,7 @@ _MARK = "slurmlaunch-rank-failure"
 CLI_ONLY = frozenset({"array", "max_parallel", "sweep", "mode", "nproc_per_node", "max_restarts", "min_nodes",
                       "container_image", "apptainer", "container_mounts", "container_workdir", "template_dir"})
 OPTION_NAMES = frozenset(f.name for f in fields(JobSpec)) - {"script", "args", "module", "no_python", "python",
-                                                             "workdir"} - CLI_ONLY
+                                                             "workdir", "legacy_local_rank_arg"} - CLI_ONLY
 # A profile's keys (the CLI's option names) as JobSpec fields, where they differ.
 _PROFILE_FIELDS = {"sbatch_arg": "sbatch_args", "container_mount": "container_mounts", "pbs_resource": "pbs_resources",
                    "mpiexec_arg": "mpiexec_args"}

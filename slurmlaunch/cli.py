@@ -319,9 +319,11 @@ def add_submit_options(s: Any) -> None:
     g = s.add_argument_group("what and how")
     g.add_argument("-m", "--module", action="store_true", help="SCRIPT is a Python module")
     g.add_argument("--no-python", action="store_true", help="SCRIPT is an executable")
+    g.add_argument("--legacy-local-rank-arg", action="store_true",
+                   help="pass --local-rank=N to SCRIPT, as torch.distributed.launch did (every mode and scheduler)")
     g.add_argument("--dry-run", action="store_true", help="print the script (or local commands); submit nothing")
-    # Every boolean a profile may set has its --no- undo (README: Profiles); -m and --no-python are not
-    # taken from files (profiles.CHANGES_WHAT_RUNS), so they have none.
+    # Every boolean a profile may set has its --no- undo (README: Profiles); -m, --no-python and
+    # --legacy-local-rank-arg are not taken from files (profiles.CHANGES_WHAT_RUNS), so they have none.
     g.add_argument("--wait", action=argparse.BooleanOptionalAction, default=False,
                    help="follow the job until it ends; exit with its code")
     g.add_argument("--wait-timeout", type=Seconds("--wait-timeout"), help="give up following after this many seconds")

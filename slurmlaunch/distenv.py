@@ -2,9 +2,9 @@
 
 Pure: no os.environ, no I/O. The exported names are torchrun's, so scripts written for torchrun run
 unchanged (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, NODE_RANK, GROUP_WORLD_SIZE,
-ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT), plus OMP_NUM_THREADS when the CPUs per
-task are known and the user has not set it, and SLURMLAUNCH_LOCAL_DEVICE (the index, among the GPUs this
-rank can see, of the one it should use).
+ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT), plus OMP_NUM_THREADS unless the user set
+it (the CPUs per task, else 1 with several ranks per node: DistEnv.omp_threads), and
+SLURMLAUNCH_LOCAL_DEVICE (the index, among the GPUs this rank can see, of the one it should use).
 """
 
 from __future__ import annotations
@@ -182,11 +182,34 @@ class DistEnv:
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
         }
-        if self.omp_num_threads is not None and "OMP_NUM_THREADS" not in environ:
-            out["OMP_NUM_THREADS"] = str(self.omp_num_threads)
+        threads = self.omp_threads(environ)
+        if threads is not None:
+            out["OMP_NUM_THREADS"] = str(threads)
         if self.local_device is not None:
             out["SLURMLAUNCH_LOCAL_DEVICE"] = str(self.local_device)
         return out
+
+    def omp_threads(self, environ: Mapping[str, str]) -> int | None:
+        """OMP_NUM_THREADS to export (README: OMP_NUM_THREADS): None when the user set it (never overridden);
+        else the CPUs per task (SLURM_CPUS_PER_TASK) when known; else 1 when several ranks share the node,
+        as torchrun does (each rank's thread pool would otherwise take every core of the node); else None,
+        the runtime's own default."""
+        if "OMP_NUM_THREADS" in environ:
+            return None
+        if self.omp_num_threads is not None:
+            return self.omp_num_threads
+        return 1 if self.local_world_size > 1 else None
+
+    def omp_note(self, environ: Mapping[str, str]) -> str | None:
+        """The line rank 0 prints when OMP_NUM_THREADS=1 came from the several-ranks-per-node rule (said once
+        per job, not per rank), None otherwise."""
+        if self.owned_by_torchrun or self.rank != 0 or self.omp_num_threads is not None:
+            return None
+        if self.omp_threads(environ) != 1:
+            return None
+        return (f"OMP_NUM_THREADS=1 for every rank ({self.local_world_size} ranks share a node and neither "
+                f"OMP_NUM_THREADS nor the CPUs per task were given; torchrun does the same): set OMP_NUM_THREADS, "
+                f"or submit --cpus-per-task N, to use more threads per rank")
 
     def summary(self) -> str:
         """One line for --print-env: what this rank will see."""

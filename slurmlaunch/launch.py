@@ -373,6 +373,9 @@ def main(argv: Sequence[str]) -> int | NoReturn:
     exports = dist.exports(environ)
     for note in dist.notes:
         sys.stderr.write(f"slurmlaunch: {note}\n")
+    omp_note = dist.omp_note(environ)  # rank 0 only: once per job
+    if omp_note:
+        sys.stderr.write(f"slurmlaunch: {omp_note}\n")
     if opts.print_env:
         sys.stderr.write(describe(dist, exports, environ) + "\n")
     cmd = command(opts, dist, environ)

@@ -35,7 +35,8 @@ COMMAND_LINE = "command line"
 NOT_IN_PROFILES = frozenset({"script", "args", "dry_run", "profile", "help", "sweep", "array"})
 # Options that change what SCRIPT is (a file, a module, an executable): a file that set them would silently
 # turn every `submit train.py` into `-m train.py`, so a file naming them is refused (README: Profiles).
-CHANGES_WHAT_RUNS = {"module": "-m/--module", "no_python": "--no-python"}
+CHANGES_WHAT_RUNS = {"module": "-m/--module", "no_python": "--no-python",
+                     "legacy_local_rank_arg": "--legacy-local-rank-arg"}
 SHOW_ALIGN = 48  # `config show`: values up to this wide line their origins up
 # Paths a file may give relative to itself (README: Profiles), so that a file means the same from any directory.
 FILE_RELATIVE = frozenset({"template_dir", "output_dir"})

@@ -73,6 +73,7 @@ class JobSpec:
     args: tuple[str, ...] = ()
     module: bool = False
     no_python: bool = False
+    legacy_local_rank_arg: bool = False  # pass --local-rank=N after SCRIPT (torch.distributed.launch style)
     nodes: int = 1
     gpus_per_node: int = 0
     tasks_per_node: int | None = None  # default: one per GPU, or 1 without GPUs

@@ -19,6 +19,7 @@ def spec_from_args(ns: Any) -> JobSpec:
     nodes, min_nodes = parse_nodes(ns.nodes)
     return validate(JobSpec(
         script=ns.script, args=tuple(ns.args), module=ns.module, no_python=ns.no_python,
+        legacy_local_rank_arg=ns.legacy_local_rank_arg,
         nodes=nodes, min_nodes=min_nodes, mode=ns.mode, nproc_per_node=ns.nproc_per_node,
         max_restarts=ns.max_restarts, gpus_per_node=ns.gpus_per_node, tasks_per_node=ns.tasks_per_node,
         cpus_per_task=ns.cpus_per_task, cpus_per_gpu=ns.cpus_per_gpu, mem=ns.mem, time=ns.time,

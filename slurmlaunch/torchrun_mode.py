@@ -25,7 +25,8 @@ from .launch import RETURNED_DIR, python_argv
 from .limits import MAX_JOB_ID, bounded_int, parse_count
 
 USAGE = """usage: slurmlaunch torchrun-node --nproc-per-node N [--nnodes N|MIN:MAX] [--max-restarts N]
-                              [--forward-signal NAME] [-m|--no-python] SCRIPT [ARGS...]
+                              [--forward-signal NAME] [-m|--no-python] [--legacy-local-rank-arg]
+                              SCRIPT [ARGS...]
 Inside a Slurm step with one task per node: exec torchrun with a c10d rendezvous on the step's first node.
 
 example (what `slurmlaunch submit --mode torchrun` writes into the batch script):
@@ -35,6 +36,105 @@ TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's own default
 # torchrun's failure summary: "  rank      : 3 (local_rank: 1)" then "  exitcode  : -6 (pid: 812) ..."
 _FAILED_WORKER = re.compile(r"^ *rank *: (\d+) \(local_rank: \d+\)\n *exitcode *: (-?\d+) ", re.M)
 SIGABRT_CODE = 128 + 6  # the shell's and the supervisor's code for a process killed by SIGABRT
+
+
+# `python -c RELAY ARGV...`: run one torchrun worker (ARGV: the interpreter's options and SCRIPT, or with
+# --no-python the executable and its arguments) with its stdout and stderr on pipes of its own, and pass them
+# on whole lines at a time. Why: the workers of a node share torchrun's stdout, and `python -u` writes a
+# print()'s text and its newline with two write()s, so another worker's line lands in between
+# ("...Steps: 16[GPU1] Epoch 2"). A pipe keeps a write of at most PIPE_BUF (4096) bytes whole, so lines are
+# passed on in writes of at most that size, split only between lines; a single longer line goes in one
+# write(), whole in a file, whole in a pipe unless the pipe is full. \r ends a line too (progress bars).
+# The worker stays in the relay's process group, which torchrun signals as a whole (killpg): the relay
+# only waits, relays to the end, and then exits as the worker did (the same code, or the same signal, so
+# torchrun's failure summary is unchanged). What the worker's own children still hold open after it ends
+# gets 2 more seconds. Used only when a node runs several workers.
+RELAY = """-0  # torchrun names a failed worker by its first argument without a leading "-": the script, not this
+def _slurmlaunch_relay():
+    import os, select, signal, sys, time
+    argv = sys.argv[1:]
+    if argv[0].startswith("-"):
+        argv = [sys.executable, *argv]
+    def ident(fd):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+    merged = ident(1) is not None and ident(1) == ident(2)
+    pipes = [os.pipe()] if merged else [os.pipe(), os.pipe()]
+    pid = os.fork()
+    if pid == 0:
+        for s in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; an exec'd program expects neither
+            signal.signal(s, signal.SIG_DFL)
+        os.dup2(pipes[0][1], 1)
+        os.dup2(pipes[-1][1], 2)
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
+        try:
+            os.execvp(argv[0], argv)
+        except OSError as e:
+            os.write(2, f"slurmlaunch: cannot run {argv[0]!r}: {e.strerror}\\n".encode())
+        os._exit(127)
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(s, lambda *_: None)  # the worker got it too (torchrun signals the group)
+    live = {}
+    for (r, w), out in zip(pipes, (1, 2)):
+        os.close(w)
+        live[r] = [out, b"", True]
+    def emit(entry, data):
+        batch = b""
+        for line in data.splitlines(keepends=True) + [b""]:
+            if batch and (not line or len(batch) + len(line) > select.PIPE_BUF):
+                view = memoryview(batch)
+                while view and entry[2]:
+                    try:
+                        view = view[os.write(entry[0], view):]
+                    except OSError:
+                        entry[2] = False  # the reader went away: keep draining, so the worker never blocks
+                batch = b""
+            batch += line
+    status, drain_until = None, None
+    while live:
+        ready = select.select(list(live), [], [], 0.2)[0]
+        for fd in ready:
+            entry = live[fd]
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                emit(entry, entry[1])
+                os.close(fd)
+                del live[fd]
+                continue
+            data = entry[1] + chunk
+            cut = max(data.rfind(b"\\n"), data.rfind(b"\\r")) + 1
+            if len(data) - cut > 65536:  # a "line" this long without an end: pass it on, memory stays bounded
+                cut = len(data)
+            entry[1] = data[cut:]
+            emit(entry, data[:cut])
+        if status is None:
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status, drain_until = st, time.monotonic() + 2.0
+        elif time.monotonic() > drain_until:
+            for entry in live.values():
+                emit(entry, entry[1])
+            break
+    if status is None:
+        status = os.waitpid(pid, 0)[1]
+    sys.stdout.flush()
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            import resource
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the worker dumped its own core, if any
+        except (ImportError, ValueError, OSError):
+            pass
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+_slurmlaunch_relay()
+"""
 
 
 def parse(argv: Sequence[str]) -> tuple[dict[str, str], list[str], list[str]]:
@@ -52,14 +152,14 @@ def parse(argv: Sequence[str]) -> tuple[dict[str, str], list[str], list[str]]:
                 i += 1
                 value = argv[i]
             values[name[2:]] = value
-        elif arg in ("-m", "--module", "--no-python"):
+        elif arg in ("-m", "--module", "--no-python", "--legacy-local-rank-arg"):
             flags.append("-m" if arg == "--module" else arg)
         elif arg == "--":
             i += 1
             break
         elif arg.startswith("-"):
             raise SlurmLaunchError(f"torchrun-node: unknown option {arg!r} (valid: --nproc-per-node, --nnodes, "
-                                   f"--max-restarts, --forward-signal, -m, --no-python)")
+                                   f"--max-restarts, --forward-signal, -m, --no-python, --legacy-local-rank-arg)")
         else:
             break
         i += 1
@@ -92,10 +192,24 @@ def torchrun_command(env: Mapping[str, str], values: Mapping[str, str], flags: S
     if re.fullmatch(r"[0-9]+(\.[0-9]*)?", timeout) and float(timeout) > 0:
         conf += f",join_timeout={float(timeout):g}"
     nnodes = values.get("nnodes") or env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    if "--legacy-local-rank-arg" in flags:
+        # right after SCRIPT, where torch.distributed.launch put it; torchrun puts each worker's local rank
+        # in place of the macro (torch.distributed.elastic.utils.macros)
+        flags = [f for f in flags if f != "--legacy-local-rank-arg"]
+        script = [script[0], "--local-rank=${local_rank}", *script[1:]]
     if env.get(RETURNED_DIR) and "--no-python" not in flags:
         # each worker through the launcher's RUNNER, which marks "the script returned" (torchrun adds -u
         # itself only when it runs Python)
         script = [*python_argv(python, "-m" in flags, script[0], env), *script[1:]]
+        flags = ["--no-python"]
+    if (bounded_int(values["nproc-per-node"], MAX_JOB_ID) or 0) > 1:
+        # several workers share this node's output: each through the line relay (see RELAY)
+        if "--no-python" in flags:
+            # the interpreter's options first (RUNNER's command): RELAY puts the interpreter back in front
+            inner = script[1:] if script[0] == python and script[1:2] and script[1].startswith("-") else script
+        else:
+            inner = [*python_argv(python, "-m" in flags, script[0], {})[1:], *script[1:]]
+        script = [python, "-c", RELAY, *inner]
         flags = ["--no-python"]
     argv = [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
             f"--nproc-per-node={values['nproc-per-node']}", "--rdzv-backend=c10d",
@@ -110,9 +224,29 @@ def torchrun_command(env: Mapping[str, str], values: Mapping[str, str], flags: S
             extra["PET_SIGNALS_TO_HANDLE"] = f"{handled},{wanted}"
     cpus = bounded_int(env.get("SLURM_CPUS_PER_TASK", ""), MAX_JOB_ID)
     nproc = bounded_int(values["nproc-per-node"], MAX_JOB_ID)
-    if "OMP_NUM_THREADS" not in env and cpus is not None and nproc:
-        extra["OMP_NUM_THREADS"] = str(max(1, cpus // nproc))  # torchrun would say 1
+    # slurmlaunch's rule (README: OMP_NUM_THREADS), as the launcher's: the user's value stands; else the
+    # task's CPUs shared among the node's workers; else 1 with several workers, as torchrun would set it
+    # itself, but said once (the first node) instead of by every node's torchrun.
+    if "OMP_NUM_THREADS" not in env and nproc:
+        if cpus is not None:
+            extra["OMP_NUM_THREADS"] = str(max(1, cpus // nproc))
+        elif nproc > 1:
+            extra["OMP_NUM_THREADS"] = "1"
     return argv, extra
+
+
+def omp_note(env: Mapping[str, str], values: Mapping[str, str], extra: Mapping[str, str]) -> str | None:
+    """The line the first node prints when OMP_NUM_THREADS=1 came from the several-workers rule (``extra``:
+    torchrun_command's); None on the other nodes and otherwise."""
+    head = first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+                      or "")
+    me = env.get("SLURMD_NODENAME")
+    first = me == head if me else env.get("SLURM_NODEID", "0") == "0"
+    if not first or extra.get("OMP_NUM_THREADS") != "1" or "SLURM_CPUS_PER_TASK" in env:
+        return None
+    return (f"OMP_NUM_THREADS=1 for every rank ({values['nproc-per-node']} ranks share a node and neither "
+            f"OMP_NUM_THREADS nor the CPUs per task were given; torchrun does the same): set OMP_NUM_THREADS, "
+            f"or submit --cpus-per-task N, to use more threads per rank")
 
 
 def aborted_workers(log_text: str) -> list[int]:
@@ -137,6 +271,9 @@ def main(argv: Sequence[str]) -> int:
         return 0
     values, flags, script = parse(argv)
     cmd, extra = torchrun_command(os.environ, values, flags, script, sys.executable)
+    note = omp_note(os.environ, values, extra)
+    if note:
+        sys.stderr.write(f"slurmlaunch: {note}\n")
     os.environ.update(extra)
     if os.environ.get("SLURMLAUNCH_PRINT_TORCHRUN"):
         sys.stderr.write("slurmlaunch: " + " ".join(cmd) + "\n")

@@ -61,6 +61,7 @@ SAMPLES: dict[str, tuple[list[str], list[str]]] = {
     "--max-parallel": (["--array", "0-3"], ["--max-parallel", "2"]),
     "--module": ([], ["--module"]),
     "--no-python": ([], ["--no-python"]),
+    "--legacy-local-rank-arg": ([], ["--legacy-local-rank-arg"]),
 }
 # What follows or steers the submission itself, not the job: no scheduler's output shows it.
 NOT_THE_JOB = {

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurmlaunch.launch import RUNNER, python_argv
-from slurmlaunch.torchrun_mode import aborted_workers, parse, teardown_aborts, torchrun_command
+from slurmlaunch.torchrun_mode import RELAY, aborted_workers, parse, teardown_aborts, torchrun_command
 from tests.conftest import run_cli
 from tests.test_submit import no_slurm_env
 
@@ -110,9 +110,10 @@ def test_without_the_variable_the_launcher_execs_python_directly() -> None:
 def test_torchrun_workers_go_through_the_runner() -> None:
     env = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n[1-2]", "SLURMD_NODENAME": "n1",
            "SLURMLAUNCH_RETURNED_DIR": "/logs/job-7.returned"}
-    for argv, tail in ((["t.py", "--a"], ["--no-python", "/py", "-u", "-c", RUNNER, "t.py", "--a"]),
-                       (["-m", "pkg"], ["--no-python", "/py", "-u", "-c", RUNNER, "-m", "pkg"]),
-                       (["--no-python", "./t.sh"], ["--no-python", "./t.sh"])):
+    relay = ["--no-python", "/py", "-c", RELAY]  # two workers: each behind the line relay, the RUNNER inside it
+    for argv, tail in ((["t.py", "--a"], [*relay, "-u", "-c", RUNNER, "t.py", "--a"]),
+                       (["-m", "pkg"], [*relay, "-u", "-c", RUNNER, "-m", "pkg"]),
+                       (["--no-python", "./t.sh"], [*relay, "./t.sh"])):
         values, flags, script = parse(["--nproc-per-node=2", *argv])
         cmd, _ = torchrun_command(env, values, flags, script, "/py")
         assert cmd[-len(tail):] == tail and cmd.count("--no-python") == 1

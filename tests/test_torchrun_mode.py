@@ -9,7 +9,7 @@ import pytest
 
 from slurmlaunch.errors import SlurmLaunchError, SpecError
 from slurmlaunch.spec import JobSpec, parse_nodes, validate
-from slurmlaunch.torchrun_mode import parse, torchrun_command
+from slurmlaunch.torchrun_mode import RELAY, parse, torchrun_command
 from tests.conftest import EXAMPLES, run_cli
 from tests.test_submit import assert_refused, no_slurm_env
 from tests.test_teardown import teardown_abort_only
@@ -46,7 +46,7 @@ def test_first_node_hosts_the_c10d_store() -> None:
     cmd, extra = command(STEP, "--nproc-per-node=4", "--max-restarts", "2", "--forward-signal=USR2", "t.py", "--x")
     assert cmd == ["/py", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d",
                    "--rdzv-endpoint=gpu07:19242", "--rdzv-id=4242", "--rdzv-conf=is_host=1", "--max-restarts=2",
-                   "t.py", "--x"]
+                   "--no-python", "/py", "-c", RELAY, "-u", "t.py", "--x"]  # 4 workers: each behind the line relay
     # torchrun passes the warning on to its workers (torch >= 2.9); CPUs are shared among the node's ranks
     assert extra == {"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2", "OMP_NUM_THREADS": "8"}
 

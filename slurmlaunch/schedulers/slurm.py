@@ -65,6 +65,8 @@ def launch_command(spec: JobSpec) -> list[str]:
         cmd.append("-m")
     if spec.no_python:
         cmd.append("--no-python")
+    if spec.legacy_local_rank_arg:  # launch and torchrun-node both take it; PBS and local run this same command
+        cmd.append("--legacy-local-rank-arg")
     script = spec.script
     if not (spec.module or spec.no_python or os.path.isabs(script)):
         script = os.path.join(spec.workdir, script)
