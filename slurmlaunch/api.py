@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SlurmLaunchError, SpecError
-from .spec import JobSpec, validate
+from .spec import ENV_KEY, JobSpec, validate
 
 _MARK = "slurmlaunch-rank-failure"
 # `slurmlaunch submit` features the submitit-based API does not carry out: refused, never silently dropped.
@@ -78,6 +78,9 @@ _RESULT_WAIT_S = 15.0
 _SACCT_EVERY_S = 2  # at most one sacct per this many seconds, for all the jobs being waited for together
 # Job states after which the ranks that left nothing were stopped from outside, not failed on their own.
 _STOPPED_STATES = ("CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE")
+# squeue's states (`-t all`) of a job that has ended (squeue(1), JOB STATE CODES)
+_FINAL_QUEUE_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+                       "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT")
 # The first line the batch shell writes to the batch log at each start: srun's reports before the last
 # one belong to an earlier run of a requeued job.
 _BATCH_MARK = "slurmlaunch: batch shell started"
@@ -614,6 +617,8 @@ class Job:
         self._job = job
         self.spec = spec
         self.scheduler = scheduler
+        self._queue_asked = -float("inf")
+        self._queued: str | None = None
 
     @property
     def job_id(self) -> str:
@@ -627,14 +632,46 @@ class Job:
         if self.scheduler == "local":
             return str(self._job.state)
         state = str(_watcher().get_state(self.job_id, mode="standard"))
-        return "PENDING" if state == "UNKNOWN" else state
+        if state == "UNKNOWN":  # not in accounting (yet, or at all): the queue's word
+            queued = self._queue_state()
+            # "" is a job gone from the queue with no accounting record: it ended, how is not known
+            return queued if queued not in (None, "") else ("PENDING" if queued is None else "ENDED")
+        return state
 
     def done(self) -> bool:
         """Whether the job has ended (under Slurm: sacct says so; rank result files alone do not end a job,
         so state and done() agree)."""
         if self.scheduler == "local":
             return bool(self._job.done())
-        return bool(_watcher().is_done(self.job_id, mode="standard"))
+        watcher = _watcher()
+        if watcher.is_done(self.job_id, mode="standard"):
+            return True
+        if str(watcher.get_state(self.job_id, mode="cache")) != "UNKNOWN":
+            return False
+        # sacct has no record: accounting is off at this site (sacct fails), or not caught up yet. Without
+        # this, a site without accounting would wait forever. squeue knows the job until MinJobAge after its
+        # end (with its final state), and not at all after: either means it ended.
+        queued = self._queue_state()
+        return queued == "" or queued in _FINAL_QUEUE_STATES
+
+    def _queue_state(self) -> str | None:
+        """squeue's state of the job (final states too, while slurmctld keeps them), "" when squeue does not
+        know it, None when squeue could not be asked; at most one squeue per _SACCT_EVERY_S per job."""
+        now = time.monotonic()
+        if now - self._queue_asked < _SACCT_EVERY_S:
+            return self._queued
+        self._queue_asked = now
+        try:
+            r = subprocess.run(["squeue", "-h", "-t", "all", "-j", self.job_id, "-o", "%T"], capture_output=True,
+                               text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            self._queued = None
+            return None
+        if r.returncode != 0:  # "Invalid job id specified": gone from slurmctld's memory
+            self._queued = "" if "Invalid job id" in r.stderr else None
+        else:
+            self._queued = r.stdout.strip().split("\n")[0].strip()
+        return self._queued
 
     def _wait(self) -> str | None:
         """Wait for the job's end; its final state under Slurm (None locally)."""
@@ -644,7 +681,7 @@ class Job:
             return None
         while not self.done():
             time.sleep(0.5)
-        return str(_watcher().get_state(self.job_id, mode="cache"))
+        return self.state
 
     def cancel(self) -> None:
         self._job.cancel(check=False)
@@ -801,7 +838,9 @@ def _executor(spec: JobSpec, scheduler: str) -> Any:
     ex = submitit.SlurmExecutor(folder=str(folder), python=spec.python, max_num_timeout=spec.max_requeues)
     params: dict[str, Any] = {
         "nodes": spec.nodes, "ntasks_per_node": tpn, "time": _minutes(spec.time), "job_name": spec.name,
-        "srun_args": ["--kill-on-bad-exit=1"], "setup": _batch_lines(signal_name) + list(spec.setup),
+        "srun_args": ["--kill-on-bad-exit=1"],
+        # as the CLI's script: the --env exports, then the --setup lines (which may use them)
+        "setup": [*_batch_lines(signal_name), *(f"export {k}={shlex.quote(v)}" for k, v in spec.env), *spec.setup],
         "signal_delay_s": signal_s,
     }
     if spec.exclusive:  # submitit writes --exclusive=<value>: only pass it when wanted
@@ -837,6 +876,10 @@ def _spec(script: str, options: dict[str, Any], module: bool = False) -> JobSpec
     env = options.pop("env", ())
     if isinstance(env, dict):
         env = tuple(env.items())
+    for key, value in env:  # they become `export KEY=VALUE` lines of the batch script: names only
+        if not (isinstance(key, str) and ENV_KEY.fullmatch(key) and isinstance(value, str)):
+            raise SpecError(f"env {key!r}: {value!r} is not valid (expected a shell variable name and a string "
+                            f"value, e.g. env={{'FOO': '1'}})")
 
     spec = JobSpec(script=script, module=module, env=tuple(env), **options)
     return spec

@@ -282,3 +282,44 @@ def test_a_hung_rank_at_the_time_limit_is_named(cluster_env: dict[str, str], tmp
                              "before that)", out
     assert out["state"] == "TIMEOUT" and out["done"] is True
     heard_within_bound(cluster_env, out)
+
+
+def env_value() -> str:
+    return os.environ["SLURMLAUNCH_TEST_VALUE"]
+
+
+@pytest.mark.slurm
+def test_env_reaches_every_rank_byte_for_byte(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    """env= is exported by the batch script, as the CLI's --env is (it was dropped under Slurm: only the
+    caller's own environment reached the ranks)."""
+    hostile = "a b 'q' \"d\" $(touch pwned) `id` \\n\nline2 ü ; | & $HOME"
+    out = run_api(cluster_env, tmp_path, (
+        f"job = slurmlaunch.submit(env_value, **api, tasks_per_node=2, cpus_per_task=1, "
+        f"env={{'SLURMLAUNCH_TEST_VALUE': {hostile!r}}})\noutcome(job)\n"))
+    assert out["value"] == [hostile, hostile], out
+    assert not list(tmp_path.rglob("pwned"))
+
+
+def test_env_names_are_checked_before_anything_is_submitted() -> None:
+    for bad in ({"A B": "1"}, {"X=Y": "1"}, {"A;id": "1"}, {"OK": 1}):
+        with pytest.raises(slurmlaunch.SpecError, match="shell variable name"):
+            slurmlaunch.submit(env_value, scheduler="slurm", env=bad)
+
+
+@pytest.mark.slurm
+def test_without_accounting_the_end_comes_from_the_queue(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    """A site without accounting: sacct fails as Slurm's does when AccountingStorageType is none (its own
+    message, exit 1). The end comes from squeue (the final state while slurmctld keeps the job): nothing
+    waits for a record that will never come."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sacct").write_text("#!/bin/sh\necho 'sacct: error: Slurm accounting storage is disabled' >&2\nexit 1\n")
+    (fake / "sacct").chmod(0o755)
+    env = dict(cluster_env, PATH=f"{fake}:{cluster_env['PATH']}")
+    start = time.monotonic()
+    out = run_api(env, tmp_path, (
+        "job = slurmlaunch.submit(exit_0_on_rank_1, **api, tasks_per_node=2, cpus_per_task=1)\noutcome(job)\n"),
+        timeout=240)
+    assert out["value"] == [5, None] and out["done"] is True, out
+    assert out["state"] in ("COMPLETED", "ENDED"), out
+    assert time.monotonic() - start < 120, out
