@@ -88,6 +88,10 @@ def adapt_to_site(spec: JobSpec, origins: dict[str, str]) -> JobSpec:
 
 def cmd_submit(ns: Any) -> int:
     ns = merged_options(ns)
+    if ns.remote:
+        from .remote_jobs import submit_remote
+
+        return submit_remote(ns)
     spec = spec_from_args(ns)
     scheduler = choose_scheduler(ns.scheduler, preview=ns.dry_run)
     from .support import refuse_unsupported
