@@ -35,6 +35,8 @@ from .remote import (
 from .schedulers import JobStatus
 from .spec import JobSpec
 
+DEFAULT_SYNC_LIMIT_TEXT = "1G"  # --sync-limit's default, as written
+
 # Run on the login node by its python3 (standard library only): the job's state, as the Slurm edge finds it
 # locally (squeue while it is queued or running; then sacct, else scontrol; the exit code from the file the
 # batch script writes), and what a log gained since OFFSET, in one JSON line. One round trip per poll.
@@ -118,6 +120,16 @@ def _refuse_unsupported_remote(ns: Any, spec: JobSpec) -> None:
         raise SpecError("--remote with --array/--sweep is not supported yet; submit on the login node")
 
 
+def refuse_remote_only(ns: Any) -> None:
+    """The options that mean something only with --remote, given without it: refused, not ignored."""
+    given = [flag for flag, on in (("--remote-setup", ns.remote_setup), ("--remote-exclude", ns.remote_exclude),
+                                   ("--no-sync", ns.sync is False),
+                                   ("--sync-limit", ns.sync_limit not in (None, DEFAULT_SYNC_LIMIT_TEXT)))
+             if on]
+    if given:
+        raise SpecError(f"{', '.join(given)}: only with --remote [USER@]HOST[:DIR] (leave it out, or add --remote)")
+
+
 def submit_remote(ns: Any) -> int:
     """`submit --remote DEST`: render here, sync, sbatch there, follow from here with --wait."""
     from .schedulers import slurm
@@ -154,7 +166,7 @@ def submit_remote(ns: Any) -> int:
             return 0
         if ns.sync:
             summary = sync(conn, spec.workdir, remote_dir, excludes,
-                           limit if limit is not None else parse_size("1G"))
+                           limit if limit is not None else parse_size(DEFAULT_SYNC_LIMIT_TEXT))
             sys.stderr.write(summary.line(f"{dest.target}:{remote_dir}") + "\n")
         out = conn.run(submit_line, input_bytes=script.encode()).stdout.decode(errors="replace").strip()
         job_id = out.splitlines()[-1].split(";")[0] if out else ""

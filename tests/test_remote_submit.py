@@ -209,3 +209,16 @@ def test_cancel_and_follow_from_the_laptop(laptop: sshd.Laptop, cluster_env: dic
     st = on_laptop(laptop, "status", job, "--json", cwd=project)
     assert json.loads(st.stdout)["state"] == "CANCELLED", st.stdout + st.stderr
     assert masters_left(laptop) == []
+
+
+@pytest.mark.parametrize("option", [["--remote-setup", "module load slurm"], ["--remote-exclude", "*.ckpt"],
+                                    ["--no-sync"], ["--sync-limit", "10M"]])
+def test_remote_only_options_are_refused_without_remote(site: Path, capsys: pytest.CaptureFixture[str],
+                                                         option: list[str]) -> None:
+    from slurmlaunch import cli
+
+    assert cli.main(["submit", "--scheduler", "slurm", "--dry-run", "train.py"]) == 0
+    capsys.readouterr()
+    assert cli.main(["submit", "--scheduler", "slurm", "--dry-run", *option, "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "only with --remote" in err and option[0] in err, err
