@@ -225,6 +225,40 @@ def probe(conn: Connection, job_id: str, log_dir: str, log: str = "", offset: in
     return st, base64.b64decode(answer["log"])
 
 
+MAX_BACKOFF_S = 15.0
+
+
+class RemoteFollower:
+    """follow()'s status callable for a remote job: each call is one probe, which also prints what the log
+    gained. When the connection drops, each failed call waits longer before it reports (1, 2, 4 ... 15 s),
+    so that follow()'s retries back off; follow() gives up after its LOST_CONTACT_S with one line."""
+
+    def __init__(self, conn: Connection, job_id: str, log_dir: str, log: str) -> None:
+        self.conn, self.job_id, self.log_dir, self.log = conn, job_id, log_dir, log
+        self.offset = 0
+        self.failures = 0
+
+    def __call__(self) -> JobStatus:
+        try:
+            st, data = probe(self.conn, self.job_id, self.log_dir, self.log, self.offset)
+        except RemoteError as e:
+            self.failures += 1
+            if self.failures == 1:
+                sys.stderr.write(f"slurmlaunch: lost contact with {self.conn.dest.target} ({e}); trying again, "
+                                 f"the job is not affected\n")
+            time.sleep(min(2.0 ** (self.failures - 1), MAX_BACKOFF_S) - 1.0)  # follow() sleeps 1 s more
+            raise
+        if self.failures:
+            sys.stderr.write(f"slurmlaunch: reconnected to {self.conn.dest.target} after {self.failures} failed "
+                             f"attempt(s)\n")
+            self.failures = 0
+        if data:
+            self.offset += len(data)
+            sys.stdout.write(data.decode("utf-8", errors="replace"))
+            sys.stdout.flush()
+        return st
+
+
 def wait_remote(conn: Connection, spec: JobSpec, job_id: str, cancel_on_interrupt: bool,
                 timeout: float | None) -> int:
     """Follow the job from here: its states and rank 0's output, as `submit --wait` does locally. A dropped
@@ -232,17 +266,7 @@ def wait_remote(conn: Connection, spec: JobSpec, job_id: str, cancel_on_interrup
     from .follow import follow
     from .schedulers import rank_log
 
-    log = rank_log(spec, job_id, 0)
-    offset = [0]
-
-    def status() -> JobStatus:
-        st, data = probe(conn, job_id, spec.log_dir, log, offset[0])
-        if data:
-            offset[0] += len(data)
-            sys.stdout.write(data.decode("utf-8", errors="replace"))
-            sys.stdout.flush()
-        return st
-
+    status = RemoteFollower(conn, job_id, spec.log_dir, rank_log(spec, job_id, 0))
     try:
         code: int = follow(job_id, status, None, timeout=timeout)
     except KeyboardInterrupt:
@@ -284,17 +308,7 @@ def logs(record: Mapping[str, Any], path: str, follow: bool) -> int:
             return 0
         from .follow import follow as follow_job
 
-        offset = [0]
-
-        def state() -> JobStatus:
-            st, data = probe(conn, job_id, str(record["log_dir"]), path, offset[0])
-            if data:
-                offset[0] += len(data)
-                sys.stdout.write(data.decode("utf-8", errors="replace"))
-                sys.stdout.flush()
-            return st
-
-        return follow_job(job_id, state, None)
+        return follow_job(job_id, RemoteFollower(conn, job_id, str(record["log_dir"]), path), None)
 
 
 def cancel(record: Mapping[str, Any]) -> None:

@@ -122,6 +122,39 @@ class Sshd:
         self.proc = None
 
 
+    def drop(self) -> None:
+        """A network drop as the laptop sees it: the listener stops and every connection it accepted is cut
+        (its per-connection sshd processes, descendants of the listener we started, are killed by pid)."""
+        if self.proc is None:
+            return
+        children = _descendants(self.proc.pid)
+        self.stop()
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(root: int) -> list[int]:
+    """Pids of the processes below ``root`` (from /proc: parent links)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        pid = frontier.pop()
+        kids = [child for child, parent in parents.items() if parent == pid]
+        found.extend(kids)
+        frontier.extend(kids)
+    return found
+
+
 def keygen(path: Path, comment: str) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
                    check=True, capture_output=True, timeout=30)

@@ -222,3 +222,47 @@ def test_remote_only_options_are_refused_without_remote(site: Path, capsys: pyte
     assert cli.main(["submit", "--scheduler", "slurm", "--dry-run", *option, "train.py"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "only with --remote" in err and option[0] in err, err
+
+
+TICKER = """\
+import sys, time
+print("started", flush=True)
+for i in range(int(sys.argv[1])):
+    time.sleep(1)
+    print("tick", i, flush=True)
+print("finished", flush=True)
+"""
+
+
+def test_connection_drop_during_wait_is_survived(laptop: sshd.Laptop, server: sshd.Sshd,
+                                                 cluster_env: dict[str, str], tmp_path: Path) -> None:
+    """sshd goes away for a few seconds while --wait follows the job: the follower says so once, tries
+    again with a growing pause, reconnects, and ends with the job's code and all of rank 0's output; the
+    job itself never noticed."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "ticker.py").write_text(TICKER)
+    remote_dir = tmp_path / "remote"
+    p = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "submit", "--remote", f"login:{remote_dir}",
+                          *setup_for(cluster_env), "--python", sys.executable, "--nodes", "1", "--wait",
+                          "ticker.py", "25"], env=laptop.env, cwd=project, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        logs = remote_dir / "slurmlaunch-logs"
+        while not any("tick 1" in f.read_text() for f in logs.glob("job-*.rank-0.log")) and \
+                time.monotonic() < deadline:
+            time.sleep(0.2)
+        server.drop()
+        time.sleep(6)
+        server.start()
+        out, err = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, out + err
+    assert err.count("lost contact with login") == 1 and "reconnected to login" in err, err
+    assert "started" in out and "finished" in out and out.count("tick 24") == 1, out
+    assert [int(n) for n in re.findall(r"tick (\d+)", out)] == list(range(25))  # nothing lost, nothing twice
+    assert masters_left(laptop) == []
