@@ -78,6 +78,11 @@ class Sshd:
             "LogLevel VERBOSE",
             "MaxSessions 50",
             "MaxStartups 50:30:100",
+            # bash sources ~/.bashrc for a command sshd runs when it is the top-level shell (SHLVL < 2): this
+            # machine's /root/.bashrc belongs to whoever uses the machine (here it rehashes pyenv under a
+            # lock, which a test that cuts connections would leave behind). The test's login node starts
+            # with sshd's own environment, and what a test needs it says with --remote-setup.
+            "SetEnv SHLVL=1",
             *self.extra_config,
         ]) + "\n"
 
