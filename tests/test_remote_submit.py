@@ -266,3 +266,18 @@ def test_connection_drop_during_wait_is_survived(laptop: sshd.Laptop, server: ss
     assert "started" in out and "finished" in out and out.count("tick 24") == 1, out
     assert [int(n) for n in re.findall(r"tick (\d+)", out)] == list(range(25))  # nothing lost, nothing twice
     assert masters_left(laptop) == []
+
+
+def test_profile_carries_the_destination_and_setup(laptop: sshd.Laptop, tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("")
+    (project / "slurmlaunch.toml").write_text(
+        '[profiles.booster]\nremote = "login:/scratch/booster/proj"\nremote-setup = ["module load slurm"]\n'
+        'remote-exclude = ["data/"]\n')
+    r = on_laptop(laptop, "submit", "--profile", "booster", "--dry-run", "train.py", cwd=project)
+    assert r.returncode == 0, r.stderr
+    assert "cd /scratch/booster/proj || exit 2" in r.stdout
+    assert "#   module load slurm" in r.stderr and "--exclude=data/" in r.stderr
+    shown = on_laptop(laptop, "config", "show", "--profile", "booster", cwd=project)
+    assert "login:/scratch/booster/proj" in shown.stdout, shown.stdout + shown.stderr
