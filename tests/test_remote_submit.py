@@ -281,3 +281,57 @@ def test_profile_carries_the_destination_and_setup(laptop: sshd.Laptop, tmp_path
     assert "#   module load slurm" in r.stderr and "--exclude=data/" in r.stderr
     shown = on_laptop(laptop, "config", "show", "--profile", "booster", cwd=project)
     assert "login:/scratch/booster/proj" in shown.stdout, shown.stdout + shown.stderr
+
+
+@pytest.mark.parametrize(("args", "expect"), [
+    (["--scheduler", "pbs"], "only Slurm clusters"), (["--scheduler", "local"], "only Slurm clusters"),
+    (["--array", "0-3"], "--array/--sweep"), (["--apptainer", "img.sif"], "--container-image/--apptainer"),
+])
+def test_what_remote_does_not_do_yet_is_refused(laptop: sshd.Laptop, tmp_path: Path, args: list[str],
+                                                expect: str) -> None:
+    (tmp_path / "train.py").write_text("")
+    r = on_laptop(laptop, "submit", "--remote", "login:/abs/dir", "--dry-run", *args, "train.py", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and expect in r.stderr, r.stderr
+
+
+def test_interrupting_remote_wait_cancels_the_job(laptop: sshd.Laptop, cluster_env: dict[str, str],
+                                                  tmp_path: Path) -> None:
+    import signal
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "sleeper.py").write_text(SLEEPER)
+    remote_dir = tmp_path / "remote"
+    p = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "submit", "--remote", f"login:{remote_dir}",
+                          *setup_for(cluster_env), "--python", sys.executable, "--nodes", "1", "--wait",
+                          "--cancel-on-interrupt", "sleeper.py"], env=laptop.env, cwd=project,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        logs = remote_dir / "slurmlaunch-logs"
+        while not any("started" in f.read_text() for f in logs.glob("job-*.rank-0.log")) and \
+                time.monotonic() < deadline:
+            time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, err
+    job = out.split()[0]
+    assert f"cancelled job {job}" in err, err
+    st = on_laptop(laptop, "status", job, "--json", cwd=project)
+    assert json.loads(st.stdout)["state"] == "CANCELLED", st.stdout + st.stderr
+    assert masters_left(laptop) == []
+
+
+def test_sbatch_refusal_on_the_login_node_is_one_line(laptop: sshd.Laptop, cluster_env: dict[str, str],
+                                                      tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+    r = on_laptop(laptop, "submit", "--remote", f"login:{tmp_path / 'remote'}", *setup_for(cluster_env),
+                  "--partition", "no-such-partition", "train.py", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    error = [line for line in r.stderr.splitlines() if "error" in line]
+    assert len(error) == 1 and "sbatch --parsable" in error[0] and "invalid partition" in error[0].lower(), r.stderr
+    assert masters_left(laptop) == []
