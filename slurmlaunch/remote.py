@@ -255,7 +255,7 @@ def resolve_directory(conn: Connection, directory: str | None, project: str, cre
 
 def parse_size(text: str, what: str = "--sync-limit") -> int:
     """``N``, ``N[KMGT]`` (powers of 1024) in bytes."""
-    m = re.fullmatch(r"(\d{1,15})([KMGT]?)i?B?", text.strip(), re.IGNORECASE)
+    m = re.fullmatch(r"(\d{1,15})([KMGT]?)i?B?", text, re.IGNORECASE)
     if not m:
         raise SpecError(f"{what} {text!r} is not a size (expected bytes or N with K, M, G or T, e.g. 500M)")
     return int(m.group(1)) << (10 * " KMGT".index(m.group(2).upper() or " "))

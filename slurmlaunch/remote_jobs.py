@@ -146,6 +146,10 @@ def submit_remote(ns: Any) -> int:
     _refuse_unsupported_remote(ns, spec)
     refuse_unsupported(spec, "slurm", getattr(ns, "option_origins", {}))
     excludes = list(ns.remote_exclude or [])
+    for pattern in excludes:
+        if not pattern or not pattern.isprintable():
+            raise SpecError(f"--remote-exclude {pattern!r} is not a pattern (expected an rsync --exclude "
+                            f"pattern on one line, e.g. data/ or *.ckpt)")
     if not os.path.isabs(spec.output_dir):
         excludes.append(f"/{spec.output_dir.strip('/')}/")  # the job's logs are the remote's, never sent over
     with Connection(dest, ns.remote_setup or ()) as conn:
