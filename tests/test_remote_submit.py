@@ -156,9 +156,15 @@ def test_example_on_two_nodes_from_the_laptop(laptop: sshd.Laptop, cluster_env: 
 HOSTILE_JOB = """\
 import json, os, sys
 out = os.path.join(os.environ["OUT_DIR"], "rank-" + os.environ["RANK"] + ".json")
-with open(out, "w", encoding="utf-8") as f:
+with open(out + ".tmp", "w", encoding="utf-8") as f:
     json.dump({"argv": sys.argv[1:], "env": os.environ["HOSTILE"], "name": os.environ["SLURM_JOB_NAME"]}, f)
-sys.exit(3 if os.environ["RANK"] == "1" else 0)
+os.rename(out + ".tmp", out)
+if os.environ["RANK"] == "1":  # fail only once rank 0 has written (srun then stops the step at once)
+    import time
+    deadline = time.monotonic() + 60
+    while not os.path.exists(out.replace("rank-1", "rank-0")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    sys.exit(3)
 """
 
 
