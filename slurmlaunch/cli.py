@@ -316,6 +316,20 @@ def add_submit_options(s: Any) -> None:
                         "arguments (repeatable: the product of all)")
     g.add_argument("--max-parallel", type=Count("--max-parallel", 1, MAX_ARRAY_ELEMENTS), metavar="N",
                    help="run at most N array elements at once")
+    g = s.add_argument_group("from your laptop (README: From your laptop)")
+    g.add_argument("--remote", metavar="[USER@]HOST[:DIR]",
+                   help="submit on this ssh destination (an alias of ~/.ssh/config works): the project is synced "
+                        "to DIR (default ~/slurmlaunch-projects/<this directory's name>) and sbatch runs there")
+    g.add_argument("--remote-setup", action="append", default=[], metavar="'SHELL LINE'",
+                   help="with --remote: a shell line run before every remote command, e.g. 'module load slurm' "
+                        "(repeatable; the remote shell is a non-login one)")
+    g.add_argument("--sync", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --remote: rsync the working directory first (default; --no-sync: the code is there)")
+    g.add_argument("--remote-exclude", action="append", default=[], metavar="PATTERN",
+                   help="with --remote: leave PATTERN out of the sync (rsync's --exclude; .gitignore files and "
+                        ".git/ are always honoured; repeatable)")
+    g.add_argument("--sync-limit", default="1G", metavar="SIZE",
+                   help="with --remote: refuse a sync that would send more than SIZE (default 1G)")
     g = s.add_argument_group("what and how")
     g.add_argument("-m", "--module", action="store_true", help="SCRIPT is a Python module")
     g.add_argument("--no-python", action="store_true", help="SCRIPT is an executable")

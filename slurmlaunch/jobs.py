@@ -27,11 +27,16 @@ def index_path(environ: Mapping[str, str] = os.environ) -> str:
     return os.path.join(state_dir(environ), "jobs.jsonl")
 
 
-def remember(job_id: str, scheduler: str, record_path: str, name: str) -> None:
+def remember(job_id: str, scheduler: str, record_path: str, name: str, remote: str | None = None) -> None:
+    """Append a submission to the index; ``remote``: the ssh destination the job lives on (its record is
+    here, its files there)."""
     path = index_path()
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    line = json.dumps({"job_id": job_id, "scheduler": scheduler, "record": record_path, "name": name,
-                       "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    row = {"job_id": job_id, "scheduler": scheduler, "record": record_path, "name": name,
+           "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if remote:
+        row["remote"] = remote
+    line = json.dumps(row)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "a") as f:
         f.write(line + "\n")
@@ -152,6 +157,10 @@ def _tag(record: Mapping[str, Any]) -> str:
 
 
 def status(record: Mapping[str, Any]) -> dict[str, Any]:
+    if record.get("remote"):
+        from . import remote_jobs
+
+        return remote_jobs.status(record)
     shown_id = _tag(record)
     if record["scheduler"] == "local":
         whole = {k: v for k, v in record.items() if k != "_element"}
@@ -293,8 +302,16 @@ def cmd_list(as_json: bool) -> int:
     """Every job this user submitted (the index is per user), newest last, with the directory of its files
     and a quick state."""
     rows = entries()
-    live = _squeue_states() if any(r["scheduler"] == "slurm" for r in rows) else {}
-    shown = [{**row, "state": _list_state(row, live), "directory": os.path.dirname(row["record"])} for row in rows]
+    live = _squeue_states() if any(r["scheduler"] == "slurm" and not r.get("remote") for r in rows) else {}
+    remote_live: dict[str, dict[str, str] | None] = {}  # per destination: one squeue over ssh for all its jobs
+    shown = []
+    for row in rows:
+        if row.get("remote"):
+            from . import remote_jobs
+
+            shown.append(remote_jobs.list_row(row, remote_live))
+        else:
+            shown.append({**row, "state": _list_state(row, live), "directory": os.path.dirname(row["record"])})
     if as_json:
         print(json.dumps(shown))
         return 0
@@ -326,6 +343,10 @@ def cmd_status(job_id: str, as_json: bool) -> int:
 def cmd_logs(job_id: str, rank: int | None, follow: bool) -> int:
     record = find(job_id)
     path = log_path(record, rank)
+    if record.get("remote"):
+        from . import remote_jobs
+
+        return remote_jobs.logs(record, path, follow)
     if not follow:
         try:
             with open(path, "rb") as f:
@@ -341,6 +362,11 @@ def cmd_logs(job_id: str, rank: int | None, follow: bool) -> int:
 
 def cmd_cancel(job_id: str) -> int:
     record = find(job_id)
-    _edge(record).cancel(record["_full_id"])
+    if record.get("remote"):
+        from . import remote_jobs
+
+        remote_jobs.cancel(record)
+    else:
+        _edge(record).cancel(record["_full_id"])
     print(f"cancelled job {record['_full_id']}")
     return 0

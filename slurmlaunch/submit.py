@@ -131,6 +131,13 @@ def adapt_to_client(spec: JobSpec, origins: dict[str, str], scheduler: str) -> J
 
 def cmd_submit(ns: Any) -> int:
     ns = merged_options(ns)
+    if ns.remote:
+        from .remote_jobs import submit_remote
+
+        return submit_remote(ns)
+    from .remote_jobs import refuse_remote_only
+
+    refuse_remote_only(ns)
     spec = spec_from_args(ns)
     scheduler = choose_scheduler(ns.scheduler, preview=ns.dry_run)
     from .support import refuse_unsupported

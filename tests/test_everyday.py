@@ -56,7 +56,7 @@ def test_completion_offers_undo_flags_only_for_booleans() -> None:
     fish = run_cli("completion", "fish").stdout.splitlines()
     submit = [line for line in fish if "'__fish_seen_subcommand_from submit'" in line]
     undo = {line.split(" -l ")[1].split()[0] for line in submit if "-d 'undo " in line}
-    assert undo == {"no-exclusive", "no-requeue", "no-wait", "no-cancel-on-interrupt"}, undo
+    assert undo == {"no-exclusive", "no-requeue", "no-wait", "no-cancel-on-interrupt", "no-sync"}, undo
     no_python = [line for line in submit if " -l no-python " in line]
     assert len(no_python) == 1 and "-d 'SCRIPT is an executable'" in no_python[0], no_python
     bash = run_cli("completion", "bash").stdout

@@ -225,10 +225,13 @@ SUBMIT_VALID: dict[str, tuple[str, list[str]]] = {
     "wait_timeout": ("5", []),
     "pbs_resource": ("filesystems=home", []), "pbs_chunk": ("system=polaris", []), "project": ("proj", []),
     "pbs_request": ("totals", []), "pbs_queues": ("debug:1-2", []), "mpiexec_arg": ("--no-transfer", []),
+    # an absolute remote directory: the dry run needs no ssh
+    "remote": ("login:/abs", []), "remote_setup": ("module load x", ["--remote", "login:/abs"]),
+    "remote_exclude": ("*.tmp", ["--remote", "login:/abs"]), "sync_limit": ("10M", ["--remote", "login:/abs"]),
 }
 PBS_ONLY = {"pbs_flavour", "mpi", "pbs_resource", "pbs_chunk", "project", "pbs_request", "pbs_queues", "mpiexec_arg"}
 # Values kept byte for byte by design (README: Strings are data): a newline there is data.
-BYTE_FOR_BYTE = {"env", "setup", "sweep", "job_name"}
+BYTE_FOR_BYTE = {"env", "setup", "sweep", "job_name", "remote_setup"}
 
 
 def value_options(parser: argparse.ArgumentParser) -> list[argparse.Action]:

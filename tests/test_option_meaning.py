@@ -72,6 +72,11 @@ NOT_THE_JOB = {
     "--wait": "follows the job after submission (the local scheduler always runs in the foreground)",
     "--wait-timeout": "bounds the following; the local scheduler refuses it (tested below)",
     "--cancel-on-interrupt": "what Ctrl-C during --wait does (locally, Ctrl-C always stops the job)",
+    "--remote": "where the job is submitted (over ssh; tested in test_remote_submit.py)",
+    "--remote-setup": "shell lines before each remote command; refused without --remote (test_remote_submit.py)",
+    "--sync": "whether the project is sent first; --no-sync refused without --remote (test_remote_submit.py)",
+    "--remote-exclude": "what the sync leaves out; refused without --remote (test_remote_submit.py)",
+    "--sync-limit": "the sync's size guard; refused without --remote (test_remote_submit.py)",
 }
 
 

@@ -1,0 +1,343 @@
+"""`submit --remote` end to end: a "laptop" (own HOME and ~/.ssh/config, no Slurm command on PATH) submits
+over a real sshd to the real dev cluster, whose login node is this machine; then status, logs, list, cancel
+from the laptop."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from . import sshd
+from .conftest import EXAMPLES, skip_or_fail
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[sshd.Sshd]:
+    why = sshd.missing()
+    if why:
+        skip_or_fail(why)
+    s = sshd.start_sshd()
+    yield s
+    sshd.remove(s)
+
+
+@pytest.fixture
+def laptop(server: sshd.Sshd, tmp_path: Path) -> sshd.Laptop:
+    return sshd.make_laptop(server, tmp_path)
+
+
+def on_laptop(lap: sshd.Laptop, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "slurmlaunch", *args], capture_output=True, text=True,
+                          env=lap.env, cwd=cwd, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def masters_left(lap: sshd.Laptop) -> list[str]:
+    """Running processes whose command line names the laptop's ssh config: ssh masters left behind."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(lap.ssh_dir) in args and "ssh" in args:
+            found.append(args)
+    return found
+
+
+def free_master_port() -> str:
+    """A port free now below the ephemeral range: on this shared machine the port derived from job id 1 may
+    be another test cluster's rank 0's."""
+    for _ in range(200):
+        port = random.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return str(port)
+    raise AssertionError("no free port in 20000-32000")
+
+
+def setup_for(cluster_env: dict[str, str]) -> list[str]:
+    """What makes the dev cluster reachable on its login node (a site would say `module load slurm`), and a
+    free MASTER_PORT."""
+    return ["--remote-setup", f"export SLURM_CONF={shlex.quote(cluster_env['SLURM_CONF'])}",
+            "--remote-setup", "export SLURMLAUNCH_ALLOW_LOOPBACK=1", "--master-port", free_master_port()]
+
+
+def test_dry_run_shows_script_and_remote_commands(laptop: sshd.Laptop, tmp_path: Path) -> None:
+    project = tmp_path / "my project"
+    project.mkdir()
+    (project / "train.py").write_text("print('hi')\n")
+    r = on_laptop(laptop, "submit", "--remote", "login:/scratch/me/p", "--dry-run", "--nodes", "2", "train.py",
+                  "--x", "$(id)", cwd=project)
+    assert r.returncode == 0, r.stderr
+    assert "cd /scratch/me/p || exit 2" in r.stdout and "'$(id)'" in r.stdout
+    assert "python3 -m slurmlaunch launch /scratch/me/p/train.py" in r.stdout  # the cluster's python3
+    assert "# would run here: rsync -a" in r.stderr and "login:/scratch/me/p/" in r.stderr
+    assert "--chdir=/scratch/me/p" in r.stderr and "sbatch --parsable" in r.stderr
+    # a directory relative to the remote home is resolved there (one round trip), not created
+    r = on_laptop(laptop, "submit", "--remote", "login", "--dry-run", "train.py", cwd=project)
+    assert r.returncode == 0, r.stderr
+    assert "cd /root/slurmlaunch-projects/my_project || exit 2" in r.stdout
+    assert not Path("/root/slurmlaunch-projects/my_project").exists()
+    assert masters_left(laptop) == []
+
+
+@pytest.mark.parametrize("dest", ["-oProxyCommand=touch${IFS}/tmp/x", "login:a\nb", "me@"])
+def test_bad_destination_one_line_exit_2(laptop: sshd.Laptop, tmp_path: Path, dest: str) -> None:
+    (tmp_path / "train.py").write_text("")
+    r = on_laptop(laptop, "submit", f"--remote={dest}", "--dry-run", "train.py", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "expected [user@]host[:dir]" in r.stderr, r.stderr
+
+
+def test_unknown_host_key_and_unresolvable_host_one_line_exit_2(laptop: sshd.Laptop, tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+    r = on_laptop(laptop, "submit", "--remote", "nowhere.invalid", "train.py", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot be resolved" in r.stderr, r.stderr
+    (laptop.ssh_dir / "known_hosts").write_text("")
+    r = on_laptop(laptop, "submit", "--remote", "login", "train.py", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "host key of login is not known" in r.stderr, r.stderr
+    assert masters_left(laptop) == []
+
+
+def test_example_on_two_nodes_from_the_laptop(laptop: sshd.Laptop, cluster_env: dict[str, str], tmp_path: Path,
+                                              torch_available: None) -> None:
+    assert shutil.which("sbatch", path=laptop.env["PATH"]) is None  # the laptop has no Slurm
+    project = tmp_path / "proj"
+    project.mkdir()
+    shutil.copy(EXAMPLES / "train_ddp.py", project / "train_ddp.py")
+    (project / ".gitignore").write_text("*.ckpt\n")
+    (project / "old.ckpt").write_bytes(b"x" * 1000)
+    remote_dir = tmp_path / "on-the-cluster"
+    r = on_laptop(laptop, "submit", "--remote", f"login:{remote_dir}", *setup_for(cluster_env),
+                  "--python", sys.executable, "--nodes", "2", "--gpus-per-node", "2", "--cpus-per-task", "1",
+                  "--wait", "train_ddp.py", "--epochs", "1", cwd=project)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "synced to login:" in r.stderr and "1 of" not in r.stderr  # train_ddp.py and .gitignore
+    assert re.search(r"job \d+ RUNNING on ", r.stderr), r.stderr
+    assert "done: world_size=4 sum_of_ranks=6" in r.stdout  # rank 0's output, followed from the laptop
+    job = re.search(r"submitted job (\d+) on login", r.stderr).group(1)  # type: ignore[union-attr]
+    assert (remote_dir / "train_ddp.py").is_file() and not (remote_dir / "old.ckpt").exists()
+    logs = remote_dir / "slurmlaunch-logs"
+    assert all((logs / f"job-{job}.rank-{rank}.log").is_file() for rank in range(4))
+    assert (logs / f"job-{job}.rank-0.log").stat().st_mode & 0o077 == 0  # private to the user
+    assert masters_left(laptop) == []  # --wait ended: no ssh left behind
+
+    # the job commands, from the laptop
+    st = on_laptop(laptop, "status", job, "--json", cwd=project)
+    assert st.returncode == 0, st.stderr
+    info = json.loads(st.stdout)
+    assert (info["state"], info["exit_code"], info["remote"]) == ("COMPLETED", 0, "login")
+    lg = on_laptop(laptop, "logs", job, "--rank", "3", cwd=project)
+    assert lg.returncode == 0 and "rank=3 " in lg.stdout, lg.stderr
+    ls = on_laptop(laptop, "list", "--json", cwd=project)
+    row = json.loads(ls.stdout)[-1]
+    assert row["job_id"] == job and row["remote"] == "login" and row["directory"] == f"login:{logs}"
+    # nothing to send the second time
+    again = on_laptop(laptop, "submit", "--remote", f"login:{remote_dir}", *setup_for(cluster_env),
+                      "--python", sys.executable, "--nodes", "1", "train_ddp.py", "--epochs", "1", cwd=project)
+    assert again.returncode == 0 and "nothing changed (2 files up to date)" in again.stderr, again.stderr
+    assert masters_left(laptop) == []
+
+
+HOSTILE_JOB = """\
+import json, os, sys
+out = os.path.join(os.environ["OUT_DIR"], "rank-" + os.environ["RANK"] + ".json")
+with open(out + ".tmp", "w", encoding="utf-8") as f:
+    json.dump({"argv": sys.argv[1:], "env": os.environ["HOSTILE"], "name": os.environ["SLURM_JOB_NAME"]}, f)
+os.rename(out + ".tmp", out)
+if os.environ["RANK"] == "1":  # fail only once rank 0 has written (srun then stops the step at once)
+    import time
+    deadline = time.monotonic() + 60
+    while not os.path.exists(out.replace("rank-1", "rank-0")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    sys.exit(3)
+"""
+
+
+def test_hostile_strings_reach_the_remote_job_and_a_failing_rank_code_comes_back(
+        laptop: sshd.Laptop, cluster_env: dict[str, str], tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "job.py").write_text(HOSTILE_JOB)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    args = ["a b", "it's", '"q"', "$(touch /tmp/slurmlaunch-pwned)", "`id`", "l1\nl2", "naïve ✓", ";|&", "$HOME"]
+    name = "n $(id) `x` 'q' é"
+    value = "v $(touch /tmp/slurmlaunch-pwned) \"q\" ünï"
+    Path("/tmp/slurmlaunch-pwned").unlink(missing_ok=True)
+    r = on_laptop(laptop, "submit", "--remote", f"login:{tmp_path / 'remote'}", *setup_for(cluster_env),
+                  "--python", sys.executable, "--nodes", "2", "--job-name", name, "--env", f"HOSTILE={value}",
+                  "--env", f"OUT_DIR={out_dir}", "--wait", "job.py", *args, cwd=project)
+    assert r.returncode == 3, r.stdout + r.stderr  # rank 1's exit code, back on the laptop
+    for rank in (0, 1):
+        got = json.loads((out_dir / f"rank-{rank}.json").read_text(encoding="utf-8"))
+        assert got == {"argv": args, "env": value, "name": name}
+    assert not Path("/tmp/slurmlaunch-pwned").exists()
+
+
+SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(600)\n"
+
+
+def test_cancel_and_follow_from_the_laptop(laptop: sshd.Laptop, cluster_env: dict[str, str], tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "sleeper.py").write_text(SLEEPER)
+    r = on_laptop(laptop, "submit", "--remote", f"login:{tmp_path / 'remote'}", *setup_for(cluster_env),
+                  "--python", sys.executable, "--nodes", "1", "sleeper.py", cwd=project)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
+    follower = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "logs", job, "--rank", "0", "--follow"],
+                                env=laptop.env, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    log = tmp_path / "remote" / "slurmlaunch-logs" / f"job-{job}.rank-0.log"
+    deadline = time.monotonic() + 120
+    while not (log.is_file() and "started" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "started" in log.read_text()
+    c = on_laptop(laptop, "cancel", job, cwd=project)
+    assert c.returncode == 0 and f"cancelled job {job}" in c.stdout, c.stderr
+    out, err = follower.communicate(timeout=120)
+    assert "started" in out and "CANCELLED" in err, err
+    st = on_laptop(laptop, "status", job, "--json", cwd=project)
+    assert json.loads(st.stdout)["state"] == "CANCELLED", st.stdout + st.stderr
+    assert masters_left(laptop) == []
+
+
+@pytest.mark.parametrize("option", [["--remote-setup", "module load slurm"], ["--remote-exclude", "*.ckpt"],
+                                    ["--no-sync"], ["--sync-limit", "10M"]])
+def test_remote_only_options_are_refused_without_remote(site: Path, capsys: pytest.CaptureFixture[str],
+                                                         option: list[str]) -> None:
+    from slurmlaunch import cli
+
+    assert cli.main(["submit", "--scheduler", "slurm", "--dry-run", "train.py"]) == 0
+    capsys.readouterr()
+    assert cli.main(["submit", "--scheduler", "slurm", "--dry-run", *option, "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "only with --remote" in err and option[0] in err, err
+
+
+TICKER = """\
+import sys, time
+print("started", flush=True)
+for i in range(int(sys.argv[1])):
+    time.sleep(1)
+    print("tick", i, flush=True)
+print("finished", flush=True)
+"""
+
+
+def test_connection_drop_during_wait_is_survived(laptop: sshd.Laptop, server: sshd.Sshd,
+                                                 cluster_env: dict[str, str], tmp_path: Path) -> None:
+    """sshd goes away for a few seconds while --wait follows the job: the follower says so once, tries
+    again with a growing pause, reconnects, and ends with the job's code and all of rank 0's output; the
+    job itself never noticed."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "ticker.py").write_text(TICKER)
+    remote_dir = tmp_path / "remote"
+    p = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "submit", "--remote", f"login:{remote_dir}",
+                          *setup_for(cluster_env), "--python", sys.executable, "--nodes", "1", "--wait",
+                          "ticker.py", "25"], env=laptop.env, cwd=project, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        logs = remote_dir / "slurmlaunch-logs"
+        while not any("tick 1" in f.read_text() for f in logs.glob("job-*.rank-0.log")) and \
+                time.monotonic() < deadline:
+            time.sleep(0.2)
+        server.drop()
+        time.sleep(6)
+        server.start()
+        out, err = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, out + err
+    assert err.count("lost contact with login") == 1 and "reconnected to login" in err, err
+    assert "started" in out and "finished" in out and out.count("tick 24") == 1, out
+    assert [int(n) for n in re.findall(r"tick (\d+)", out)] == list(range(25))  # nothing lost, nothing twice
+    assert masters_left(laptop) == []
+
+
+def test_profile_carries_the_destination_and_setup(laptop: sshd.Laptop, tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("")
+    (project / "slurmlaunch.toml").write_text(
+        '[profiles.booster]\nremote = "login:/scratch/booster/proj"\nremote-setup = ["module load slurm"]\n'
+        'remote-exclude = ["data/"]\n')
+    r = on_laptop(laptop, "submit", "--profile", "booster", "--dry-run", "train.py", cwd=project)
+    assert r.returncode == 0, r.stderr
+    assert "cd /scratch/booster/proj || exit 2" in r.stdout
+    assert "#   module load slurm" in r.stderr and "--exclude=data/" in r.stderr
+    shown = on_laptop(laptop, "config", "show", "--profile", "booster", cwd=project)
+    assert "login:/scratch/booster/proj" in shown.stdout, shown.stdout + shown.stderr
+
+
+@pytest.mark.parametrize(("args", "expect"), [
+    (["--scheduler", "pbs"], "only Slurm clusters"), (["--scheduler", "local"], "only Slurm clusters"),
+    (["--array", "0-3"], "--array/--sweep"), (["--apptainer", "img.sif"], "--container-image/--apptainer"),
+])
+def test_what_remote_does_not_do_yet_is_refused(laptop: sshd.Laptop, tmp_path: Path, args: list[str],
+                                                expect: str) -> None:
+    (tmp_path / "train.py").write_text("")
+    r = on_laptop(laptop, "submit", "--remote", "login:/abs/dir", "--dry-run", *args, "train.py", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and expect in r.stderr, r.stderr
+
+
+def test_interrupting_remote_wait_cancels_the_job(laptop: sshd.Laptop, cluster_env: dict[str, str],
+                                                  tmp_path: Path) -> None:
+    import signal
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "sleeper.py").write_text(SLEEPER)
+    remote_dir = tmp_path / "remote"
+    p = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "submit", "--remote", f"login:{remote_dir}",
+                          *setup_for(cluster_env), "--python", sys.executable, "--nodes", "1", "--wait",
+                          "--cancel-on-interrupt", "sleeper.py"], env=laptop.env, cwd=project,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        logs = remote_dir / "slurmlaunch-logs"
+        while not any("started" in f.read_text() for f in logs.glob("job-*.rank-0.log")) and \
+                time.monotonic() < deadline:
+            time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, err
+    job = out.split()[0]
+    assert f"cancelled job {job}" in err, err
+    st = on_laptop(laptop, "status", job, "--json", cwd=project)
+    assert json.loads(st.stdout)["state"] == "CANCELLED", st.stdout + st.stderr
+    assert masters_left(laptop) == []
+
+
+def test_sbatch_refusal_on_the_login_node_is_one_line(laptop: sshd.Laptop, cluster_env: dict[str, str],
+                                                      tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+    r = on_laptop(laptop, "submit", "--remote", f"login:{tmp_path / 'remote'}", *setup_for(cluster_env),
+                  "--partition", "no-such-partition", "train.py", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    error = [line for line in r.stderr.splitlines() if "error" in line]
+    assert len(error) == 1 and "sbatch --parsable" in error[0] and "invalid partition" in error[0].lower(), r.stderr
+    assert masters_left(laptop) == []
