@@ -169,7 +169,7 @@ def wait_for(edge: Any, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, t
         return st
 
     try:
-        code: int = follow(job_id, status, rank0, timeout=timeout)
+        code: int = follow(job_id, status, rank0, timeout=timeout, log_dir=spec.log_dir)
         if last and last[0].elements:
             for index, state in last[0].elements.items():
                 sys.stderr.write(f"slurmlaunch:   {job_id}_{index}: {state}\n")
