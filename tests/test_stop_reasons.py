@@ -49,6 +49,19 @@ def test_codes_are_distinct_and_collide_with_no_documented_code() -> None:
     assert not set(stops) & {0, 1, 2, 124, 130, 140, 141}
 
 
+def test_readme_and_launch_help_document_every_stop_code() -> None:
+    from slurmlaunch.launch import USAGE
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("### Exit codes", 1)[1].split("\n### ", 1)[0]
+    table = next(block for block in section.split("\n\n") if block.startswith("| code |"))
+    rows = {int(m.group(1)): m.group(2) for m in re.finditer(r"^\| (\d+) \| (.*) \|$", table, re.M)}
+    assert "variables are malformed" in rows[reasons.MAPPING] and "pre-flight" in rows[reasons.PREFLIGHT]
+    assert "MASTER_ADDR:MASTER_PORT" in rows[reasons.RDZV_TIMEOUT] and "launch" in rows[reasons.BAD_LAUNCH]
+    for code in (reasons.BAD_LAUNCH, reasons.MAPPING, reasons.RDZV_TIMEOUT, reasons.PREFLIGHT):
+        assert re.search(rf"^  {code} ", USAGE, re.M), code
+
+
 def test_record_then_read_first(tmp_path: Path) -> None:
     env = {reasons.REASONS_DIR: str(tmp_path)}
     assert reasons.record(env, 69, 3, "node2", "nothing\nlistened  at\tX")
@@ -132,6 +145,30 @@ def test_watchdog_leaves_its_reason_before_the_sigterm(tmp_path: Path) -> None:
     assert code == -15  # the training process itself dies by the SIGTERM; the file carries the code
     assert found.code == reasons.RDZV_TIMEOUT and found.rank == 1
     assert found.text.startswith(f"nothing listened at MASTER_ADDR:MASTER_PORT=127.0.0.1:{port} within 2s")
+
+
+# --- --wait: the failure line at the end ----------------------------------------------------------------------
+
+def test_follow_prints_the_failure_lines_of_a_failed_job(tmp_path: Path) -> None:
+    import io
+
+    from slurmlaunch.follow import follow
+    from slurmlaunch.schedulers import JobStatus
+
+    (tmp_path / "job-5_10.failure").write_text("slurmlaunch: element ten\n")
+    (tmp_path / "job-5_2.failure").write_text("slurmlaunch: element two\n")
+    (tmp_path / "job-55.failure").write_text("slurmlaunch: another job\n")
+    err = io.StringIO()
+    code = follow("5", lambda: JobStatus("FAILED", 69), None, poll=0, out=io.StringIO(), err=err,
+                  log_dir=str(tmp_path))
+    lines = err.getvalue().splitlines()
+    assert code == 69 and lines[-3:] == ["slurmlaunch: element two", "slurmlaunch: element ten",
+                                         f"slurmlaunch: job 5 ended FAILED, exit code 69 (logs: {tmp_path})"]
+    err = io.StringIO()
+    (tmp_path / "job-6.failure").write_text("slurmlaunch: stale, from a run that was requeued\n")
+    assert follow("6", lambda: JobStatus("COMPLETED", 0), None, poll=0, out=io.StringIO(), err=err,
+                  log_dir=str(tmp_path)) == 0
+    assert "stale" not in err.getvalue()
 
 
 # --- PBS: the qsub script's block, run by bash around an EMULATED mpiexec ------------------------------------
