@@ -41,10 +41,46 @@ class LogTail:
             self.out.flush()
 
 
+FAILURE_BOUND = 4096  # bytes read of a failure file: it holds one line
+
+
+def failure_lines(log_dir: str, job_id: str) -> list[str]:
+    """The first-failure lines the batch script left in ``log_dir`` (job-ID.failure; for an array, each
+    element's job-ID_N.failure, in index order): which rank failed first, with which code, and why when
+    slurmlaunch stopped it. Missing or unreadable files give nothing."""
+    names = [f"job-{job_id}.failure"]
+    try:
+        prefix, suffix = f"job-{job_id}_", ".failure"
+        indexed = [(n[len(prefix):-len(suffix)], n) for n in os.listdir(log_dir)
+                   if n.startswith(prefix) and n.endswith(suffix)]
+        names += [n for i, n in sorted(indexed, key=lambda e: int(e[0]) if e[0].isdigit() else -1)]
+    except OSError:
+        pass
+    lines: list[str] = []
+    for name in names:
+        try:
+            fd = os.open(os.path.join(log_dir, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            text = os.read(fd, FAILURE_BOUND).decode("utf-8", errors="replace")
+        except OSError:
+            text = ""
+        finally:
+            os.close(fd)
+        lines += [line for line in text.splitlines() if line.strip()][:1]
+    return lines
+
+
 def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, *, poll: float = 1.0,
-           timeout: float | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+           timeout: float | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
+           log_dir: str | None = None) -> int:
     """Wait for the job to end and return its exit code. Raises SchedulerError when the scheduler stops
-    answering for LOST_CONTACT_S, or after ``timeout`` seconds (the job itself keeps running)."""
+    answering for LOST_CONTACT_S, or after ``timeout`` seconds (the job itself keeps running). A failed
+    job's first-failure line (from ``log_dir``, by default rank 0's log's directory) is shown before the
+    last line, so the reason a rank stopped reaches the terminal and not only that rank's log."""
+    if log_dir is None and rank0_log:
+        log_dir = os.path.dirname(rank0_log)
     start = time.monotonic()
     last_state = None
     failing_since: float | None = None
@@ -73,7 +109,10 @@ def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, 
             if tail:
                 tail.pump()
             code = st.exit_code if st.exit_code is not None else 1
-            where = f" (logs: {os.path.dirname(rank0_log)})" if rank0_log else ""
+            if code != 0 and log_dir:
+                for line in failure_lines(log_dir, job_id):
+                    err.write(line + "\n")
+            where = f" (logs: {log_dir})" if log_dir else ""
             err.write(f"slurmlaunch: job {job_id} ended {st.state}, exit code {code}{where}\n")
             return code
         if timeout is not None and now - start > timeout:

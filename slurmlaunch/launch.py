@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 
 from .detect import Context, detect
 from .distenv import DistEnv, check_master_addr, mask
-from .errors import PreflightError, SlurmLaunchError
+from .errors import EnvironmentMappingError, HostlistError, PreflightError, SlurmLaunchError
 from .gpus import device_count
+from .reasons import BAD_LAUNCH, MAPPING, PREFLIGHT, RDZV_TIMEOUT, record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -41,11 +42,20 @@ environment:
                             before it is stopped with a message (default 900; 0: no bound)
   SLURMLAUNCH_ALLOW_LOOPBACK=1  accept a loopback MASTER_ADDR for a job on several "nodes" of one machine
   SLURMLAUNCH_DEVICE=cpu    run on the CPU even when GPUs are visible
+  SLURMLAUNCH_REASONS_DIR   when this launcher stops the rank itself, it leaves one line here saying
+                            why (set by the batch script, which reports the first such line)
   SLURMLAUNCH_RETURNED_DIR  run SCRIPT through a small runner that leaves an empty file named by the rank
                             here when SCRIPT returns (set by the batch script: tells a SIGABRT in torch's
                             teardown at interpreter exit from one in the training)
   -h, --help                show this help
 Everything after SCRIPT is passed to it unchanged.
+
+exit codes when this launcher stops the rank itself (otherwise the rank's code is SCRIPT's):
+  2   bad use of `slurmlaunch launch` (unknown option, SCRIPT missing)
+  65  the scheduler's variables are malformed or inconsistent (SLURM_PROCID='abc', ...)
+  69  nothing listened at MASTER_ADDR:MASTER_PORT within SLURMLAUNCH_RDZV_TIMEOUT (the batch script
+      reports 69 for the rank; the process itself ends by SIGTERM)
+  78  a pre-flight check refused (MASTER_ADDR, MASTER_PORT, rank 0's host, GPUs per node)
 
 example (what `slurmlaunch submit` writes into the batch script):
   srun --ntasks-per-node=4 python -m slurmlaunch launch train.py --lr 0.1
@@ -279,11 +289,14 @@ def start_watchdog(dist: DistEnv, timeout: float) -> None:
                               give_up=lambda: os.getppid() != target)  # the rank has ended
         if last is None or os.getppid() != target:
             os._exit(0)
-        message = (
-            f"slurmlaunch: rank {dist.rank} on {dist.this_host}: nothing listened at MASTER_ADDR:MASTER_PORT="
-            f"{dist.master_addr}:{dist.master_port} within {timeout:.0f}s ({last}); rank 0 "
-            f"({dist.rank0_host or 'the master'}) never started its rendezvous. Stopping this rank. "
-            f"(SLURMLAUNCH_RDZV_TIMEOUT sets the bound)\n")
+        reason = (
+            f"nothing listened at MASTER_ADDR:MASTER_PORT={dist.master_addr}:{dist.master_port} within "
+            f"{timeout:.0f}s ({last}); rank 0 ({dist.rank0_host or 'the master'}) never started its rendezvous "
+            f"(SLURMLAUNCH_RDZV_TIMEOUT sets the bound)")
+        message = f"slurmlaunch: rank {dist.rank} on {dist.this_host}: {reason}. Stopping this rank.\n"
+        # Before the SIGTERM: the batch script reads the reason once the step has ended, and the rank,
+        # dying by a signal, has no exit code of its own to tell why.
+        record(os.environ, RDZV_TIMEOUT, dist.rank, dist.this_host or os.uname().nodename, reason)
         try:  # the rank's own stderr, reopened only now
             err = os.open(f"/proc/{target}/fd/2", os.O_WRONLY | os.O_APPEND)
             os.write(err, message.encode(errors="replace"))
@@ -355,8 +368,44 @@ def describe(dist: DistEnv, exports: dict[str, str], environ: dict[str, str] | o
     return f"{dist.summary()} :: {exported} :: {inputs}"
 
 
+_RANK_VARIABLES = ("SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PALS_RANKID", "RANK")
+
+
+def _stated_rank(environ: Mapping[str, str]) -> int | None:
+    """The rank the first rank variable says, when it is a plain number: the best name for a task whose
+    variables could not be mapped (the mapping is what failed)."""
+    for name in _RANK_VARIABLES:
+        value = environ.get(name, "")
+        if value.isascii() and value.isdigit() and len(value) < 10:
+            return int(value)
+    return None
+
+
+def stop_code(error: SlurmLaunchError) -> int:
+    """The documented exit code of a rank this launcher refused to start."""
+    if isinstance(error, PreflightError):
+        return PREFLIGHT
+    if isinstance(error, (EnvironmentMappingError, HostlistError)):  # in the launcher, a node list is a variable
+        return MAPPING
+    return BAD_LAUNCH
+
+
 def main(argv: Sequence[str]) -> int | NoReturn:
-    """`slurmlaunch launch`: detect, check, export, exec. Returns only on --help."""
+    """`slurmlaunch launch`: detect, check, export, exec. Returns only on --help. A refusal raises its error
+    with the rank's documented exit code (``stop_code``), after leaving its reason for the batch script."""
+    placed: list[DistEnv] = []
+    try:
+        return _main(argv, placed)
+    except SlurmLaunchError as e:
+        e.exit_code = stop_code(e)
+        environ = os.environ
+        rank: int | None = placed[0].rank if placed else _stated_rank(environ)
+        host = placed[0].this_host if placed else environ.get("SLURMD_NODENAME", "")
+        record(environ, e.exit_code, rank, host or os.uname().nodename, f"refused to start the rank: {e}")
+        raise
+
+
+def _main(argv: Sequence[str], placed: list[DistEnv]) -> int | NoReturn:
     opts = parse_launch_args(argv)
     if opts is None:
         sys.stdout.write(USAGE)
@@ -368,6 +417,7 @@ def main(argv: Sequence[str]) -> int | NoReturn:
         opts.preflight = False
     watchdog_timeout = rendezvous_timeout(environ)
     dist = resolve(environ)
+    placed.append(dist)
     if opts.preflight:
         dist = preflight(dist, environ)
     exports = dist.exports(environ)

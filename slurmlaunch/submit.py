@@ -220,7 +220,7 @@ def wait_for(edge: Any, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, t
         return st
 
     try:
-        code: int = follow(job_id, status, rank0, timeout=timeout)
+        code: int = follow(job_id, status, rank0, timeout=timeout, log_dir=spec.log_dir)
         if edge.__name__.endswith("slurm") and not spec.is_array:
             for line in warning_lines(os.path.join(spec.log_dir, f"job-{job_id}.batch.log")):
                 sys.stderr.write(line)

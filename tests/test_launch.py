@@ -132,12 +132,13 @@ def test_torchrun_owned_variables_untouched(dump_script: Path) -> None:
     assert {k: got[k] for k in owned} == owned and "NODE_RANK" not in got
 
 
-# --- refusals: one line, exit 2, the script never starts -------------------------------------------
+# --- refusals: one line, the launcher's documented code, the script never starts -------------------
+# (2: bad use of launch; 65: malformed scheduler variables; 78: a pre-flight check: see slurmlaunch.reasons)
 
-def _refused(args: list[str], env: dict[str, str], marker: Path, expect: str) -> None:
+def _refused(args: list[str], env: dict[str, str], marker: Path, expect: str, code: int) -> None:
     p = launch(*args, env=env)
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 2, (out, err)
+    assert p.returncode == code, (p.returncode, out, err)
     assert err.count("\n") == 1 and "Traceback" not in err and expect in err, err
     assert not marker.exists()
 
@@ -150,33 +151,34 @@ def marker_script(tmp_path: Path) -> tuple[Path, Path]:
     return script, marker
 
 
-@pytest.mark.parametrize(("change", "expect"), [
-    ({"SLURM_PROCID": "abc"}, "SLURM_PROCID='abc'"),
-    ({"SLURM_PROCID": "9"}, "SLURM_PROCID=9"),
-    ({"SLURM_STEP_NODELIST": "node[1-"}, "SLURM_STEP_NODELIST"),
-    ({"SLURM_STEP_TASKS_PER_NODE": "2(x3"}, "SLURM_STEP_TASKS_PER_NODE"),
-    ({"SLURMD_NODENAME": "elsewhere"}, "SLURMD_NODENAME='elsewhere'"),
-    ({"SLURM_STEP_ID": "", "SLURM_STEPID": ""}, "batch step"),
-    ({"CUDA_VISIBLE_DEVICES": "0", "SLURM_GPUS_ON_NODE": "1"}, "2 ranks on localhost but only 1 GPU"),
-    ({"MASTER_ADDR": "no-such-host.invalid"}, "MASTER_ADDR='no-such-host.invalid' does not resolve"),
-    ({"SLURMLAUNCH_RDZV_TIMEOUT": "soon"}, "SLURMLAUNCH_RDZV_TIMEOUT='soon'"),
-    ({"SLURM_PROCID": "\udcff"}, "SLURM_PROCID='\\udcff'"),
+@pytest.mark.parametrize(("change", "expect", "code"), [
+    ({"SLURM_PROCID": "abc"}, "SLURM_PROCID='abc'", 65),
+    ({"SLURM_PROCID": "9"}, "SLURM_PROCID=9", 65),
+    ({"SLURM_STEP_NODELIST": "node[1-"}, "SLURM_STEP_NODELIST", 65),
+    ({"SLURM_STEP_TASKS_PER_NODE": "2(x3"}, "SLURM_STEP_TASKS_PER_NODE", 65),
+    ({"SLURMD_NODENAME": "elsewhere"}, "SLURMD_NODENAME='elsewhere'", 65),
+    ({"SLURM_STEP_ID": "", "SLURM_STEPID": ""}, "batch step", 65),
+    ({"CUDA_VISIBLE_DEVICES": "0", "SLURM_GPUS_ON_NODE": "1"}, "2 ranks on localhost but only 1 GPU", 78),
+    ({"MASTER_ADDR": "no-such-host.invalid"}, "MASTER_ADDR='no-such-host.invalid' does not resolve", 78),
+    ({"SLURMLAUNCH_RDZV_TIMEOUT": "soon"}, "SLURMLAUNCH_RDZV_TIMEOUT='soon'", 2),
+    ({"SLURM_PROCID": "\udcff"}, "SLURM_PROCID='\\udcff'", 65),
 ])
-def test_bad_environment_refused(change: dict[str, str], expect: str, marker_script: tuple[Path, Path]) -> None:
+def test_bad_environment_refused(change: dict[str, str], expect: str, code: int,
+                                 marker_script: tuple[Path, Path]) -> None:
     script, marker = marker_script
     env = clean_env(**step_env("localhost", [2], 1, MASTER_ADDR="127.0.0.1"))
     env.update(change)
-    _refused([str(script)], env, marker, expect)
+    _refused([str(script)], env, marker, expect, code)
 
 
 def test_loopback_master_for_several_nodes_is_refused(marker_script: tuple[Path, Path]) -> None:
     script, marker = marker_script
     env = clean_env(**step_env("localhost,localhost", [1, 1], 1))
     del env["SLURMLAUNCH_ALLOW_LOOPBACK"]
-    _refused([str(script)], env, marker, "GLOO_SOCKET_IFNAME")
+    _refused([str(script)], env, marker, "GLOO_SOCKET_IFNAME", 78)
     env = clean_env(**step_env("localhost,localhost", [1, 1], 1, MASTER_ADDR="127.0.1.1"))
     del env["SLURMLAUNCH_ALLOW_LOOPBACK"]
-    _refused([str(script)], env, marker, "resolves to 127.0.1.1")
+    _refused([str(script)], env, marker, "resolves to 127.0.1.1", 78)
 
 
 def test_non_utf8_bytes_in_the_environment(marker_script: tuple[Path, Path]) -> None:
@@ -187,7 +189,7 @@ def test_non_utf8_bytes_in_the_environment(marker_script: tuple[Path, Path]) -> 
     p = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "launch", str(script)], env=env,  # type: ignore
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _, err = p.communicate(timeout=60)
-    assert p.returncode == 2 and err.count(b"\n") == 1 and b"Traceback" not in err
+    assert p.returncode == 65 and err.count(b"\n") == 1 and b"Traceback" not in err
     assert not marker.exists()
 
 
@@ -224,10 +226,10 @@ def test_watchdog_is_quiet_when_the_master_answers(tmp_path: Path) -> None:
 
 def test_bad_options_refused(marker_script: tuple[Path, Path]) -> None:
     script, marker = marker_script
-    _refused(["--bogus", str(script)], clean_env(), marker, "'--bogus'")
-    _refused([], clean_env(), marker, "no SCRIPT")
-    _refused(["/nonexistent/train.py"], clean_env(), marker, "'/nonexistent/train.py' not found")
-    _refused(["-m", "--no-python", str(script)], clean_env(), marker, "cannot be used together")
+    _refused(["--bogus", str(script)], clean_env(), marker, "'--bogus'", 2)
+    _refused([], clean_env(), marker, "no SCRIPT", 2)
+    _refused(["/nonexistent/train.py"], clean_env(), marker, "'/nonexistent/train.py' not found", 2)
+    _refused(["-m", "--no-python", str(script)], clean_env(), marker, "cannot be used together", 2)
 
 
 def test_rank0_port_taken_is_refused(marker_script: tuple[Path, Path]) -> None:
@@ -237,7 +239,7 @@ def test_rank0_port_taken_is_refused(marker_script: tuple[Path, Path]) -> None:
         s.listen(1)
         port = s.getsockname()[1]
         env = clean_env(**step_env("localhost", [2], 0, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
-        _refused([str(script)], env, marker, f"MASTER_PORT={port}")
+        _refused([str(script)], env, marker, f"MASTER_PORT={port}", 78)
 
 
 def test_rank0_on_the_wrong_host_is_refused(marker_script: tuple[Path, Path], tmp_path: Path) -> None:
@@ -247,7 +249,7 @@ def test_rank0_on_the_wrong_host_is_refused(marker_script: tuple[Path, Path], tm
     env = clean_env(**step_env("node[1-2]", [1, 1], 0, SLURM_DISTRIBUTION="arbitrary",
                                SLURM_HOSTFILE=str(hostfile)))
     # node1 runs rank 0 here, but the hostfile puts rank 0 on node2: a mismatch to report, not to hang on.
-    _refused([str(script)], env, marker, "rank 0 runs on 'node1'")
+    _refused([str(script)], env, marker, "rank 0 runs on 'node1'", 78)
 
 
 def test_env_command_table_and_json() -> None:

@@ -159,11 +159,16 @@ def test_launcher_refuses_a_url_master_addr_before_exec(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     script = tmp_path / "touch.py"
     script.write_text(f"open({str(marker)!r}, 'w').close()\n")
-    env = clean_env(**step_env("localhost", [2], 0, MASTER_ADDR="https://u:hunter2@host"))
+    reasons = tmp_path / "reasons"
+    reasons.mkdir()
+    env = clean_env(**step_env("localhost", [2], 0, MASTER_ADDR="https://u:hunter2@host"),
+                    SLURMLAUNCH_REASONS_DIR=str(reasons))
     p = launch("--no-preflight", str(script), env=env)  # validation is not a preflight check: always on
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 2 and not marker.exists()
+    assert p.returncode == 65 and not marker.exists()  # 65: the launcher's code for a malformed variable
     assert err.count("\n") == 1 and "MASTER_ADDR='https://****@host'" in err and "hunter2" not in err
+    reason = (reasons / "0").read_text()  # the line the batch log will show: masked the same way
+    assert "MASTER_ADDR='https://****@host'" in reason and "hunter2" not in reason
 
 
 def test_config_show_masks_url_userinfo_in_env(tmp_path: Path) -> None:

@@ -156,7 +156,7 @@ def test_launcher_under_real_srun_layouts(cluster_env: dict[str, str], tmp_path:
     # every rank of a step computed the same port
     assert len({r[0] for r in view("pernode", "MASTER_PORT")}) == 1
     # the batch step pretending to be rank 0 of 4 is refused
-    assert (tmp_path / "batchstep.rc").read_text().strip() == "2"
+    assert (tmp_path / "batchstep.rc").read_text().strip() == "65"  # the launcher's code for a mapping refusal
     assert "batch step" in (tmp_path / "batchstep.err").read_text()
     assert not list(tmp_path.glob("batchstep-*.json"))
 

@@ -52,6 +52,7 @@ FREE_VALUES = {
     "SLURM_CLUSTER_NAME": "the cluster's ClusterName",
     "TORCHELASTIC_ERROR_FILE": "a fresh temporary directory",
     "SLURMLAUNCH_RETURNED_DIR": "the job's own job-ID.returned directory (named by the job id)",
+    "SLURMLAUNCH_REASONS_DIR": "the job's own job-ID.reasons directory (named by the job id)",
 }
 # The node's size, which an --exclusive job gets whole: the dev cluster's nodes have 8 CPUs and 4 GPUs, the
 # emulated ones this machine's (possibly no GPU: then no SLURM_JOB_GPUS either).

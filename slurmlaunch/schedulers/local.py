@@ -24,6 +24,7 @@ from ..errors import SpecError
 from ..gpus import dev_gpu_ids, visible_gpus
 from ..launch import RETURNED_DIR
 from ..paths import state_dir
+from ..reasons import REASONS_DIR, Reason, read_first
 from ..spec import JobSpec
 from ..stepenv import GPU_LISTS, Submitter, step_env
 from ..supervisor import Outcome, RankProcess, supervise
@@ -256,21 +257,43 @@ def warning_fix(name: str, requeue: bool) -> str:
             f"or --signal none")
 
 
-def _report(what: str, spec: JobSpec, result: Outcome) -> None:
+def stopped_first(result: Outcome, reasons_dir: str) -> tuple[Outcome, Reason | None]:
+    """The outcome as the batch script would report it: when a rank failed and slurmlaunch had stopped a
+    rank itself (a refusal, the rendezvous time-out), the earliest such rank is the first failure and its
+    documented code the job's; a rank the watchdog stopped died by SIGTERM, and its 143 says nothing."""
+    if result.first_failed_rank is None:
+        return result, None
+    stopped = read_first(reasons_dir)
+    if stopped is None:
+        return result, None
+    rank = stopped.rank if stopped.rank is not None else result.first_failed_rank
+    return replace(result, exit_code=stopped.code, first_failed_rank=rank), stopped
+
+
+def _report(what: str, spec: JobSpec, result: Outcome, stopped: Reason | None = None) -> str | None:
+    """Say how the run ended; returns the first-failure line, if a rank failed."""
+    failure = None
     if result.interrupted_by is not None:
         name = signal.Signals(result.interrupted_by).name
         why = "the terminal or session closed" if result.interrupted_by == signal.SIGHUP else "you or the system"
         _say(f"{what}: stopped by {name} ({why}); every rank was stopped (exit code {result.exit_code})")
     elif result.timed_out:
         _say(f"{what}: reached its time limit (--time {spec.time}); the ranks were stopped (state TIMEOUT)")
+    elif stopped is not None:
+        others = f"; the other {spec.log_unit}s were stopped" if len(result.codes) > 1 else ""
+        failure = (f"{what}: {stopped.who()} failed{' first' if others else ''} with exit code {result.exit_code} "
+                   f"(stopped by slurmlaunch: {stopped.text}){others}")
     elif result.first_failed_rank is not None:
         others = "; the other ranks were stopped" if len(result.codes) > 1 else ""
-        _say(f"{what}: {spec.log_unit} {result.first_failed_rank} failed with exit code {result.exit_code}"
-             if not others else f"{what}: {spec.log_unit} {result.first_failed_rank} failed first with exit code "
-             f"{result.exit_code}{others}")
+        failure = (f"{what}: {spec.log_unit} {result.first_failed_rank} failed with exit code {result.exit_code}"
+                   if not others else f"{what}: {spec.log_unit} {result.first_failed_rank} failed first with "
+                   f"exit code {result.exit_code}{others}")
+    if failure:
+        _say(failure)
     if result.console_lost:
         _say(f"{what}: the console went away during the run; every {spec.log_unit}'s whole output is in "
              f"{spec.log_dir}")
+    return failure
 
 
 def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple[str, Outcome]:
@@ -302,14 +325,19 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
                  f"logs in {spec.log_dir}")
             returned = os.path.join(spec.log_dir, f"job-{tag}.returned")  # the launcher's "script returned" marks
             os.makedirs(returned, mode=0o750, exist_ok=True)
-            step_env = {**extra, RETURNED_DIR: returned}
+            reasons = os.path.join(spec.log_dir, f"job-{tag}.reasons")  # why slurmlaunch stopped a rank
+            shutil.rmtree(reasons, ignore_errors=True)
+            os.makedirs(reasons, mode=0o700)
+            step_env = {**extra, RETURNED_DIR: returned, REASONS_DIR: reasons}
             if restarts:
                 step_env["SLURM_RESTART_COUNT"] = str(restarts)
             ranks = rank_processes(spec, step_job, environ, tag, step_env, point)
             if restarts:  # a requeued run goes on in the same logs, as Slurm's does
                 ranks = [replace(r, log_append=True) for r in ranks]
             result = supervise(ranks, grace=grace, time_limit=spec.time_limit_seconds, warning=warning)
-            _report(what, spec, result)
+            result, stopped = stopped_first(result, reasons)
+            shutil.rmtree(reasons, ignore_errors=True)
+            failure = _report(what, spec, result, stopped)
             for rank in teardown_aborts(aborted_ranks(spec, ranks, result), returned):
                 _say(f"{what}: {teardown_message(rank)}")
             shutil.rmtree(returned, ignore_errors=True)
@@ -330,6 +358,9 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
             break
         write_private(os.path.join(spec.log_dir, f"job-{tag}.exitcode"),
                       f"{result.exit_code}\n{end_state(result)}\n", exclusive=True)
+        if failure:  # as the batch script leaves it, for `logs --follow` and --wait of a job followed later
+            write_private(os.path.join(spec.log_dir, f"job-{tag}.failure"),
+                          f"slurmlaunch: {failure}\n", exclusive=True)
         ended.append((tag, result))
         if outcome is None or (outcome.exit_code == 0 and result.exit_code != 0) or result.interrupted_by:
             outcome = result

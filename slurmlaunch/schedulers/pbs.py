@@ -228,7 +228,9 @@ def mpiexec_args(spec: JobSpec, env: list[tuple[str, str]]) -> tuple[list[str], 
     extra = list(spec.mpiexec_args)
     if spec.mpi == "openmpi":
         # Open MPI forwards only the variables named with -x (and warns about unset ones).
-        names = ["PBS_NODEFILE", "PBS_JOBID", "PATH", *(k for k, _ in env), *_setup_exports(spec.setup)]
+        # SLURMLAUNCH_REASONS_DIR: where a rank the launcher stops says why (the script reads it at the end).
+        names = ["PBS_NODEFILE", "PBS_JOBID", "PATH", "SLURMLAUNCH_REASONS_DIR", *(k for k, _ in env),
+                 *_setup_exports(spec.setup)]
         if spec.is_array:
             names.append(ARRAY_INDEX[spec.pbs_flavour])
         forwards = [a for n in dict.fromkeys(names) for a in ("-x", n)]

@@ -132,6 +132,7 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
         "version": __version__,
         "world_size": spec.world_size,
         "nodes": spec.nodes_text,
+        "multi_node": spec.nodes > 1,
         "tasks_per_node": spec.slurm_tasks_per_node,
         "directives": directives(spec),
         "setup": list(spec.setup),
