@@ -21,15 +21,15 @@ _ERRORS = ("SlurmLaunchError", "SpecError", "SchedulerError", "HostlistError", "
 
 def __getattr__(name: str) -> Any:
     if name == "init_process_group":
-        from .torch_helpers import init_process_group
+        from .allocation.torch_helpers import init_process_group
 
         return init_process_group
     if name in _ERRORS:
-        from . import errors
+        from .core import errors
 
         return getattr(errors, name)
     if name in _API:
-        from . import api
+        from .app import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'slurmlaunch' has no attribute {name!r}")

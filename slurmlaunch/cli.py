@@ -11,8 +11,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .errors import SlurmLaunchError
-from .limits import MAX_ARRAY_ELEMENTS, MAX_NODES, MAX_PER_NODE, MAX_RESTARTS, MAX_WORLD, Count, Seconds, shown
+from .core.errors import SlurmLaunchError
+from .core.limits import MAX_ARRAY_ELEMENTS, MAX_NODES, MAX_PER_NODE, MAX_RESTARTS, MAX_WORLD, Count, Seconds, shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,11 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault("SLURM_TASK_PID", str(os.getpid()))
     try:
         if args and args[0] == "launch":
-            from .launch import main as launch_main
+            from .allocation.launch import main as launch_main
 
             return launch_main(args[1:])
         if args and args[0] == "torchrun-node":
-            from .torchrun_mode import main as torchrun_node_main
+            from .allocation.torchrun_mode import main as torchrun_node_main
 
             return torchrun_node_main(args[1:])
         try:
@@ -123,7 +123,7 @@ def _parser(profiles: bool = False) -> Any:
     s = sub.add_parser("submit", allow_abbrev=False, help="submit SCRIPT as a distributed job")
     add_submit_options(s)
     if profiles:
-        from .profiles import option_table
+        from .app.profiles import option_table
 
         s.set_defaults(options_table=option_table(s))
 
@@ -176,7 +176,7 @@ def _parser(profiles: bool = False) -> Any:
 
     import os
 
-    from .run import add_run_options
+    from .app.run import add_run_options
 
     r = sub.add_parser("run", allow_abbrev=False, help="torchrun's flags, without a scheduler: start this "
                        "node's ranks (swap `torchrun` or `python -m torch.distributed.launch` for `slurmlaunch run`)")
@@ -334,7 +334,7 @@ def add_submit_options(s: Any) -> None:
 def _dispatch(args: list[str]) -> int:
     ns = _parser(profiles=args[:1] == ["submit"]).parse_args(args)
     if ns.command == "launch":  # only reached with no arguments at all
-        from .launch import main as launch_main
+        from .allocation.launch import main as launch_main
 
         return launch_main([])
     if ns.command == "env":
@@ -342,7 +342,7 @@ def _dispatch(args: list[str]) -> int:
     if ns.command == "hostnames":
         return cmd_hostnames(ns.expression)
     if ns.command in ("list", "status", "logs", "cancel"):
-        from . import jobs
+        from .app import jobs
 
         if ns.command == "list":
             return jobs.cmd_list(ns.json)
@@ -354,26 +354,26 @@ def _dispatch(args: list[str]) -> int:
     if ns.command == "dev-cluster":
         from pathlib import Path
 
-        from .devcluster import cmd
+        from .app.devcluster import cmd
 
         return cmd(ns.action, Path(ns.dir), ns.nodes, ns.gpus_per_node, ns.cpus, ns.accounting, ns.netns)
     if ns.command == "run":
-        from .run import cmd_run
+        from .app.run import cmd_run
 
         return cmd_run(ns)
     if ns.command == "submit":
-        from .submit import cmd_submit
+        from .app.submit import cmd_submit
 
         return cmd_submit(ns)
     if ns.command == "config":
         return cmd_config(ns.action, ns.profile, ns.json)
     if ns.command == "completion":
-        from .completion import script
+        from .app.completion import script
 
         sys.stdout.write(script(ns.shell, _parser()))
         return 0
     if ns.command == "doctor":
-        from .doctor import cmd_doctor
+        from .app.doctor import cmd_doctor
 
         return cmd_doctor(ns.partition, ns.json, ns.allocate, ns.gpus_per_node, ns.timeout)
     raise AssertionError(ns.command)
@@ -383,7 +383,7 @@ def cmd_config(action: str, profile: str | None, as_json: bool) -> int:
     import argparse
     import os
 
-    from . import profiles
+    from .app import profiles
 
     if action == "profiles":
         names = profiles.profile_names(os.environ, os.getcwd())
@@ -401,8 +401,8 @@ def cmd_env(as_json: bool) -> int:
     import json
     import os
 
-    from .distenv import mask
-    from .launch import resolve
+    from .allocation.launch import resolve
+    from .core.distenv import mask
 
     dist = resolve(os.environ)
     exports = dist.exports(os.environ)
@@ -428,7 +428,7 @@ def cmd_env(as_json: bool) -> int:
 def cmd_hostnames(expression: str | None) -> int:
     import os
 
-    from . import hostlist
+    from .core import hostlist
 
     expr = expression if expression is not None else os.environ.get("SLURM_JOB_NODELIST")
     if expr is None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch import devcluster as slurmcluster
+from slurmlaunch.app import devcluster as slurmcluster
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

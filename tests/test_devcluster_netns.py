@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch import devcluster
+from slurmlaunch.app import devcluster
 from tests.conftest import run_cli, skip_or_fail
 
 pytestmark = pytest.mark.slurm

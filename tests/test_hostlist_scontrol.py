@@ -27,8 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from slurmlaunch import hostlist
-from slurmlaunch.errors import HostlistError
+from slurmlaunch.core import hostlist
+from slurmlaunch.core.errors import HostlistError
 from tests.test_hostlist import INVALID, VALID
 
 SEED = int(os.environ.get("SLURMLAUNCH_HOSTLIST_SEED", "20261201"))

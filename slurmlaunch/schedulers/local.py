@@ -20,16 +20,16 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ..errors import SpecError
-from ..gpus import dev_gpu_ids, visible_gpus
-from ..launch import RETURNED_DIR
-from ..paths import state_dir
-from ..spec import JobSpec
-from ..stepenv import GPU_LISTS, Submitter, step_env
-from ..supervisor import Outcome, RankProcess, supervise
-from ..torchrun_mode import SIGABRT_CODE, aborted_workers, teardown_aborts, teardown_message
+from ..allocation.gpus import dev_gpu_ids, visible_gpus
+from ..allocation.launch import RETURNED_DIR
+from ..allocation.torchrun_mode import SIGABRT_CODE, aborted_workers, teardown_aborts, teardown_message
+from ..core.errors import SpecError
+from ..core.paths import state_dir
+from ..core.spec import JobSpec
+from ..core.stepenv import GPU_LISTS, Submitter, step_env
 from . import current_umask, make_log_dir, rank_log, script_env, write_private, write_record
 from .slurm import launch_command
+from .supervisor import Outcome, RankProcess, supervise
 
 NODE_PREFIX = "local-node"
 
@@ -276,7 +276,7 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
     argv = list(rank_processes(spec, "0", environ, "0", None, first_point)[0].argv)
     job_id, record = _claim(spec, count, environ, argv)
     steps = elements(spec, int(job_id)) if spec.is_array else [(job_id, job_id, {}, [])]
-    from ..jobs import remember
+    from ..app.jobs import remember
 
     remember(job_id, "local", record, spec.name)
     if note:

@@ -8,9 +8,9 @@ import shutil
 from typing import Any
 
 from .. import __version__
-from ..errors import SchedulerError
-from ..render import render
-from ..spec import JobSpec
+from ..core.errors import SchedulerError
+from ..core.spec import JobSpec
+from ..render.jinja import render
 from . import JobStatus, Submission, array_outcome, run_command, script_env, submit_with
 
 TEMPLATE = "slurm.sbatch.j2"

@@ -14,15 +14,15 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import SpecError
+from ..core.errors import SpecError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .spec import JobSpec
+    from ..core.spec import JobSpec
 
 
 def index_path(environ: Mapping[str, str] = os.environ) -> str:
-    from .paths import state_dir
+    from ..core.paths import state_dir
 
     return os.path.join(state_dir(environ), "jobs.jsonl")
 
@@ -91,7 +91,7 @@ def read_bounded(path: str, limit: int = MAX_RECORD_BYTES) -> bytes:
 def find(job_id: str) -> dict[str, Any]:
     """The record of ``job_id`` (the latest submission of that id: ids restart on a new cluster).
     ARRAYID_INDEX names one element of a job array (its record then has ``_element``)."""
-    from .limits import MAX_ARRAY_INDEX, is_digits, parse_count
+    from ..core.limits import MAX_ARRAY_INDEX, is_digits, parse_count
 
     base, sep, element = job_id.partition("_")
     if sep and is_digits(element):
@@ -118,7 +118,7 @@ def find(job_id: str) -> dict[str, Any]:
 
 
 def _edge(record: Mapping[str, Any]) -> Any:
-    from .schedulers import pbs, slurm
+    from ..schedulers import pbs, slurm
 
     scheduler = record["scheduler"]
     if scheduler == "local":
@@ -128,7 +128,7 @@ def _edge(record: Mapping[str, Any]) -> Any:
 
 def recorded_spec(record: Mapping[str, Any]) -> JobSpec:
     """The job description a record holds, as far as the job commands need it (layout, array, mode)."""
-    from .spec import JobSpec
+    from ..core.spec import JobSpec
 
     saved = record.get("spec", {})
     keep = ("nodes", "gpus_per_node", "tasks_per_node", "array", "mode", "nproc_per_node", "output_dir")
@@ -167,7 +167,7 @@ def status(record: Mapping[str, Any]) -> dict[str, Any]:
                 shown_state, _, shown_code = elements[str(element)].partition(" ")
                 info.update(state=shown_state, exit_code=int(shown_code) if shown_code.isdigit() else None)
         return info
-    from .schedulers import job_status
+    from ..schedulers import job_status
 
     indices = array_indices(record) if record.get("_element") is None else []
     st = job_status(_edge(record), record["_full_id"], record["log_dir"], indices)
@@ -215,7 +215,7 @@ def local_state(record: Mapping[str, Any]) -> tuple[str, int | None]:
     if ended is not None:
         code, state = ended
         return state or ("COMPLETED" if code == 0 else "FAILED"), code
-    from .schedulers.local import process_identity
+    from ..schedulers.local import process_identity
 
     supervisor = record.get("supervisor")
     if isinstance(supervisor, dict) and isinstance(supervisor.get("pid"), int) and \

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import SpecError
-from .limits import MAX_SECONDS, Count, Seconds, shown, shown_value
-from .paths import config_dir
+from ..core.errors import SpecError
+from ..core.limits import MAX_SECONDS, Count, Seconds, shown, shown_value
+from ..core.paths import config_dir
 
 PROJECT_FILE = "slurmlaunch.toml"
 BUILTIN = "built-in default"
@@ -136,7 +136,7 @@ def _load(path: Path) -> dict[str, Any]:
 def shipped_profile_files() -> list[Path]:
     """Site profiles shipped with slurmlaunch (slurmlaunch/site_profiles/*.toml, README: PBS): the lowest
     profile layer, used only when their profile is chosen; the user's and project's files add to them."""
-    return sorted((Path(__file__).resolve().parent / "site_profiles").glob("*.toml"))
+    return sorted((Path(__file__).resolve().parent.parent / "site_profiles").glob("*.toml"))
 
 
 def profile_names(environ: Mapping[str, str], cwd: str) -> list[str]:
@@ -180,7 +180,7 @@ def _convert(opt: Option, value: Any, where: str) -> Any:
             raise bad("a string or a list of strings")
         return list(items)
     if opt.kind == "env":
-        from .spec import ENV_KEY
+        from ..core.spec import ENV_KEY
 
         if isinstance(value, dict):
             out = []
@@ -313,7 +313,7 @@ def show(resolved: Resolved, table: Mapping[str, Option], as_json: bool) -> str:
 def _shown(dest: str, value: Any) -> str:
     import json
 
-    from .distenv import mask
+    from ..core.distenv import mask
 
     if dest == "env":  # values named like secrets (TOKEN, PASSWORD, ...) are not printed
         value = [f"{k}={mask(k, v)}" for k, _, v in (item.partition("=") for item in value)]

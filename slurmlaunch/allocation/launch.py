@@ -13,9 +13,9 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from .detect import Context, detect
-from .distenv import DistEnv, check_master_addr, mask
-from .errors import PreflightError, SlurmLaunchError
+from ..core.detect import Context, detect
+from ..core.distenv import DistEnv, check_master_addr, mask
+from ..core.errors import PreflightError, SlurmLaunchError
 from .gpus import device_count
 
 TYPE_CHECKING = False

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import SchedulerError, SpecError
-from .schedulers import run_command
+from ..core.errors import SchedulerError, SpecError
+from ..schedulers import run_command
 
 COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel")
 REPORT_EVERY = 15.0  # seconds between "still PENDING" lines while the probe job is waited for
@@ -53,7 +53,7 @@ def choose_gpu_flag(per_node_ok: bool, gres_ok: bool) -> str | None:
 
 
 def site_path(environ: Mapping[str, str] = os.environ) -> str:
-    from .paths import state_dir
+    from ..core.paths import state_dir
 
     return os.path.join(state_dir(environ), "site.json")
 
@@ -157,13 +157,13 @@ def render_table(header: list[str], rows: list[list[str]]) -> str:
 
 def allocate(nodes: int, gpus: int, partition: str | None, timeout: float) -> tuple[list[dict[str, Any]], str]:
     """Submit the probe on ``nodes`` nodes and wait for it; returns the ranks' records and the job id."""
-    from .schedulers import slurm
-    from .spec import JobSpec, validate
+    from ..core.spec import JobSpec, validate
+    from ..schedulers import slurm
 
     out_dir = os.path.abspath(os.path.join("slurmlaunch-logs", f"doctor-{int(time.time())}"))
     os.makedirs(out_dir, exist_ok=True)
     spec = validate(JobSpec(
-        script="slurmlaunch.probe", module=True, args=(out_dir,), nodes=nodes, gpus_per_node=gpus,
+        script="slurmlaunch.allocation.probe", module=True, args=(out_dir,), nodes=nodes, gpus_per_node=gpus,
         partition=partition, time="5", job_name="slurmlaunch-doctor", signal="none",
         env=(("SLURMLAUNCH_PROBE_TIMEOUT", f"{max(10.0, min(timeout / 2, 120.0)):g}"),
              ("SLURMLAUNCH_NO_PREFLIGHT", "1")),

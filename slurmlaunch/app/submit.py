@@ -9,8 +9,8 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from .errors import SpecError
-from .spec import JobSpec, parse_env, parse_nodes, parse_sweep, validate, validate_local
+from ..core.errors import SpecError
+from ..core.spec import JobSpec, parse_env, parse_nodes, parse_sweep, validate, validate_local
 
 
 def spec_from_args(ns: Any) -> JobSpec:
@@ -39,7 +39,7 @@ def spec_from_args(ns: Any) -> JobSpec:
 def choose_scheduler(requested: str, preview: bool = False) -> str:
     """The scheduler to use; ``preview`` (--dry-run): a named one needs no client on PATH, since previewing
     a script must not need the scheduler."""
-    from .schedulers import pbs, slurm
+    from ..schedulers import pbs, slurm
 
     if requested != "auto" and preview:
         return requested
@@ -90,14 +90,14 @@ def cmd_submit(ns: Any) -> int:
     ns = merged_options(ns)
     spec = spec_from_args(ns)
     scheduler = choose_scheduler(ns.scheduler, preview=ns.dry_run)
-    from .support import refuse_unsupported
+    from ..core.support import refuse_unsupported
 
     refuse_unsupported(spec, scheduler, getattr(ns, "option_origins", {}))
     if scheduler == "local":
         return submit_local(spec, ns)
     if scheduler == "slurm":
         spec = adapt_to_site(spec, getattr(ns, "option_origins", {}))
-    from .schedulers import pbs, slurm
+    from ..schedulers import pbs, slurm
 
     edge: Any = pbs if scheduler == "pbs" else slurm
     script = edge.render_script(spec, ns.template_dir)
@@ -121,8 +121,8 @@ def cmd_submit(ns: Any) -> int:
 
 def submit_local(spec: JobSpec, ns: Any) -> int:
     """Run the job on the local scheduler, in the foreground (or print its commands for --dry-run)."""
-    from .schedulers import local
-    from .support import shown_not_enforced
+    from ..core.support import shown_not_enforced
+    from ..schedulers import local
 
     for given, why in ((ns.template_dir, "--template-dir: the local scheduler renders no batch script"),
                        (ns.wait_timeout, "--wait-timeout: the local scheduler runs the job in the foreground; "
@@ -155,8 +155,8 @@ def describe_array(spec: JobSpec, job_id: str) -> None:
 
 
 def wait_for(edge: Any, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, timeout: float | None) -> int:
+    from ..schedulers import JobStatus, job_status, rank_log
     from .follow import follow
-    from .schedulers import JobStatus, job_status, rank_log
 
     # Slurm writes one log per rank (follow rank 0's); under PBS mpiexec tags every line in the job's output.
     # An array has many rank 0s: its elements' states are shown instead.

@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from .errors import SchedulerError, WaitTimeout
-from .schedulers import JobStatus
+from ..core.errors import SchedulerError, WaitTimeout
+from ..schedulers import JobStatus
 
 LOST_CONTACT_S = 120.0
 

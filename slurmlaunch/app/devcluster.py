@@ -543,7 +543,7 @@ def cmd(action: str, root: Path, nodes: int, gpus: int, cpus: int, accounting: b
         netns: str | None = None) -> int:
     """`slurmlaunch dev-cluster`: up prints the variables to export; status shows sinfo; down stops it.
     ``netns``: None for the loopback mode, "auto" or a subnet for the networked one."""
-    from .errors import SpecError
+    from ..core.errors import SpecError
 
     if action == "up":
         why = missing_requirements(netns is not None) or (accounting_missing() if accounting else None)
