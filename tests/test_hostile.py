@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from slurmlaunch import cli
+from slurmlaunch.app import options
 from slurmlaunch.core import limits
 from slurmlaunch.core.detect import Context, detect
 from slurmlaunch.core.errors import EnvironmentMappingError, SpecError
@@ -204,7 +205,7 @@ def test_status_of_an_element_with_thousands_of_digits(work: tuple[Path, dict[st
 
 def _submit_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
-    cli.add_submit_options(p)
+    options.add_submit_options(p)
     return p
 
 

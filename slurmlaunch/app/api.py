@@ -510,9 +510,9 @@ def profile_options(name: str) -> dict[str, Any]:
     template and --wait settings are the CLI's and are not taken."""
     import argparse
 
-    from ..cli import add_submit_options
     from ..core.spec import parse_env, parse_nodes
     from . import profiles
+    from .options import add_submit_options
 
     parser = argparse.ArgumentParser(add_help=False)
     add_submit_options(parser)
