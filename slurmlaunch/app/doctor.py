@@ -14,12 +14,11 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import SchedulerError, SpecError
-from ..schedulers import run_command
+from .site import cluster_name, remember_site, try_command
 
 COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel")
 REPORT_EVERY = 15.0  # seconds between "still PENDING" lines while the probe job is waited for
@@ -30,14 +29,6 @@ class Check:
     name: str
     state: str  # ok, warn, fail
     detail: str
-
-
-def _try(cmd: list[str], timeout: float = 30) -> tuple[bool, str]:
-    try:
-        proc = run_command(cmd, timeout=timeout)
-    except SchedulerError as e:
-        return False, str(e)
-    return True, (proc.stdout + proc.stderr).strip()
 
 
 def slurm_version(text: str) -> tuple[int, int] | None:
@@ -52,45 +43,6 @@ def choose_gpu_flag(per_node_ok: bool, gres_ok: bool) -> str | None:
     return "gpus-per-node" if per_node_ok else "gres" if gres_ok else None
 
 
-def site_path(environ: Mapping[str, str] = os.environ) -> str:
-    from ..core.paths import state_dir
-
-    return os.path.join(state_dir(environ), "site.json")
-
-
-def load_site() -> dict[str, Any]:
-    try:
-        with open(site_path()) as f:
-            data: dict[str, Any] = json.load(f)
-            return data
-    except (OSError, ValueError):
-        return {}
-
-
-def remember_site(cluster: str, facts: dict[str, Any]) -> None:
-    data = load_site()
-    data[cluster] = {**data.get(cluster, {}), **facts, "checked_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    os.makedirs(os.path.dirname(site_path()), mode=0o700, exist_ok=True)
-    with open(site_path(), "w") as f:
-        json.dump(data, f, indent=2)
-
-
-def cluster_name() -> str | None:
-    ok, out = _try(["scontrol", "show", "config"])
-    m = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.MULTILINE) if ok else None
-    return m.group(1) if m else None
-
-
-def learned_gpu_flag() -> tuple[str, str] | None:
-    """(gpu flag, cluster) that doctor found for the cluster scontrol answers for, or None."""
-    site = load_site()
-    if not site:
-        return None
-    cluster = cluster_name()
-    flag = site.get(cluster or "", {}).get("gpu_flag")
-    return (flag, str(cluster)) if flag in ("gpus-per-node", "gres") else None
-
-
 def login_checks(partition: str | None) -> tuple[list[Check], list[list[str]], dict[str, Any]]:
     """(checks, partition table rows, facts to remember)."""
     checks: list[Check] = []
@@ -99,11 +51,11 @@ def login_checks(partition: str | None) -> tuple[list[Check], list[list[str]], d
                         f"missing: {', '.join(missing)}" if missing else ", ".join(COMMANDS) + " on PATH"))
     if "sbatch" in missing or "scontrol" in missing:
         return checks, [], {}
-    up, out = _try(["scontrol", "ping"], timeout=15)
+    up, out = try_command(["scontrol", "ping"], timeout=15)
     checks.append(Check("controller", "ok" if up and "UP" in out else "fail", out.replace("\n", "; ")))
     if not (up and "UP" in out):
         return checks, [], {}
-    _, text = _try(["sbatch", "--version"])
+    _, text = try_command(["sbatch", "--version"])
     version = slurm_version(text)
     facts: dict[str, Any] = {"slurm_version": text}
     if version is None:
@@ -113,22 +65,22 @@ def login_checks(partition: str | None) -> tuple[list[Check], list[list[str]], d
                                              f"(SRUN_CPUS_PER_TASK); slurmlaunch passes it to srun itself"))
     else:
         checks.append(Check("version", "ok", f"{text}: srun inherits --cpus-per-task from the job"))
-    has_sacct, _ = _try(["sacct", "-n", "-X", "-S", "now"]) if shutil.which("sacct") else (False, "")
+    has_sacct, _ = try_command(["sacct", "-n", "-X", "-S", "now"]) if shutil.which("sacct") else (False, "")
     checks.append(Check("accounting", "ok" if has_sacct else "warn",
                         "sacct answers" if has_sacct else "no accounting (sacct): finished jobs are known from "
                                                           "scontrol for MinJobAge seconds, then from the exit files"))
     if partition:  # what was asked for must exist: the probes below would only warn
-        known, text = _try(["scontrol", "show", "partition", partition])
+        known, text = try_command(["scontrol", "show", "partition", partition])
         if not known:
-            _, names = _try(["sinfo", "-h", "-o", "%R"])
+            _, names = try_command(["sinfo", "-h", "-o", "%R"])
             checks.append(Check("partition", "fail", f"--partition {partition}: no such partition here (known: "
                                                     f"{', '.join(sorted(set(names.split()))) or 'none'})"))
             return checks, [], facts
         checks.append(Check("partition", "ok", f"{partition} exists"))
     where = [f"--partition={partition}"] if partition else []
     probe = ["sbatch", "--test-only", "--nodes=1", *where, "--wrap", "true"]
-    per_node_ok, per_node = _try([*probe[:2], "--gpus-per-node=1", *probe[2:]])
-    gres_ok, gres = _try([*probe[:2], "--gres=gpu:1", *probe[2:]])
+    per_node_ok, per_node = try_command([*probe[:2], "--gpus-per-node=1", *probe[2:]])
+    gres_ok, gres = try_command([*probe[:2], "--gres=gpu:1", *probe[2:]])
     flag = choose_gpu_flag(per_node_ok, gres_ok)
     facts["gpu_flag"] = flag
     if flag is None:
@@ -138,7 +90,7 @@ def login_checks(partition: str | None) -> tuple[list[Check], list[list[str]], d
         refused = "" if per_node_ok else f" (--gpus-per-node refused: {per_node})"
         checks.append(Check("gpu request", "ok", f"--{flag}{'=N' if flag == 'gpus-per-node' else '=gpu:N'} "
                                                  f"accepted{refused}; submit uses it"))
-    ok, table = _try(["sinfo", "-h", "-o", "%P|%a|%D|%G|%c|%m|%l"])
+    ok, table = try_command(["sinfo", "-h", "-o", "%P|%a|%D|%G|%c|%m|%l"])
     rows = [line.split("|") for line in table.splitlines() if line.count("|") == 6] if ok else []
     checks.append(Check("partitions", "ok" if rows else "warn", f"{len(rows)} partition(s)" if rows else table))
     return checks, rows, facts

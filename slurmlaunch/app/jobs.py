@@ -10,31 +10,15 @@ import json
 import os
 import stat
 import sys
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from ..core.errors import SpecError
+from ..schedulers.index import index_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..core.spec import JobSpec
-
-
-def index_path(environ: Mapping[str, str] = os.environ) -> str:
-    from ..core.paths import state_dir
-
-    return os.path.join(state_dir(environ), "jobs.jsonl")
-
-
-def remember(job_id: str, scheduler: str, record_path: str, name: str) -> None:
-    path = index_path()
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    line = json.dumps({"job_id": job_id, "scheduler": scheduler, "record": record_path, "name": name,
-                       "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    with os.fdopen(fd, "a") as f:
-        f.write(line + "\n")
 
 
 MAX_RECORD_BYTES = 4 << 20  # a record is a few KB; a bigger "record" is not one of ours

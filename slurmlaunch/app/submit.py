@@ -76,7 +76,7 @@ def adapt_to_site(spec: JobSpec, origins: dict[str, str]) -> JobSpec:
 
     if not spec.gpus_per_node or origins.get("gpu_flag", BUILTIN) != BUILTIN:
         return spec
-    from .doctor import learned_gpu_flag
+    from .site import learned_gpu_flag
 
     learned = learned_gpu_flag()
     if learned is None or learned[0] == spec.gpu_flag:
@@ -107,7 +107,7 @@ def cmd_submit(ns: Any) -> int:
         sys.stdout.write(script)
         return 0
     sub = edge.submit(spec, script)
-    from .jobs import remember
+    from ..schedulers.index import remember
 
     remember(sub.job_id, scheduler, sub.record_path, spec.name)
     sys.stderr.write(f"slurmlaunch: submitted job {sub.job_id} ({spec.world_size} ranks on {spec.nodes} "

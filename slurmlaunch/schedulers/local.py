@@ -276,7 +276,7 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
     argv = list(rank_processes(spec, "0", environ, "0", None, first_point)[0].argv)
     job_id, record = _claim(spec, count, environ, argv)
     steps = elements(spec, int(job_id)) if spec.is_array else [(job_id, job_id, {}, [])]
-    from ..app.jobs import remember
+    from .index import remember
 
     remember(job_id, "local", record, spec.name)
     if note:
