@@ -6,11 +6,12 @@ on first use.
 
 from __future__ import annotations
 
+from .core import __version__
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__version__ = "0.1.0"
 __all__ = ["__version__", "init_process_group", "submit", "submit_script", "map_array", "batch", "Job",
            "RankFailed", "SlurmLaunchError", "SpecError", "SchedulerError", "HostlistError",
            "EnvironmentMappingError", "PreflightError"]

@@ -13,7 +13,7 @@ import shutil
 from dataclasses import replace
 from typing import Any
 
-from .. import __version__
+from ..core import __version__
 from ..core.errors import SchedulerError, SpecError
 from ..core.spec import JobSpec, time_seconds
 from ..render.jinja import render

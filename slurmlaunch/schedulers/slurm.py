@@ -7,7 +7,7 @@ import re
 import shutil
 from typing import Any
 
-from .. import __version__
+from ..core import __version__
 from ..core.errors import SchedulerError
 from ..core.spec import JobSpec
 from ..render.jinja import render
