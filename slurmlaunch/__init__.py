@@ -14,10 +14,10 @@ if TYPE_CHECKING:
 
 __all__ = ["__version__", "init_process_group", "submit", "submit_script", "map_array", "batch", "Job",
            "RankFailed", "SlurmLaunchError", "SpecError", "SchedulerError", "HostlistError",
-           "EnvironmentMappingError", "PreflightError"]
+           "EnvironmentMappingError", "PreflightError", "JobStateError", "DevClusterError"]
 _API = ("submit", "submit_script", "map_array", "batch", "Job", "RankFailed")
 _ERRORS = ("SlurmLaunchError", "SpecError", "SchedulerError", "HostlistError", "EnvironmentMappingError",
-           "PreflightError")
+           "PreflightError", "JobStateError", "DevClusterError")
 
 
 def __getattr__(name: str) -> Any:

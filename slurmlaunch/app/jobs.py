@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ..core.errors import SpecError
+from ..core.errors import JobStateError, SpecError
 from ..schedulers.index import index_path
 
 TYPE_CHECKING = False
@@ -82,23 +82,23 @@ def find(job_id: str) -> dict[str, Any]:
         array = find(base)
         indices = array_indices(array)
         if parse_count(f"job {base}: array element", element, 0, MAX_ARRAY_INDEX) not in indices:
-            raise SpecError(f"job {job_id!r}: job {base} has no array element {element} "
-                            f"(its elements: {_shown_indices(indices)})")
+            raise JobStateError(f"job {job_id!r}: job {base} has no array element {element} "
+                                f"(its elements: {_shown_indices(indices)})")
         return {**array, "_element": element, "_full_id": f"{array['_full_id']}_{element}"}
     for entry in reversed(entries()):
         if entry["job_id"] == job_id or entry["job_id"].split(".", 1)[0].removesuffix("[]") == job_id:
             try:
                 record = json.loads(read_bounded(entry["record"]).decode("utf-8"))
             except FileNotFoundError:
-                raise SpecError(f"job {job_id}: its record {entry['record']!r} is gone") from None
+                raise JobStateError(f"job {job_id}: its record {entry['record']!r} is gone") from None
             except (OSError, ValueError) as e:
-                raise SpecError(f"job {job_id}: its record {entry['record']!r} cannot be read ({e})") from None
+                raise JobStateError(f"job {job_id}: its record {entry['record']!r} cannot be read ({e})") from None
             if not isinstance(record, dict) or not isinstance(record.get("log_dir"), str) or \
                     record.get("scheduler") not in ("local", "slurm", "pbs"):
-                raise SpecError(f"job {job_id}: {entry['record']!r} is not a slurmlaunch job record")
+                raise JobStateError(f"job {job_id}: {entry['record']!r} is not a slurmlaunch job record")
             record["_full_id"] = entry["job_id"]
             return record
-    raise SpecError(f"job {job_id!r} was not submitted from here (slurmlaunch list shows those that were)")
+    raise JobStateError(f"job {job_id!r} was not submitted from here (slurmlaunch list shows those that were)")
 
 
 def _edge(record: Mapping[str, Any]) -> Any:
@@ -106,7 +106,7 @@ def _edge(record: Mapping[str, Any]) -> Any:
 
     scheduler = record["scheduler"]
     if scheduler == "local":
-        raise SpecError(f"job {record['job_id']} ran on the local scheduler, in the foreground: it has ended")
+        raise JobStateError(f"job {record['job_id']} ran on the local scheduler, in the foreground: it has ended")
     return pbs if scheduler == "pbs" else slurm
 
 
@@ -315,7 +315,7 @@ def cmd_logs(job_id: str, rank: int | None, follow: bool) -> int:
             with open(path, "rb") as f:
                 sys.stdout.buffer.write(f.read())
         except OSError as e:
-            raise SpecError(f"no log {path!r} yet ({e.strerror})") from None
+            raise JobStateError(f"no log {path!r} yet ({e.strerror})") from None
         return 0
     from .follow import follow as follow_job
 
