@@ -125,9 +125,9 @@ def _parser(profiles: bool = False) -> Any:
 
     add_submit_options(s)
     if profiles:
-        from .app.profiles import option_table
+        from .app.profiles import defer_defaults
 
-        s.set_defaults(options_table=option_table(s))
+        s.set_defaults(options_table=defer_defaults(s))
 
     doc = sub.add_parser("doctor", allow_abbrev=False,
                          help="check what this Slurm site accepts before spending an allocation; --allocate N "

@@ -53,9 +53,7 @@ class Option:
 
 def option_table(parser: argparse.ArgumentParser) -> dict[str, Option]:
     """The submit options a profile may set, read from the parser (its defaults are the built-in ones).
-
-    The parser's defaults are then set to None, so that after parsing, None means "not on the command line".
-    """
+    The parser is left as it was (:func:`defer_defaults` is the variant that changes it)."""
     table: dict[str, Option] = {}
     for action in parser._actions:
         if action.dest in NOT_IN_PROFILES or action.dest in CHANGES_WHAT_RUNS or not action.option_strings:
@@ -79,7 +77,16 @@ def option_table(parser: argparse.ArgumentParser) -> dict[str, Option]:
             bounds = (0, MAX_SECONDS)
         choices = tuple(action.choices) if action.choices else None
         table[action.dest] = Option(action.dest, flag, kind, choices, builtin, bounds)
-        action.default = None
+    return table
+
+
+def defer_defaults(parser: argparse.ArgumentParser) -> dict[str, Option]:
+    """:func:`option_table`, and then the parser's defaults of those options set to None, so that after
+    parsing None means "not on the command line" (:func:`resolve` fills in the profile's or built-in value)."""
+    table = option_table(parser)
+    for action in parser._actions:
+        if action.dest in table:
+            action.default = None
     return table
 
 
