@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import SchedulerError, SpecError
+from ..core.jobfiles import JobFiles
 from .site import cluster_name, remember_site, try_command
 
 COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel")
@@ -142,14 +143,14 @@ def allocate(nodes: int, gpus: int, partition: str | None, timeout: float) -> tu
             raise SchedulerError(f"doctor: probe job {sub.job_id} did not finish within {timeout:.0f}s (still "
                                  f"{st.state}; cancelled); is the partition busy? (--timeout S waits longer)")
         time.sleep(1)
+    files = JobFiles(spec.log_dir, sub.job_id, spec.log_unit, spec.ranks_per_log)
     records = []
     for rank in range(spec.world_size):
         try:
             with open(os.path.join(out_dir, f"rank-{rank}.json")) as f:
                 records.append(json.load(f))
         except (OSError, ValueError):
-            log = os.path.join(spec.log_dir, f"job-{sub.job_id}.rank-{rank}.log")
-            records.append({"rank": rank, "missing": f"no report (see {log})"})
+            records.append({"rank": rank, "missing": f"no report (see {files.rank_log(rank)})"})
     return records, sub.job_id
 
 
