@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from slurmlaunch import remote  # noqa: E402
+from slurmlaunch.app import remote  # noqa: E402
 from tests import sshd  # noqa: E402
 
 

@@ -253,7 +253,7 @@ def bench_barrier_n(n: int, pairs: int, workdir: Path) -> list[dict[str, object]
 
 def bench_hostlist(sizes: list[int], repeat: int) -> list[dict[str, object]]:
     sys.path.insert(0, str(HERE.parent))
-    from slurmlaunch import hostlist
+    from slurmlaunch.core import hostlist
 
     try:
         import hostlist as python_hostlist  # the python-hostlist package
@@ -322,7 +322,7 @@ def bench_cli(pairs: int, workdir: Path) -> list[dict[str, object]]:
 
 def bench_scale(nodes: int, gpus: int) -> list[dict[str, object]]:
     sys.path.insert(0, str(HERE.parent))
-    from slurmlaunch.detect import detect
+    from slurmlaunch.core.detect import detect
 
     nodelist = f"gpu[{1:05d}-{nodes:05d}]"
     common = {"SLURM_JOB_ID": "123456", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": str(nodes * gpus),

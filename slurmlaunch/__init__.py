@@ -6,30 +6,31 @@ on first use.
 
 from __future__ import annotations
 
+from .core import __version__
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__version__ = "0.1.0"
 __all__ = ["__version__", "init_process_group", "submit", "submit_script", "map_array", "batch", "Job",
            "RankFailed", "SlurmLaunchError", "SpecError", "SchedulerError", "HostlistError",
-           "EnvironmentMappingError", "PreflightError"]
+           "EnvironmentMappingError", "PreflightError", "JobStateError", "DevClusterError"]
 _API = ("submit", "submit_script", "map_array", "batch", "Job", "RankFailed")
 _ERRORS = ("SlurmLaunchError", "SpecError", "SchedulerError", "HostlistError", "EnvironmentMappingError",
-           "PreflightError")
+           "PreflightError", "JobStateError", "DevClusterError")
 
 
 def __getattr__(name: str) -> Any:
     if name == "init_process_group":
-        from .torch_helpers import init_process_group
+        from .allocation.torch_helpers import init_process_group
 
         return init_process_group
     if name in _ERRORS:
-        from . import errors
+        from .core import errors
 
         return getattr(errors, name)
     if name in _API:
-        from . import api
+        from .app import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'slurmlaunch' has no attribute {name!r}")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch import devcluster as slurmcluster
+from slurmlaunch.app import devcluster as slurmcluster
+from slurmlaunch.core.errors import DevClusterError
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -53,7 +54,7 @@ def _cluster(netns: bool) -> Iterator[dict[str, str]]:
         logs = "".join(p.read_text(errors="replace")[-2000:] for p in (root / "log").glob("*.log"))
         try:
             slurmcluster.down(root)
-        except RuntimeError as left:  # what the networked mode could not remove: say so too
+        except DevClusterError as left:  # what the networked mode could not remove: say so too
             logs += f"\n{left}"
         pytest.fail(f"local Slurm cluster did not come up: {e}\n{logs}")
     base = dict(os.environ)

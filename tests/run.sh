@@ -29,5 +29,6 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e ".[test]"
 .venv/bin/python -m ruff check slurmlaunch tests examples benchmarks
 .venv/bin/python -m mypy
+.venv/bin/lint-imports --no-cache  # the layers (pyproject: [tool.importlinter]; README: Architecture)
 export PATH="$PWD/.venv/bin:$PATH"
 exec .venv/bin/python -m pytest "$@"

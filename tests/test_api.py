@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import slurmlaunch
-from slurmlaunch.errors import SpecError
+from slurmlaunch.core.errors import SpecError
 from tests.conftest import EXAMPLES
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import slurmlaunch
-from slurmlaunch.errors import SlurmLaunchError
+from slurmlaunch.core.errors import SlurmLaunchError
 
 # The report must arrive this soon after the failing rank's last act. The stop grace is 3 s and nothing
 # else waits; 30 s leaves a loaded 2-core machine room. (Before: the caller waited for every rank to end

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.distenv import DistEnv
+from slurmlaunch.allocation.torchrun_mode import RELAY, omp_note, parse, torchrun_command
+from slurmlaunch.core.distenv import DistEnv
+from slurmlaunch.core.spec import JobSpec, validate
 from slurmlaunch.schedulers import slurm
-from slurmlaunch.spec import JobSpec, validate
-from slurmlaunch.torchrun_mode import RELAY, omp_note, parse, torchrun_command
 from tests.conftest import run_cli
 from tests.test_launch import clean_env
 from tests.test_submit import no_slurm_env

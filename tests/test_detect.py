@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmlaunch import hostlist
-from slurmlaunch.detect import PORT_BASE, PORT_SPAN, READERS, Context, derive_port, detect
-from slurmlaunch.errors import EnvironmentMappingError, PreflightError, SlurmLaunchError
+from slurmlaunch.core import hostlist
+from slurmlaunch.core.detect import PORT_BASE, PORT_SPAN, READERS, Context, derive_port, detect
+from slurmlaunch.core.errors import EnvironmentMappingError, PreflightError, SlurmLaunchError
 
 
 def compress(counts: list[int]) -> str:

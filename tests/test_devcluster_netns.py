@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch import devcluster
+from slurmlaunch.app import devcluster
+from slurmlaunch.core.errors import DevClusterError
 from tests.conftest import run_cli, skip_or_fail
 
 pytestmark = pytest.mark.slurm
@@ -138,12 +139,12 @@ def test_nodes_reach_each_other_over_the_bridge(network: devcluster.Network) -> 
 
 def test_a_subnet_in_use_is_refused(tmp_path: Path) -> None:
     _needs_netns()
-    with pytest.raises(RuntimeError, match=r"subnet 127\.0\.0\.0/24 is in use here \(127\.0\.0\.0/8"):
+    with pytest.raises(DevClusterError, match=r"subnet 127\.0\.0\.0/24 is in use here \(127\.0\.0\.0/8"):
         devcluster.make_network(tmp_path / "a", 1, "127.0.0.0/24")
     assert not (tmp_path / "a" / devcluster.LEDGER).exists()  # nothing made, nothing to undo
     first = devcluster.make_network(tmp_path / "b", 1)
     try:  # a second cluster cannot take the first one's subnet
-        with pytest.raises(RuntimeError, match=f"subnet {first.subnet} is in use here"):
+        with pytest.raises(DevClusterError, match=f"subnet {first.subnet} is in use here"):
             devcluster.make_network(tmp_path / "c", 1, str(first.subnet))
         assert not (tmp_path / "c" / devcluster.LEDGER).exists()
         assert in_ns(None, "ip", "route", "show", "table", "all").stdout.count(str(first.subnet)) == 1

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.doctor import choose_gpu_flag, gpus_per_node, render_table, slurm_version
+from slurmlaunch.app.doctor import choose_gpu_flag, gpus_per_node, render_table, slurm_version
 from tests.conftest import run_cli
 from tests.test_submit import no_slurm_env
 
@@ -85,7 +85,7 @@ def test_probe_reports_an_unresolvable_master_within_its_bound(cluster_env: dict
 
 
 def test_gpu_problem_names_the_ranks_without_cuda() -> None:
-    from slurmlaunch.doctor import gpu_problem
+    from slurmlaunch.app.doctor import gpu_problem
 
     seen = {"rank": 0, "torch": {"ok": True, "cuda": True}}
     blind = {"rank": 1, "torch": {"ok": True, "cuda": False}}

@@ -24,7 +24,7 @@ def _submit_parser() -> argparse.ArgumentParser:
 
 
 def test_every_boolean_profile_key_has_an_undo_flag(tmp_path: Path) -> None:
-    from slurmlaunch import profiles
+    from slurmlaunch.app import profiles
 
     parser = _submit_parser()
     table = parser.get_default("options_table")
@@ -116,7 +116,7 @@ def torchrun_flags() -> list[tuple[str, str | None]]:
 
 def test_run_takes_or_refuses_every_torchrun_flag(tmp_path: Path) -> None:
     from slurmlaunch.cli import _parser
-    from slurmlaunch.errors import SpecError
+    from slurmlaunch.core.errors import SpecError
 
     accepted, refused = [], []
     for flag, value in torchrun_flags():

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.detect import Context, local_device
-from slurmlaunch.errors import SlurmLaunchError
-from slurmlaunch.gpus import device_count, gpu_kind, intel_gpu_ids
+from slurmlaunch.allocation.gpus import device_count, gpu_kind, intel_gpu_ids
+from slurmlaunch.core.detect import Context, local_device
+from slurmlaunch.core.errors import SlurmLaunchError
 from tests.conftest import run_cli
 
 
@@ -98,7 +98,7 @@ def test_init_process_group_takes_xpu_and_xccl(monkeypatch: pytest.MonkeyPatch) 
     torch = pytest.importorskip("torch")
     import torch.distributed as dist
 
-    from slurmlaunch import torch_helpers
+    from slurmlaunch.allocation import torch_helpers
 
     chosen: list[int] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

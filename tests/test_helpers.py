@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from slurmlaunch.torch_helpers import _compress
+from slurmlaunch.allocation.torch_helpers import _compress
 from tests.conftest import run_cli
 from tests.test_launch import clean_env
 

@@ -21,10 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch import cli, limits
-from slurmlaunch.detect import Context, detect
-from slurmlaunch.errors import EnvironmentMappingError, SpecError
-from slurmlaunch.spec import JobSpec, parse_array, parse_nodes, validate
+from slurmlaunch import cli
+from slurmlaunch.app import options
+from slurmlaunch.core import limits
+from slurmlaunch.core.detect import Context, detect
+from slurmlaunch.core.errors import EnvironmentMappingError, SpecError
+from slurmlaunch.core.spec import JobSpec, parse_array, parse_nodes, validate
 from tests.conftest import ROOT
 from tests.test_submit import no_slurm_env
 
@@ -181,7 +183,7 @@ def test_torchrun_node_job_id(env_extra: dict[str, str], expect: str, tmp_path: 
 
 
 def test_torchrun_node_other_numbers_do_not_break_it() -> None:
-    from slurmlaunch.torchrun_mode import torchrun_command
+    from slurmlaunch.allocation.torchrun_mode import torchrun_command
 
     env = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_ID": "9" * 5000,
            "SLURM_CPUS_PER_TASK": "²"}
@@ -203,7 +205,7 @@ def test_status_of_an_element_with_thousands_of_digits(work: tuple[Path, dict[st
 
 def _submit_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
-    cli.add_submit_options(p)
+    options.add_submit_options(p)
     return p
 
 
@@ -325,7 +327,7 @@ RUN_IGNORED = {"ignored", "refused"}
 
 
 def test_trailing_newline_on_every_run_option(work: tuple[Path, dict[str, str]]) -> None:
-    from slurmlaunch.run import add_run_options, free_port
+    from slurmlaunch.app.run import add_run_options, free_port
 
     cwd, env = work
     parser = argparse.ArgumentParser(add_help=False)

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmlaunch import hostlist
-from slurmlaunch.errors import HostlistError, SlurmLaunchError
+from slurmlaunch.core import hostlist
+from slurmlaunch.core.errors import HostlistError, SlurmLaunchError
 from tests.conftest import run_cli
 
 # (expression, hosts as scontrol show hostnames prints them)
@@ -282,7 +282,7 @@ def test_cli_refuses_in_bounded_memory(expr: str) -> None:
 
 def test_api_refuses_in_bounded_memory() -> None:
     # Longer than any argument or environment variable can be, so only through the API.
-    code = ("import sys; from slurmlaunch import hostlist; from slurmlaunch.errors import HostlistError\n"
+    code = ("import sys; from slurmlaunch.core import hostlist; from slurmlaunch.core.errors import HostlistError\n"
             "for e in ['n[1-2],' * 30000, 'n[' + '1,' * 70000 + '1]']:\n"
             "    try: hostlist.expand(e)\n"
             "    except HostlistError as x: print(x)\n")

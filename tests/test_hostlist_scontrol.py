@@ -1,5 +1,5 @@
 """Node lists against Slurm's own parser: thousands of generated expressions, valid and invalid, through
-`scontrol show hostnames` and through slurmlaunch.hostlist; expand, count, first_host and nth_host must
+`scontrol show hostnames` and through slurmlaunch.core.hostlist; expand, count, first_host and nth_host must
 agree with scontrol, and we must refuse exactly what it refuses (save the module's documented deviation).
 
 scontrol needs no controller for this: SLURM_CONF pointing at a two-line file is enough. It exits 0 on an
@@ -27,8 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from slurmlaunch import hostlist
-from slurmlaunch.errors import HostlistError
+from slurmlaunch.core import hostlist
+from slurmlaunch.core.errors import HostlistError
 from tests.test_hostlist import INVALID, VALID
 
 SEED = int(os.environ.get("SLURMLAUNCH_HOSTLIST_SEED", "20261201"))

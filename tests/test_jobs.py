@@ -79,7 +79,7 @@ def test_status_after_squeue_and_scontrol_forgot_comes_from_sacct(cluster_env: d
 
 @pytest.mark.slurm
 def test_dev_cluster_command_up_status_job_down(tmp_path: Path) -> None:
-    from slurmlaunch import devcluster
+    from slurmlaunch.app import devcluster
 
     if devcluster.missing_requirements():
         from tests.conftest import skip_or_fail

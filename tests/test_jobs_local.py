@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import slurmlaunch
-from slurmlaunch import errors
+from slurmlaunch.core import errors
 from tests.conftest import run_cli
 from tests.test_submit import no_slurm_env
 

@@ -133,7 +133,7 @@ def test_torchrun_owned_variables_untouched(dump_script: Path) -> None:
 
 
 # --- refusals: one line, the launcher's documented code, the script never starts -------------------
-# (2: bad use of launch; 65: malformed scheduler variables; 78: a pre-flight check: see slurmlaunch.reasons)
+# (2: bad use of launch; 65: malformed scheduler variables; 78: a pre-flight check: see slurmlaunch.allocation.reasons)
 
 def _refused(args: list[str], env: dict[str, str], marker: Path, expect: str, code: int) -> None:
     p = launch(*args, env=env)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.detect import Context, derive_port, detect
-from slurmlaunch.errors import EnvironmentMappingError
+from slurmlaunch.core.detect import Context, derive_port, detect
+from slurmlaunch.core.errors import EnvironmentMappingError
 from tests.conftest import run_cli, skip_or_fail
 
 NODEFILE = "node1\nnode1\nnode2\nnode2\n"

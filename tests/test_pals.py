@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.detect import Context, derive_port, detect
-from slurmlaunch.distenv import DistEnv
-from slurmlaunch.errors import EnvironmentMappingError
+from slurmlaunch.core.detect import Context, derive_port, detect
+from slurmlaunch.core.distenv import DistEnv
+from slurmlaunch.core.errors import EnvironmentMappingError
 from tests.conftest import run_cli
 
 NODEFILE_PATH = "/var/spool/pbs/aux/4321.aurora-pbs"

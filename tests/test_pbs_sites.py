@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from slurmlaunch import cli
-from slurmlaunch.errors import SpecError
+from slurmlaunch.core.errors import SpecError
 from slurmlaunch.schedulers import pbs
 from tests.test_submit import GOLDEN, golden_spec
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.clients import lightning_signal, script_source
+from slurmlaunch.app.clients import lightning_signal, script_source
+from slurmlaunch.core.spec import JobSpec, validate
 from slurmlaunch.schedulers import slurm
-from slurmlaunch.spec import JobSpec, validate
 
 from .conftest import run_cli
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch import remote
-from slurmlaunch.errors import SlurmLaunchError, SpecError
+from slurmlaunch.app import remote
+from slurmlaunch.core.errors import SlurmLaunchError, SpecError
 
 from . import sshd
 from .conftest import skip_or_fail

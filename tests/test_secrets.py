@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurmlaunch.distenv import MASKED, check_master_addr, mask, secret_name
-from slurmlaunch.errors import EnvironmentMappingError
+from slurmlaunch.core.distenv import MASKED, check_master_addr, mask, secret_name
+from slurmlaunch.core.errors import EnvironmentMappingError
 from tests.conftest import run_cli
 from tests.test_detect import step_env
 from tests.test_launch import clean_env, launch

@@ -184,7 +184,7 @@ def test_gloo_world_over_srun_arbitrary_distribution(cluster_env: dict[str, str]
 
 
 def test_scontrol_agrees_on_cluster_node_lists(cluster_env: dict[str, str]) -> None:
-    from slurmlaunch import hostlist
+    from slurmlaunch.core import hostlist
 
     out = subprocess.run(["sinfo", "-h", "-p", "debug", "-o", "%N"], env=cluster_env, capture_output=True,
                          text=True).stdout.strip()

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch import hostlist, stepenv
-from slurmlaunch.gpus import dev_gpu_ids
+from slurmlaunch.allocation.gpus import dev_gpu_ids
+from slurmlaunch.core import hostlist, stepenv
+from slurmlaunch.core.spec import JobSpec
 from slurmlaunch.schedulers.local import rank_env
-from slurmlaunch.spec import JobSpec
 from tests.conftest import run_cli
 
 DUMP = """

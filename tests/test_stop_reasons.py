@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch import reasons
+from slurmlaunch.allocation import reasons
 from slurmlaunch.schedulers import pbs
 from tests.conftest import run_cli
 from tests.test_detect import step_env
@@ -50,7 +50,7 @@ def test_codes_are_distinct_and_collide_with_no_documented_code() -> None:
 
 
 def test_readme_and_launch_help_document_every_stop_code() -> None:
-    from slurmlaunch.launch import USAGE
+    from slurmlaunch.allocation.launch import USAGE
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme.split("### Exit codes", 1)[1].split("\n### ", 1)[0]
@@ -152,7 +152,7 @@ def test_watchdog_leaves_its_reason_before_the_sigterm(tmp_path: Path) -> None:
 def test_follow_prints_the_failure_lines_of_a_failed_job(tmp_path: Path) -> None:
     import io
 
-    from slurmlaunch.follow import follow
+    from slurmlaunch.app.follow import follow
     from slurmlaunch.schedulers import JobStatus
 
     (tmp_path / "job-5_10.failure").write_text("slurmlaunch: element ten\n")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.errors import SpecError
-from slurmlaunch.render import render
+from slurmlaunch.core.errors import SpecError
+from slurmlaunch.core.spec import JobSpec, validate
+from slurmlaunch.render.jinja import render
 from slurmlaunch.schedulers import slurm
-from slurmlaunch.spec import JobSpec, validate
 from tests.conftest import EXAMPLES, ROOT, run_cli
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -208,7 +208,7 @@ def _fake_sbatch(tmp_path: Path) -> Path:
 
 
 def test_shipped_templates_are_found_from_the_package() -> None:
-    from slurmlaunch.render import shipped_template_dir
+    from slurmlaunch.render.jinja import shipped_template_dir
 
     assert (shipped_template_dir() / "slurm.sbatch.j2").is_file()
     shipped = (shipped_template_dir() / "slurm.sbatch.j2").read_text()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.errors import SpecError
-from slurmlaunch.spec import JobSpec, parse_array, parse_sweep
+from slurmlaunch.core.errors import SpecError
+from slurmlaunch.core.spec import JobSpec, parse_array, parse_sweep
 from tests.conftest import run_cli
 from tests.test_submit import assert_refused, no_slurm_env
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.launch import RUNNER, python_argv
-from slurmlaunch.torchrun_mode import RELAY, aborted_workers, parse, teardown_aborts, torchrun_command
+from slurmlaunch.allocation.launch import RUNNER, python_argv
+from slurmlaunch.allocation.torchrun_mode import RELAY, aborted_workers, parse, teardown_aborts, torchrun_command
 from tests.conftest import run_cli
 from tests.test_submit import no_slurm_env
 

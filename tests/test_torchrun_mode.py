@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.errors import SlurmLaunchError, SpecError
-from slurmlaunch.spec import JobSpec, parse_nodes, validate
-from slurmlaunch.torchrun_mode import RELAY, parse, torchrun_command
+from slurmlaunch.allocation.torchrun_mode import RELAY, parse, torchrun_command
+from slurmlaunch.core.errors import SlurmLaunchError, SpecError
+from slurmlaunch.core.spec import JobSpec, parse_nodes, validate
 from tests.conftest import EXAMPLES, run_cli
 from tests.test_submit import assert_refused, no_slurm_env
 from tests.test_teardown import teardown_abort_only

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..errors import SchedulerError, SpecError
-from ..spec import JobSpec
+from ..core.errors import SchedulerError, SpecError
+from ..core.spec import JobSpec
 
 
 @dataclass(frozen=True)

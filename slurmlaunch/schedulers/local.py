@@ -20,17 +20,17 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ..errors import SpecError
-from ..gpus import dev_gpu_ids, visible_gpus
-from ..launch import RETURNED_DIR
-from ..paths import state_dir
-from ..reasons import REASONS_DIR, Reason, read_first
-from ..spec import JobSpec
-from ..stepenv import GPU_LISTS, Submitter, step_env
-from ..supervisor import Outcome, RankProcess, supervise
-from ..torchrun_mode import SIGABRT_CODE, aborted_workers, teardown_aborts, teardown_message
+from ..allocation.gpus import dev_gpu_ids, visible_gpus
+from ..allocation.launch import RETURNED_DIR
+from ..allocation.reasons import REASONS_DIR, Reason, read_first
+from ..allocation.torchrun_mode import SIGABRT_CODE, aborted_workers, teardown_aborts, teardown_message
+from ..core.errors import SpecError
+from ..core.paths import state_dir
+from ..core.spec import JobSpec
+from ..core.stepenv import GPU_LISTS, Submitter, step_env
 from . import current_umask, make_log_dir, rank_log, script_env, write_private, write_record
 from .slurm import launch_command
+from .supervisor import Outcome, RankProcess, supervise
 
 NODE_PREFIX = "local-node"
 
@@ -79,7 +79,7 @@ def submitter() -> Submitter:
 def rank_env(spec: JobSpec, job_id: str, rank: int, environ: Mapping[str, str],
              gpus: list[str] | None) -> dict[str, str]:
     """The environment a real srun step would give task ``rank`` of ``spec``, on emulated nodes: ``environ``
-    without its SLURM_* and SLURMD_* variables, then --env, then the step's variables (slurmlaunch.stepenv)."""
+    without its SLURM_* and SLURMD_* variables, then --env, then the step's variables (slurmlaunch.core.stepenv)."""
     # The emulated step must not mix with a real Slurm job's variables we might be running inside.
     env = {k: v for k, v in environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
     env.update(script_env(spec))  # --env, --master-port, --rdzv-timeout: what a batch script exports
@@ -308,7 +308,7 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
     argv = list(rank_processes(spec, "0", environ, "0", None, first_point)[0].argv)
     job_id, record = _claim(spec, count, environ, argv)
     steps = elements(spec, int(job_id)) if spec.is_array else [(job_id, job_id, {}, [])]
-    from ..jobs import remember
+    from .index import remember
 
     remember(job_id, "local", record, spec.name)
     if note:

@@ -13,10 +13,10 @@ import shutil
 from dataclasses import replace
 from typing import Any
 
-from .. import __version__
-from ..errors import SchedulerError, SpecError
-from ..render import render
-from ..spec import JobSpec, time_seconds
+from ..core import __version__
+from ..core.errors import SchedulerError, SpecError
+from ..core.spec import JobSpec, time_seconds
+from ..render.jinja import render
 from . import JobStatus, Submission, array_outcome, run_command, script_env, submit_with
 from .slurm import launch_command
 

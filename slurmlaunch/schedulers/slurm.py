@@ -8,10 +8,10 @@ import shutil
 from signal import Signals, strsignal
 from typing import Any
 
-from .. import __version__
-from ..errors import SchedulerError
-from ..render import render
-from ..spec import JobSpec
+from ..core import __version__
+from ..core.errors import SchedulerError
+from ..core.spec import JobSpec
+from ..render.jinja import render
 from . import JobStatus, Submission, array_outcome, run_command, script_env, submit_with
 
 TEMPLATE = "slurm.sbatch.j2"

@@ -15,105 +15,20 @@ Detection order (first match wins), see :data:`READERS`:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from . import hostlist
+from .detect_mpi import read_mpi, read_pbs_script
 from .distenv import DistEnv
-from .errors import EnvironmentMappingError, HostlistError, PreflightError
-from .limits import MAX_JOB_ID, bounded_int, parse_count, shown
-
-Env = Mapping[str, str]
-
-# MASTER_PORT = PORT_BASE + (job id + 1009 * step id) mod PORT_SPAN: below Linux's ephemeral range
-# (32768-60999, where the kernel hands out client ports that could take ours) and above the well-known ones.
-PORT_BASE = 15000
-PORT_SPAN = 17000
-
-
-class Context:
-    """What a reader may know beyond the variables; filled in by launch.py, faked freely in tests."""
-
-    __slots__ = ("hostname", "read_file", "gpu_device_count")
-
-    def __init__(self, hostname: str = "localhost", read_file: Callable[[str], str] = lambda path: "",
-                 gpu_device_count: Callable[[], int] = lambda: 0) -> None:
-        self.hostname = hostname
-        self.read_file = read_file
-        self.gpu_device_count = gpu_device_count
-
-
-def _first(env: Env, *names: str) -> tuple[str, str] | None:
-    for name in names:
-        value = env.get(name)
-        if value is not None and value != "":
-            return name, value
-    return None
-
-
-def _require(env: Env, *names: str) -> tuple[str, str]:
-    found = _first(env, *names)
-    if found is None:
-        raise EnvironmentMappingError(f"{' or '.join(names)} is not set (needed to place this task)")
-    return found
-
-
-def _int(name: str, value: str, minimum: int = 0, maximum: int = MAX_JOB_ID) -> int:
-    """A variable's integer. Slurm's ids and counts are 32-bit unsigned, so that is the default bound; a
-    longer value is refused before int() sees it (past 4300 digits int() raises)."""
-    return parse_count(name, value, minimum, maximum, sep="=", error=EnvironmentMappingError)
-
-
-def _optional_int(name: str, env: Env, maximum: int = MAX_JOB_ID) -> int | None:
-    """A variable that may be unset or empty (None), else an integer like :func:`_int`."""
-    value = env.get(name, "")
-    return None if value == "" else _int(name, value, 0, maximum)
-
-
-def derive_port(job_id: int, step_id: int = 0) -> int:
-    """The MASTER_PORT every task of a step computes alike, without talking to the others."""
-    return PORT_BASE + (job_id + 1009 * step_id) % PORT_SPAN
-
-
-def local_device(env: Env, local_rank: int, local_world_size: int, ctx: Context, host: str) -> int | None:
-    """Index of this rank's GPU among those it can see, or None to run on the CPU.
-
-    Reads SLURMLAUNCH_DEVICE ("cpu" forces the CPU), CUDA_VISIBLE_DEVICES (kept as Slurm set it: it is
-    never rewritten), SLURM_GPUS_ON_NODE, and, when CUDA_VISIBLE_DEVICES is unset, the count of
-    /dev/nvidiaN devices, else of Intel's Level Zero devices (ZE_AFFINITY_MASK, gpus.intel_gpu_ids).
-    The rule: when a rank sees at least as many GPUs as there are ranks on its node, it uses GPU
-    LOCAL_RANK (Slurm's --gpus-per-node / --gres layout, which slurmlaunch generates; with
-    SLURMLAUNCH_GPU_ORDER=reversed, GPU visible-1-LOCAL_RANK, ALCF's Polaris order); when Slurm (or an
-    Intel per-rank ZE_AFFINITY_MASK) bound a subset to each task (--gpus-per-task, --gpu-bind), it uses
-    its first, index 0.
-    """
-    if env.get("SLURMLAUNCH_DEVICE", "").lower() == "cpu":
-        return None
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is None:
-        visible = ctx.gpu_device_count()
-        described = f"{visible} GPU device(s) in /dev"
-    else:
-        ids = [] if cvd.strip() in ("", "NoDevFiles") else cvd.split(",")
-        visible = len(ids)
-        described = f"CUDA_VISIBLE_DEVICES={cvd!r}"
-    if visible == 0:
-        return None
-    if visible >= local_world_size:
-        order = env.get("SLURMLAUNCH_GPU_ORDER", "")
-        if order not in ("", "in-order", "reversed"):
-            raise PreflightError(f"SLURMLAUNCH_GPU_ORDER={order!r} is not valid (expected in-order or reversed)")
-        # reversed: rank 0 on the last GPU, as ALCF binds Polaris ranks (its first cores sit nearest GPU 3)
-        return visible - 1 - local_rank if order == "reversed" else local_rank
-    node_gpus = bounded_int(env.get("SLURM_GPUS_ON_NODE", ""), MAX_JOB_ID)
-    if cvd is not None and node_gpus is not None and node_gpus >= local_world_size:
-        return 0
-    if cvd is None and env.get("ZE_AFFINITY_MASK", "").strip():
-        return 0  # Intel: a per-rank mask (ALCF's gpu_tile_compact.sh, mpiexec --gpu-bind) bound it to its own
-    raise PreflightError(
-        f"{local_world_size} ranks on {host} but only {visible} GPU(s) visible ({described}): "
-        f"request at least {local_world_size} GPUs per node, start fewer ranks per node, "
-        f"or set SLURMLAUNCH_DEVICE=cpu to run on the CPU"
-    )
+from .envvars import PORT_BASE as PORT_BASE
+from .envvars import PORT_SPAN as PORT_SPAN
+from .envvars import Context as Context
+from .envvars import Env as Env
+from .envvars import derive_port as derive_port
+from .envvars import first_set, int_var, master_from, optional_int, require
+from .envvars import local_device as local_device
+from .errors import EnvironmentMappingError, HostlistError
+from .limits import MAX_JOB_ID, bounded_int, shown
 
 
 def read_torchrun(env: Env, ctx: Context) -> DistEnv | None:
@@ -122,7 +37,7 @@ def read_torchrun(env: Env, ctx: Context) -> DistEnv | None:
         return None
     vals = {}
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE"):
-        vals[name] = _int(name, _require(env, name)[1])
+        vals[name] = int_var(name, require(env, name)[1])
     return DistEnv(
         source="torchrun",
         rank=vals["RANK"],
@@ -132,28 +47,12 @@ def read_torchrun(env: Env, ctx: Context) -> DistEnv | None:
         node_rank=vals["GROUP_RANK"],
         num_nodes=vals["GROUP_WORLD_SIZE"],
         master_addr=env.get("MASTER_ADDR", ""),
-        master_port=_int("MASTER_PORT", env.get("MASTER_PORT", "0")),
+        master_port=int_var("MASTER_PORT", env.get("MASTER_PORT", "0")),
         this_host=ctx.hostname,
         owned_by_torchrun=True,
         origins={name: f"{name} (set by torchrun, TORCHELASTIC_RUN_ID={env['TORCHELASTIC_RUN_ID']})"
                  for name in vals},
     )
-
-
-def _master(env: Env, default_addr: str, addr_origin: str, default_port: int, port_origin: str
-            ) -> tuple[str, int, dict[str, str]]:
-    """A user-set MASTER_ADDR / MASTER_PORT wins over the derived ones."""
-    origins = {}
-    addr = env.get("MASTER_ADDR") or default_addr
-    origins["MASTER_ADDR"] = "MASTER_ADDR (set by the user)" if env.get("MASTER_ADDR") else addr_origin
-    if env.get("MASTER_PORT"):
-        port = _int("MASTER_PORT", env["MASTER_PORT"], 1)
-        if port > 65535:
-            raise EnvironmentMappingError(f"MASTER_PORT={port} is not valid (expected 1-65535)")
-        origins["MASTER_PORT"] = "MASTER_PORT (set by the user)"
-    else:
-        port, origins["MASTER_PORT"] = default_port, port_origin
-    return addr, port, origins
 
 
 def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
@@ -165,11 +64,11 @@ def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
     SLURM_CPUS_PER_TASK; SLURM_DISTRIBUTION and SLURM_HOSTFILE (arbitrary distribution: rank 0 runs
     on the hostfile's first host, not on the first host of the sorted node list).
     """
-    job = _first(env, "SLURM_JOB_ID", "SLURM_JOBID")
+    job = first_set(env, "SLURM_JOB_ID", "SLURM_JOBID")
     if job is None:
         return None
-    job_id = _int(job[0], job[1])
-    step = _first(env, "SLURM_STEP_ID", "SLURM_STEPID")
+    job_id = int_var(job[0], job[1])
+    step = first_set(env, "SLURM_STEP_ID", "SLURM_STEPID")
     if step is None:
         # The batch script (or an salloc shell) carries SLURM_PROCID=0 and the job's SLURM_NTASKS, but
         # it is no task of a step: treating it as rank 0 of N makes it wait for N-1 ranks forever.
@@ -181,29 +80,29 @@ def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
                 f"(srun slurmlaunch launch SCRIPT), not directly in the batch script"
             )
         return None
-    step_id = _int(step[0], step[1])
+    step_id = int_var(step[0], step[1])
 
-    procid_name, procid_text = _require(env, "SLURM_PROCID")
-    rank = _int(procid_name, procid_text)
-    ntasks_name, ntasks_text = _require(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
-    world = _int(ntasks_name, ntasks_text, 1)
+    procid_name, procid_text = require(env, "SLURM_PROCID")
+    rank = int_var(procid_name, procid_text)
+    ntasks_name, ntasks_text = require(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    world = int_var(ntasks_name, ntasks_text, 1)
     if rank >= world:
         raise EnvironmentMappingError(
             f"SLURM_PROCID={rank} is not valid with {ntasks_name}={world} (expected 0..{world - 1})"
         )
-    nodelist_name, nodelist = _require(env, "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
+    nodelist_name, nodelist = require(env, "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
     try:
         hosts_in_list = hostlist.count(nodelist)
     except HostlistError as e:
         raise EnvironmentMappingError(f"{nodelist_name}: {e}") from None
-    nnodes_found = _first(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES")
-    nnodes = _int(nnodes_found[0], nnodes_found[1], 1) if nnodes_found else hosts_in_list
+    nnodes_found = first_set(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES")
+    nnodes = int_var(nnodes_found[0], nnodes_found[1], 1) if nnodes_found else hosts_in_list
     if nnodes != hosts_in_list:
         raise EnvironmentMappingError(
             f"{nodelist_name}={nodelist!r} names {hosts_in_list} hosts but the step has {nnodes} nodes "
             f"({nnodes_found[0] if nnodes_found else 'count'}={nnodes})"
         )
-    tpn_name, tpn_text = _require(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+    tpn_name, tpn_text = require(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
     longest = max((len(run) for run in tpn_text.replace("(x", ",").replace(")", ",").split(",")), default=0)
     if longest > len(str(MAX_JOB_ID)):  # before the count list's parser converts 5000 digits
         raise EnvironmentMappingError(f"{tpn_name}={shown(tpn_text)} is not valid (a count of {longest} "
@@ -217,13 +116,13 @@ def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
             f"{tpn_name}={tpn_text!r} is not valid for {nnodes} nodes and {world} tasks "
             f"(expected {nnodes} counts adding up to {world})"
         )
-    node_rank = _int("SLURM_NODEID", _require(env, "SLURM_NODEID")[1])
+    node_rank = int_var("SLURM_NODEID", require(env, "SLURM_NODEID")[1])
     if node_rank >= nnodes:
         raise EnvironmentMappingError(
             f"SLURM_NODEID={node_rank} is not valid for a step on {nnodes} nodes (expected 0..{nnodes - 1})"
         )
     local_world = hostlist.count_at(tpn, node_rank) or 0
-    local_rank = _int("SLURM_LOCALID", _require(env, "SLURM_LOCALID")[1])
+    local_rank = int_var("SLURM_LOCALID", require(env, "SLURM_LOCALID")[1])
     if local_rank >= local_world:
         raise EnvironmentMappingError(
             f"SLURM_LOCALID={local_rank} is not valid with {local_world} tasks on node {node_rank} "
@@ -250,13 +149,13 @@ def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
             raise EnvironmentMappingError(f"SLURM_HOSTFILE={hostfile!r}: {e}") from None
         rank0_origin = f"first host of SLURM_HOSTFILE={hostfile} (arbitrary distribution)"
 
-    addr, port, origins = _master(
+    addr, port, origins = master_from(
         env, rank0_host, rank0_origin, derive_port(job_id, step_id),
         f"derived from SLURM_JOB_ID={job_id}, SLURM_STEP_ID={step_id}",
     )
     # Slurm sets it only with --cpus-per-task; a value that is not a count is an error, not silently no
     # OMP_NUM_THREADS (which would leave every rank's thread pool at all of the node's cores).
-    cpus = _optional_int("SLURM_CPUS_PER_TASK", env, 65535)
+    cpus = optional_int("SLURM_CPUS_PER_TASK", env, 65535)
     origins.update({
         "RANK": f"{procid_name}={procid_text}",
         "WORLD_SIZE": f"{ntasks_name}={ntasks_text}",
@@ -293,17 +192,17 @@ def read_run(env: Env, ctx: Context) -> DistEnv | None:
     """
     if env.get("SLURMLAUNCH_RUN") != "1":
         return None
-    nnodes = _int("SLURMLAUNCH_NNODES", _require(env, "SLURMLAUNCH_NNODES")[1], 1)
-    node_rank = _int("SLURMLAUNCH_NODE_RANK", _require(env, "SLURMLAUNCH_NODE_RANK")[1])
-    nproc = _int("SLURMLAUNCH_NPROC_PER_NODE", _require(env, "SLURMLAUNCH_NPROC_PER_NODE")[1], 1)
-    local_rank = _int("SLURMLAUNCH_LOCAL_RANK", _require(env, "SLURMLAUNCH_LOCAL_RANK")[1])
+    nnodes = int_var("SLURMLAUNCH_NNODES", require(env, "SLURMLAUNCH_NNODES")[1], 1)
+    node_rank = int_var("SLURMLAUNCH_NODE_RANK", require(env, "SLURMLAUNCH_NODE_RANK")[1])
+    nproc = int_var("SLURMLAUNCH_NPROC_PER_NODE", require(env, "SLURMLAUNCH_NPROC_PER_NODE")[1], 1)
+    local_rank = int_var("SLURMLAUNCH_LOCAL_RANK", require(env, "SLURMLAUNCH_LOCAL_RANK")[1])
     if node_rank >= nnodes or local_rank >= nproc:
         raise EnvironmentMappingError(
             f"SLURMLAUNCH_NODE_RANK={node_rank}/SLURMLAUNCH_LOCAL_RANK={local_rank} are not valid for "
             f"{nnodes} node(s) x {nproc} process(es) (expected node rank < nnodes, local rank < nproc)"
         )
-    addr = _require(env, "MASTER_ADDR")[1]
-    port = _int("MASTER_PORT", _require(env, "MASTER_PORT")[1], 1)
+    addr = require(env, "MASTER_ADDR")[1]
+    port = int_var("MASTER_PORT", require(env, "MASTER_PORT")[1], 1)
     return DistEnv(
         source="run",
         rank=node_rank * nproc + local_rank,
@@ -329,10 +228,10 @@ def read_preset(env: Env, ctx: Context) -> DistEnv | None:
     (needed when WORLD_SIZE > 1) and MASTER_PORT (default 29500, torch's)."""
     if "RANK" not in env or "WORLD_SIZE" not in env:
         return None
-    world = _int("WORLD_SIZE", env["WORLD_SIZE"], 1)
-    rank = _int("RANK", env["RANK"])
-    local_world = _int("LOCAL_WORLD_SIZE", env.get("LOCAL_WORLD_SIZE", "1"), 1)
-    local_rank = _int("LOCAL_RANK", env.get("LOCAL_RANK", "0"))
+    world = int_var("WORLD_SIZE", env["WORLD_SIZE"], 1)
+    rank = int_var("RANK", env["RANK"])
+    local_world = int_var("LOCAL_WORLD_SIZE", env.get("LOCAL_WORLD_SIZE", "1"), 1)
+    local_rank = int_var("LOCAL_RANK", env.get("LOCAL_RANK", "0"))
     if rank >= world or local_rank >= local_world:
         raise EnvironmentMappingError(
             f"RANK={rank}/LOCAL_RANK={local_rank} are not valid with WORLD_SIZE={world}/LOCAL_WORLD_SIZE="
@@ -341,10 +240,10 @@ def read_preset(env: Env, ctx: Context) -> DistEnv | None:
     if world > 1 and not env.get("MASTER_ADDR"):
         raise EnvironmentMappingError(f"RANK and WORLD_SIZE={world} are set by hand but MASTER_ADDR is not")
     node_text = env.get("NODE_RANK") or env.get("GROUP_RANK") or str(rank // local_world)
-    addr, port, origins = _master(env, "127.0.0.1", "default", 29500, "torch's default")
+    addr, port, origins = master_from(env, "127.0.0.1", "default", 29500, "torch's default")
     return DistEnv(
         source="preset", rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
-        node_rank=_int("NODE_RANK", node_text), num_nodes=max(1, -(-world // local_world)), master_addr=addr,
+        node_rank=int_var("NODE_RANK", node_text), num_nodes=max(1, -(-world // local_world)), master_addr=addr,
         master_port=port, this_host=ctx.hostname,
         local_device=local_device(env, local_rank, local_world, ctx, ctx.hostname),
         origins={**origins, "RANK": "RANK (set by hand)", "WORLD_SIZE": "WORLD_SIZE (set by hand)"},
@@ -353,7 +252,7 @@ def read_preset(env: Env, ctx: Context) -> DistEnv | None:
 
 def read_single(env: Env, ctx: Context) -> DistEnv:
     """No launcher around us: a world of 1 on this host (a free port is picked at launch)."""
-    addr, port, origins = _master(env, "127.0.0.1", "default for a world of 1", 0, "a free port, picked at launch")
+    addr, port, origins = master_from(env, "127.0.0.1", "default for a world of 1", 0, "a free port, picked at launch")
     return DistEnv(
         source="single",
         rank=0,
@@ -374,7 +273,6 @@ def read_single(env: Env, ctx: Context) -> DistEnv:
 
 Reader = Callable[[Env, Context], "DistEnv | None"]
 
-from .detect_mpi import read_mpi, read_pbs_script  # noqa: E402  (they build on the helpers above)
 
 #: The detection order, first match wins. MPI comes before Slurm: ranks that mpirun started inside a
 #: Slurm allocation inherit SLURM_PROCID/SLURM_NTASKS of mpirun's daemons, which are not their own.

@@ -17,8 +17,8 @@ when that cannot be trusted.
 
 from __future__ import annotations
 
-from .detect import Context, Env, _first, _int, _master, derive_port, local_device
 from .distenv import DistEnv
+from .envvars import Context, Env, derive_port, first_set, int_var, local_device, master_from
 from .errors import EnvironmentMappingError
 from .limits import bounded_int, shown
 
@@ -64,7 +64,7 @@ def parse_nodefile(text: str, path: str) -> list[tuple[str, int]]:
 
 
 def _port_from_job(env: Env) -> tuple[int, str] | None:
-    found = _first(env, *_JOB_NAMES)
+    found = first_set(env, *_JOB_NAMES)
     if found is None:
         return None
     name, value = found
@@ -112,11 +112,11 @@ def pals_world_size(env: Env, rank: int, hosts: list[tuple[str, int]] | None, no
     """
     missing = "PALS_RANKID is set but not PMI_SIZE or PALS_SIZE (PALS with PMIx exports no world size)"
     fix = "export PALS_SIZE=N (the -n given to mpiexec) to state it"
-    local = _first(env, "PMI_LOCAL_SIZE", "PALS_LOCAL_SIZE")
+    local = first_set(env, "PMI_LOCAL_SIZE", "PALS_LOCAL_SIZE")
     if local is None:
         raise EnvironmentMappingError(
             f"{missing}, and neither PALS_LOCAL_SIZE nor PMI_LOCAL_SIZE is set to derive it from: {fix}")
-    per_node = _int(local[0], local[1], 1)
+    per_node = int_var(local[0], local[1], 1)
     if hosts is None or not nodefile:
         raise EnvironmentMappingError(
             f"{missing}, and PBS_NODEFILE is not set to derive it from (distinct hosts x {local[0]}): {fix}")
@@ -127,7 +127,7 @@ def pals_world_size(env: Env, rank: int, hosts: list[tuple[str, int]] | None, no
             f"per node may differ, so hosts x {local[0]} is no world size; {fix}")
     node_text, local_text = env.get("PALS_NODEID", ""), env.get("PALS_LOCAL_RANKID", "")
     if node_text and local_text:
-        node, local_rank = _int("PALS_NODEID", node_text), _int("PALS_LOCAL_RANKID", local_text)
+        node, local_rank = int_var("PALS_NODEID", node_text), int_var("PALS_LOCAL_RANKID", local_text)
         # Out-of-range values are left to the checks that name them; here only the block layout is asked.
         if node < len(hosts) and local_rank < per_node and rank != node * per_node + local_rank:
             raise EnvironmentMappingError(
@@ -141,8 +141,8 @@ def pals_world_size(env: Env, rank: int, hosts: list[tuple[str, int]] | None, no
 
 def _mpi_env(env: Env, ctx: Context, flavour: str, rank_var: str, size_vars: tuple[str, ...], local_var: str,
              local_size_vars: tuple[str, ...], node_var: str | None) -> DistEnv:
-    rank = _int(rank_var, env[rank_var])
-    size = _first(env, *size_vars)
+    rank = int_var(rank_var, env[rank_var])
+    size = first_set(env, *size_vars)
     if size is None and flavour != "pals":
         raise EnvironmentMappingError(f"{rank_var} is set but not {' or '.join(size_vars)} (the world size)")
     me = env.get("SLURMLAUNCH_HOSTNAME") or ctx.hostname
@@ -155,14 +155,14 @@ def _mpi_env(env: Env, ctx: Context, flavour: str, rank_var: str, size_vars: tup
         world_name = "WORLD_SIZE"
     else:
         world_name = size[0]
-        world = _int(world_name, size[1], 1)
+        world = int_var(world_name, size[1], 1)
         world_origin = f"{world_name}={world}"
     if rank >= world:
         raise EnvironmentMappingError(
             f"{rank_var}={rank} is not valid with {world_name}={world} (expected 0..{world - 1})"
             + ("" if size else f"; {world_origin}"))
-    local_rank = _int(local_var, env.get(local_var, "0"))
-    local_size_found = _first(env, *local_size_vars)
+    local_rank = int_var(local_var, env.get(local_var, "0"))
+    local_size_found = first_set(env, *local_size_vars)
     origins = {"RANK": f"{rank_var}={rank}", "WORLD_SIZE": world_origin,
                "LOCAL_RANK": f"{local_var}={local_rank}"}
     if local_size_found:
@@ -171,7 +171,7 @@ def _mpi_env(env: Env, ctx: Context, flavour: str, rank_var: str, size_vars: tup
     if hosts is not None:
         names = [_short(h) for h, _ in hosts]
         if node_var and node_var in env:
-            node_rank = _int(node_var, env[node_var])
+            node_rank = int_var(node_var, env[node_var])
             if node_rank >= len(hosts):
                 raise EnvironmentMappingError(
                     f"{node_var}={node_rank} is not valid for the {len(hosts)} hosts of PBS_NODEFILE={nodefile!r}"
@@ -189,7 +189,7 @@ def _mpi_env(env: Env, ctx: Context, flavour: str, rank_var: str, size_vars: tup
         origins["NODE_RANK"] = f"position of {this_host} in PBS_NODEFILE={nodefile}"
     else:
         rank0_host = None
-    local_world = _int(local_size_found[0], local_size_found[1], 1) if local_size_found else None
+    local_world = int_var(local_size_found[0], local_size_found[1], 1) if local_size_found else None
     if hosts is not None and sum(n for _, n in hosts) == world:
         # One line per slot: mpiexec --hostfile $PBS_NODEFILE places ranks on the slots in order, so this
         # host's ranks are a block. When the MPI's own local numbering disagrees (ranks of several nodefile
@@ -225,7 +225,7 @@ def _mpi_env(env: Env, ctx: Context, flavour: str, rank_var: str, size_vars: tup
                 f"which node is which"
             )
         num_nodes = world // local_world
-        node_rank = (_int(node_var, env[node_var]) if node_var and node_var in env else rank // local_world)
+        node_rank = (int_var(node_var, env[node_var]) if node_var and node_var in env else rank // local_world)
         origins["NODE_RANK"] = f"{rank_var} // {local_world} (ranks fill nodes in blocks)"
         if num_nodes > 1 and not env.get("MASTER_ADDR"):
             raise EnvironmentMappingError(
@@ -234,7 +234,7 @@ def _mpi_env(env: Env, ctx: Context, flavour: str, rank_var: str, size_vars: tup
             )
         rank0_host = me if num_nodes == 1 else None
     port = _port_from_job(env)
-    addr, master_port, master_origins = _master(
+    addr, master_port, master_origins = master_from(
         env, rank0_host or "127.0.0.1", "first host of PBS_NODEFILE" if hosts else "this host (one node)",
         port[0] if port else 29500, port[1] if port else "torch's default (no job id to derive one from)",
     )

@@ -15,18 +15,18 @@ from typing import Any
 
 import jinja2
 
-from .errors import SpecError
+from ..core.errors import SpecError
 
 
 def shipped_template_dir() -> Path:
     """templates/ inside the installed package, or at the repository root in a source checkout."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent
     installed = here / "templates"
     return installed if installed.is_dir() else here.parent / "templates"
 
 
 def user_template_dir(environ: Mapping[str, str]) -> Path:
-    from .paths import config_dir
+    from ..core.paths import config_dir
 
     return Path(config_dir(environ)) / "templates"
 

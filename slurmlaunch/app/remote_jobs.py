@@ -15,11 +15,13 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from typing import Any
 
-from .errors import SchedulerError, SpecError
+from ..core.errors import SchedulerError, SpecError
+from ..core.spec import JobSpec
+from ..schedulers import JobStatus
 from .remote import (
     Connection,
     Destination,
@@ -32,8 +34,6 @@ from .remote import (
     sync,
     sync_argv,
 )
-from .schedulers import JobStatus
-from .spec import JobSpec
 
 DEFAULT_SYNC_LIMIT_TEXT = "1G"  # --sync-limit's default, as written
 
@@ -130,11 +130,10 @@ def refuse_remote_only(ns: Any) -> None:
         raise SpecError(f"{', '.join(given)}: only with --remote [USER@]HOST[:DIR] (leave it out, or add --remote)")
 
 
-def submit_remote(ns: Any) -> int:
+def submit_remote(ns: Any, spec_from_args: Callable[[Any], JobSpec]) -> int:
     """`submit --remote DEST`: render here, sync, sbatch there, follow from here with --wait."""
-    from .schedulers import slurm
-    from .submit import spec_from_args
-    from .support import refuse_unsupported
+    from ..core.support import refuse_unsupported
+    from ..schedulers import slurm
 
     dest = parse_destination(ns.remote)
     limit = parse_size(ns.sync_limit) if ns.sync_limit else None
@@ -177,7 +176,7 @@ def submit_remote(ns: Any) -> int:
         if not job_id.isdigit():
             raise RemoteError(f"on {dest.target}: {shlex.join(sbatch)} printed {out!r}, not a job id")
         record = write_local_record(dest, conn.setup, rspec, job_id, sbatch, script)
-        from .jobs import remember
+        from ..schedulers.index import remember
 
         remember(job_id, "slurm", record, rspec.name, remote=dest.target)
         sys.stderr.write(f"slurmlaunch: submitted job {job_id} on {dest.target} ({rspec.world_size} ranks on "
@@ -190,7 +189,7 @@ def submit_remote(ns: Any) -> int:
 
 
 def _records_dir(dest: Destination) -> str:
-    from .paths import state_dir
+    from ..core.paths import state_dir
 
     tag = hashlib.sha256(dest.target.encode()).hexdigest()[:12]
     return os.path.join(state_dir(), "remote", tag)
@@ -199,7 +198,7 @@ def _records_dir(dest: Destination) -> str:
 def write_local_record(dest: Destination, setup: tuple[str, ...], spec: JobSpec, job_id: str,
                        command: list[str], script: str) -> str:
     """The job's record and script on this machine (private), for status/logs/cancel later."""
-    from .schedulers import rank_log, write_private
+    from ..schedulers import rank_log, write_private
 
     directory = _records_dir(dest)
     os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -267,16 +266,14 @@ def wait_remote(conn: Connection, spec: JobSpec, job_id: str, cancel_on_interrup
                 timeout: float | None) -> int:
     """Follow the job from here: its states and rank 0's output, as `submit --wait` does locally. A dropped
     connection is retried on every poll (a new master each time) for follow's LOST_CONTACT_S."""
-    from .follow import follow
-    from .schedulers import rank_log
+    from ..schedulers import rank_log
+    from .follow import ask, follow
 
     status = RemoteFollower(conn, job_id, spec.log_dir, rank_log(spec, job_id, 0))
     try:
         code: int = follow(job_id, status, None, timeout=timeout)
     except KeyboardInterrupt:
-        from .submit import _ask
-
-        if cancel_on_interrupt or _ask(f"\nslurmlaunch: cancel job {job_id} on {conn.dest.target}? [y/N] "):
+        if cancel_on_interrupt or ask(f"\nslurmlaunch: cancel job {job_id} on {conn.dest.target}? [y/N] "):
             conn.run_argv(["scancel", job_id], timeout=60)
             sys.stderr.write(f"slurmlaunch: cancelled job {job_id}\n")
         else:
@@ -323,7 +320,7 @@ def cancel(record: Mapping[str, Any]) -> None:
 def list_row(row: Mapping[str, Any], live: dict[str, dict[str, str] | None]) -> dict[str, Any]:
     """`list`'s row for a remote job: a quick state from one `squeue --me` per destination (``live``
     caches it), its files' place as DEST:DIR. `status` asks properly."""
-    from .jobs import read_bounded
+    from ..schedulers.index import read_bounded
 
     target = str(row["remote"])
     try:

@@ -8,41 +8,18 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import sys
-import time
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import SpecError
+from ..core.errors import JobStateError, SpecError
+from ..schedulers.index import index_path, read_bounded
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .spec import JobSpec
+    from ..core.spec import JobSpec
 
 
-def index_path(environ: Mapping[str, str] = os.environ) -> str:
-    from .paths import state_dir
-
-    return os.path.join(state_dir(environ), "jobs.jsonl")
-
-
-def remember(job_id: str, scheduler: str, record_path: str, name: str, remote: str | None = None) -> None:
-    """Append a submission to the index; ``remote``: the ssh destination the job lives on (its record is
-    here, its files there)."""
-    path = index_path()
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    row = {"job_id": job_id, "scheduler": scheduler, "record": record_path, "name": name,
-           "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    if remote:
-        row["remote"] = remote
-    line = json.dumps(row)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    with os.fdopen(fd, "a") as f:
-        f.write(line + "\n")
-
-
-MAX_RECORD_BYTES = 4 << 20  # a record is a few KB; a bigger "record" is not one of ours
 _FIELDS = ("job_id", "scheduler", "record")
 
 
@@ -78,62 +55,47 @@ def entries() -> list[dict[str, Any]]:
     return rows
 
 
-def read_bounded(path: str, limit: int = MAX_RECORD_BYTES) -> bytes:
-    """A small regular file's bytes; OSError for anything else (a device, a FIFO, a huge file): a tampered
-    index must not make us read /dev/zero forever or block on a pipe."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"{path!r} is not a regular file")
-        if st.st_size > limit:
-            raise OSError(f"{path!r} is {st.st_size} bytes, more than a record ever is ({limit})")
-        return os.read(fd, limit + 1)[:limit]
-    finally:
-        os.close(fd)
-
-
 def find(job_id: str) -> dict[str, Any]:
     """The record of ``job_id`` (the latest submission of that id: ids restart on a new cluster).
     ARRAYID_INDEX names one element of a job array (its record then has ``_element``)."""
-    from .limits import MAX_ARRAY_INDEX, is_digits, parse_count
+    from ..core.limits import MAX_ARRAY_INDEX, is_digits, parse_count
 
     base, sep, element = job_id.partition("_")
     if sep and is_digits(element):
         array = find(base)
         indices = array_indices(array)
         if parse_count(f"job {base}: array element", element, 0, MAX_ARRAY_INDEX) not in indices:
-            raise SpecError(f"job {job_id!r}: job {base} has no array element {element} "
-                            f"(its elements: {_shown_indices(indices)})")
+            raise JobStateError(f"job {job_id!r}: job {base} has no array element {element} "
+                                f"(its elements: {_shown_indices(indices)})")
         return {**array, "_element": element, "_full_id": f"{array['_full_id']}_{element}"}
     for entry in reversed(entries()):
         if entry["job_id"] == job_id or entry["job_id"].split(".", 1)[0].removesuffix("[]") == job_id:
             try:
                 record = json.loads(read_bounded(entry["record"]).decode("utf-8"))
             except FileNotFoundError:
-                raise SpecError(f"job {job_id}: its record {entry['record']!r} is gone") from None
+                raise JobStateError(f"job {job_id}: its record {entry['record']!r} is gone") from None
             except (OSError, ValueError) as e:
-                raise SpecError(f"job {job_id}: its record {entry['record']!r} cannot be read ({e})") from None
+                raise JobStateError(f"job {job_id}: its record {entry['record']!r} cannot be read ({e})") from None
             if not isinstance(record, dict) or not isinstance(record.get("log_dir"), str) or \
                     record.get("scheduler") not in ("local", "slurm", "pbs"):
-                raise SpecError(f"job {job_id}: {entry['record']!r} is not a slurmlaunch job record")
+                raise JobStateError(f"job {job_id}: {entry['record']!r} is not a slurmlaunch job record")
             record["_full_id"] = entry["job_id"]
             return record
-    raise SpecError(f"job {job_id!r} was not submitted from here (slurmlaunch list shows those that were)")
+    raise JobStateError(f"job {job_id!r} was not submitted from here (slurmlaunch list shows those that were)")
 
 
 def _edge(record: Mapping[str, Any]) -> Any:
-    from .schedulers import pbs, slurm
+    from ..schedulers import pbs, slurm
 
     scheduler = record["scheduler"]
     if scheduler == "local":
-        raise SpecError(f"job {record['job_id']} ran on the local scheduler, in the foreground: it has ended")
+        raise JobStateError(f"job {record['job_id']} ran on the local scheduler, in the foreground: it has ended")
     return pbs if scheduler == "pbs" else slurm
 
 
 def recorded_spec(record: Mapping[str, Any]) -> JobSpec:
     """The job description a record holds, as far as the job commands need it (layout, array, mode)."""
-    from .spec import JobSpec
+    from ..core.spec import JobSpec
 
     saved = record.get("spec", {})
     keep = ("nodes", "gpus_per_node", "tasks_per_node", "array", "mode", "nproc_per_node", "output_dir")
@@ -176,7 +138,7 @@ def status(record: Mapping[str, Any]) -> dict[str, Any]:
                 shown_state, _, shown_code = elements[str(element)].partition(" ")
                 info.update(state=shown_state, exit_code=int(shown_code) if shown_code.isdigit() else None)
         return info
-    from .schedulers import job_status
+    from ..schedulers import job_status
 
     indices = array_indices(record) if record.get("_element") is None else []
     st = job_status(_edge(record), record["_full_id"], record["log_dir"], indices)
@@ -224,7 +186,7 @@ def local_state(record: Mapping[str, Any]) -> tuple[str, int | None]:
     if ended is not None:
         code, state = ended
         return state or ("COMPLETED" if code == 0 else "FAILED"), code
-    from .schedulers.local import process_identity
+    from ..schedulers.local import process_identity
 
     supervisor = record.get("supervisor")
     if isinstance(supervisor, dict) and isinstance(supervisor.get("pid"), int) and \
@@ -352,7 +314,7 @@ def cmd_logs(job_id: str, rank: int | None, follow: bool) -> int:
             with open(path, "rb") as f:
                 sys.stdout.buffer.write(f.read())
         except OSError as e:
-            raise SpecError(f"no log {path!r} yet ({e.strerror})") from None
+            raise JobStateError(f"no log {path!r} yet ({e.strerror})") from None
         return 0
     from .follow import follow as follow_job
 

@@ -13,9 +13,9 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from .detect import Context, detect
-from .distenv import DistEnv, check_master_addr, mask
-from .errors import EnvironmentMappingError, HostlistError, PreflightError, SlurmLaunchError
+from ..core.detect import Context, detect
+from ..core.distenv import DistEnv, check_master_addr, mask
+from ..core.errors import EnvironmentMappingError, HostlistError, PreflightError, SlurmLaunchError
 from .gpus import device_count
 from .reasons import BAD_LAUNCH, MAPPING, PREFLIGHT, RDZV_TIMEOUT, record
 

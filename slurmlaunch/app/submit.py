@@ -9,8 +9,8 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from .errors import SpecError
-from .spec import JobSpec, parse_env, parse_nodes, parse_sweep, validate, validate_local
+from ..core.errors import SpecError
+from ..core.spec import JobSpec, parse_env, parse_nodes, parse_sweep, validate, validate_local
 
 
 def spec_from_args(ns: Any) -> JobSpec:
@@ -40,7 +40,7 @@ def spec_from_args(ns: Any) -> JobSpec:
 def choose_scheduler(requested: str, preview: bool = False) -> str:
     """The scheduler to use; ``preview`` (--dry-run): a named one needs no client on PATH, since previewing
     a script must not need the scheduler."""
-    from .schedulers import pbs, slurm
+    from ..schedulers import pbs, slurm
 
     if requested != "auto" and preview:
         return requested
@@ -77,7 +77,7 @@ def adapt_to_site(spec: JobSpec, origins: dict[str, str]) -> JobSpec:
 
     if not spec.gpus_per_node or origins.get("gpu_flag", BUILTIN) != BUILTIN:
         return spec
-    from .doctor import learned_gpu_flag
+    from .site import learned_gpu_flag
 
     learned = learned_gpu_flag()
     if learned is None or learned[0] == spec.gpu_flag:
@@ -134,13 +134,13 @@ def cmd_submit(ns: Any) -> int:
     if ns.remote:
         from .remote_jobs import submit_remote
 
-        return submit_remote(ns)
+        return submit_remote(ns, spec_from_args)
     from .remote_jobs import refuse_remote_only
 
     refuse_remote_only(ns)
     spec = spec_from_args(ns)
     scheduler = choose_scheduler(ns.scheduler, preview=ns.dry_run)
-    from .support import refuse_unsupported
+    from ..core.support import refuse_unsupported
 
     refuse_unsupported(spec, scheduler, getattr(ns, "option_origins", {}))
     spec = adapt_to_client(spec, getattr(ns, "option_origins", {}), scheduler)
@@ -148,7 +148,7 @@ def cmd_submit(ns: Any) -> int:
         return submit_local(spec, ns)
     if scheduler == "slurm":
         spec = adapt_to_site(spec, getattr(ns, "option_origins", {}))
-    from .schedulers import pbs, slurm
+    from ..schedulers import pbs, slurm
 
     edge: Any = pbs if scheduler == "pbs" else slurm
     script = edge.render_script(spec, ns.template_dir)
@@ -158,7 +158,7 @@ def cmd_submit(ns: Any) -> int:
         sys.stdout.write(script)
         return 0
     sub = edge.submit(spec, script)
-    from .jobs import remember
+    from ..schedulers.index import remember
 
     remember(sub.job_id, scheduler, sub.record_path, spec.name)
     sys.stderr.write(f"slurmlaunch: submitted job {sub.job_id} ({spec.world_size} ranks on {spec.nodes} "
@@ -172,8 +172,8 @@ def cmd_submit(ns: Any) -> int:
 
 def submit_local(spec: JobSpec, ns: Any) -> int:
     """Run the job on the local scheduler, in the foreground (or print its commands for --dry-run)."""
-    from .schedulers import local
-    from .support import shown_not_enforced
+    from ..core.support import shown_not_enforced
+    from ..schedulers import local
 
     for given, why in ((ns.template_dir, "--template-dir: the local scheduler renders no batch script"),
                        (ns.wait_timeout, "--wait-timeout: the local scheduler runs the job in the foreground; "
@@ -206,8 +206,8 @@ def describe_array(spec: JobSpec, job_id: str) -> None:
 
 
 def wait_for(edge: Any, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, timeout: float | None) -> int:
-    from .follow import follow
-    from .schedulers import JobStatus, job_status, rank_log
+    from ..schedulers import JobStatus, job_status, rank_log
+    from .follow import ask, follow
 
     # Slurm writes one log per rank (follow rank 0's); under PBS mpiexec tags every line in the job's output.
     # An array has many rank 0s: its elements' states are shown instead.
@@ -229,7 +229,7 @@ def wait_for(edge: Any, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, t
                 sys.stderr.write(f"slurmlaunch:   {job_id}_{index}: {state}\n")
         return code
     except KeyboardInterrupt:
-        if cancel_on_interrupt or _ask(f"\nslurmlaunch: cancel job {job_id}? [y/N] "):
+        if cancel_on_interrupt or ask(f"\nslurmlaunch: cancel job {job_id}? [y/N] "):
             edge.cancel(job_id)
             sys.stderr.write(f"slurmlaunch: cancelled job {job_id}\n")
         else:
@@ -246,14 +246,3 @@ def warning_lines(batch_log: str) -> list[str]:
             return [line for line in f if line.startswith("slurmlaunch: ") and ", the warning signal: " in line]
     except OSError:
         return []
-
-
-def _ask(question: str) -> bool:
-    if not sys.stdin.isatty():
-        return False
-    sys.stderr.write(question)
-    sys.stderr.flush()
-    try:
-        return sys.stdin.readline().strip().lower() in ("y", "yes")
-    except (KeyboardInterrupt, EOFError):
-        return False

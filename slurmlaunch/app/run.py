@@ -16,9 +16,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .distenv import check_master_addr
-from .errors import SlurmLaunchError, SpecError
-from .limits import MAX_NODES, MAX_PER_NODE, Count, Seconds, bounded_int, shown
+from ..core.distenv import check_master_addr
+from ..core.errors import SlurmLaunchError, SpecError
+from ..core.limits import MAX_NODES, MAX_PER_NODE, Count, Seconds, bounded_int, shown
 
 DEFAULT_PORT = 29500  # torchrun's
 
@@ -131,7 +131,7 @@ def parse_nnodes(text: str) -> int:
 
 def plan_processes(nproc: str, use_cpu: bool, environ: Mapping[str, str]) -> tuple[int, bool, str | None]:
     """(processes on this node, run on the CPU?, a note to print once)."""
-    from .gpus import visible_gpus
+    from ..allocation.gpus import visible_gpus
 
     gpus = len(visible_gpus(environ))
     if nproc == "auto":
@@ -194,7 +194,7 @@ REPORT_EVERY = 10.0  # seconds between "still waiting" lines: a silent wait of m
 def wait_for_master(addr: str, port: int, timeout: float, node_rank: int) -> None:
     """Non-master nodes start their ranks only once the master listens, up to ``timeout`` seconds; what is
     waited for, and for how long so far, is said on stderr (at the start, every REPORT_EVERY s, at the end)."""
-    from .net import wait_listening
+    from ..allocation.net import wait_listening
 
     start = time.monotonic()
     deadline = start + timeout
@@ -277,7 +277,7 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
 
 
 def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping[str, str]) -> int:
-    from .supervisor import RankProcess, supervise
+    from ..schedulers.supervisor import RankProcess, supervise
 
     launch = [sys.executable, "-m", "slurmlaunch", "launch"]
     for flag, on in (("--print-env", ns.print_env), ("--legacy-local-rank-arg", ns.legacy_local_rank_arg),

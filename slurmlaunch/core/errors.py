@@ -29,6 +29,17 @@ class PreflightError(SlurmLaunchError):
     """A check before exec failed (port not bindable, rank 0 on the wrong host, too few GPUs)."""
 
 
+class JobStateError(SlurmLaunchError):
+    """A job command about a job that is not known here, or not in a state that allows it (its record is
+    gone, no such array element, it ended in the foreground, no log yet). Not a bad request: the same
+    command may succeed later or elsewhere."""
+
+
+class DevClusterError(SlurmLaunchError):
+    """The development cluster (slurmlaunch dev-cluster, the tests' cluster) could not be started, checked
+    or stopped: a missing requirement, a daemon that did not come up, something `down` could not remove."""
+
+
 class WaitTimeout(SchedulerError):
     """--wait-timeout passed while the job still runs: not a bad request, so not exit code 2 (124, as
     timeout(1) reports a command it stopped waiting for)."""

@@ -18,11 +18,11 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 
-from .detect import derive_port
-from .errors import EnvironmentMappingError, SlurmLaunchError
-from .hostlist import first_host
+from ..core.detect import derive_port
+from ..core.errors import EnvironmentMappingError, SlurmLaunchError
+from ..core.hostlist import first_host
+from ..core.limits import MAX_JOB_ID, bounded_int, parse_count
 from .launch import RETURNED_DIR, python_argv
-from .limits import MAX_JOB_ID, bounded_int, parse_count
 
 USAGE = """usage: slurmlaunch torchrun-node --nproc-per-node N [--nnodes N|MIN:MAX] [--max-restarts N]
                               [--forward-signal NAME] [-m|--no-python] [--legacy-local-rank-arg]

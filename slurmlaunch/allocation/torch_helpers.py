@@ -8,7 +8,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from .errors import SlurmLaunchError
+from ..core.errors import SlurmLaunchError
 
 _ARRIVED = "slurmlaunch/arrived"
 _POLL_S = 0.002  # non-zero ranks poll the master every 2 ms: no TCPStore client back-off of 0.25 s or more

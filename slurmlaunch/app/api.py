@@ -46,8 +46,8 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import SlurmLaunchError, SpecError
-from .spec import ENV_KEY, JobSpec, validate
+from ..core.errors import SlurmLaunchError, SpecError
+from ..core.spec import ENV_KEY, JobSpec, validate
 
 _MARK = "slurmlaunch-rank-failure"
 # `slurmlaunch submit` features the submitit-based API does not carry out: refused, never silently dropped.
@@ -186,11 +186,11 @@ def _pack(value: object) -> _Packed:
 def _export_distributed_env(spec: JobSpec) -> None:
     """In a task: give submitit's local tasks the variables a Slurm step would have, then map them exactly
     as `slurmlaunch launch` does and export the result."""
-    from .launch import preflight, resolve
+    from ..allocation.launch import preflight, resolve
 
     environ = os.environ
     if "SUBMITIT_LOCAL_JOB_ID" in environ and "SLURM_PROCID" not in environ:
-        from .schedulers.local import gpu_plan, rank_env
+        from ..schedulers.local import gpu_plan, rank_env
 
         rank = int(environ["SUBMITIT_LOCAL_GLOBALID"])
         gpus, _ = gpu_plan(spec, environ)
@@ -280,7 +280,7 @@ class _ScriptCall:
         self.spec = spec
 
     def __call__(self) -> int:
-        from .schedulers.slurm import launch_command
+        from ..schedulers.slurm import launch_command
 
         _export_distributed_env(self.spec)
         done = subprocess.run(launch_command(self.spec), cwd=self.spec.workdir)
@@ -591,7 +591,7 @@ def _start_controller(folder: Path, command: str, ntasks: int, timeout_min: floa
                SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * timeout_min)), SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(signal_delay_s),
                SUBMITIT_LOCAL_NODEID="0", SUBMITIT_LOCAL_JOB_NUM_NODES="1", SUBMITIT_STDERR_TO_STDOUT="",
                SUBMITIT_EXECUTOR="local")
-    code = "from slurmlaunch.api import _controller_main; _controller_main()"
+    code = "from slurmlaunch.app.api import _controller_main; _controller_main()"
     return subprocess.Popen([sys.executable, "-c", code, str(folder)], env=env)
 
 
@@ -726,9 +726,9 @@ def profile_options(name: str) -> dict[str, Any]:
     template and --wait settings are the CLI's and are not taken."""
     import argparse
 
+    from ..core.spec import parse_env, parse_nodes
     from . import profiles
-    from .cli import add_submit_options
-    from .spec import parse_env, parse_nodes
+    from .options import add_submit_options
 
     parser = argparse.ArgumentParser(add_help=False)
     add_submit_options(parser)
@@ -772,7 +772,7 @@ def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
 def _minutes(time_text: str | None) -> int:
     if time_text is None or time_text.upper() in ("UNLIMITED", "INFINITE"):
         return 60 * 24 * 365
-    from .spec import time_seconds
+    from ..core.spec import time_seconds
 
     return max(1, -(-(time_seconds(time_text) or 0) // 60))  # whole minutes, rounded up
 
@@ -867,7 +867,7 @@ def _choose(scheduler: str) -> str:
         raise SpecError(f"scheduler {scheduler!r} is not valid here (expected auto, slurm or local)")
     if scheduler != "auto":
         return scheduler
-    from .schedulers import slurm
+    from ..schedulers import slurm
 
     return "slurm" if slurm.available() and slurm.controller_answers()[0] else "local"
 

@@ -29,7 +29,6 @@ Two network modes:
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import json
 import os
@@ -42,6 +41,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..core.errors import DevClusterError
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client")
 
@@ -74,7 +75,7 @@ def _free_port_block(count: int) -> int:
         finally:
             for s in socks:
                 s.close()
-    raise RuntimeError("no free block of ports for the test cluster")
+    raise DevClusterError("no free block of ports for the test cluster")
 
 
 ACCOUNTING_PACKAGES = ("slurmdbd", "slurm-wlm-mysql-plugin", "mariadb-server-core", "mariadb-client-core")
@@ -100,7 +101,7 @@ def start_accounting(root: Path, conf: Path, dbd_port: int, timeout: float, insi
         r = subprocess.run([*inside, _tool("mariadb-install-db"), "--no-defaults", f"--datadir={db}", "--user=root",
                             "--skip-test-db"], capture_output=True, text=True)
         if r.returncode != 0:  # its own words, or a failed cluster start says only "exit status 1"
-            raise RuntimeError(f"mariadb-install-db failed (exit {r.returncode}): {(r.stdout + r.stderr)[-1500:]}")
+            raise DevClusterError(f"mariadb-install-db failed (exit {r.returncode}): {(r.stdout + r.stderr)[-1500:]}")
     subprocess.Popen([*inside, _tool("mariadbd"), "--no-defaults", f"--datadir={db}", f"--socket={sock}",
                       "--skip-networking", f"--pid-file={root}/mariadb.pid", "--user=root",
                       f"--log-error={root}/log/mariadb.log"],
@@ -110,7 +111,7 @@ def start_accounting(root: Path, conf: Path, dbd_port: int, timeout: float, insi
     deadline = time.monotonic() + timeout
     while not sock.exists():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"mariadb socket {sock} did not appear within {timeout:.0f}s")
+            raise DevClusterError(f"mariadb socket {sock} did not appear within {timeout:.0f}s")
         time.sleep(0.05)
     dbd_conf = conf.parent / "slurmdbd.conf"
     dbd_conf.write_text("\n".join([
@@ -130,7 +131,7 @@ def start_accounting(root: Path, conf: Path, dbd_port: int, timeout: float, insi
         if r.returncode == 0 or "already exists" in r.stdout + r.stderr:
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"slurmdbd did not answer sacctmgr within {timeout:.0f}s: {r.stdout} {r.stderr}")
+            raise DevClusterError(f"slurmdbd did not answer sacctmgr within {timeout:.0f}s: {r.stdout} {r.stderr}")
         time.sleep(0.2)
 
 
@@ -270,7 +271,7 @@ def _ip(*args: str) -> subprocess.CompletedProcess[str]:
 def _ip_ok(*args: str) -> None:
     r = _ip(*args)
     if r.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)} failed (exit {r.returncode}): {r.stderr.strip()}")
+        raise DevClusterError(f"ip {' '.join(args)} failed (exit {r.returncode}): {r.stderr.strip()}")
 
 
 def _record(root: Path, kind: str, value: str) -> None:
@@ -301,10 +302,10 @@ def _claim_subnet(root: Path, wanted: str | None) -> ipaddress.IPv4Network:
         try:
             net = ipaddress.IPv4Network(wanted)
         except ValueError:
-            raise RuntimeError(f"subnet {wanted!r} is not valid (expected a private IPv4 network such as "
+            raise DevClusterError(f"subnet {wanted!r} is not valid (expected a private IPv4 network such as "
                                "10.213.7.0/24)") from None
         if not net.is_private or net.prefixlen > 26 or net.prefixlen < 16:
-            raise RuntimeError(f"subnet {wanted!r} is not valid (expected a private IPv4 network of /16 to /26, "
+            raise DevClusterError(f"subnet {wanted!r} is not valid (expected a private IPv4 network of /16 to /26, "
                                "such as 10.213.7.0/24)")
         candidates = [net]
     else:
@@ -318,9 +319,9 @@ def _claim_subnet(root: Path, wanted: str | None) -> ipaddress.IPv4Network:
             return net
         if wanted:
             used = ", ".join(sorted({str(c) for c in clash})) or "its route exists"
-            raise RuntimeError(f"subnet {net} is in use here ({used}): pick another private one, or none to have "
+            raise DevClusterError(f"subnet {net} is in use here ({used}): pick another private one, or none to have "
                                "one chosen")
-    raise RuntimeError(f"no free /24 in {SUBNET_POOL} (every one is routed or has an address here)")
+    raise DevClusterError(f"no free /24 in {SUBNET_POOL} (every one is routed or has an address here)")
 
 
 def make_network(root: Path, nodes: int, subnet: str | None = None) -> Network:
@@ -336,7 +337,7 @@ def make_network(root: Path, nodes: int, subnet: str | None = None) -> Network:
             break
         why = r.stderr.strip()
     else:
-        raise RuntimeError(f"could not create a network namespace slcXXXXXX-hub ({why}; 20 names tried)")
+        raise DevClusterError(f"could not create a network namespace slcXXXXXX-hub ({why}; 20 names tried)")
     net = Network(prefix, claimed, nodes)
     _record(root, "netns", net.hub)
     for i in range(1, nodes + 1):
@@ -390,7 +391,7 @@ def _ns_pids(name: str) -> list[int]:
 def remove_network(root: Path, timeout: float = 10.0) -> None:
     """Undo what root/netns-made records, newest first: stop every process still in a namespace (a job step
     outlives slurmd), delete the namespace (its veths and bridge go with it), the hosts files, the route.
-    Safe to repeat; raises RuntimeError naming what could not be removed (kept in the record)."""
+    Safe to repeat; raises DevClusterError naming what could not be removed (kept in the record)."""
     ledger = root / LEDGER
     try:
         made = [ln.split(" ", 1) for ln in ledger.read_text().splitlines() if " " in ln]
@@ -414,7 +415,7 @@ def remove_network(root: Path, timeout: float = 10.0) -> None:
                 left.append((kind, value, r.stderr.strip()))
     if left:
         ledger.write_text("".join(f"{k} {v}\n" for k, v, _ in reversed(left)))
-        raise RuntimeError("dev-cluster down left " + "; ".join(f"{k} {v} ({why})" for k, v, why in left))
+        raise DevClusterError("dev-cluster down left " + "; ".join(f"{k} {v} ({why})" for k, v, why in left))
     ledger.unlink()
     (root / NET_INFO).unlink(missing_ok=True)
 
@@ -426,7 +427,7 @@ def _wait_pidfile(path: Path, timeout: float) -> int:
             return int(path.read_text().strip())
         except (OSError, ValueError):
             time.sleep(0.05)
-    raise RuntimeError(f"{path} did not appear within {timeout:.0f}s")
+    raise DevClusterError(f"{path} did not appear within {timeout:.0f}s")
 
 
 def up(root: Path, nodes: int = 4, gpus: int = 4, cpus: int = 8, timeout: float = 30.0,
@@ -436,7 +437,7 @@ def up(root: Path, nodes: int = 4, gpus: int = 4, cpus: int = 8, timeout: float 
     environment variables a client needs. After a failure, `down(root)` removes what was started and made."""
     why = missing_requirements(netns) or (accounting_missing() if accounting else None)
     if why:
-        raise RuntimeError(why)
+        raise DevClusterError(why)
     root = root.resolve()
     net = make_network(root, nodes, subnet) if netns else None
     inside = net.enter(net.hub) if net else ()
@@ -472,7 +473,7 @@ def up(root: Path, nodes: int = 4, gpus: int = 4, cpus: int = 8, timeout: float 
         if len(states) == nodes and all(s == "idle" for s in states.values()):
             break
         if time.monotonic() > deadline:
-            raise RuntimeError(f"nodes not idle within {timeout:.0f}s: {out}")
+            raise DevClusterError(f"nodes not idle within {timeout:.0f}s: {out}")
         time.sleep(0.2)
     if net:  # the clients in root/bin enter the hub; nothing loopback to allow
         return {"SLURM_CONF": str(conf), "PATH": f"{root}/bin:{os.environ.get('PATH', os.defpath)}"}
@@ -543,23 +544,22 @@ def cmd(action: str, root: Path, nodes: int, gpus: int, cpus: int, accounting: b
         netns: str | None = None) -> int:
     """`slurmlaunch dev-cluster`: up prints the variables to export; status shows sinfo; down stops it.
     ``netns``: None for the loopback mode, "auto" or a subnet for the networked one."""
-    from .errors import SpecError
-
     if action == "up":
         why = missing_requirements(netns is not None) or (accounting_missing() if accounting else None)
         if why:
-            raise SpecError(f"dev-cluster: {why}")
+            raise DevClusterError(f"dev-cluster: {why}")
         if (root / "slurmctld.pid").exists() or (root / LEDGER).exists():
-            raise SpecError(f"dev-cluster: one is already up in {root} (slurmlaunch dev-cluster down --dir {root})")
+            raise DevClusterError(f"dev-cluster: one is already up in {root} "
+                                  f"(slurmlaunch dev-cluster down --dir {root})")
         try:
             env = up(root, nodes, gpus, cpus, accounting=accounting, netns=netns is not None,
                      subnet=None if netns in (None, "auto") else netns)
-        except (RuntimeError, subprocess.CalledProcessError) as e:
+        except (DevClusterError, subprocess.CalledProcessError) as e:
             try:
                 down(root)
-            except RuntimeError as left:
-                e = RuntimeError(f"{e}; {left}")
-            raise SpecError(f"dev-cluster: did not come up: {e} (daemon logs in {root}/log)") from None
+            except DevClusterError as left:
+                e = DevClusterError(f"{e}; {left}")
+            raise DevClusterError(f"dev-cluster: did not come up: {e} (daemon logs in {root}/log)") from None
         for k, v in env.items():
             # PATH: the shell's own at the time of export, with the cluster's clients first
             print(f'export PATH="{root.resolve()}/bin:$PATH"' if k == "PATH" else f"export {k}={v}")
@@ -567,11 +567,11 @@ def cmd(action: str, root: Path, nodes: int, gpus: int, cpus: int, accounting: b
     if action == "down":
         try:
             down(root)
-        except RuntimeError as e:
-            raise SpecError(f"dev-cluster: {e} (see {root}/{LEDGER})") from None
+        except DevClusterError as e:
+            raise DevClusterError(f"dev-cluster: {e} (see {root}/{LEDGER})") from None
         return 0
     if not (root / "slurm.conf").exists():
-        raise SpecError(f"dev-cluster: none in {root} (slurmlaunch dev-cluster up --dir {root})")
+        raise DevClusterError(f"dev-cluster: none in {root} (slurmlaunch dev-cluster up --dir {root})")
     if not _controller_running(root):  # `down` keeps slurm.conf: sinfo would print a raw connection error
         sys.stderr.write(f"slurmlaunch: dev-cluster in {root} is down: its controller is not running "
                          f"(slurmlaunch dev-cluster up --dir {root} starts one)\n")
@@ -583,21 +583,3 @@ def cmd(action: str, root: Path, nodes: int, gpus: int, cpus: int, accounting: b
               + ", ".join(f"node{i} {net.node_addr(i)}" for i in range(1, net.nodes + 1))
               + f"; run commands inside with {root}/bin/in-cluster CMD", flush=True)
     return subprocess.run([*(net.inside if net else ()), "sinfo", "-N", "-o", "%N %t %G %c"], env=env).returncode
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="a local multi-node Slurm cluster")
-    p.add_argument("action", choices=["up", "down", "status"])
-    p.add_argument("dir", type=Path, nargs="?", default=Path(DEFAULT_DIR))
-    p.add_argument("--nodes", type=int, default=4)
-    p.add_argument("--gpus", type=int, default=4)
-    p.add_argument("--cpus", type=int, default=8)
-    p.add_argument("--accounting", action="store_true", help="also MariaDB + slurmdbd, so that sacct works")
-    p.add_argument("--netns", nargs="?", const="auto", metavar="SUBNET",
-                   help="each node its own address on a private network (optionally in SUBNET)")
-    a = p.parse_args(argv)
-    return cmd(a.action, a.dir, a.nodes, a.gpus, a.cpus, a.accounting, a.netns)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import SchedulerError, SpecError
+from ..core.errors import SchedulerError, SpecError
 
 DEFAULT_PARENT = "slurmlaunch-projects"  # a project without a :DIR goes to ~/slurmlaunch-projects/<its name>
 CONTROL_PERSIST_S = 60  # a master left by a crash goes away on its own after this long idle

@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from .errors import SchedulerError, WaitTimeout
-from .schedulers import JobStatus
+from ..core.errors import SchedulerError, WaitTimeout
+from ..schedulers import JobStatus
 
 LOST_CONTACT_S = 120.0
 
@@ -121,3 +121,15 @@ def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, 
                 f"follow it with slurmlaunch logs --follow {job_id}, cancel it with slurmlaunch cancel {job_id}"
             )
         time.sleep(poll)
+
+
+def ask(question: str) -> bool:
+    """A yes/no question on the terminal; no (without asking) when stdin is not one."""
+    if not sys.stdin.isatty():
+        return False
+    sys.stderr.write(question)
+    sys.stderr.flush()
+    try:
+        return sys.stdin.readline().strip().lower() in ("y", "yes")
+    except (KeyboardInterrupt, EOFError):
+        return False

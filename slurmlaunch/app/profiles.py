@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import SpecError
-from .limits import MAX_SECONDS, Count, Seconds, shown, shown_value
-from .paths import config_dir
+from ..core.errors import SpecError
+from ..core.limits import MAX_SECONDS, Count, Seconds, shown, shown_value
+from ..core.paths import config_dir
 
 PROJECT_FILE = "slurmlaunch.toml"
 BUILTIN = "built-in default"
@@ -54,9 +54,7 @@ class Option:
 
 def option_table(parser: argparse.ArgumentParser) -> dict[str, Option]:
     """The submit options a profile may set, read from the parser (its defaults are the built-in ones).
-
-    The parser's defaults are then set to None, so that after parsing, None means "not on the command line".
-    """
+    The parser is left as it was (:func:`defer_defaults` is the variant that changes it)."""
     table: dict[str, Option] = {}
     for action in parser._actions:
         if action.dest in NOT_IN_PROFILES or action.dest in CHANGES_WHAT_RUNS or not action.option_strings:
@@ -80,7 +78,16 @@ def option_table(parser: argparse.ArgumentParser) -> dict[str, Option]:
             bounds = (0, MAX_SECONDS)
         choices = tuple(action.choices) if action.choices else None
         table[action.dest] = Option(action.dest, flag, kind, choices, builtin, bounds)
-        action.default = None
+    return table
+
+
+def defer_defaults(parser: argparse.ArgumentParser) -> dict[str, Option]:
+    """:func:`option_table`, and then the parser's defaults of those options set to None, so that after
+    parsing None means "not on the command line" (:func:`resolve` fills in the profile's or built-in value)."""
+    table = option_table(parser)
+    for action in parser._actions:
+        if action.dest in table:
+            action.default = None
     return table
 
 
@@ -137,7 +144,7 @@ def _load(path: Path) -> dict[str, Any]:
 def shipped_profile_files() -> list[Path]:
     """Site profiles shipped with slurmlaunch (slurmlaunch/site_profiles/*.toml, README: PBS): the lowest
     profile layer, used only when their profile is chosen; the user's and project's files add to them."""
-    return sorted((Path(__file__).resolve().parent / "site_profiles").glob("*.toml"))
+    return sorted((Path(__file__).resolve().parent.parent / "site_profiles").glob("*.toml"))
 
 
 def profile_names(environ: Mapping[str, str], cwd: str) -> list[str]:
@@ -181,7 +188,7 @@ def _convert(opt: Option, value: Any, where: str) -> Any:
             raise bad("a string or a list of strings")
         return list(items)
     if opt.kind == "env":
-        from .spec import ENV_KEY
+        from ..core.spec import ENV_KEY
 
         if isinstance(value, dict):
             out = []
@@ -314,7 +321,7 @@ def show(resolved: Resolved, table: Mapping[str, Option], as_json: bool) -> str:
 def _shown(dest: str, value: Any) -> str:
     import json
 
-    from .distenv import mask
+    from ..core.distenv import mask
 
     if dest == "env":  # values named like secrets (TOKEN, PASSWORD, ...) are not printed
         value = [f"{k}={mask(k, v)}" for k, _, v in (item.partition("=") for item in value)]

@@ -14,12 +14,12 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import SchedulerError, SpecError
-from .schedulers import run_command
+from ..core.errors import SchedulerError, SpecError
+from ..core.jobfiles import JobFiles
+from .site import cluster_name, remember_site, try_command
 
 COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel")
 REPORT_EVERY = 15.0  # seconds between "still PENDING" lines while the probe job is waited for
@@ -30,14 +30,6 @@ class Check:
     name: str
     state: str  # ok, warn, fail
     detail: str
-
-
-def _try(cmd: list[str], timeout: float = 30) -> tuple[bool, str]:
-    try:
-        proc = run_command(cmd, timeout=timeout)
-    except SchedulerError as e:
-        return False, str(e)
-    return True, (proc.stdout + proc.stderr).strip()
 
 
 def slurm_version(text: str) -> tuple[int, int] | None:
@@ -52,45 +44,6 @@ def choose_gpu_flag(per_node_ok: bool, gres_ok: bool) -> str | None:
     return "gpus-per-node" if per_node_ok else "gres" if gres_ok else None
 
 
-def site_path(environ: Mapping[str, str] = os.environ) -> str:
-    from .paths import state_dir
-
-    return os.path.join(state_dir(environ), "site.json")
-
-
-def load_site() -> dict[str, Any]:
-    try:
-        with open(site_path()) as f:
-            data: dict[str, Any] = json.load(f)
-            return data
-    except (OSError, ValueError):
-        return {}
-
-
-def remember_site(cluster: str, facts: dict[str, Any]) -> None:
-    data = load_site()
-    data[cluster] = {**data.get(cluster, {}), **facts, "checked_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    os.makedirs(os.path.dirname(site_path()), mode=0o700, exist_ok=True)
-    with open(site_path(), "w") as f:
-        json.dump(data, f, indent=2)
-
-
-def cluster_name() -> str | None:
-    ok, out = _try(["scontrol", "show", "config"])
-    m = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.MULTILINE) if ok else None
-    return m.group(1) if m else None
-
-
-def learned_gpu_flag() -> tuple[str, str] | None:
-    """(gpu flag, cluster) that doctor found for the cluster scontrol answers for, or None."""
-    site = load_site()
-    if not site:
-        return None
-    cluster = cluster_name()
-    flag = site.get(cluster or "", {}).get("gpu_flag")
-    return (flag, str(cluster)) if flag in ("gpus-per-node", "gres") else None
-
-
 def login_checks(partition: str | None) -> tuple[list[Check], list[list[str]], dict[str, Any]]:
     """(checks, partition table rows, facts to remember)."""
     checks: list[Check] = []
@@ -99,11 +52,11 @@ def login_checks(partition: str | None) -> tuple[list[Check], list[list[str]], d
                         f"missing: {', '.join(missing)}" if missing else ", ".join(COMMANDS) + " on PATH"))
     if "sbatch" in missing or "scontrol" in missing:
         return checks, [], {}
-    up, out = _try(["scontrol", "ping"], timeout=15)
+    up, out = try_command(["scontrol", "ping"], timeout=15)
     checks.append(Check("controller", "ok" if up and "UP" in out else "fail", out.replace("\n", "; ")))
     if not (up and "UP" in out):
         return checks, [], {}
-    _, text = _try(["sbatch", "--version"])
+    _, text = try_command(["sbatch", "--version"])
     version = slurm_version(text)
     facts: dict[str, Any] = {"slurm_version": text}
     if version is None:
@@ -113,22 +66,22 @@ def login_checks(partition: str | None) -> tuple[list[Check], list[list[str]], d
                                              f"(SRUN_CPUS_PER_TASK); slurmlaunch passes it to srun itself"))
     else:
         checks.append(Check("version", "ok", f"{text}: srun inherits --cpus-per-task from the job"))
-    has_sacct, _ = _try(["sacct", "-n", "-X", "-S", "now"]) if shutil.which("sacct") else (False, "")
+    has_sacct, _ = try_command(["sacct", "-n", "-X", "-S", "now"]) if shutil.which("sacct") else (False, "")
     checks.append(Check("accounting", "ok" if has_sacct else "warn",
                         "sacct answers" if has_sacct else "no accounting (sacct): finished jobs are known from "
                                                           "scontrol for MinJobAge seconds, then from the exit files"))
     if partition:  # what was asked for must exist: the probes below would only warn
-        known, text = _try(["scontrol", "show", "partition", partition])
+        known, text = try_command(["scontrol", "show", "partition", partition])
         if not known:
-            _, names = _try(["sinfo", "-h", "-o", "%R"])
+            _, names = try_command(["sinfo", "-h", "-o", "%R"])
             checks.append(Check("partition", "fail", f"--partition {partition}: no such partition here (known: "
                                                     f"{', '.join(sorted(set(names.split()))) or 'none'})"))
             return checks, [], facts
         checks.append(Check("partition", "ok", f"{partition} exists"))
     where = [f"--partition={partition}"] if partition else []
     probe = ["sbatch", "--test-only", "--nodes=1", *where, "--wrap", "true"]
-    per_node_ok, per_node = _try([*probe[:2], "--gpus-per-node=1", *probe[2:]])
-    gres_ok, gres = _try([*probe[:2], "--gres=gpu:1", *probe[2:]])
+    per_node_ok, per_node = try_command([*probe[:2], "--gpus-per-node=1", *probe[2:]])
+    gres_ok, gres = try_command([*probe[:2], "--gres=gpu:1", *probe[2:]])
     flag = choose_gpu_flag(per_node_ok, gres_ok)
     facts["gpu_flag"] = flag
     if flag is None:
@@ -138,7 +91,7 @@ def login_checks(partition: str | None) -> tuple[list[Check], list[list[str]], d
         refused = "" if per_node_ok else f" (--gpus-per-node refused: {per_node})"
         checks.append(Check("gpu request", "ok", f"--{flag}{'=N' if flag == 'gpus-per-node' else '=gpu:N'} "
                                                  f"accepted{refused}; submit uses it"))
-    ok, table = _try(["sinfo", "-h", "-o", "%P|%a|%D|%G|%c|%m|%l"])
+    ok, table = try_command(["sinfo", "-h", "-o", "%P|%a|%D|%G|%c|%m|%l"])
     rows = [line.split("|") for line in table.splitlines() if line.count("|") == 6] if ok else []
     checks.append(Check("partitions", "ok" if rows else "warn", f"{len(rows)} partition(s)" if rows else table))
     return checks, rows, facts
@@ -157,13 +110,13 @@ def render_table(header: list[str], rows: list[list[str]]) -> str:
 
 def allocate(nodes: int, gpus: int, partition: str | None, timeout: float) -> tuple[list[dict[str, Any]], str]:
     """Submit the probe on ``nodes`` nodes and wait for it; returns the ranks' records and the job id."""
-    from .schedulers import slurm
-    from .spec import JobSpec, validate
+    from ..core.spec import JobSpec, validate
+    from ..schedulers import slurm
 
     out_dir = os.path.abspath(os.path.join("slurmlaunch-logs", f"doctor-{int(time.time())}"))
     os.makedirs(out_dir, exist_ok=True)
     spec = validate(JobSpec(
-        script="slurmlaunch.probe", module=True, args=(out_dir,), nodes=nodes, gpus_per_node=gpus,
+        script="slurmlaunch.allocation.probe", module=True, args=(out_dir,), nodes=nodes, gpus_per_node=gpus,
         partition=partition, time="5", job_name="slurmlaunch-doctor", signal="none",
         env=(("SLURMLAUNCH_PROBE_TIMEOUT", f"{max(10.0, min(timeout / 2, 120.0)):g}"),
              ("SLURMLAUNCH_NO_PREFLIGHT", "1")),
@@ -190,14 +143,14 @@ def allocate(nodes: int, gpus: int, partition: str | None, timeout: float) -> tu
             raise SchedulerError(f"doctor: probe job {sub.job_id} did not finish within {timeout:.0f}s (still "
                                  f"{st.state}; cancelled); is the partition busy? (--timeout S waits longer)")
         time.sleep(1)
+    files = JobFiles(spec.log_dir, sub.job_id, spec.log_unit, spec.ranks_per_log)
     records = []
     for rank in range(spec.world_size):
         try:
             with open(os.path.join(out_dir, f"rank-{rank}.json")) as f:
                 records.append(json.load(f))
         except (OSError, ValueError):
-            log = os.path.join(spec.log_dir, f"job-{sub.job_id}.rank-{rank}.log")
-            records.append({"rank": rank, "missing": f"no report (see {log})"})
+            records.append({"rank": rank, "missing": f"no report (see {files.rank_log(rank)})"})
     return records, sub.job_id
 
 
