@@ -41,33 +41,6 @@ def fails_on_rank_2() -> int:
     return dist.get_rank()
 
 
-class Counter:
-    """A checkpointable callable (submitit's protocol): counts steps in a file; after a requeue it resumes."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __call__(self, steps: int) -> tuple[int, int, int]:
-        import time
-
-        import torch.distributed as dist
-
-        slurmlaunch.init_process_group(rendezvous_timeout=120)
-        start = int(Path(self.path).read_text()) if Path(self.path).exists() else 0
-        for i in range(start, steps):
-            time.sleep(0.5)
-            if dist.get_rank() == 0:
-                Path(self.path).write_text(str(i + 1))
-        dist.barrier()
-        dist.destroy_process_group()
-        return start, int(os.environ.get("SLURM_RESTART_COUNT", "0")), steps
-
-    def checkpoint(self, steps: int) -> object:
-        import submitit
-
-        return submitit.helpers.DelayedSubmission(self, steps)
-
-
 def check(results: list[dict[str, int]], nodes: int, tpn: int, offset: int = 0) -> None:
     world = nodes * tpn
     assert [r["RANK"] for r in results] == list(range(world))
@@ -152,29 +125,6 @@ def test_slurm_function_two_nodes_two_tasks(cluster_env: dict[str, str], tmp_pat
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULTS "))
     check(json.loads(line[8:]), 2, 2)
     assert "FAILED 2 True" in r.stdout
-
-
-@pytest.mark.slurm
-def test_slurm_checkpointable_is_requeued_and_resumes(cluster_env: dict[str, str], tmp_path: Path,
-                                                      torch_available: None) -> None:
-    """submitit's preemption path (USR2, the same warning signal as the CLI's) through the API's wrapper."""
-    code = (
-        "import sys, time\n"
-        "import slurmlaunch\n"
-        "from tests.test_api import Counter\n"
-        f"job = slurmlaunch.submit(Counter({str(tmp_path / 'count')!r}), 40, scheduler='slurm', tasks_per_node=2, "
-        f"output_dir={str(tmp_path / 'logs')!r})\n"
-        f"while not __import__('os').path.exists({str(tmp_path / 'count')!r}):\n    time.sleep(0.2)\n"
-        "time.sleep(2)\n"
-        "job._job._interrupt()  # scancel --signal USR2: what a preemption or the time-limit warning does\n"
-        "print('RESULT', job.result())\n"
-    )
-    env = dict(cluster_env, PYTHONPATH=str(Path(__file__).parent.parent))
-    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    start, restarts, steps = eval(r.stdout.split("RESULT", 1)[1].strip())
-    assert start > 0 and restarts >= 1 and steps == 40  # resumed after a requeue
 
 
 def sleeper(seconds: float) -> int:

@@ -198,29 +198,42 @@ def test_sys_exit_in_rank_0_is_the_cause_not_the_peers_gloo_errors(cluster_env: 
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("signal_option", [None, "USR1@60"])
-def test_the_batch_shells_warning_requeues_an_api_job(cluster_env: dict[str, str], tmp_path: Path,
-                                                      signal_option: str | None) -> None:
+@pytest.mark.slurm
+def test_the_batch_shells_warning_requeues_an_api_job(cluster_env: dict[str, str], tmp_path: Path) -> None:
     """What Slurm's --signal=B:SIG@secs does before the time limit (scancel --batch: the batch shell alone):
-    the shell passes it on, submitit's handler in rank 0 checkpoints and requeues, the ranks resume."""
-    name = (signal_option or "USR2@").split("@")[0]
-    extra = f", signal={signal_option!r}" if signal_option else ""
-    out = run_api(cluster_env, tmp_path, (
-        f"job = slurmlaunch.submit(Resumable(folder), 300, **api, tasks_per_node=2, "
-        f"cpus_per_task=1{extra})\n"
-        "deadline = time.monotonic() + 180\n"
-        "while not os.path.exists(os.path.join(folder, 'count-0')) and time.monotonic() < deadline:\n"
-        "    time.sleep(0.2)\n"
-        "time.sleep(2)\n"
-        f"subprocess.run(['scancel', '--batch', '--signal={name}', job.job_id], check=True)\n"
-        "out['script'] = open(job._job.paths.submission_file).read()\n"
-        "outcome(job)\n"), timeout=420)
-    assert f"#SBATCH --signal=B:{name}@{60 if signal_option else 90}" in out["script"]
-    assert f"export SUBMITIT_PREEMPT_SIGNAL={name}" in out["script"]
-    assert "value" in out, out
-    (start0, restarts, steps), (start1, _, _) = out["value"]
-    assert start0 > 0 and start1 > 0 and restarts >= 1 and steps == 300, out  # resumed after a requeue
-    assert out["state"] == "COMPLETED"
+    the shell passes it on, submitit's handler in rank 0 checkpoints and requeues, the ranks resume. Two jobs
+    at once (they mostly wait): the default signal (USR2@90) and an explicit one whose name must be kept."""
+    cases = {"default": None, "usr1": "USR1@60"}
+    body = ""
+    for key, option in cases.items():
+        extra = f", signal={option!r}" if option else ""
+        body += (f"os.makedirs(os.path.join(folder, {key!r}), exist_ok=True)\n"
+                 f"jobs[{key!r}] = slurmlaunch.submit(Resumable(os.path.join(folder, {key!r})), 300, **api, "
+                 f"tasks_per_node=2, cpus_per_task=1{extra})\n"
+                 "api['master_port'] = free_port()\n")
+    body += "deadline = time.monotonic() + 180\n"
+    for key, option in cases.items():
+        name = (option or "USR2@").split("@")[0]
+        body += (f"while not os.path.exists(os.path.join(folder, {key!r}, 'count-0'))"
+                 " and time.monotonic() < deadline:\n"
+                 "    time.sleep(0.2)\n"
+                 "time.sleep(2)\n"
+                 f"subprocess.run(['scancel', '--batch', '--signal={name}', jobs[{key!r}].job_id], check=True)\n")
+    for key in cases:
+        body += (f"outcome(jobs[{key!r}])\n"
+                 f"results[{key!r}] = dict(out, script=open(jobs[{key!r}]._job.paths.submission_file).read())\n"
+                 "out.clear()\n")
+    body += "out['results'] = results\n"
+    out = run_api(cluster_env, tmp_path, "jobs, results = {}, {}\n" + body, timeout=420)["results"]
+    for key, option in cases.items():
+        got = out[key]
+        name = (option or "USR2@").split("@")[0]
+        assert f"#SBATCH --signal=B:{name}@{60 if option else 90}" in got["script"], key
+        assert f"export SUBMITIT_PREEMPT_SIGNAL={name}" in got["script"], key
+        assert "value" in got, got
+        (start0, restarts, steps), (start1, _, _) = got["value"]
+        assert start0 > 0 and start1 > 0 and restarts >= 1 and steps == 300, got  # resumed after a requeue
+        assert got["state"] == "COMPLETED", got
 
 
 @pytest.mark.slurm
