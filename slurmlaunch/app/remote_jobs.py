@@ -28,9 +28,13 @@ from .remote import (
     RemoteError,
     parse_destination,
     parse_size,
+    pythonpath_setup,
     remote_command,
     resolve_directory,
     shell_command,
+    ship_argv,
+    ship_package,
+    shipped_path,
     sync,
     sync_argv,
 )
@@ -154,7 +158,9 @@ def submit_remote(ns: Any, spec_from_args: Callable[[Any], JobSpec]) -> int:
     with Connection(dest, ns.remote_setup or ()) as conn:
         remote_dir = dest.directory if dest.directory and dest.directory.startswith("/") and ns.dry_run else \
             resolve_directory(conn, dest.directory, _project_name(spec.workdir), create=not ns.dry_run)
-        rspec = replace(spec, workdir=remote_dir)
+        # The launcher travels with the job (remote.ship_package): the ranks import the package sent below.
+        package = shipped_path(remote_dir)
+        rspec = replace(spec, workdir=remote_dir, setup=(*spec.setup, pythonpath_setup(package)))
         script = slurm.render_script(rspec, ns.template_dir)
         sbatch = slurm.sbatch_command(rspec, "-")[:-1]  # no file: sbatch reads the script from stdin
         submit_line = shell_command(f"umask 077 && mkdir -p -m 700 -- {shlex.quote(rspec.log_dir)} && "
@@ -163,6 +169,7 @@ def submit_remote(ns: Any, spec_from_args: Callable[[Any], JobSpec]) -> int:
             if ns.sync:
                 sys.stderr.write("# would run here: " + shlex.join(sync_argv(conn, spec.workdir, remote_dir,
                                                                               excludes)) + "\n")
+            sys.stderr.write("# would run here: " + shlex.join(ship_argv(conn, remote_dir)) + "\n")
             sys.stderr.write(f"# would run on {dest.target} (this script on its stdin):\n"
                              + "".join(f"#   {line}\n" for line in submit_line.splitlines()))
             sys.stdout.write(script)
@@ -171,6 +178,7 @@ def submit_remote(ns: Any, spec_from_args: Callable[[Any], JobSpec]) -> int:
             summary = sync(conn, spec.workdir, remote_dir, excludes,
                            limit if limit is not None else parse_size(DEFAULT_SYNC_LIMIT_TEXT))
             sys.stderr.write(summary.line(f"{dest.target}:{remote_dir}") + "\n")
+        ship_package(conn, remote_dir)
         out = conn.run(submit_line, input_bytes=script.encode()).stdout.decode(errors="replace").strip()
         job_id = out.splitlines()[-1].split(";")[0] if out else ""
         if not job_id.isdigit():
