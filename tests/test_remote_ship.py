@@ -3,6 +3,7 @@ writes there is private to the user. A real sshd on 127.0.0.1 is the login node 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -86,4 +87,45 @@ def test_example_trains_where_slurmlaunch_is_not_installed(laptop: sshd.Laptop, 
     assert again.returncode == 0, again.stdout + again.stderr
     assert "done: world_size=1" in again.stdout
     assert list((remote_dir / ".slurmlaunch" / "pkg").iterdir()) == shipped
+    assert masters_left(laptop) == []
+
+
+def remote_setup(cluster_env: dict[str, str]) -> list[str]:
+    return [a for a in setup_for(cluster_env) if a != "--master-port"][:4]
+
+
+def test_doctor_remote_checks_the_login_node_and_allocates(laptop: sshd.Laptop,  # noqa: F811
+                                                           cluster_env: dict[str, str], tmp_path: Path,
+                                                           torch_available: None) -> None:
+    python = python_without_slurmlaunch(tmp_path)
+    remote_dir = tmp_path / "cluster" / "proj"
+    r = on_laptop(laptop, "doctor", "--remote", f"login:{remote_dir}", *remote_setup(cluster_env),
+                  "--python", python, "--allocate", "2", "--timeout", "240", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    checks = {c["name"]: c["state"] for c in report["checks"]}
+    assert checks["commands"] == checks["controller"] == "ok", report["checks"]
+    assert report["probe_job"] and [rank["rank"] for rank in report["ranks"]] == [0, 1]
+    assert all("missing" not in rank and rank["torch"]["ok"] for rank in report["ranks"]), report["ranks"]
+    assert mode(remote_dir) & 0o077 == 0 and mode(remote_dir / "slurmlaunch-logs") & 0o077 == 0
+    assert masters_left(laptop) == []
+
+
+def test_doctor_remote_strings_are_data_and_failures_are_one_line(laptop: sshd.Laptop,  # noqa: F811
+                                                                  cluster_env: dict[str, str],
+                                                                  tmp_path: Path) -> None:
+    pwned = Path("/tmp/slurmlaunch-pwned-doctor")
+    pwned.unlink(missing_ok=True)
+    r = on_laptop(laptop, "doctor", "--remote", f"login:{tmp_path / 'c'}", *remote_setup(cluster_env),
+                  "--partition", f"p $(touch {pwned}) `touch {pwned}`", cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr  # the remote doctor's own verdict: no such partition
+    assert "no such partition here" in r.stdout and f"$(touch {pwned})" in r.stdout
+    assert not pwned.exists()
+    # an interpreter that is not there: one line, exit 2
+    r = on_laptop(laptop, "doctor", "--remote", f"login:{tmp_path / 'c'}", *remote_setup(cluster_env),
+                  "--python", "/nonexistent/python3", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "/nonexistent/python3" in r.stderr, r.stderr
+    # the remote-only options without --remote are refused, not ignored
+    r = on_laptop(laptop, "doctor", "--remote-setup", "module load slurm", cwd=tmp_path)
+    assert r.returncode == 2 and "only with doctor --remote" in r.stderr, r.stderr
     assert masters_left(laptop) == []

@@ -359,13 +359,22 @@ def package_dir() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _sources() -> list[str]:
+    """What is sent: the package and, in a source checkout, the templates beside it (an installed package
+    holds them; --allocate's probe job is rendered there)."""
+    from ..render.jinja import shipped_template_dir
+
+    templates = str(shipped_template_dir())
+    inside = templates.startswith(package_dir() + os.sep)
+    return [package_dir()] if inside or not os.path.isdir(templates) else [package_dir(), templates]
+
+
 def _package_files() -> list[str]:
-    root = package_dir()
     found = []
-    for parent, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        found += [os.path.relpath(os.path.join(parent, f), root) for f in sorted(files)
-                  if not f.endswith((".pyc", ".pyo"))]
+    for root in _sources():
+        for parent, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            found += [os.path.join(parent, f) for f in sorted(files) if not f.endswith((".pyc", ".pyo"))]
     return found
 
 
@@ -375,10 +384,10 @@ def package_tag() -> str:
     from ..core import __version__
 
     digest = hashlib.sha256()
-    root = package_dir()
-    for rel in _package_files():
-        digest.update(rel.encode("utf-8", "surrogateescape") + b"\0")
-        with open(os.path.join(root, rel), "rb") as f:
+    top = os.path.dirname(package_dir())
+    for path in _package_files():
+        digest.update(os.path.relpath(path, top).encode("utf-8", "surrogateescape") + b"\0")
+        with open(path, "rb") as f:
             digest.update(f.read())
         digest.update(b"\0")
     safe = re.sub(r"[^A-Za-z0-9._+-]", "_", __version__)
@@ -393,7 +402,7 @@ def shipped_path(remote_dir: str, tag: str | None = None) -> str:
 def ship_argv(conn: Connection, remote_dir: str, tag: str | None = None) -> list[str]:
     """The rsync that sends the package (its sources, no byte code) to shipped_path, private to the user."""
     return ["rsync", "-a", "--chmod=go-rwx", "-s", "-e", conn.rsync_shell(), "--exclude=__pycache__/",
-            "--exclude=*.py[co]", "--", package_dir().rstrip("/"),
+            "--exclude=*.py[co]", "--", *(path.rstrip("/") for path in _sources()),
             f"{conn.dest.target}:{shipped_path(remote_dir, tag)}/"]
 
 
