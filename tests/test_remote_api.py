@@ -24,7 +24,7 @@ def work(tag):  # defined in __main__: it travels by value
         raise ValueError("rank one refuses: " + tag)
     return {"rank": rank, "world": int(os.environ["WORLD_SIZE"]), "tag": tag, "py": sys.executable}
 
-dest, setup, python, port1, port2, hostile = json.loads(sys.argv[1])
+dest, setup, python, port1, port2, port3, hostile = json.loads(sys.argv[1])
 common = dict(remote=dest, remote_setup=setup, remote_python=python, nodes=2, tasks_per_node=2)
 out = {}
 job = slurmlaunch.submit(work, hostile, master_port=port1, **common)
@@ -36,6 +36,12 @@ try:
     bad.results()
 except slurmlaunch.RankFailed as e:
     out["failed"] = [type(e).__name__, e.rank, e.trace]
+script = slurmlaunch.submit_script("job.py", ["a b", "$(id)"], master_port=port3, **common)
+out["script"] = script.results()
+try:
+    slurmlaunch.submit(work, "x", scheduler="local", **common)
+except slurmlaunch.SpecError as e:
+    out["local"] = str(e)
 try:
     slurmlaunch.submit(work, "x", **{**common, "nodes": 0})
 except slurmlaunch.SpecError as e:
@@ -50,12 +56,13 @@ def test_api_from_the_laptop_returns_4_ranks_and_a_failing_ranks_exception(
     project = tmp_path / "notebook"
     project.mkdir()
     (project / "run.py").write_text(LAPTOP_SCRIPT)
+    (project / "job.py").write_text("import sys\nsys.exit(0 if sys.argv[1:] == ['a b', '$(id)'] else 5)\n")
     remote_dir = tmp_path / "cluster" / "notebook"
     setup = [f"export SLURM_CONF={shlex.quote(cluster_env['SLURM_CONF'])}", "export SLURMLAUNCH_ALLOW_LOOPBACK=1"]
     hostile = "v $(touch /tmp/slurmlaunch-pwned-api) `id` 'q' \"q\" ünï\nl2"
     Path("/tmp/slurmlaunch-pwned-api").unlink(missing_ok=True)
     argv = json.dumps([f"login:{remote_dir}", setup, python, int(free_master_port()), int(free_master_port()),
-                       hostile])
+                       int(free_master_port()), hostile])
     r = subprocess.run(["python3", "run.py", argv], capture_output=True, text=True, env=laptop.env, cwd=project,
                        timeout=600, stdin=subprocess.DEVNULL)
     assert r.returncode == 0 and "OUT " in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
@@ -65,7 +72,8 @@ def test_api_from_the_laptop_returns_4_ranks_and_a_failing_ranks_exception(
     assert out["state"] == "COMPLETED"
     kind, rank, trace = out["failed"]
     assert (kind, rank) == ("RankFailed", 1) and "ValueError: rank one refuses: fail" in trace, trace
-    assert "nodes" in out["refused"]
+    assert "nodes" in out["refused"] and "only Slurm clusters" in out["local"]
+    assert out["script"] == [0, 0, 0, 0]  # the synced script, its arguments as given, on every rank
     assert not Path("/tmp/slurmlaunch-pwned-api").exists()
     assert (remote_dir / "run.py").is_file() and (remote_dir / "run.py").stat().st_mode & 0o077 == 0
     assert masters_left(laptop) == []  # the handles' masters stopped when the laptop process ended
