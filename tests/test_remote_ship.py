@@ -129,3 +129,21 @@ def test_doctor_remote_strings_are_data_and_failures_are_one_line(laptop: sshd.L
     r = on_laptop(laptop, "doctor", "--remote-setup", "module load slurm", cwd=tmp_path)
     assert r.returncode == 2 and "only with doctor --remote" in r.stderr, r.stderr
     assert masters_left(laptop) == []
+
+
+def test_the_package_path_stays_data_in_the_script(laptop: sshd.Laptop, tmp_path: Path) -> None:  # noqa: F811
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("print('hi')\n")
+    where = "/scratch/me/p $(touch /tmp/slurmlaunch-pwned-ship) `id` 'q' \"d\" é"
+    r = on_laptop(laptop, "submit", "--remote", f"login:{where}", "--dry-run", "train.py", cwd=project)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("export PYTHONPATH="))
+    Path("/tmp/slurmlaunch-pwned-ship").unlink(missing_ok=True)
+    for before, after in (("", ""), ("/site/lib", ":/site/lib")):
+        env = {"PATH": "/usr/bin:/bin", **({"PYTHONPATH": before} if before else {})}
+        got = subprocess.run(["bash", "-c", f'{line}\nprintf %s "$PYTHONPATH"'], capture_output=True, text=True,
+                             env=env, timeout=30).stdout
+        assert got.startswith(f"{where}/.slurmlaunch/pkg/") and got.endswith(after) and "/" not in \
+            got[len(f"{where}/.slurmlaunch/pkg/"):len(got) - len(after)], got
+    assert not Path("/tmp/slurmlaunch-pwned-ship").exists()
