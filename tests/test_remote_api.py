@@ -20,6 +20,7 @@ import slurmlaunch
 def work(tag):  # defined in __main__: it travels by value
     import os
     rank = int(os.environ["RANK"])
+    print("hello from rank", rank, flush=True)
     if tag == "fail" and rank == 1:
         raise ValueError("rank one refuses: " + tag)
     return {"rank": rank, "world": int(os.environ["WORLD_SIZE"]), "tag": tag, "py": sys.executable}
@@ -31,6 +32,8 @@ job = slurmlaunch.submit(work, hostile, master_port=port1, **common)
 out["id"] = job.job_id
 out["results"] = job.results()
 out["state"] = job.state
+out["done"] = job.done()
+out["logs"] = job.logs(rank=3)
 bad = slurmlaunch.submit(work, "fail", master_port=port2, **common)
 try:
     bad.results()
@@ -69,7 +72,8 @@ def test_api_from_the_laptop_returns_4_ranks_and_a_failing_ranks_exception(
     out = json.loads(r.stdout.split("OUT ", 1)[1])
     assert [v["rank"] for v in out["results"]] == [0, 1, 2, 3]
     assert all(v["world"] == 4 and v["tag"] == hostile and v["py"] == python for v in out["results"])
-    assert out["state"] == "COMPLETED"
+    assert out["state"] == "COMPLETED" and out["done"] is True
+    assert "hello from rank 3" in out["logs"], out["logs"]
     kind, rank, trace = out["failed"]
     assert (kind, rank) == ("RankFailed", 1) and "ValueError: rank one refuses: fail" in trace, trace
     assert "nodes" in out["refused"] and "only Slurm clusters" in out["local"]
