@@ -5,7 +5,9 @@ openssh-server). Prints medians and ratios of one run; nothing is asserted (mach
 
 Measured: one ssh round trip over a warm (multiplexed) connection; `submit --dry-run` locally and with
 --remote (each command opens and closes its own connection, as the CLI does); syncing an unchanged
-1,000-file project over a warm connection.
+1,000-file project over a warm connection; `status` of a running job on the dev cluster (started here,
+loopback): the Slurm edge's status in this process against the remote probe over a warm connection, and the
+`status` command locally against `status` of a remote job from the laptop (which opens its own connection).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from slurmlaunch.app import remote  # noqa: E402
+from slurmlaunch.app import devcluster, remote, remote_jobs  # noqa: E402
+from slurmlaunch.schedulers import slurm  # noqa: E402
 from tests import sshd  # noqa: E402
 
 
@@ -44,10 +47,19 @@ def main() -> int:
     if why:
         print(f"skipped: {why}")
         return 0
+    why = devcluster.missing_requirements()
+    if why:
+        print(f"skipped: {why}")
+        return 0
+    here_env = dict(os.environ)
+    cluster_root = Path(tempfile.mkdtemp(prefix="slurmlaunch-bench-cluster-"))
+    cluster_env = devcluster.up(cluster_root, nodes=1, gpus=0, cpus=2)
     server = sshd.start_sshd()
     try:
         work = Path(tempfile.mkdtemp(prefix="slurmlaunch-bench-remote-"))
         lap = sshd.make_laptop(server, work)
+        local_env = {**here_env, **cluster_env, "SLURMLAUNCH_ALLOW_LOOPBACK": "1",
+                     "XDG_STATE_HOME": str(work / "local-state")}
         os.environ.update(lap.env)
         project = work / "proj"
         (project / "pkg").mkdir(parents=True)
@@ -56,9 +68,32 @@ def main() -> int:
         (project / "train.py").write_text("print('hi')\n")
         target = work / "remote-side"
 
-        def cli(*args: str) -> None:
-            subprocess.run([sys.executable, "-m", "slurmlaunch", *args], cwd=project, env=lap.env, check=True,
-                           capture_output=True, timeout=120)
+        def cli(*args: str, env: dict[str, str] = lap.env) -> str:
+            return subprocess.run([sys.executable, "-m", "slurmlaunch", *args], cwd=project, env=env, check=True,
+                                  capture_output=True, text=True, timeout=120).stdout
+
+        # One sleeping job submitted locally, one from the laptop: status is asked of running jobs.
+        (project / "sleeper.py").write_text("import time\ntime.sleep(600)\n")
+        setup = ["--remote-setup", f"export SLURM_CONF={cluster_env['SLURM_CONF']}"]
+        local_job = cli("submit", "--scheduler", "slurm", "--python", sys.executable, "sleeper.py",
+                        env=local_env).strip()
+        remote_job = cli("submit", "--remote", f"login:{target}", *setup, "--python", sys.executable,
+                         "sleeper.py").strip()
+        log_dir = str(project / "slurmlaunch-logs")
+        os.environ["SLURM_CONF"] = cluster_env["SLURM_CONF"]
+        os.environ["PATH"] = here_env["PATH"]  # the Slurm edge in this process needs squeue
+        slurm.status(local_job, log_dir)
+        edge = median_s(lambda: slurm.status(local_job, log_dir), n)
+        os.environ["PATH"] = lap.env["PATH"]
+        del os.environ["SLURM_CONF"]
+        with remote.Connection(remote.parse_destination("login"), setup[1::2]) as conn:
+            remote_jobs.probe(conn, remote_job, str(target / "slurmlaunch-logs"))
+            probed = median_s(lambda: remote_jobs.probe(conn, remote_job, str(target / "slurmlaunch-logs")), n)
+            state = remote_jobs.probe(conn, remote_job, str(target / "slurmlaunch-logs"))[0].state
+            conn.run_argv(["scancel", remote_job])
+        status_local = median_s(lambda: cli("status", local_job, env=local_env), n)
+        status_remote = median_s(lambda: cli("status", remote_job), n)
+        cli("cancel", local_job, env=local_env)
 
         with remote.Connection(remote.parse_destination("login")) as conn:
             conn.run_argv(["true"])  # the master
@@ -72,6 +107,7 @@ def main() -> int:
         relative = median_s(lambda: cli("submit", "--remote", "login", "--dry-run", "--nodes", "2", "train.py"), n)
     finally:
         sshd.remove(server)
+        devcluster.down(cluster_root)
     ms = 1000.0
     print(f"median of {n}, this machine, sshd on 127.0.0.1")
     print(f"  ssh round trip, warm connection (remote shell start included): {round_trip * ms:7.1f} ms")
@@ -82,6 +118,13 @@ def main() -> int:
           f"(x{relative / local:.2f} of local; +{(relative - local) * ms:.0f} ms)")
     print(f"  sync of an unchanged 1,000-file project, warm connection:      {unchanged * ms:7.1f} ms "
           f"({sent} files sent; x{unchanged / round_trip:.1f} of a round trip)")
+    print(f"  status, in process: Slurm edge locally:                       {edge * ms:7.1f} ms")
+    print(f"  status, in process: remote probe, warm connection ({state}):  {probed * ms:7.1f} ms "
+          f"(x{probed / edge:.2f} of local; x{probed / round_trip:.2f} of a round trip; "
+          f"+{(probed - edge - round_trip) * ms:.0f} ms beyond one round trip)")
+    print(f"  status command, local job:                                    {status_local * ms:7.1f} ms")
+    print(f"  status command, remote job (connect, 1 round trip, close):    {status_remote * ms:7.1f} ms "
+          f"(x{status_remote / status_local:.2f} of local)")
     return 0
 
 

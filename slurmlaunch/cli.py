@@ -141,6 +141,13 @@ def _parser(profiles: bool = False) -> Any:
                      help="with --allocate: seconds to wait for the probe job, queueing included (default 300; "
                           "it is cancelled after)")
     doc.add_argument("--json", action="store_true")
+    doc.add_argument("--remote", metavar="[USER@]HOST[:DIR]",
+                     help="run the checks on that login node over ssh (this slurmlaunch is sent along to DIR, "
+                          "default as for submit --remote)")
+    doc.add_argument("--remote-setup", action="append", default=[], metavar="'SHELL LINE'",
+                     help="with --remote: a shell line run first there, e.g. 'module load slurm' (repeatable)")
+    doc.add_argument("--python", metavar="PATH",
+                     help="with --remote: the interpreter there, the training environment's (default python3)")
 
     cfg = sub.add_parser("config", allow_abbrev=False,
                          help="show the submit options merged from profiles, and where each came from")
@@ -264,7 +271,8 @@ def _dispatch(args: list[str]) -> int:
     if ns.command == "doctor":
         from .app.doctor import cmd_doctor
 
-        return cmd_doctor(ns.partition, ns.json, ns.allocate, ns.gpus_per_node, ns.timeout)
+        return cmd_doctor(ns.partition, ns.json, ns.allocate, ns.gpus_per_node, ns.timeout, remote=ns.remote,
+                          remote_setup=ns.remote_setup, python=ns.python)
     raise AssertionError(ns.command)
 
 

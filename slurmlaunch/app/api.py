@@ -49,6 +49,10 @@ from typing import Any
 from ..core.errors import SlurmLaunchError, SpecError
 from ..core.spec import ENV_KEY, JobSpec, validate
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .remote_api import RemoteJob
+
 _MARK = "slurmlaunch-rank-failure"
 # `slurmlaunch submit` features the submitit-based API does not carry out: refused, never silently dropped.
 CLI_ONLY = frozenset({"array", "max_parallel", "sweep", "mode", "nproc_per_node", "max_restarts", "min_nodes",
@@ -105,6 +109,10 @@ class RankFailed(SlurmLaunchError):
         how = ("" if returncode is None else f" (killed by {_signal_name(-returncode)})" if returncode < 0
                else f" (exit code {returncode})")
         super().__init__(f"rank {rank} failed{how}:\n{trace}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the API with remote= brings it back from the login node pickled: rebuilt from its fields
+        return (RankFailed, (self.rank, self.trace, self.returncode, self.at))
 
 
 def _mark() -> str:
@@ -885,11 +893,20 @@ def _spec(script: str, options: dict[str, Any], module: bool = False) -> JobSpec
     return spec
 
 
-def submit(fn: Callable[..., Any], *args: Any, scheduler: str = "auto", **options: Any) -> Job:
+def submit(fn: Callable[..., Any], *args: Any, scheduler: str = "auto", remote: str | None = None,
+           remote_setup: Sequence[str] = (), remote_python: str = "python3", **options: Any) -> Job | RemoteJob:
     """Run ``fn(*args, **kwargs)`` on every rank of a distributed job; keyword arguments that are job
     options (nodes, gpus_per_node, tasks_per_node, cpus_per_task, mem, time, partition, account, qos, ...)
-    configure the job, the others go to ``fn``. Validation is the CLI's: a bad option raises SpecError."""
+    configure the job, the others go to ``fn``. Validation is the CLI's: a bad option raises SpecError.
+
+    ``remote="[user@]host[:dir]"``: from a laptop, on that login node's Slurm cluster over ssh (the working
+    directory synced there, ``remote_setup`` lines run first, ``remote_python`` the training environment's
+    interpreter there, with submitit); a RemoteJob answers as a Job does (see remote_api)."""
     job_options, kwargs = _split_options(options)
+    if remote is not None:
+        return _submit_remote(remote, fn, args, job_options, kwargs, scheduler, remote_setup, remote_python)
+    if remote_setup or remote_python != "python3":
+        raise SpecError("remote_setup/remote_python: only with remote='[user@]host[:dir]'")
     job_options.setdefault("job_name", getattr(fn, "__name__", "slurmlaunch"))
     spec = validate(_spec(sys.executable, job_options, module=True))
     chosen = _choose(scheduler)
@@ -897,15 +914,36 @@ def submit(fn: Callable[..., Any], *args: Any, scheduler: str = "auto", **option
     return Job(job, spec, chosen)
 
 
-def submit_script(path: str, args: Iterable[str] = (), *, scheduler: str = "auto", **options: Any) -> Job:
-    """Run a script on every rank, through the launcher, as `slurmlaunch submit` would."""
+def submit_script(path: str, args: Iterable[str] = (), *, scheduler: str = "auto", remote: str | None = None,
+                  remote_setup: Sequence[str] = (), remote_python: str = "python3",
+                  **options: Any) -> Job | RemoteJob:
+    """Run a script on every rank, through the launcher, as `slurmlaunch submit` would (``remote``: as for
+    submit; ``path`` is then relative to the synced directory there)."""
     job_options, unknown = _split_options(options)
     if unknown:
         raise SpecError(f"unknown option(s) {', '.join(sorted(unknown))} (valid: {', '.join(sorted(OPTION_NAMES))})")
+    if remote is not None:
+        return _submit_remote(remote, None, list(args), job_options, {}, scheduler, remote_setup, remote_python,
+                              path=path)
+    if remote_setup or remote_python != "python3":
+        raise SpecError("remote_setup/remote_python: only with remote='[user@]host[:dir]'")
     spec = validate(replace(_spec(path, job_options), args=tuple(args)))
     chosen = _choose(scheduler)
     job = _executor(spec, chosen).submit(_ScriptCall(spec))
     return Job(job, spec, chosen)
+
+
+def _submit_remote(remote: str, fn: Callable[..., Any] | None, args: Sequence[Any], job_options: dict[str, Any],
+                   kwargs: dict[str, Any], scheduler: str, setup: Sequence[str], python: str,
+                   path: str | None = None) -> RemoteJob:
+    """Checked here first (a bad option fails before any ssh), then submitted there by the same API."""
+    from .remote_api import submit_remote
+
+    if scheduler not in ("auto", "slurm"):
+        raise SpecError(f"scheduler {scheduler!r} with remote=: only Slurm clusters are supported over ssh "
+                        f"(leave scheduler out)")
+    validate(_spec(path or sys.executable, dict(job_options), module=fn is not None))
+    return submit_remote(remote, fn, args, {**job_options, **kwargs}, path=path, setup=setup, python=python)
 
 
 def map_array(fn: Callable[..., Any], *iterables: Iterable[Any], scheduler: str = "auto",

@@ -184,9 +184,20 @@ def rank_rows(records: list[dict[str, Any]]) -> tuple[list[list[str]], bool]:
     return rows, healthy
 
 
-def cmd_doctor(partition: str | None, as_json: bool, nodes: int | None, gpus: int, timeout: float) -> int:
+def cmd_doctor(partition: str | None, as_json: bool, nodes: int | None, gpus: int, timeout: float, *,
+               remote: str | None = None, remote_setup: list[str] | None = None, python: str | None = None) -> int:
     if nodes is not None and nodes < 1:
         raise SpecError(f"--allocate {nodes} is not valid (expected a number of nodes >= 1)")
+    if remote is not None:
+        from .remote_jobs import doctor_remote
+
+        argv = [*(["--partition", partition] if partition else []), *(["--json"] if as_json else []),
+                *(["--allocate", str(nodes), "--gpus-per-node", str(gpus), "--timeout", f"{timeout:g}"]
+                  if nodes is not None else [])]
+        return doctor_remote(remote, remote_setup or [], python, argv, timeout if nodes is not None else 0.0)
+    if remote_setup or python:
+        raise SpecError(f"{'--remote-setup' if remote_setup else '--python'}: only with doctor --remote "
+                        f"[USER@]HOST[:DIR] (leave it out, or add --remote)")
     checks, partitions, facts = login_checks(partition)
     failed = any(c.state == "fail" for c in checks)
     cluster = cluster_name() if not failed else None

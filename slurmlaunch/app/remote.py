@@ -17,6 +17,7 @@ each as one word, byte for byte; only --remote-setup lines are shell code on pur
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shlex
@@ -34,6 +35,7 @@ CONTROL_PERSIST_S = 60  # a master left by a crash goes away on its own after th
 CONNECT_TIMEOUT_S = 20
 COMMAND_TIMEOUT_S = 120.0
 DEFAULT_SYNC_LIMIT = 1 << 30
+SHIPPED_DIR = ".slurmlaunch"  # in the remote project directory: the slurmlaunch package this laptop sent
 
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.$-]*")
 _HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.%+-]*")  # a name, an address or a ~/.ssh/config alias
@@ -243,7 +245,8 @@ def resolve_directory(conn: Connection, directory: str | None, project: str, cre
     where = directory if directory is not None else f"{DEFAULT_PARENT}/{project}"
     q = shlex.quote(where)
     # `cd` alone goes home: a --remote-setup line may have changed directory.
-    script = f"cd && mkdir -p -m 700 -- {q} && cd -- {q} && pwd -P" if create else \
+    # umask 077: the directories mkdir -p creates on the way are private too, not only the last one.
+    script = f"cd && umask 077 && mkdir -p -- {q} && cd -- {q} && pwd -P" if create else \
         f"cd && if cd -- {q} 2>/dev/null; then pwd -P; else printf '%s/%s\\n' \"$(pwd -P)\" {q}; fi"
     out = conn.run(shell_command(script, conn.setup)).stdout.decode("utf-8", errors="surrogateescape")
     path = out.rstrip("\n").rsplit("\n", 1)[-1]
@@ -299,8 +302,11 @@ def sync_argv(conn: Connection, local_dir: str, remote_dir: str, excludes: Seque
               dry_run: bool = False) -> list[str]:
     """rsync of ``local_dir`` into ``remote_dir``: .gitignore files honoured as rsync reads them (each
     directory's own, `:- .gitignore`), .git/ and ``excludes`` left out; nothing on the remote is deleted."""
-    argv = ["rsync", "-a", "--stats", "-s", "-e", conn.rsync_shell(), "--filter=:- .gitignore",
-            "--exclude=/.git/", *(f"--exclude={e}" for e in excludes)]
+    # --chmod=go-rwx: what is sent is private to the user there, whatever its permissions here (-a copies
+    # them, and a laptop's umask is usually 022).
+    argv = ["rsync", "-a", "--chmod=go-rwx", "--stats", "-s", "-e", conn.rsync_shell(),
+            "--filter=:- .gitignore", "--exclude=/.git/", f"--exclude=/{SHIPPED_DIR}/",
+            *(f"--exclude={e}" for e in excludes)]
     if dry_run:
         argv.append("--dry-run")
     return [*argv, "--", local_dir.rstrip("/") + "/", f"{conn.dest.target}:{remote_dir}/"]
@@ -338,3 +344,81 @@ def sync(conn: Connection, local_dir: str, remote_dir: str, excludes: Sequence[s
     done = _rsync(conn, sync_argv(conn, local_dir, remote_dir, excludes), timeout)
     return SyncSummary(_regular_files(done), _stat(done, "Number of regular files transferred"),
                        _stat(done, "Total transferred file size"), _stat(done, "Total bytes sent"))
+
+
+# -- the launcher travels with the job ----------------------------------------------------------------------
+# The remote side needs Python 3 and the training environment only. This installation's package is sent
+# to <remote project>/.slurmlaunch/pkg/<version>-<content hash>/slurmlaunch (the project directory is the
+# one place the ranks are sure to see), and the batch script puts that directory first on PYTHONPATH: the
+# ranks' `python -m slurmlaunch launch` (and torchrun-node's children, which inherit the environment) run the
+# very code that rendered the script, whether or not another slurmlaunch is installed there. The path the
+# launcher imports is standard library only, so nothing else has to travel.
+
+def package_dir() -> str:
+    """This installation's ``slurmlaunch`` package directory."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _sources() -> list[str]:
+    """What is sent: the package and, in a source checkout, the templates beside it (an installed package
+    holds them; --allocate's probe job is rendered there)."""
+    from ..render.jinja import shipped_template_dir
+
+    templates = str(shipped_template_dir())
+    inside = templates.startswith(package_dir() + os.sep)
+    return [package_dir()] if inside or not os.path.isdir(templates) else [package_dir(), templates]
+
+
+def _package_files() -> list[str]:
+    found = []
+    for root in _sources():
+        for parent, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            found += [os.path.join(parent, f) for f in sorted(files) if not f.endswith((".pyc", ".pyo"))]
+    return found
+
+
+def package_tag() -> str:
+    """``<version>-<12 hex digits of the package's content>``: a new directory for every change, so a job
+    still queued keeps the code it was rendered with while a newer one is sent beside it."""
+    from ..core import __version__
+
+    digest = hashlib.sha256()
+    top = os.path.dirname(package_dir())
+    for path in _package_files():
+        digest.update(os.path.relpath(path, top).encode("utf-8", "surrogateescape") + b"\0")
+        with open(path, "rb") as f:
+            digest.update(f.read())
+        digest.update(b"\0")
+    safe = re.sub(r"[^A-Za-z0-9._+-]", "_", __version__)
+    return f"{safe}-{digest.hexdigest()[:12]}"
+
+
+def shipped_path(remote_dir: str, tag: str | None = None) -> str:
+    """Where the package goes in ``remote_dir``: the directory to put on the ranks' PYTHONPATH."""
+    return f"{remote_dir.rstrip('/')}/{SHIPPED_DIR}/pkg/{tag or package_tag()}"
+
+
+def ship_argv(conn: Connection, remote_dir: str, tag: str | None = None) -> list[str]:
+    """The rsync that sends the package (its sources, no byte code) to shipped_path, private to the user."""
+    return ["rsync", "-a", "--chmod=go-rwx", "-s", "-e", conn.rsync_shell(), "--exclude=__pycache__/",
+            "--exclude=*.py[co]", "--", *(path.rstrip("/") for path in _sources()),
+            f"{conn.dest.target}:{shipped_path(remote_dir, tag)}/"]
+
+
+def ship_package(conn: Connection, remote_dir: str) -> str:
+    """Send the package (nothing, when this version is there already) and return the directory for
+    PYTHONPATH. ``remote_dir`` must exist (resolve_directory with create)."""
+    tag = package_tag()
+    where = shipped_path(remote_dir, tag)
+    q = shlex.quote(where)
+    # rsync creates one level only; umask 077 keeps .slurmlaunch/pkg private.
+    conn.run(shell_command(f"umask 077 && mkdir -p -- {q}", conn.setup))
+    _rsync(conn, ship_argv(conn, remote_dir, tag), COMMAND_TIMEOUT_S)
+    return where
+
+
+def pythonpath_setup(path: str) -> str:
+    """The batch script's line that puts the shipped package first on the ranks' PYTHONPATH (keeping what
+    --env, the site or a --setup line set)."""
+    return f'export PYTHONPATH={shlex.quote(path)}"${{PYTHONPATH:+:$PYTHONPATH}}"'

@@ -15,7 +15,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -23,14 +23,19 @@ from ..core.errors import SchedulerError, SpecError
 from ..core.spec import JobSpec
 from ..schedulers import JobStatus
 from .remote import (
+    COMMAND_TIMEOUT_S,
     Connection,
     Destination,
     RemoteError,
     parse_destination,
     parse_size,
+    pythonpath_setup,
     remote_command,
     resolve_directory,
     shell_command,
+    ship_argv,
+    ship_package,
+    shipped_path,
     sync,
     sync_argv,
 )
@@ -154,7 +159,9 @@ def submit_remote(ns: Any, spec_from_args: Callable[[Any], JobSpec]) -> int:
     with Connection(dest, ns.remote_setup or ()) as conn:
         remote_dir = dest.directory if dest.directory and dest.directory.startswith("/") and ns.dry_run else \
             resolve_directory(conn, dest.directory, _project_name(spec.workdir), create=not ns.dry_run)
-        rspec = replace(spec, workdir=remote_dir)
+        # The launcher travels with the job (remote.ship_package): the ranks import the package sent below.
+        package = shipped_path(remote_dir)
+        rspec = replace(spec, workdir=remote_dir, setup=(*spec.setup, pythonpath_setup(package)))
         script = slurm.render_script(rspec, ns.template_dir)
         sbatch = slurm.sbatch_command(rspec, "-")[:-1]  # no file: sbatch reads the script from stdin
         submit_line = shell_command(f"umask 077 && mkdir -p -m 700 -- {shlex.quote(rspec.log_dir)} && "
@@ -163,6 +170,7 @@ def submit_remote(ns: Any, spec_from_args: Callable[[Any], JobSpec]) -> int:
             if ns.sync:
                 sys.stderr.write("# would run here: " + shlex.join(sync_argv(conn, spec.workdir, remote_dir,
                                                                               excludes)) + "\n")
+            sys.stderr.write("# would run here: " + shlex.join(ship_argv(conn, remote_dir)) + "\n")
             sys.stderr.write(f"# would run on {dest.target} (this script on its stdin):\n"
                              + "".join(f"#   {line}\n" for line in submit_line.splitlines()))
             sys.stdout.write(script)
@@ -171,6 +179,7 @@ def submit_remote(ns: Any, spec_from_args: Callable[[Any], JobSpec]) -> int:
             summary = sync(conn, spec.workdir, remote_dir, excludes,
                            limit if limit is not None else parse_size(DEFAULT_SYNC_LIMIT_TEXT))
             sys.stderr.write(summary.line(f"{dest.target}:{remote_dir}") + "\n")
+        ship_package(conn, remote_dir)
         out = conn.run(submit_line, input_bytes=script.encode()).stdout.decode(errors="replace").strip()
         job_id = out.splitlines()[-1].split(";")[0] if out else ""
         if not job_id.isdigit():
@@ -339,3 +348,24 @@ def list_row(row: Mapping[str, Any], live: dict[str, dict[str, str] | None]) -> 
     known = live[target]
     state = "?" if known is None else known.get(str(row["job_id"]), "ENDED?")
     return {**row, "state": state, "directory": directory}
+
+
+def doctor_remote(target: str, setup: Sequence[str], python: str | None, argv: list[str], wait: float) -> int:
+    """`doctor --remote DEST`: this slurmlaunch is sent to DEST's directory (as for submit) and its doctor runs
+    there, in that directory, with ``argv``; its report and exit code come back. ``wait``: --allocate's
+    --timeout (0 without), added to the time the remote command is given."""
+    dest = parse_destination(target)
+    with Connection(dest, setup) as conn:
+        remote_dir = resolve_directory(conn, dest.directory, _project_name(os.getcwd()), create=True)
+        package = ship_package(conn, remote_dir)
+        command = [python or "python3", "-m", "slurmlaunch", "doctor", *argv]
+        script = (f"cd -- {shlex.quote(remote_dir)} && umask 077 && {pythonpath_setup(package)} && "
+                  f"{shlex.join(command)}")
+        proc = conn.run(shell_command(script, conn.setup), check=False, timeout=COMMAND_TIMEOUT_S + wait)
+    if proc.returncode not in (0, 1, 2):  # not doctor's own answer: the interpreter is missing, or worse
+        said = proc.stderr.decode(errors="replace").strip().splitlines() or ["(no output)"]
+        raise RemoteError(f"on {dest.target}: {shlex.join(command)} failed (exit {proc.returncode}): {said[-1]}")
+    sys.stdout.buffer.write(proc.stdout)
+    sys.stdout.flush()
+    sys.stderr.buffer.write(proc.stderr)
+    return proc.returncode

@@ -1,0 +1,188 @@
+"""The Python API from a laptop: ``slurmlaunch.submit(fn, *args, remote="login", ...)``.
+
+What was chosen, and why: submitit does the pickling, the batch script and the result files on the login
+node, exactly as when the API is called there. The laptop pickles the call (cloudpickle, as submitit does:
+a function of ``__main__`` or a notebook travels by value) and sends it over the destination's ssh
+connection to a small runner (RUNNER, run by the remote interpreter in the remote project directory with
+this slurmlaunch first on PYTHONPATH, see remote.ship_package), which calls this same API with
+``scheduler="slurm"``. Rendering submitit's pickles here and copying them would need sbatch's answer
+(the job id names submitit's folder) before the files exist there, and would re-implement submitit's
+submission; driving it on the login node keeps one code path. The price: the remote training environment
+needs submitit (slurmlaunch's own dependency; slurmlaunch itself travels).
+
+The job handle here (RemoteJob) keeps the pickled submitit-based Job of the login node as bytes and sends
+it back with every question (state, results, logs, cancel): the laptop keeps no state of its own beyond
+it, and any laptop process holding the handle can ask. Results and exceptions (RankFailed, with the
+failing rank's traceback) come back pickled; a wait is a series of bounded remote waits, so that no ssh
+command runs for longer than WAIT_STEP_S.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import pickle
+import shlex
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from ..core.errors import SpecError
+from .remote import (
+    COMMAND_TIMEOUT_S,
+    Connection,
+    RemoteError,
+    parse_destination,
+    pythonpath_setup,
+    resolve_directory,
+    shell_command,
+    ship_package,
+    sync,
+)
+
+WAIT_STEP_S = 20.0  # the longest one remote wait lasts; the laptop asks again after it
+
+# Run remotely: ACTION on its argv, a pickle on its stdin; prints one line, base64 of a pickled dict.
+RUNNER = r"""
+import base64, pickle, sys, time
+action, data = sys.argv[1], pickle.loads(sys.stdin.buffer.read())
+from slurmlaunch.app import api
+def reply(**out):
+    try:
+        blob = pickle.dumps(out)
+    except Exception as e:  # a value that cannot travel: say which, as the API says it locally
+        blob = pickle.dumps({"error": api.SlurmLaunchError("the result could not be pickled to go back over "
+                                                           "ssh: %s: %s" % (type(e).__name__, e))})
+    sys.stdout.write(base64.b64encode(blob).decode() + "\n")
+try:
+    if action == "submit":
+        fn = data.pop("fn")
+        job = api.submit(fn, *data.pop("args"), scheduler="slurm", **data) if fn is not None else \
+            api.submit_script(data.pop("path"), data.pop("args"), scheduler="slurm", **data)
+        reply(job_id=job.job_id, job=pickle.dumps(job), world=job.spec.world_size)
+    else:
+        job = pickle.loads(data["job"])
+        if action == "wait":
+            deadline = time.monotonic() + data["limit"]
+            while not job.done() and time.monotonic() < deadline:
+                time.sleep(1)
+            if not job.done():
+                reply(done=False, state=job.state)
+            elif data["rank0"]:
+                reply(done=True, values=[job.result()])
+            else:
+                reply(done=True, values=job.results())
+        elif action == "state":
+            reply(state=job.state, done=job.done())
+        elif action == "logs":
+            reply(text=job.logs(data["rank"]))
+        elif action == "cancel":
+            job.cancel()
+            reply(done=True)
+except api.SlurmLaunchError as e:
+    reply(error=e)
+"""
+
+
+class RemoteJob:
+    """A job submitted from here by the API with ``remote=``: the same questions as Job, asked over ssh."""
+
+    def __init__(self, conn: Connection, directory: str, package: str, python: str, reply: dict[str, Any]) -> None:
+        self._conn = conn
+        self._directory = directory
+        self._package = package
+        self._python = python
+        self._job: bytes = reply["job"]
+        self.job_id = str(reply["job_id"])
+        self.world_size = int(reply["world"])
+        self.remote = conn.dest.target
+        self._values: list[Any] | None = None
+        # the connection's master is stopped when the handle goes (or at exit); ControlPersist bounds it too
+        self._finalizer = weakref.finalize(self, conn.close)
+
+    def _ask(self, action: str, timeout: float = COMMAND_TIMEOUT_S, **data: Any) -> dict[str, Any]:
+        return _run(self._conn, self._directory, self._package, self._python, action,
+                    pickle.dumps({"job": self._job, **data}), timeout)
+
+    @property
+    def state(self) -> str:
+        return str(self._ask("state")["state"])
+
+    def done(self) -> bool:
+        return bool(self._ask("state")["done"])
+
+    def cancel(self) -> None:
+        self._ask("cancel")
+
+    def logs(self, rank: int = 0) -> str:
+        return str(self._ask("logs", rank=rank)["text"])
+
+    def _wait(self, rank0: bool) -> list[Any]:
+        while True:
+            answer = self._ask("wait", timeout=COMMAND_TIMEOUT_S + WAIT_STEP_S, limit=WAIT_STEP_S, rank0=rank0)
+            if answer.get("done"):
+                return list(answer["values"])
+
+    def results(self) -> list[Any]:
+        """Every rank's return value, by rank (waits; RankFailed as locally)."""
+        if self._values is None:
+            self._values = self._wait(rank0=False)
+        return self._values
+
+    def result(self) -> Any:
+        """Rank 0's return value (waits; RankFailed as locally)."""
+        return self._values[0] if self._values is not None else self._wait(rank0=True)[0]
+
+    def __repr__(self) -> str:
+        return f"slurmlaunch.RemoteJob({self.job_id!r}, on {self.remote}, {self.world_size} ranks)"
+
+
+def _run(conn: Connection, directory: str, package: str, python: str, action: str, data: bytes,
+         timeout: float) -> dict[str, Any]:
+    """One RUNNER call: its answer, or the SlurmLaunchError it sent back raised here."""
+    script = (f"cd -- {shlex.quote(directory)} && umask 077 && {pythonpath_setup(package)} && "
+              f"{shlex.join([python, '-c', RUNNER, action])}")
+    started = time.monotonic()
+    proc = conn.run(shell_command(script, conn.setup), input_bytes=data, timeout=timeout, check=False)
+    lines = proc.stdout.decode(errors="replace").strip().splitlines()
+    try:
+        answer: dict[str, Any] = pickle.loads(base64.b64decode(lines[-1], validate=True))
+    except Exception:  # not the runner's line: the interpreter, submitit or the shell failed
+        said = proc.stderr.decode(errors="replace").strip().splitlines() or ["(no output)"]
+        raise RemoteError(f"on {conn.dest.target}: the API runner ({python} {action}) failed after "
+                          f"{time.monotonic() - started:.0f}s (exit {proc.returncode}): {said[-1]}") from None
+    if "error" in answer:
+        raise answer["error"]
+    return answer
+
+
+def submit_remote(remote: str, fn: Any, args: Sequence[Any], options: dict[str, Any], *,
+                  path: str | None = None, setup: Sequence[str] = (), python: str = "python3",
+                  sync_dir: bool = True, excludes: Sequence[str] = ()) -> RemoteJob:
+    """Submit ``fn(*args, **kwargs)`` (or with ``path``, a script with ``args``) on ``remote``'s cluster.
+    ``options`` are the API's keyword arguments (job options and the function's keyword arguments), checked
+    there by the same code. The working directory is synced first (``sync_dir``), as `submit --remote` does,
+    so that modules the function imports are there."""
+    import cloudpickle  # type: ignore[import-untyped]  # submitit's own pickler
+
+    from .remote_jobs import _project_name
+
+    if not isinstance(python, str) or not python:
+        raise SpecError(f"remote_python {python!r} is not an interpreter (expected a path or a name on the "
+                        f"remote PATH, e.g. python3)")
+    dest = parse_destination(remote)
+    conn = Connection(dest, tuple(setup))
+    try:
+        directory = resolve_directory(conn, dest.directory, _project_name(os.getcwd()), create=True)
+        if sync_dir:
+            sync(conn, os.getcwd(), directory, [*excludes, "/slurmlaunch-logs/"])
+        package = ship_package(conn, directory)
+        # the ranks put it first on their path too: submitit's batch script runs our wrapper there
+        options = {**options, "setup": (*options.get("setup", ()), pythonpath_setup(package))}
+        payload = {"fn": fn, "args": list(args), **({"path": path} if path is not None else {}), **options}
+        answer = _run(conn, directory, package, python, "submit", cloudpickle.dumps(payload), COMMAND_TIMEOUT_S)
+        return RemoteJob(conn, directory, package, python, answer)
+    except BaseException:
+        conn.close()
+        raise

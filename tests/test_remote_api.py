@@ -1,0 +1,83 @@
+"""The Python API from a "laptop" (no Slurm commands, its own HOME and ~/.ssh/config): a function pickled
+here runs on 4 ranks of the real dev cluster behind a real sshd; the ranks' values and a failing rank's
+exception come back. The cluster's interpreter has no slurmlaunch (it travels) but has submitit."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+from . import sshd
+from .test_remote_ship import python_without_slurmlaunch
+from .test_remote_submit import free_master_port, laptop, masters_left, server  # noqa: F401 (fixtures)
+
+LAPTOP_SCRIPT = """\
+import json, os, sys
+import slurmlaunch
+
+def work(tag):  # defined in __main__: it travels by value
+    import os
+    rank = int(os.environ["RANK"])
+    print("hello from rank", rank, flush=True)
+    if tag == "fail" and rank == 1:
+        raise ValueError("rank one refuses: " + tag)
+    return {"rank": rank, "world": int(os.environ["WORLD_SIZE"]), "tag": tag, "py": sys.executable}
+
+dest, setup, python, port1, port2, port3, hostile = json.loads(sys.argv[1])
+common = dict(remote=dest, remote_setup=setup, remote_python=python, nodes=2, tasks_per_node=2)
+out = {}
+job = slurmlaunch.submit(work, hostile, master_port=port1, **common)
+out["id"] = job.job_id
+out["results"] = job.results()
+out["state"] = job.state
+out["done"] = job.done()
+out["logs"] = job.logs(rank=3)
+bad = slurmlaunch.submit(work, "fail", master_port=port2, **common)
+try:
+    bad.results()
+except slurmlaunch.RankFailed as e:
+    out["failed"] = [type(e).__name__, e.rank, e.trace]
+script = slurmlaunch.submit_script("job.py", ["a b", "$(id)"], master_port=port3, **common)
+out["script"] = script.results()
+try:
+    slurmlaunch.submit(work, "x", scheduler="local", **common)
+except slurmlaunch.SpecError as e:
+    out["local"] = str(e)
+try:
+    slurmlaunch.submit(work, "x", **{**common, "nodes": 0})
+except slurmlaunch.SpecError as e:
+    out["refused"] = str(e)
+print("OUT " + json.dumps(out))
+"""
+
+
+def test_api_from_the_laptop_returns_4_ranks_and_a_failing_ranks_exception(
+        laptop: sshd.Laptop, cluster_env: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    python = python_without_slurmlaunch(tmp_path)
+    project = tmp_path / "notebook"
+    project.mkdir()
+    (project / "run.py").write_text(LAPTOP_SCRIPT)
+    (project / "job.py").write_text("import sys\nsys.exit(0 if sys.argv[1:] == ['a b', '$(id)'] else 5)\n")
+    remote_dir = tmp_path / "cluster" / "notebook"
+    setup = [f"export SLURM_CONF={shlex.quote(cluster_env['SLURM_CONF'])}", "export SLURMLAUNCH_ALLOW_LOOPBACK=1"]
+    hostile = "v $(touch /tmp/slurmlaunch-pwned-api) `id` 'q' \"q\" ünï\nl2"
+    Path("/tmp/slurmlaunch-pwned-api").unlink(missing_ok=True)
+    argv = json.dumps([f"login:{remote_dir}", setup, python, int(free_master_port()), int(free_master_port()),
+                       int(free_master_port()), hostile])
+    r = subprocess.run(["python3", "run.py", argv], capture_output=True, text=True, env=laptop.env, cwd=project,
+                       timeout=600, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and "OUT " in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    out = json.loads(r.stdout.split("OUT ", 1)[1])
+    assert [v["rank"] for v in out["results"]] == [0, 1, 2, 3]
+    assert all(v["world"] == 4 and v["tag"] == hostile and v["py"] == python for v in out["results"])
+    assert out["state"] == "COMPLETED" and out["done"] is True
+    assert "hello from rank 3" in out["logs"], out["logs"]
+    kind, rank, trace = out["failed"]
+    assert (kind, rank) == ("RankFailed", 1) and "ValueError: rank one refuses: fail" in trace, trace
+    assert "nodes" in out["refused"] and "only Slurm clusters" in out["local"]
+    assert out["script"] == [0, 0, 0, 0]  # the synced script, its arguments as given, on every rank
+    assert not Path("/tmp/slurmlaunch-pwned-api").exists()
+    assert (remote_dir / "run.py").is_file() and (remote_dir / "run.py").stat().st_mode & 0o077 == 0
+    assert masters_left(laptop) == []  # the handles' masters stopped when the laptop process ended
