@@ -21,6 +21,7 @@ import pytest
 
 from . import sshd
 from .conftest import EXAMPLES, skip_or_fail
+from .test_teardown import teardown_abort_only
 
 
 @pytest.fixture(scope="module")
@@ -122,9 +123,17 @@ def test_example_on_two_nodes_from_the_laptop(laptop: sshd.Laptop, cluster_env: 
     (project / ".gitignore").write_text("*.ckpt\n")
     (project / "old.ckpt").write_bytes(b"x" * 1000)
     remote_dir = tmp_path / "on-the-cluster"
-    r = on_laptop(laptop, "submit", "--remote", f"login:{remote_dir}", *setup_for(cluster_env),
-                  "--python", sys.executable, "--nodes", "2", "--gpus-per-node", "2", "--cpus-per-task", "1",
-                  "--wait", "train_ddp.py", "--epochs", "1", cwd=project)
+    def submit() -> subprocess.CompletedProcess[str]:
+        return on_laptop(laptop, "submit", "--remote", f"login:{remote_dir}", *setup_for(cluster_env),
+                         "--python", sys.executable, "--nodes", "2", "--gpus-per-node", "2", "--cpus-per-task", "1",
+                         "--wait", "train_ddp.py", "--epochs", "1", cwd=project)
+
+    r = submit()
+    if r.returncode != 0:  # torch's gloo teardown abort (README: Teardown aborts) is not ours: once more
+        failed = re.search(r"submitted job (\d+) on login", r.stderr)
+        batch = remote_dir / "slurmlaunch-logs" / f"job-{failed.group(1) if failed else 'x'}.batch.log"
+        if batch.is_file() and teardown_abort_only(batch.read_text(errors="replace")):
+            r = submit()
     assert r.returncode == 0, r.stdout + r.stderr
     assert "synced to login:" in r.stderr and "1 of" not in r.stderr  # train_ddp.py and .gitignore
     assert re.search(r"job \d+ RUNNING on ", r.stderr), r.stderr
