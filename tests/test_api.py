@@ -11,7 +11,7 @@ import pytest
 
 import slurmlaunch
 from slurmlaunch.core.errors import SpecError
-from tests.conftest import EXAMPLES
+from tests.helpers import EXAMPLES, no_slurm_env
 
 
 def ranks_and_sum(offset: int = 0) -> dict[str, int]:
@@ -202,7 +202,6 @@ def test_local_script_logs_and_cancel(torch_available: None, tmp_path: Path) -> 
 
 
 def test_notebook_example_runs_on_the_local_default(torch_available: None, tmp_path: Path) -> None:
-    from tests.test_submit import no_slurm_env
 
     env = dict(no_slurm_env(tmp_path), PYTHONPATH=str(Path(__file__).parent.parent))
     r = subprocess.run([sys.executable, str(EXAMPLES / "api_quickstart.py")], env=env, cwd=tmp_path,

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurmlaunch.app.doctor import choose_gpu_flag, gpus_per_node, render_table, slurm_version
-from tests.conftest import run_cli
-from tests.test_submit import no_slurm_env
+from tests.helpers import no_slurm_env, run_cli
 
 
 def test_pure_parts() -> None:

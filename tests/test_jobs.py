@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
-from tests.test_submit import no_slurm_env
+from tests.helpers import alive, no_slurm_env, run_cli, skip_or_fail
 
 
 def test_local_job_in_list_and_status(tmp_path: Path) -> None:
@@ -82,7 +81,6 @@ def test_dev_cluster_command_up_status_job_down(tmp_path: Path) -> None:
     from slurmlaunch.app import devcluster
 
     if devcluster.missing_requirements():
-        from tests.conftest import skip_or_fail
 
         skip_or_fail(str(devcluster.missing_requirements()))
     root = tmp_path / "dc"
@@ -103,7 +101,6 @@ def test_dev_cluster_command_up_status_job_down(tmp_path: Path) -> None:
     finally:
         pids = [int(p.read_text()) for p in root.glob("*.pid")]
         assert run_cli("dev-cluster", "down", "--dir", str(root)).returncode == 0
-    from tests.test_local import alive
 
     assert pids and not any(alive(p) for p in pids)
 

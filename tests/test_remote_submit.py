@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import EXAMPLES, skip_or_fail
+
 from . import sshd
-from .conftest import EXAMPLES, skip_or_fail
 
 
 @pytest.fixture(scope="module")
