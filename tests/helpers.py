@@ -39,16 +39,33 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: str | Path | Non
                           env=env, cwd=cwd, timeout=timeout, input=input_text)
 
 
+
+def per_test_env(cluster: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """A session-wide cluster's client environment for one test: its own per-user state (the index of jobs
+    that `slurmlaunch jobs/status` read, doctor's site.json that submit reads) under ``tmp_path``, so no test
+    sees another's submissions or site facts."""
+    state = tmp_path / "state"
+    state.mkdir(parents=True, exist_ok=True)
+    return {**cluster, "XDG_STATE_HOME": str(state)}
+
+
 # --- the local scheduler's processes: a rank script that records its pid, waiting on files ---------------
+# A rank that says it is ready (pid-RANK, written whole, only once its USR1 handler is installed: a test may
+# signal as soon as it sees the file), records each USR1 (usr1-RANK) and sleeps; the rank argv[2] exits with
+# code argv[3] once every rank is ready (bounded), so "the others were running" is known, not guessed.
 SLEEPER = """
 import os, signal, sys, time
-rank = int(os.environ["RANK"])
-open(os.path.join(sys.argv[1], f"pid-{rank}"), "w").write(str(os.getpid()))
+d, rank, world = sys.argv[1], int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 def on_usr1(*_):
-    open(os.path.join(sys.argv[1], f"usr1-{rank}"), "w").close()
+    open(os.path.join(d, f"usr1-{rank}"), "w").close()
 signal.signal(signal.SIGUSR1, on_usr1)
+with open(os.path.join(d, f".pid-{rank}"), "w") as f:
+    f.write(str(os.getpid()))
+os.replace(os.path.join(d, f".pid-{rank}"), os.path.join(d, f"pid-{rank}"))
 if rank == int(sys.argv[2]):
-    time.sleep(1)
+    deadline = time.monotonic() + 60
+    while sum(n.startswith("pid-") for n in os.listdir(d)) < world and time.monotonic() < deadline:
+        time.sleep(0.05)
     sys.exit(int(sys.argv[3]))
 time.sleep(120)
 """

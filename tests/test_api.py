@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import slurmlaunch
 from slurmlaunch.core.errors import SpecError
-from tests.helpers import EXAMPLES, no_slurm_env
+from tests.helpers import EXAMPLES, no_slurm_env, wait_for_files
 
 
 def ranks_and_sum(offset: int = 0) -> dict[str, int]:
@@ -164,8 +165,10 @@ def test_slurm_checkpointable_is_requeued_and_resumes(cluster_env: dict[str, str
         "from tests.test_api import Counter\n"
         f"job = slurmlaunch.submit(Counter({str(tmp_path / 'count')!r}), 40, scheduler='slurm', tasks_per_node=2, "
         f"output_dir={str(tmp_path / 'logs')!r})\n"
-        f"while not __import__('os').path.exists({str(tmp_path / 'count')!r}):\n    time.sleep(0.2)\n"
-        "time.sleep(2)\n"
+        # interrupted once it has made progress (2 steps counted; bounded), so the resumed run starts past 0
+        f"count, deadline = {str(tmp_path / 'count')!r}, time.monotonic() + 240\n"
+        "while time.monotonic() < deadline and not (__import__('os').path.exists(count) and "
+        "open(count).read().strip() not in ('', '0', '1')):\n    time.sleep(0.2)\n"
         "job._job._interrupt()  # scancel --signal USR2: what a preemption or the time-limit warning does\n"
         "print('RESULT', job.result())\n"
     )
@@ -177,9 +180,12 @@ def test_slurm_checkpointable_is_requeued_and_resumes(cluster_env: dict[str, str
     assert start > 0 and restarts >= 1 and steps == 40  # resumed after a requeue
 
 
-def sleeper(seconds: float) -> int:
+def sleeper(seconds: float, started: str | None = None) -> int:
+    """Sleeps; with ``started`` (a directory), each rank first says it is running there (started-RANK)."""
     import time
 
+    if started:
+        Path(started, f"started-{os.environ['RANK']}").touch()
     time.sleep(seconds)
     return 0
 
@@ -190,10 +196,9 @@ def test_local_script_logs_and_cancel(torch_available: None, tmp_path: Path) -> 
                                     output_dir=str(tmp_path / "logs"))
     assert job.results() == [0, 0]
     assert "done: world_size=2 sum_of_ranks=1" in job.logs(0)
-    slow = slurmlaunch.submit(sleeper, 120, scheduler="local", tasks_per_node=2, output_dir=str(tmp_path / "logs"))
-    import time
-
-    time.sleep(2)
+    slow = slurmlaunch.submit(sleeper, 120, str(tmp_path), scheduler="local", tasks_per_node=2,
+                              output_dir=str(tmp_path / "logs"))
+    wait_for_files(tmp_path, "started-*", 2)  # both ranks run: the cancel stops a running job
     slow.cancel()
     deadline = time.monotonic() + 30
     while not slow.done() and time.monotonic() < deadline:

@@ -49,7 +49,6 @@ def test_interrupt_stops_every_rank(sig: int, tmp_path: Path) -> None:
                           str(script), str(tmp_path), "-1", "0"], env=no_slurm_env(tmp_path), cwd=tmp_path,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     pid_files = wait_for_files(tmp_path, "pid-*", 4)
-    time.sleep(0.5)  # let the signal handlers be installed
     p.send_signal(signal.SIGUSR1)  # forwarded, not fatal
     wait_for_files(tmp_path, "usr1-*", 4, timeout=20)
     p.send_signal(sig)
