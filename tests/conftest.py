@@ -12,7 +12,7 @@ import pytest
 
 from slurmlaunch.app import devcluster as slurmcluster
 from slurmlaunch.core.errors import DevClusterError
-from tests.helpers import skip_or_fail
+from tests.helpers import per_test_env, skip_or_fail
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -65,14 +65,15 @@ def netns_cluster(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
 
 @pytest.fixture
 def cluster_env(slurm_cluster: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    """The cluster's client environment, with a fresh working directory per test (job ids restart at 1)."""
-    return dict(slurm_cluster)
+    """The cluster's client environment, with this test's own per-user state under its tmp_path (job ids go
+    on across tests: the cluster is session-wide)."""
+    return per_test_env(slurm_cluster, tmp_path)
 
 
 @pytest.fixture
 def netns_cluster_env(netns_cluster: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    """The networked cluster's client environment."""
-    return dict(netns_cluster)
+    """The networked cluster's client environment, with this test's own per-user state (as cluster_env)."""
+    return per_test_env(netns_cluster, tmp_path)
 
 
 def needs_torch() -> None:

@@ -31,7 +31,7 @@ def test_local_job_in_list_and_status(tmp_path: Path) -> None:
 
 @pytest.mark.slurm
 def test_slurm_status_logs_cancel(cluster_env: dict[str, str], tmp_path: Path) -> None:
-    env = dict(cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
+    env = dict(cluster_env)
     script = tmp_path / "slow.py"
     script.write_text("import time; print('started', flush=True); time.sleep(120)")
     r = run_cli("submit", "--nodes", "2", str(script), env=env, cwd=tmp_path)
@@ -59,7 +59,7 @@ def test_slurm_status_logs_cancel(cluster_env: dict[str, str], tmp_path: Path) -
 @pytest.mark.slurm
 def test_status_after_squeue_and_scontrol_forgot_comes_from_sacct(cluster_env: dict[str, str],
                                                                   tmp_path: Path) -> None:
-    env = dict(cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
+    env = dict(cluster_env)
     (tmp_path / "quick.py").write_text("import time; time.sleep(2)")
     r = run_cli("submit", "--nodes", "2", "--wait", "--wait-timeout", "60", "quick.py", env=env, cwd=tmp_path,
                 timeout=90)
@@ -108,7 +108,7 @@ def test_dev_cluster_command_up_status_job_down(tmp_path: Path) -> None:
 @pytest.mark.slurm
 def test_wait_timeout_has_its_own_exit_code_and_points_to_slurmlaunch(cluster_env: dict[str, str],
                                                                      tmp_path: Path) -> None:
-    env = dict(cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
+    env = dict(cluster_env)
     (tmp_path / "long.py").write_text("import time; time.sleep(120)")
     r = run_cli("submit", "--wait", "--wait-timeout", "2", "long.py", env=env, cwd=tmp_path, timeout=90)
     job = r.stdout.split()[0]
