@@ -209,9 +209,10 @@ def test_the_batch_shells_warning_requeues_an_api_job(cluster_env: dict[str, str
         f"job = slurmlaunch.submit(Resumable(folder), 300, **api, tasks_per_node=2, "
         f"cpus_per_task=1{extra})\n"
         "deadline = time.monotonic() + 180\n"
-        "while not os.path.exists(os.path.join(folder, 'count-0')) and time.monotonic() < deadline:\n"
+        # both ranks have counted (each resumes past 0 after the requeue): an event, not a guessed time
+        "while not all(os.path.exists(os.path.join(folder, f'count-{r}')) for r in (0, 1)) "
+        "and time.monotonic() < deadline:\n"
         "    time.sleep(0.2)\n"
-        "time.sleep(2)\n"
         f"subprocess.run(['scancel', '--batch', '--signal={name}', job.job_id], check=True)\n"
         "out['script'] = open(job._job.paths.submission_file).read()\n"
         "outcome(job)\n"), timeout=420)
