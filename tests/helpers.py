@@ -39,7 +39,6 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: str | Path | Non
                           env=env, cwd=cwd, timeout=timeout, input=input_text)
 
 
-
 def per_test_env(cluster: dict[str, str], tmp_path: Path) -> dict[str, str]:
     """A session-wide cluster's client environment for one test: its own per-user state (the index of jobs
     that `slurmlaunch jobs/status` read, doctor's site.json that submit reads) under ``tmp_path``, so no test
