@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,29 +12,12 @@ import pytest
 
 from slurmlaunch.app import devcluster as slurmcluster
 from slurmlaunch.core.errors import DevClusterError
-
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples"
-IN_CI = os.environ.get("CI", "").lower() == "true"
+from tests.helpers import per_test_env, skip_or_fail
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # Submissions append to a per-user index of jobs: keep the suite's out of the real one.
     os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="slurmlaunch-test-state-")
-
-
-def skip_or_fail(reason: str) -> None:
-    """Under CI a missing piece is a failure, never a skip."""
-    if IN_CI:
-        pytest.fail(f"required under CI=true: {reason}")
-    pytest.skip(reason)
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None,
-            timeout: float = 120, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
-    """slurmlaunch as a user runs it: a separate process, its exit code and both streams."""
-    return subprocess.run([sys.executable, "-m", "slurmlaunch", *args], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=timeout, input=input_text)
 
 
 # SLURMLAUNCH_TEST_CLUSTER=netns runs every cluster test on the networked cluster (then only one is started).
@@ -84,14 +65,15 @@ def netns_cluster(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
 
 @pytest.fixture
 def cluster_env(slurm_cluster: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    """The cluster's client environment, with a fresh working directory per test (job ids restart at 1)."""
-    return dict(slurm_cluster)
+    """The cluster's client environment, with this test's own per-user state under its tmp_path (job ids go
+    on across tests: the cluster is session-wide)."""
+    return per_test_env(slurm_cluster, tmp_path)
 
 
 @pytest.fixture
 def netns_cluster_env(netns_cluster: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    """The networked cluster's client environment."""
-    return dict(netns_cluster)
+    """The networked cluster's client environment, with this test's own per-user state (as cluster_env)."""
+    return per_test_env(netns_cluster, tmp_path)
 
 
 def needs_torch() -> None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import slurmlaunch
 from slurmlaunch.core.errors import SpecError
-from tests.conftest import EXAMPLES
+from tests.helpers import EXAMPLES, no_slurm_env, wait_for_files
 
 
 def ranks_and_sum(offset: int = 0) -> dict[str, int]:
@@ -127,9 +128,12 @@ def test_slurm_function_two_nodes_two_tasks(cluster_env: dict[str, str], tmp_pat
     assert "FAILED 2 True" in r.stdout
 
 
-def sleeper(seconds: float) -> int:
+def sleeper(seconds: float, started: str | None = None) -> int:
+    """Sleeps; with ``started`` (a directory), each rank first says it is running there (started-RANK)."""
     import time
 
+    if started:
+        Path(started, f"started-{os.environ['RANK']}").touch()
     time.sleep(seconds)
     return 0
 
@@ -140,10 +144,9 @@ def test_local_script_logs_and_cancel(torch_available: None, tmp_path: Path) -> 
                                     output_dir=str(tmp_path / "logs"))
     assert job.results() == [0, 0]
     assert "done: world_size=2 sum_of_ranks=1" in job.logs(0)
-    slow = slurmlaunch.submit(sleeper, 120, scheduler="local", tasks_per_node=2, output_dir=str(tmp_path / "logs"))
-    import time
-
-    time.sleep(2)
+    slow = slurmlaunch.submit(sleeper, 120, str(tmp_path), scheduler="local", tasks_per_node=2,
+                              output_dir=str(tmp_path / "logs"))
+    wait_for_files(tmp_path, "started-*", 2)  # both ranks run: the cancel stops a running job
     slow.cancel()
     deadline = time.monotonic() + 30
     while not slow.done() and time.monotonic() < deadline:
@@ -152,7 +155,6 @@ def test_local_script_logs_and_cancel(torch_available: None, tmp_path: Path) -> 
 
 
 def test_notebook_example_runs_on_the_local_default(torch_available: None, tmp_path: Path) -> None:
-    from tests.test_submit import no_slurm_env
 
     env = dict(no_slurm_env(tmp_path), PYTHONPATH=str(Path(__file__).parent.parent))
     r = subprocess.run([sys.executable, str(EXAMPLES / "api_quickstart.py")], env=env, cwd=tmp_path,

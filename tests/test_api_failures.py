@@ -173,10 +173,9 @@ def test_local_requeue_after_the_warning_signal(tmp_path: Path) -> None:
     """USR2 (what job._interrupt sends, as a preemption would): rank 0 checkpoints and asks for a requeue,
     the controller stops the other rank and starts both again, and they resume."""
     job = local_job(Resumable(str(tmp_path)), tmp_path, 100)
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "count-0").exists() and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60  # both ranks have counted: both run, with submitit's handlers installed
+    while not all((tmp_path / f"count-{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    time.sleep(1)
     job._job._interrupt()
     results, _ = outcome(job)
     assert isinstance(results, list), results

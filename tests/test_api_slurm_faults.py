@@ -214,10 +214,10 @@ def test_the_batch_shells_warning_requeues_an_api_job(cluster_env: dict[str, str
     body += "deadline = time.monotonic() + 180\n"
     for key, option in cases.items():
         name = (option or "USR2@").split("@")[0]
-        body += (f"while not os.path.exists(os.path.join(folder, {key!r}, 'count-0'))"
+        # both ranks have counted (each resumes past 0 after the requeue): an event, not a guessed time
+        body += (f"while not all(os.path.exists(os.path.join(folder, {key!r}, f'count-{{r}}')) for r in (0, 1))"
                  " and time.monotonic() < deadline:\n"
                  "    time.sleep(0.2)\n"
-                 "time.sleep(2)\n"
                  f"subprocess.run(['scancel', '--batch', '--signal={name}', jobs[{key!r}].job_id], check=True)\n")
     for key in cases:
         body += (f"outcome(jobs[{key!r}])\n"

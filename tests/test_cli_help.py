@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
-from tests.test_submit import no_slurm_env
+from tests.helpers import no_slurm_env, run_cli
 
 COMMANDS = ["env", "hostnames", "submit", "list", "status", "logs", "cancel", "dev-cluster", "run", "doctor",
             "config", "completion", "launch", "torchrun-node"]

@@ -17,9 +17,7 @@ from slurmlaunch.allocation.torchrun_mode import RELAY, omp_note, parse, torchru
 from slurmlaunch.core.distenv import DistEnv
 from slurmlaunch.core.spec import JobSpec, validate
 from slurmlaunch.schedulers import slurm
-from tests.conftest import run_cli
-from tests.test_launch import clean_env
-from tests.test_submit import no_slurm_env
+from tests.helpers import clean_env, no_slurm_env, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -26,9 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import skip_or_fail
-from tests.test_submit import no_slurm_env
-from tests.test_teardown import teardown_abort_only
+from tests.helpers import no_slurm_env, skip_or_fail, teardown_abort_only
 
 CLIENTS = Path(__file__).resolve().parent / "clients"
 ROOT = CLIENTS.parent.parent

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurmlaunch.schedulers import pbs, slurm
-from tests.conftest import run_cli, skip_or_fail
-from tests.test_submit import GOLDEN_CASES, assert_refused, golden_spec, no_slurm_env
+from tests.helpers import GOLDEN_CASES, assert_refused, golden_spec, no_slurm_env, run_cli, skip_or_fail
 
 FAKES = Path(__file__).parent / "fakes"
 SYSTEM_PYTHON = "/usr/bin/python3"  # has no slurmlaunch: inside the "container" only the mount provides it

@@ -6,43 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmlaunch.core import hostlist
 from slurmlaunch.core.detect import PORT_BASE, PORT_SPAN, READERS, Context, derive_port, detect
 from slurmlaunch.core.errors import EnvironmentMappingError, PreflightError, SlurmLaunchError
-
-
-def compress(counts: list[int]) -> str:
-    """Slurm's N(xR) form of a list of counts."""
-    out: list[str] = []
-    i = 0
-    while i < len(counts):
-        j = i
-        while j < len(counts) and counts[j] == counts[i]:
-            j += 1
-        out.append(f"{counts[i]}(x{j - i})" if j - i > 1 else str(counts[i]))
-        i = j
-    return ",".join(out)
-
-
-def step_env(nodelist: str, counts: list[int], rank: int, job: int = 1234, step: int = 0,
-             **extra: str) -> dict[str, str]:
-    """What srun sets for task ``rank`` of a block-distributed step (as observed on Slurm 22.05)."""
-    hosts = hostlist.expand(nodelist)
-    node, before = 0, 0
-    while rank >= before + counts[node]:
-        before += counts[node]
-        node += 1
-    env = {
-        "SLURM_JOB_ID": str(job), "SLURM_JOBID": str(job), "SLURM_STEP_ID": str(step), "SLURM_STEPID": str(step),
-        "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank - before), "SLURM_NODEID": str(node),
-        "SLURM_NTASKS": str(sum(counts)), "SLURM_STEP_NUM_TASKS": str(sum(counts)),
-        "SLURM_STEP_NODELIST": nodelist, "SLURM_NODELIST": nodelist, "SLURM_JOB_NODELIST": nodelist,
-        "SLURM_STEP_NUM_NODES": str(len(hosts)), "SLURM_NNODES": str(len(hosts)),
-        "SLURM_STEP_TASKS_PER_NODE": compress(counts), "SLURM_TASKS_PER_NODE": compress(counts),
-        "SLURMD_NODENAME": hosts[node],
-    }
-    env.update(extra)
-    return env
+from tests.helpers import step_env
 
 
 def test_two_nodes_two_tasks_each() -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from slurmlaunch.app import devcluster
 from slurmlaunch.core.errors import DevClusterError
-from tests.conftest import run_cli, skip_or_fail
+from tests.helpers import run_cli, skip_or_fail
 
 pytestmark = pytest.mark.slurm
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurmlaunch.app.doctor import choose_gpu_flag, gpus_per_node, render_table, slurm_version
-from tests.conftest import run_cli
-from tests.test_submit import no_slurm_env
+from tests.helpers import no_slurm_env, run_cli
 
 
 def test_pure_parts() -> None:
@@ -32,7 +31,7 @@ def test_without_slurm_it_says_what_is_missing(tmp_path: Path) -> None:
 
 @pytest.mark.slurm
 def test_site_checks_and_what_they_teach_submit(cluster_env: dict[str, str], tmp_path: Path) -> None:
-    env = dict(cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
+    env = dict(cluster_env)
     r = run_cli("doctor", env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "cluster: sltest" in r.stdout and "--gpus-per-node=N accepted; submit uses it" in r.stdout
@@ -57,7 +56,7 @@ def test_site_checks_and_what_they_teach_submit(cluster_env: dict[str, str], tmp
 def test_probe_job_on_two_nodes(netns_cluster_env: dict[str, str], tmp_path: Path, torch_available: None) -> None:
     """On the networked cluster: node1 resolves to its own address on every node, rank 0's port is reached
     over the bridge."""
-    env = dict(netns_cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
+    env = dict(netns_cluster_env)
     r = run_cli("doctor", "--allocate", "2", "--gpus-per-node", "2", "--timeout", "120", "--json", env=env,
                 cwd=tmp_path, timeout=180)
     report = json.loads(r.stdout)
@@ -76,7 +75,7 @@ def test_probe_job_on_two_nodes(netns_cluster_env: dict[str, str], tmp_path: Pat
 
 @pytest.mark.slurm
 def test_probe_reports_an_unresolvable_master_within_its_bound(cluster_env: dict[str, str], tmp_path: Path) -> None:
-    env = dict(cluster_env, XDG_STATE_HOME=str(tmp_path / "state"), MASTER_ADDR="no-such-host.invalid")
+    env = dict(cluster_env, MASTER_ADDR="no-such-host.invalid")
     r = run_cli("doctor", "--allocate", "2", "--timeout", "40", env=env, cwd=tmp_path, timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
     rows = [line for line in r.stdout.splitlines() if line[:1].isdigit()]
@@ -98,7 +97,7 @@ def test_gpu_problem_names_the_ranks_without_cuda() -> None:
 
 @pytest.mark.slurm
 def test_a_partition_that_does_not_exist_fails(cluster_env: dict[str, str], tmp_path: Path) -> None:
-    env = dict(cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
+    env = dict(cluster_env)
     r = run_cli("doctor", "--partition", "nosuch", env=env, cwd=tmp_path)
     assert r.returncode == 1, r.stdout + r.stderr
     row = [line for line in r.stdout.splitlines() if line.startswith("partition ")]
@@ -112,7 +111,7 @@ def test_a_partition_that_does_not_exist_fails(cluster_env: dict[str, str], tmp_
 def test_gpus_the_ranks_cannot_use_fail_and_the_wait_is_reported(cluster_env: dict[str, str], tmp_path: Path,
                                                                  torch_available: None) -> None:
     """The dev cluster's GPUs are /dev/null stand-ins: Slurm grants them, torch sees no CUDA device."""
-    env = dict(cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
+    env = dict(cluster_env)
     r = run_cli("doctor", "--allocate", "1", "--gpus-per-node", "2", "--timeout", "100", env=env, cwd=tmp_path,
                 timeout=180)
     assert r.returncode == 1, r.stdout + r.stderr

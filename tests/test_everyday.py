@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
-from tests.test_submit import no_slurm_env
+from tests.helpers import no_slurm_env, run_cli
 
 # --- item 2: every boolean a file may set has its --no- undo; what changes SCRIPT is refused in files ----------
 

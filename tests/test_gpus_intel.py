@@ -14,7 +14,7 @@ import pytest
 from slurmlaunch.allocation.gpus import device_count, gpu_kind, intel_gpu_ids
 from slurmlaunch.core.detect import Context, local_device
 from slurmlaunch.core.errors import SlurmLaunchError
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 
 def machine(root: Path, cards: list[tuple[str, int]], nvidia: int = 0) -> Path:

@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 
 from slurmlaunch.allocation.torch_helpers import _compress
-from tests.conftest import run_cli
-from tests.test_launch import clean_env
+from tests.helpers import clean_env, run_cli
 
 SCRIPT = """
 import os, sys, torch, torch.distributed as dist, slurmlaunch

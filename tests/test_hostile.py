@@ -27,8 +27,7 @@ from slurmlaunch.core import limits
 from slurmlaunch.core.detect import Context, detect
 from slurmlaunch.core.errors import EnvironmentMappingError, SpecError
 from slurmlaunch.core.spec import JobSpec, parse_array, parse_nodes, validate
-from tests.conftest import ROOT
-from tests.test_submit import no_slurm_env
+from tests.helpers import ROOT, no_slurm_env
 
 MEMORY_LIMIT = 100 * 2**20  # the bound for any rejected input: ~100 MB of address space
 

@@ -29,7 +29,7 @@ import pytest
 
 from slurmlaunch.core import hostlist
 from slurmlaunch.core.errors import HostlistError
-from tests.test_hostlist import INVALID, VALID
+from tests.helpers import INVALID, VALID, skip_or_fail
 
 SEED = int(os.environ.get("SLURMLAUNCH_HOSTLIST_SEED", "20261201"))
 SWEEP = int(os.environ.get("SLURMLAUNCH_HOSTLIST_SWEEP", "4000"))
@@ -105,7 +105,6 @@ def _split_at_marks(hosts: list[str], marks: list[str]) -> list[Answer] | None:
 @pytest.fixture(scope="module")
 def scontrol(tmp_path_factory: pytest.TempPathFactory) -> Scontrol:
     if shutil.which("scontrol") is None:
-        from tests.conftest import skip_or_fail
 
         skip_or_fail("scontrol is not installed (apt-get install slurm-client)")
     conf = tmp_path_factory.mktemp("sconf") / "slurm.conf"

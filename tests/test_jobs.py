@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
-from tests.test_submit import no_slurm_env
+from tests.helpers import alive, no_slurm_env, run_cli, skip_or_fail
 
 
 def test_local_job_in_list_and_status(tmp_path: Path) -> None:
@@ -32,7 +31,7 @@ def test_local_job_in_list_and_status(tmp_path: Path) -> None:
 
 @pytest.mark.slurm
 def test_slurm_status_logs_cancel(cluster_env: dict[str, str], tmp_path: Path) -> None:
-    env = dict(cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
+    env = dict(cluster_env)
     script = tmp_path / "slow.py"
     script.write_text("import time; print('started', flush=True); time.sleep(120)")
     r = run_cli("submit", "--nodes", "2", str(script), env=env, cwd=tmp_path)
@@ -60,7 +59,7 @@ def test_slurm_status_logs_cancel(cluster_env: dict[str, str], tmp_path: Path) -
 @pytest.mark.slurm
 def test_status_after_squeue_and_scontrol_forgot_comes_from_sacct(cluster_env: dict[str, str],
                                                                   tmp_path: Path) -> None:
-    env = dict(cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
+    env = dict(cluster_env)
     (tmp_path / "quick.py").write_text("import time; time.sleep(2)")
     r = run_cli("submit", "--nodes", "2", "--wait", "--wait-timeout", "60", "quick.py", env=env, cwd=tmp_path,
                 timeout=90)
@@ -82,7 +81,6 @@ def test_dev_cluster_command_up_status_job_down(tmp_path: Path) -> None:
     from slurmlaunch.app import devcluster
 
     if devcluster.missing_requirements():
-        from tests.conftest import skip_or_fail
 
         skip_or_fail(str(devcluster.missing_requirements()))
     root = tmp_path / "dc"
@@ -103,7 +101,6 @@ def test_dev_cluster_command_up_status_job_down(tmp_path: Path) -> None:
     finally:
         pids = [int(p.read_text()) for p in root.glob("*.pid")]
         assert run_cli("dev-cluster", "down", "--dir", str(root)).returncode == 0
-    from tests.test_local import alive
 
     assert pids and not any(alive(p) for p in pids)
 
@@ -111,7 +108,7 @@ def test_dev_cluster_command_up_status_job_down(tmp_path: Path) -> None:
 @pytest.mark.slurm
 def test_wait_timeout_has_its_own_exit_code_and_points_to_slurmlaunch(cluster_env: dict[str, str],
                                                                      tmp_path: Path) -> None:
-    env = dict(cluster_env, XDG_STATE_HOME=str(tmp_path / "state"))
+    env = dict(cluster_env)
     (tmp_path / "long.py").write_text("import time; time.sleep(120)")
     r = run_cli("submit", "--wait", "--wait-timeout", "2", "long.py", env=env, cwd=tmp_path, timeout=90)
     job = r.stdout.split()[0]

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import slurmlaunch
 from slurmlaunch.core import errors
-from tests.conftest import run_cli
-from tests.test_submit import no_slurm_env
+from tests.helpers import no_slurm_env, run_cli
 
 
 def test_error_family_is_exported_at_the_top() -> None:

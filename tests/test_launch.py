@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, run_cli
-from tests.test_detect import step_env
+from tests.helpers import EXAMPLES, clean_env, launch, run_cli, step_env
 
 DUMP = """
 import json, os, sys
@@ -21,25 +20,11 @@ print(json.dumps({"pid": os.getpid(), "argv": sys.argv[1:], "env": dict(os.envir
 """
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("SLURM", "MASTER_", "RANK", "WORLD_", "LOCAL_", "TORCHELASTIC", "OMP_",
-                                 "CUDA_VISIBLE"))}
-    base["SLURMLAUNCH_ALLOW_LOOPBACK"] = "1"  # several "nodes" on this one machine
-    base.update(extra)
-    return base
-
-
 @pytest.fixture
 def dump_script(tmp_path: Path) -> Path:
     p = tmp_path / "dump.py"
     p.write_text(DUMP)
     return p
-
-
-def launch(*args: str, env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "slurmlaunch", "launch", *args], env=env, cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_exec_exports_torch_variables_and_is_the_task(dump_script: Path) -> None:

@@ -19,7 +19,7 @@ from slurmlaunch.core import errors
 from slurmlaunch.core.jobfiles import JobFiles
 from slurmlaunch.core.spec import JobSpec
 from slurmlaunch.schedulers import rank_log
-from tests.conftest import ROOT, run_cli
+from tests.helpers import ROOT, run_cli
 
 
 def test_import_contracts_hold() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -12,45 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, run_cli
-from tests.test_submit import no_slurm_env
-from tests.test_teardown import teardown_abort_only
-
-SLEEPER = """
-import os, signal, sys, time
-rank = int(os.environ["RANK"])
-open(os.path.join(sys.argv[1], f"pid-{rank}"), "w").write(str(os.getpid()))
-def on_usr1(*_):
-    open(os.path.join(sys.argv[1], f"usr1-{rank}"), "w").close()
-signal.signal(signal.SIGUSR1, on_usr1)
-if rank == int(sys.argv[2]):
-    time.sleep(1)
-    sys.exit(int(sys.argv[3]))
-time.sleep(120)
-"""
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is not alive for our purposes
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_for_files(d: Path, pattern: str, n: int, timeout: float = 60) -> list[Path]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = sorted(d.glob(pattern))
-        if len(found) >= n:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"{n} files {pattern} did not appear in {d} within {timeout}s")
+from tests.helpers import EXAMPLES, SLEEPER, alive, no_slurm_env, run_cli, teardown_abort_only, wait_for_files
 
 
 def test_example_trains_on_two_emulated_nodes(torch_available: None, tmp_path: Path) -> None:
@@ -88,7 +49,6 @@ def test_interrupt_stops_every_rank(sig: int, tmp_path: Path) -> None:
                           str(script), str(tmp_path), "-1", "0"], env=no_slurm_env(tmp_path), cwd=tmp_path,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     pid_files = wait_for_files(tmp_path, "pid-*", 4)
-    time.sleep(0.5)  # let the signal handlers be installed
     p.send_signal(signal.SIGUSR1)  # forwarded, not fatal
     wait_for_files(tmp_path, "usr1-*", 4, timeout=20)
     p.send_signal(sig)

@@ -17,44 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
-from tests.test_local import alive, wait_for_files
-from tests.test_submit import no_slurm_env
+from tests.helpers import DAEMONS, SLEEPERS, alive, no_slurm_env, run_cli, wait_for_files
 
 WRITER = """
 import os, sys
 rank = int(os.environ["RANK"])
 for i in range(20000):
     print(f"line {i} of rank {rank}")
-"""
-
-# Every rank starts a daemon of its own (double fork into a new session: it escapes the rank's process
-# group and is re-parented away from the rank) that keeps the rank's stdout open and sleeps; then rank 1
-# segfaults. The daemons' pids go to files.
-DAEMONS = """
-import os, signal, sys, time
-rank = int(os.environ["RANK"])
-d = sys.argv[1]
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        open(os.path.join(d, f"daemon-{rank}"), "w").write(str(os.getpid()))
-        time.sleep(300)
-    os._exit(0)
-while len([n for n in os.listdir(d) if n.startswith("daemon-")]) < int(os.environ["WORLD_SIZE"]):
-    time.sleep(0.05)
-if rank == 1:
-    os.kill(os.getpid(), signal.SIGSEGV)
-time.sleep(300)
-"""
-
-SLEEPERS = """
-import os, subprocess, sys, time
-rank = int(os.environ["RANK"])
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
-open(os.path.join(sys.argv[1], f"pid-{rank}"), "w").write(f"{os.getpid()} {child.pid}")
-print("ready", flush=True)
-time.sleep(300)
 """
 
 

@@ -14,10 +14,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from tests.conftest import run_cli, skip_or_fail
-from tests.test_local import wait_for_files
-from tests.test_local_faults import DAEMONS, SLEEPERS
-from tests.test_submit import no_slurm_env
+from tests.helpers import DAEMONS, SLEEPERS, no_slurm_env, run_cli, skip_or_fail, wait_for_files
 
 LINES = """
 import os, sys

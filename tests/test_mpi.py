@@ -19,7 +19,7 @@ import pytest
 
 from slurmlaunch.core.detect import Context, derive_port, detect
 from slurmlaunch.core.errors import EnvironmentMappingError
-from tests.conftest import run_cli, skip_or_fail
+from tests.helpers import run_cli, skip_or_fail
 
 NODEFILE = "node1\nnode1\nnode2\nnode2\n"
 

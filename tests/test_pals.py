@@ -23,7 +23,7 @@ import pytest
 from slurmlaunch.core.detect import Context, derive_port, detect
 from slurmlaunch.core.distenv import DistEnv
 from slurmlaunch.core.errors import EnvironmentMappingError
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 NODEFILE_PATH = "/var/spool/pbs/aux/4321.aurora-pbs"
 

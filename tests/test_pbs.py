@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from slurmlaunch.schedulers import pbs
-from tests.conftest import EXAMPLES, run_cli
-from tests.test_submit import GOLDEN, golden_spec, no_slurm_env
+from tests.helpers import EXAMPLES, GOLDEN, golden_spec, no_slurm_env, run_cli
 
 PBS_GOLDEN = {
     "pbs_pro_openmpi.qsub": golden_spec(time="1-00:00:00", partition="gpuq", account="proj42", mem="64G",

@@ -20,7 +20,7 @@ import pytest
 from slurmlaunch import cli
 from slurmlaunch.core.errors import SpecError
 from slurmlaunch.schedulers import pbs
-from tests.test_submit import GOLDEN, golden_spec
+from tests.helpers import GOLDEN, golden_spec
 
 ALCF_POLARIS = "docs.alcf.anl.gov/polaris/running-jobs/"
 ALCF_AURORA = "docs.alcf.anl.gov/aurora/running-jobs-aurora/"

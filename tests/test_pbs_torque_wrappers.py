@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, run_cli
+from tests.helpers import EXAMPLES, run_cli
 
 pytestmark = pytest.mark.slurm
 

@@ -13,8 +13,7 @@ import pytest
 from slurmlaunch.app.clients import lightning_signal, script_source
 from slurmlaunch.core.spec import JobSpec, validate
 from slurmlaunch.schedulers import slurm
-
-from .conftest import run_cli
+from tests.helpers import run_cli
 
 # --- the detector: a table through the pure function ------------------------------------------------
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
-from tests.test_submit import _fake_sbatch, no_slurm_env
+from tests.helpers import fake_sbatch, no_slurm_env, run_cli
 
 USER = """
 profile = "userdefault"
@@ -84,7 +83,7 @@ def test_command_line_wins_and_lists_join(tmp_path: Path) -> None:
     (cwd / "t.py").write_text("print(1)")
     r = run_cli("submit", "--profile", "gpu", "--scheduler", "slurm", "--dry-run", "--partition", "cli-part",
                 "--no-exclusive", "--gpu-flag", "gpus-per-node", "--setup", "echo cli", "--env", "NCCL_DEBUG=WARN",
-                "t.py", env=dict(env, PATH=f"{_fake_sbatch(tmp_path)}:{env['PATH']}"), cwd=cwd)
+                "t.py", env=dict(env, PATH=f"{fake_sbatch(tmp_path)}:{env['PATH']}"), cwd=cwd)
     assert r.returncode == 0, r.stderr
     script = r.stdout
     assert "#SBATCH --partition=cli-part" in script and "#SBATCH --account=user-acct" in script

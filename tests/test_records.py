@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from slurmlaunch.schedulers import write_private
-from tests.conftest import run_cli
-from tests.test_submit import no_slurm_env
+from tests.helpers import no_slurm_env, run_cli
 
 FAR_AHEAD = 3_000_000_000  # a local id no clock reaches soon (below 2**32, the bound on job ids)
 

@@ -12,9 +12,9 @@ import pytest
 
 from slurmlaunch.app import remote
 from slurmlaunch.core.errors import SlurmLaunchError, SpecError
+from tests.helpers import skip_or_fail
 
 from . import sshd
-from .conftest import skip_or_fail
 
 HOSTILE = [
     "two words", "it's", 'say "hi"', "$(touch /tmp/slurmlaunch-pwned)", "`touch /tmp/slurmlaunch-pwned`",

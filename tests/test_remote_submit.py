@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import EXAMPLES, skip_or_fail, teardown_abort_only
+
 from . import sshd
-from .conftest import EXAMPLES, skip_or_fail
-from .test_teardown import teardown_abort_only
 
 
 @pytest.fixture(scope="module")

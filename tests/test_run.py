@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, run_cli
-from tests.test_launch import clean_env
+from tests.helpers import EXAMPLES, clean_env, run_cli
 
 ALLREDUCE = """
 import os, torch, torch.distributed as dist

@@ -16,9 +16,7 @@ from hypothesis import strategies as st
 
 from slurmlaunch.core.distenv import MASKED, check_master_addr, mask, secret_name
 from slurmlaunch.core.errors import EnvironmentMappingError
-from tests.conftest import run_cli
-from tests.test_detect import step_env
-from tests.test_launch import clean_env, launch
+from tests.helpers import clean_env, launch, run_cli, step_env
 
 # Names a site or a user really sets (Slurm's auth plugins, munge, cloud and ML tooling, curl/requests).
 SECRET_NAMES = ["SLURM_AUTH_CRED", "MUNGE_CRED", "SLURM_JWT_AUTH", "AWS_SECRET_ACCESS_KEY", "WANDB_API_KEY",

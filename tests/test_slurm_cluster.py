@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, run_cli
-from tests.test_local import SLEEPER, alive
+from tests.helpers import EXAMPLES, HOSTILE, SLEEPER, alive, run_cli
 
 pytestmark = pytest.mark.slurm
 
@@ -89,7 +88,6 @@ def test_slurm_refusals_shown_with_the_command(args: list[str], expect: str, clu
 
 
 def test_hostile_job_name_args_and_env_arrive_byte_for_byte(cluster_env: dict[str, str], tmp_path: Path) -> None:
-    from tests.test_submit import HOSTILE
 
     script = tmp_path / "dump.py"
     script.write_text(DUMP)
@@ -281,7 +279,6 @@ def test_master_that_never_listens_is_a_clear_error_not_a_hang(cluster_env: dict
 
 
 def test_thirty_hostile_job_names_arrive_byte_for_byte(cluster_env: dict[str, str], tmp_path: Path) -> None:
-    from tests.test_submit import HOSTILE
 
     script = tmp_path / "ok.py"
     script.write_text("pass")

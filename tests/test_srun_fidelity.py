@@ -21,7 +21,7 @@ from slurmlaunch.allocation.gpus import dev_gpu_ids
 from slurmlaunch.core import hostlist, stepenv
 from slurmlaunch.core.spec import JobSpec
 from slurmlaunch.schedulers.local import rank_env
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 DUMP = """
 import json, os, sys

@@ -22,10 +22,7 @@ import pytest
 
 from slurmlaunch.allocation import reasons
 from slurmlaunch.schedulers import pbs
-from tests.conftest import run_cli
-from tests.test_detect import step_env
-from tests.test_launch import clean_env, launch
-from tests.test_submit import golden_spec, no_slurm_env
+from tests.helpers import clean_env, golden_spec, launch, no_slurm_env, run_cli, step_env
 
 # Rank 0 never starts its rendezvous (it sleeps); the others would wait in init_process_group for ever.
 NEVER_LISTENS = "import time; time.sleep(300)\n"

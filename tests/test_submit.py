@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,25 +13,7 @@ from slurmlaunch.core.errors import SpecError
 from slurmlaunch.core.spec import JobSpec, validate
 from slurmlaunch.render.jinja import render
 from slurmlaunch.schedulers import slurm
-from tests.conftest import EXAMPLES, ROOT, run_cli
-
-GOLDEN = Path(__file__).parent / "golden"
-
-
-def no_slurm_env(tmp_path: Path) -> dict[str, str]:
-    """A PATH without sbatch (as on a laptop), HOME in tmp (no user templates)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    env["HOME"] = str(tmp_path)
-    env.pop("XDG_CONFIG_HOME", None)
-    tools = tmp_path / "no-slurm-bin"
-    tools.mkdir(exist_ok=True)
-    for tool in ("bash", "sh", "env", "true"):
-        found = shutil.which(tool)
-        if found and not (tools / tool).exists():
-            (tools / tool).symlink_to(found)
-    env["PATH"] = f"{Path(sys.executable).parent}:{tools}"
-    return env
-
+from tests.helpers import EXAMPLES, GOLDEN, GOLDEN_CASES, HOSTILE, ROOT, fake_sbatch, golden_spec, no_slurm_env, run_cli
 
 # --- bad requests: one line, exit 2, nothing submitted ----------------------------------------------
 
@@ -85,35 +65,6 @@ def test_scheduler_slurm_without_sbatch(tmp_path: Path) -> None:
 
 # --- golden scripts ---------------------------------------------------------------------------------
 
-def golden_spec(**kw: object) -> JobSpec:
-    base: dict[str, object] = dict(script="train.py", args=("--lr", "0.1"), nodes=2, gpus_per_node=4,
-                                   python="/opt/venv/bin/python", workdir="/home/me/project")
-    base.update(kw)
-    return JobSpec(**base)  # type: ignore[arg-type]
-
-
-GOLDEN_CASES = {
-    "slurm_basic.sbatch": golden_spec(),
-    "slurm_full.sbatch": golden_spec(
-        cpus_per_gpu=8, mem="64G", time="1-00:00:00", partition="gpu", account="proj42", qos="high",
-        constraint="a100", exclusive=True, env=(("WANDB_MODE", "offline"), ("WEIRD", "it's $(x) `y`\nz")),
-        setup=("module load cuda/12.4", "source /opt/venv/bin/activate"), sbatch_args=("--mail-type=END",),
-        master_port=23456, gpu_flag="gres", output_dir="logs", requeue=True, max_requeues=2, signal="TERM@300",
-        rdzv_timeout=60),
-    "slurm_cpu_module.sbatch": golden_spec(script="pkg.train", module=True, gpus_per_node=0, tasks_per_node=3,
-                                           nodes=1, args=()),
-    "slurm_sweep.sbatch": golden_spec(sweep=(("lr", ("0.1", "0.01")), ("tag", ("a b", "$(touch x)'"))),
-                                      max_parallel=2, gpus_per_node=0, tasks_per_node=2),
-    "slurm_array.sbatch": golden_spec(array="1-7:3,10", nodes=1),
-    "slurm_pyxis.sbatch": golden_spec(container_image="nvcr.io#nvidia/pytorch:24.05-py3", python="python3",
-                                      container_mounts=("/scratch:/scratch:ro", "/data:/data"),
-                                      container_workdir="/workspace"),
-    "slurm_apptainer.sbatch": golden_spec(apptainer="/images/torch.sif", python="python3", mode="torchrun",
-                                          container_mounts=("/scratch:/scratch",)),
-    "slurm_torchrun.sbatch": golden_spec(mode="torchrun", nodes=4, min_nodes=2, max_restarts=3, cpus_per_gpu=2,
-                                         requeue=True),
-}
-
 
 def rendered(name: str) -> str:
     # Containers mount this checkout's package: the golden files say <slurmlaunch package> instead.
@@ -154,7 +105,7 @@ def test_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
 
 
 def test_auto_needs_a_controller_not_just_sbatch(tmp_path: Path) -> None:
-    fake = _fake_sbatch(tmp_path)
+    fake = fake_sbatch(tmp_path)
     (fake / "scontrol").write_text("#!/bin/sh\necho 'scontrol: error: Could not establish a configuration source' >&2\n"
                                    "exit 1\n")
     (fake / "scontrol").chmod(0o755)
@@ -188,23 +139,8 @@ def test_missing_template_variable_is_an_error(tmp_path: Path) -> None:
         slurm.render_script(golden_spec(), str(tmp_path))
     r = run_cli("submit", "--dry-run", "--scheduler", "slurm", "--template-dir", str(tmp_path),
                 str(EXAMPLES / "train_ddp.py"), env={**no_slurm_env(tmp_path),
-                                                      "PATH": f"{_fake_sbatch(tmp_path)}:{os.environ['PATH']}"})
+                                                      "PATH": f"{fake_sbatch(tmp_path)}:{os.environ['PATH']}"})
     assert r.returncode == 2 and "no_such_thing" in r.stderr and r.stderr.count("\n") == 1
-
-
-def assert_refused(tmp_path: Path, expect: str, **kw: object) -> None:
-    """validate() refuses JobSpec(**kw) for a script that exists, with a message containing ``expect``."""
-    (tmp_path / "t.py").write_text("")
-    with pytest.raises(SpecError, match=re.escape(expect)):
-        validate(JobSpec(script="t.py", workdir=str(tmp_path), **kw))  # type: ignore[arg-type]
-
-
-def _fake_sbatch(tmp_path: Path) -> Path:
-    fake = tmp_path / "fakebin"
-    fake.mkdir(exist_ok=True)
-    (fake / "sbatch").write_text("#!/bin/sh\nexit 99\n")
-    (fake / "sbatch").chmod(0o755)
-    return fake
 
 
 def test_shipped_templates_are_found_from_the_package() -> None:
@@ -216,11 +152,6 @@ def test_shipped_templates_are_found_from_the_package() -> None:
 
 
 # --- hostile strings in the script: run the rendered script's env/argv part with bash ---------------
-
-HOSTILE = ["$(touch PWNED)", "`touch PWNED`", "a b  c", "it's", 'say "hi"', "back\\slash", "new\nline",
-           "; touch PWNED", "&& touch PWNED", "| touch PWNED", "$HOME", "${PATH}", "*", "~", "#not a comment",
-           "--job-name=x", "\t", "é ü 中文", "!!", "$((1+1))", "<(touch PWNED)", "> PWNED", "%j %t", "\\n",
-           "'$(touch PWNED)'", '"$(touch PWNED)"', "\r", "-", "", "a=b"]
 
 
 def test_hostile_values_in_env_and_args_arrive_verbatim(tmp_path: Path) -> None:

@@ -11,8 +11,7 @@ import pytest
 
 from slurmlaunch.core.errors import SpecError
 from slurmlaunch.core.spec import JobSpec, parse_array, parse_sweep
-from tests.conftest import run_cli
-from tests.test_submit import assert_refused, no_slurm_env
+from tests.helpers import assert_refused, no_slurm_env, run_cli
 
 # Each rank joins a real gloo world, sums the ranks, and records what it saw.
 WORLD = """

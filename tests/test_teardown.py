@@ -6,7 +6,6 @@ torch's teardown runs; the control aborts inside the script and must not be call
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +14,7 @@ import pytest
 
 from slurmlaunch.allocation.launch import RUNNER, python_argv
 from slurmlaunch.allocation.torchrun_mode import RELAY, aborted_workers, parse, teardown_aborts, torchrun_command
-from tests.conftest import run_cli
-from tests.test_submit import no_slurm_env
+from tests.helpers import no_slurm_env, run_cli, teardown_abort_only
 
 TEARDOWN = "rank 1 aborted in torch's teardown after the script returned"
 
@@ -39,17 +37,6 @@ if sys.argv[1:2] == ["raise"]:
 if sys.argv[1:2] == ["exit"]:
     sys.exit(int(sys.argv[2]))
 """
-
-
-def teardown_abort_only(log: str) -> bool:
-    """torch 2.13 may abort a rank at interpreter exit after its training finished (README: Teardown aborts).
-    The job then fails, honestly, and the console or batch log names each such rank. For tests of training
-    runs: a failure of that kind alone (the only failure line is a torchrun node's 1 or a rank's 134, or none,
-    as srun reports an aborted task without an exit code), with the training's output checked in full by the
-    caller, is torch's and not the test's. Any other failure is the test's."""
-    failed = re.findall(r"^slurmlaunch: .*failed first with exit code (\d+)", log, re.M)
-    teardown = re.findall(r"rank \d+ aborted in torch's teardown after the script returned", log)
-    return bool(teardown) and failed in ([], ["1"], ["134"])
 
 
 def run_python(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:

@@ -10,9 +10,7 @@ import pytest
 from slurmlaunch.allocation.torchrun_mode import RELAY, parse, torchrun_command
 from slurmlaunch.core.errors import SlurmLaunchError, SpecError
 from slurmlaunch.core.spec import JobSpec, parse_nodes, validate
-from tests.conftest import EXAMPLES, run_cli
-from tests.test_submit import assert_refused, no_slurm_env
-from tests.test_teardown import teardown_abort_only
+from tests.helpers import EXAMPLES, assert_refused, no_slurm_env, run_cli, teardown_abort_only
 
 STEP = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "gpu[07-08]",
         "SLURM_STEP_NUM_NODES": "2", "SLURMD_NODENAME": "gpu07", "SLURM_NODEID": "0", "SLURM_CPUS_PER_TASK": "32"}

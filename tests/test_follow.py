@@ -1,0 +1,196 @@
+"""follow(): a submitted job's states, rank 0's log as it grows, the wait's bound, lost contact with the
+scheduler and the failure line, all with a fake status function and a fake clock (no scheduler, no sleeps)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from slurmlaunch.app import follow as following
+from slurmlaunch.app.follow import LOST_CONTACT_S, failure_lines, follow
+from slurmlaunch.core.errors import SchedulerError, WaitTimeout
+from slurmlaunch.schedulers import JobStatus
+
+
+class Clock:
+    """Stands in for the time module inside follow(): sleeping moves the clock, nothing waits."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(following, "time", c)
+    return c
+
+
+def answers(*states: JobStatus | Exception, then: JobStatus | Exception | None = None) -> Callable[[], JobStatus]:
+    """A status function that answers ``states`` in turn, then ``then`` for ever (a test bounds it)."""
+    seq: Iterator[JobStatus | Exception] = iter(states)
+
+    def status() -> JobStatus:
+        item = next(seq, then)
+        if item is None:
+            raise AssertionError("follow() asked again after the job ended")
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    return status
+
+
+def run(status: Callable[[], JobStatus], rank0_log: str | None = None, **kw: object) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = follow("7", status, rank0_log, out=out, err=err, **kw)  # type: ignore[arg-type]
+    return code, out.getvalue(), err.getvalue()
+
+
+# --- states and the last line ------------------------------------------------------------------------------
+
+def test_each_state_change_once_with_elapsed_time_then_the_end(clock: Clock) -> None:
+    code, out, err = run(answers(JobStatus("PENDING"), JobStatus("PENDING"), JobStatus("RUNNING", nodes="n[1-2]"),
+                                 JobStatus("RUNNING", nodes="n[1-2]"), JobStatus("COMPLETED", exit_code=0)))
+    assert code == 0 and out == ""
+    assert err.splitlines() == [
+        "slurmlaunch: [0:00:00] job 7 PENDING",
+        "slurmlaunch: [0:00:02] job 7 RUNNING on n[1-2]",
+        "slurmlaunch: [0:00:04] job 7 COMPLETED",
+        "slurmlaunch: job 7 ended COMPLETED, exit code 0",
+    ]
+    assert clock.slept == [1.0] * 4  # one poll between answers, none after the end
+
+
+@pytest.mark.parametrize(("end", "code"), [
+    (JobStatus("FAILED", exit_code=3), 3),
+    (JobStatus("FAILED"), 1),  # no code known: still a failure, never 0
+    (JobStatus("CANCELLED", exit_code=None), 1),
+    (JobStatus("TIMEOUT", exit_code=0), 0),
+    (JobStatus("NODE_FAIL", exit_code=1), 1),
+    (JobStatus("OUT_OF_MEMORY", exit_code=137), 137),
+])
+def test_the_exit_code_of_an_ended_job(end: JobStatus, code: int, clock: Clock) -> None:
+    got, _, err = run(answers(end))
+    assert got == code and err.splitlines()[-1] == f"slurmlaunch: job 7 ended {end.state}, exit code {code}"
+
+
+@pytest.mark.parametrize("state", ["PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+                                   "RESIZING", "STOPPED", "SIGNALING", "STAGE_OUT", "UNKNOWN"])
+def test_states_that_are_not_an_end_keep_it_waiting(state: str, clock: Clock) -> None:
+    code, _, err = run(answers(JobStatus(state), JobStatus("COMPLETED", exit_code=0)))
+    assert code == 0 and f"job 7 {state}" in err.splitlines()[0]
+
+
+def test_the_nodes_are_named_only_while_running(clock: Clock) -> None:
+    _, _, err = run(answers(JobStatus("PENDING", nodes="n1"), JobStatus("COMPLETED", exit_code=0, nodes="n1")))
+    assert " on n1" not in err
+
+
+@pytest.mark.parametrize(("seconds", "shown"), [
+    (0, "0:00:00"), (59.9, "0:00:59"), (60, "0:01:00"), (3661, "1:01:01"), (90000, "25:00:00"),
+])
+def test_elapsed_time_format(seconds: float, shown: str, clock: Clock) -> None:
+    code, _, err = run(answers(JobStatus("PENDING"), JobStatus("COMPLETED", exit_code=0)), poll=seconds)
+    assert code == 0 and err.splitlines()[1] == f"slurmlaunch: [{shown}] job 7 COMPLETED"
+
+
+# --- rank 0's log, and the failure line ---------------------------------------------------------------------
+
+def test_rank0_log_is_tailed_as_it_grows_and_read_to_the_end(clock: Clock, tmp_path: Path) -> None:
+    log = tmp_path / "job-7.rank-0.log"
+    chunks = iter(["", "step 1\n", "step 2\npart", "ial\nlast line\n"])
+
+    def status() -> JobStatus:
+        chunk = next(chunks)
+        with open(log, "a") as f:  # the file appears only after the first answer, as a log does
+            f.write(chunk)
+        return JobStatus("COMPLETED", exit_code=0) if chunk.startswith("ial") else JobStatus("RUNNING")
+
+    log.unlink(missing_ok=True)
+    code, out, err = run(status, str(log))
+    assert code == 0 and out == "step 1\nstep 2\npartial\nlast line\n"
+    assert err.splitlines()[-1] == f"slurmlaunch: job 7 ended COMPLETED, exit code 0 (logs: {tmp_path})"
+
+
+def test_a_log_that_never_appears_is_not_an_error(clock: Clock, tmp_path: Path) -> None:
+    code, out, _ = run(answers(JobStatus("RUNNING"), JobStatus("COMPLETED", exit_code=0)),
+                       str(tmp_path / "never.log"))
+    assert code == 0 and out == ""
+
+
+def test_a_failed_jobs_first_failure_line_comes_before_the_last_line(clock: Clock, tmp_path: Path) -> None:
+    (tmp_path / "job-7.failure").write_text("rank 2 failed first with exit code 7 (on n2)\nmore detail\n")
+    code, _, err = run(answers(JobStatus("FAILED", exit_code=7)), str(tmp_path / "job-7.rank-0.log"))
+    assert code == 7
+    assert err.splitlines()[-2:] == ["rank 2 failed first with exit code 7 (on n2)",
+                                     f"slurmlaunch: job 7 ended FAILED, exit code 7 (logs: {tmp_path})"]
+
+
+def test_a_successful_job_shows_no_failure_line(clock: Clock, tmp_path: Path) -> None:
+    (tmp_path / "job-7.failure").write_text("left over from an earlier run\n")
+    _, _, err = run(answers(JobStatus("COMPLETED", exit_code=0)), log_dir=str(tmp_path))
+    assert "left over" not in err
+
+
+@pytest.mark.parametrize(("files", "expect"), [
+    ({}, []),
+    ({"job-7.failure": "one\ntwo\n"}, ["one"]),
+    ({"job-7.failure": "\n\n  \nafter blanks\n"}, ["after blanks"]),
+    ({"job-7_10.failure": "ten\n", "job-7_2.failure": "two\n", "job-7_1.failure": "one\n"}, ["one", "two", "ten"]),
+    ({"job-7.failure": "whole\n", "job-7_0.failure": "element\n"}, ["whole", "element"]),
+    ({"job-77.failure": "another job\n", "job-7_x.failure": "not an index\n"}, ["not an index"]),
+    ({"job-7.failure": "x" * 10000}, ["x" * 4096]),  # read bounded: it holds one line
+])
+def test_failure_lines(files: dict[str, str], expect: list[str], tmp_path: Path) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert failure_lines(str(tmp_path), "7") == expect
+
+
+def test_failure_lines_follow_no_link_and_survive_a_missing_directory(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_text("not a failure line\n")
+    (tmp_path / "job-7.failure").symlink_to(tmp_path / "secret")
+    assert failure_lines(str(tmp_path), "7") == []
+    assert failure_lines(str(tmp_path / "gone"), "7") == []
+
+
+# --- the wait's bound and lost contact ----------------------------------------------------------------------
+
+def test_the_timeout_says_the_job_keeps_running_and_how_to_follow_it(clock: Clock) -> None:
+    with pytest.raises(WaitTimeout) as e:
+        run(answers(then=JobStatus("RUNNING")), timeout=5.0)
+    assert str(e.value) == ("waited 5s for job 7 (still RUNNING); it keeps running: follow it with slurmlaunch logs "
+                            "--follow 7, cancel it with slurmlaunch cancel 7")
+    assert isinstance(e.value, SchedulerError) and clock.now - 1000.0 == 6.0  # the first poll past the bound
+
+
+def test_lost_contact_after_the_bound_names_the_last_error(clock: Clock) -> None:
+    with pytest.raises(SchedulerError) as e:
+        run(answers(JobStatus("RUNNING"), then=SchedulerError("squeue: Socket timed out")), poll=10.0)
+    assert str(e.value) == (f"no answer about job 7 for {LOST_CONTACT_S:.0f}s "
+                            f"(last error: squeue: Socket timed out)")
+    assert not isinstance(e.value, WaitTimeout)
+    assert clock.now - 1000.0 == 10.0 + LOST_CONTACT_S + 10.0  # silent for more than the bound, not less
+
+
+def test_contact_regained_starts_the_count_again(clock: Clock) -> None:
+    silent = [SchedulerError("sacct: down")] * int(LOST_CONTACT_S - 10)
+    code, _, err = run(answers(*silent, JobStatus("RUNNING"), *silent, JobStatus("COMPLETED", exit_code=0)))
+    assert code == 0 and "no answer" not in err and "RUNNING" in err
+
+
+def test_an_unexpected_error_is_not_swallowed(clock: Clock) -> None:
+    with pytest.raises(KeyError):
+        run(answers(KeyError("a bug")))  # type: ignore[arg-type]
