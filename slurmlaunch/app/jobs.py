@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.errors import JobStateError, SpecError
+from ..core.jobfiles import JobFiles
 from ..schedulers.index import index_path, read_bounded
 
 TYPE_CHECKING = False
@@ -152,7 +153,7 @@ def status(record: Mapping[str, Any]) -> dict[str, Any]:
 def _exit_file(record: Mapping[str, Any]) -> tuple[int, str | None] | None:
     """(exit code, state) from the job's exit file: "CODE" or, from the local scheduler, "CODE\\nSTATE"."""
     try:
-        text = read_bounded(os.path.join(record["log_dir"], f"job-{_tag(record)}.exitcode"), 4096).decode()
+        text = read_bounded(JobFiles(record["log_dir"], _tag(record)).exit_code, 4096).decode()
         lines = text.split()
         return int(lines[0]), (lines[1] if len(lines) > 1 else None)
     except (OSError, ValueError, IndexError, UnicodeDecodeError):
@@ -207,10 +208,11 @@ def log_path(record: Mapping[str, Any], rank: int | None) -> str:
     spec = recorded_spec(record)
     if rank is not None and not 0 <= rank < spec.world_size:
         raise SpecError(f"logs --rank {rank}: job {job} has ranks 0-{spec.world_size - 1}")
+    files = JobFiles(log_dir, job, spec.log_unit, spec.ranks_per_log)
     if rank is not None:  # in torchrun mode one file per node holds all its ranks
-        return os.path.join(log_dir, f"job-{job}.{spec.log_unit}-{rank // spec.ranks_per_log}.log")
+        return files.rank_log(rank)
     if record["scheduler"] == "slurm":
-        return os.path.join(log_dir, f"job-{job}.batch.log")
+        return files.batch_log
     if record["scheduler"] == "pbs":
         # qsub -o DIR/: PBS Pro writes DIR/<full id>.OU, Torque DIR/<name>.o<number>; mpiexec tags each
         # line with its rank, so one file holds every rank's output.
