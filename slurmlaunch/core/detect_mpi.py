@@ -17,27 +17,40 @@ when that cannot be trusted.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from .distenv import DistEnv
 from .envvars import Context, Env, derive_port, first_set, int_var, local_device, master_from
 from .errors import EnvironmentMappingError
 from .limits import bounded_int, shown
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Final
 
 # PBS Pro's job sequence numbers can be configured far past Slurm's 32 bits; 64 bits hold them all.
 MAX_PBS_ID = 2**63 - 1
 
 
 
-class Flavour(NamedTuple):
-    """The variables one MPI launcher sets for each rank it starts."""
+class Flavour:
+    """The variables one MPI launcher sets for each rank it starts. A slotted class rather than a NamedTuple
+    or a dataclass: this table is on the launcher's path, where importing `typing` or `dataclasses` would
+    cost every rank milliseconds. The fields are Final: mypy refuses an assignment after __init__."""
 
-    name: str
-    rank_var: str
-    size_vars: tuple[str, ...]  # the world size: the first one set
-    local_var: str  # the rank among this node's ranks
-    local_size_vars: tuple[str, ...]  # the ranks on this node: the first one set
-    node_var: str | None = None  # this node's index, where the launcher says it
+    __slots__ = ("name", "rank_var", "size_vars", "local_var", "local_size_vars", "node_var")
+    name: Final[str]
+    rank_var: Final[str]
+    size_vars: Final[tuple[str, ...]]  # the world size: the first one set
+    local_var: Final[str]  # the rank among this node's ranks
+    local_size_vars: Final[tuple[str, ...]]  # the ranks on this node: the first one set
+    node_var: Final[str | None]  # this node's index, where the launcher says it
+
+    def __init__(self, name: str, rank_var: str, size_vars: tuple[str, ...], local_var: str,
+                 local_size_vars: tuple[str, ...], node_var: str | None = None) -> None:
+        self.name, self.rank_var, self.size_vars = name, rank_var, size_vars
+        self.local_var, self.local_size_vars, self.node_var = local_var, local_size_vars, node_var
+
+    def __repr__(self) -> str:
+        return f"Flavour({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"
 
 
 # Tried in this order: the first flavour whose rank (and local rank) variables are set is the one.
