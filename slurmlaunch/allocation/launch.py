@@ -6,7 +6,6 @@ no torch, jinja2, submitit, argparse or subprocess.
 
 from __future__ import annotations
 
-import _socket  # the C module: `socket` drags in selectors and more, on every rank's path
 import os
 import signal
 import sys
@@ -16,14 +15,15 @@ from collections.abc import Mapping, Sequence
 from ..core.detect import Context, detect
 from ..core.distenv import DistEnv, check_master_addr, mask
 from ..core.errors import EnvironmentMappingError, HostlistError, PreflightError, SlurmLaunchError
+from ..core.rdzv import RDZV_TIMEOUT_VAR, parse_rendezvous_timeout
 from .gpus import device_count
+from .net import all_loopback, bindable, free_port, wait_listening
+from .net import resolve as resolve_addresses
 from .reasons import BAD_LAUNCH, MAPPING, PREFLIGHT, RDZV_TIMEOUT, record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import NoReturn
-
-DEFAULT_RDZV_TIMEOUT = 900.0  # seconds a rank waits for the master before it is stopped
 
 USAGE = """usage: slurmlaunch launch [options] SCRIPT [ARGS...]
 
@@ -192,29 +192,6 @@ def context() -> Context:
                    gpu_device_count=lambda: device_count(os.environ))
 
 
-def _bindable(port: int) -> OSError | None:
-    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
-    try:
-        # TCPStore listens with SO_REUSEADDR too, so a port in TIME_WAIT is no obstacle for it either.
-        s.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
-        s.bind(("", port))
-        s.listen(1)
-        return None
-    except OSError as e:
-        return e
-    finally:
-        s.close()
-
-
-def _free_port() -> int:
-    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
-    try:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-    finally:
-        s.close()
-
-
 _LOOPBACK_HINT = (
     "the other nodes cannot reach a loopback address; Debian maps a machine's own name to 127.0.1.1 in "
     "/etc/hosts: set MASTER_ADDR to an address on the nodes' network, and NCCL_SOCKET_IFNAME / "
@@ -222,25 +199,18 @@ _LOOPBACK_HINT = (
 )
 
 
-def _is_loopback(address: str) -> bool:
-    if ":" in address:
-        return address.split("%")[0] == "::1"
-    return address.startswith("127.")
-
-
 def check_master_address(dist: DistEnv, environ: dict[str, str] | os._Environ[str]) -> None:
     """Every rank: MASTER_ADDR resolves here, and is no loopback address when the job spans several nodes."""
     if dist.owned_by_torchrun or dist.world_size == 1:
         return
     try:
-        infos = _socket.getaddrinfo(dist.master_addr, dist.master_port, 0, _socket.SOCK_STREAM)
-    except (_socket.gaierror, UnicodeError) as e:
+        addresses = resolve_addresses(dist.master_addr, dist.master_port)
+    except (OSError, UnicodeError) as e:
         raise PreflightError(
             f"MASTER_ADDR={dist.master_addr!r} does not resolve on {dist.this_host or 'this host'} ({e}): "
             f"every rank must resolve the master's name (set MASTER_ADDR to an address if DNS lacks it)"
         ) from None
-    addresses = sorted({str(i[4][0]) for i in infos})
-    if (dist.num_nodes > 1 and all(_is_loopback(a) for a in addresses)
+    if (dist.num_nodes > 1 and all_loopback(addresses)
             and environ.get("SLURMLAUNCH_ALLOW_LOOPBACK") != "1"):
         raise PreflightError(
             f"MASTER_ADDR={dist.master_addr!r} resolves to {', '.join(addresses)} on "
@@ -248,17 +218,9 @@ def check_master_address(dist: DistEnv, environ: dict[str, str] | os._Environ[st
         )
 
 
-def rendezvous_timeout(environ: dict[str, str] | os._Environ[str]) -> float:
-    text = environ.get("SLURMLAUNCH_RDZV_TIMEOUT", "")
-    if not text:
-        return DEFAULT_RDZV_TIMEOUT
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise SlurmLaunchError(f"SLURMLAUNCH_RDZV_TIMEOUT={text!r} is not valid (expected seconds >= 0; 0 = off)")
-    return value
+def rendezvous_timeout(environ: Mapping[str, str]) -> float:
+    """The watchdog's bound: $SLURMLAUNCH_RDZV_TIMEOUT (core.rdzv), 900 s when unset, 0 for none."""
+    return parse_rendezvous_timeout(environ.get(RDZV_TIMEOUT_VAR))
 
 
 def start_watchdog(dist: DistEnv, timeout: float) -> None:
@@ -283,8 +245,6 @@ def start_watchdog(dist: DistEnv, timeout: float) -> None:
             ctypes.CDLL(None).prctl(1, signal.SIGKILL)
         except (OSError, AttributeError):
             pass
-        from .net import wait_listening
-
         last = wait_listening(dist.master_addr, dist.master_port, time.monotonic() + timeout, 0.25,
                               give_up=lambda: os.getppid() != target)  # the rank has ended
         if last is None or os.getppid() != target:
@@ -330,7 +290,7 @@ def preflight(dist: DistEnv, environ: dict[str, str] | os._Environ[str]) -> Dist
     check_master_address(dist, environ)
     if dist.rank != 0:
         return dist
-    err = _bindable(dist.master_port)
+    err = bindable(dist.master_port)
     if err is not None:
         raise PreflightError(
             f"rank 0 cannot listen on MASTER_PORT={dist.master_port} on {dist.this_host or 'this host'} "
@@ -348,7 +308,7 @@ def resolve(environ: dict[str, str] | os._Environ[str]) -> DistEnv:
     if not dist.owned_by_torchrun:  # torchrun's own values are left alone, as everywhere else
         check_master_addr(dist.master_addr)
     if dist.master_port == 0 and not dist.owned_by_torchrun:
-        dist = dist.replace(master_port=_free_port())
+        dist = dist.replace(master_port=free_port())
     return dist
 
 

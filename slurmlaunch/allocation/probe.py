@@ -14,14 +14,20 @@ import time
 from typing import Any
 
 from .gpus import dev_gpu_ids
+from .net import resolve as resolve_addresses
+from .net import wait_listening
+
+
+def report_name(rank: int) -> str:
+    """The file one rank's report is written to, in the directory doctor gives (doctor reads it back)."""
+    return f"rank-{rank}.json"
 
 
 def resolve(addr: str) -> tuple[bool, str]:
     try:
-        infos = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
-    except OSError as e:
+        return True, ",".join(resolve_addresses(addr))
+    except (OSError, UnicodeError) as e:
         return False, f"does not resolve ({e})"
-    return True, ",".join(sorted({str(info[4][0]) for info in infos}))
 
 
 def serve(port: int, expected: int, deadline: float) -> tuple[bool, str]:
@@ -47,14 +53,9 @@ def serve(port: int, expected: int, deadline: float) -> tuple[bool, str]:
 
 def reach(addr: str, port: int, deadline: float) -> tuple[bool, str]:
     """Other ranks: connect to MASTER_ADDR:MASTER_PORT, retrying until rank 0 listens or the deadline."""
-    last = ""
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((addr, port), timeout=2):
-                return True, f"reached {addr}:{port}"
-        except OSError as e:
-            last = e.strerror or str(e)
-            time.sleep(0.2)
+    last = wait_listening(addr, port, deadline, 0.2)
+    if last is None:
+        return True, f"reached {addr}:{port}"
     return False, f"could not reach {addr}:{port} ({last})"
 
 
@@ -91,7 +92,7 @@ def main(argv: list[str]) -> int:
         "python": {"ok": True, "detail": f"{sys.executable} {sys.version.split()[0]}"},
         "torch": torch_info(),
     }
-    with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
+    with open(os.path.join(out_dir, report_name(rank)), "w") as f:
         json.dump(record, f)
     return 0
 

@@ -9,6 +9,8 @@ from datetime import timedelta
 from typing import Any
 
 from ..core.errors import SlurmLaunchError
+from ..core.rdzv import RDZV_TIMEOUT_VAR, parse_rendezvous_timeout
+from .net import wait_listening
 
 _ARRIVED = "slurmlaunch/arrived"
 _POLL_S = 0.002  # non-zero ranks poll the master every 2 ms: no TCPStore client back-off of 0.25 s or more
@@ -28,8 +30,6 @@ def _compress(ranks: list[int]) -> str:
 
 
 def _wait_listening(addr: str, port: int, deadline: float, rank: int) -> None:
-    from .net import wait_listening
-
     failed = wait_listening(addr, port, deadline, _POLL_S)
     if failed is not None:
         raise SlurmLaunchError(
@@ -39,10 +39,11 @@ def _wait_listening(addr: str, port: int, deadline: float, rank: int) -> None:
 
 
 def rendezvous_timeout_s(value: float | None) -> float:
+    """``value`` when given, else $SLURMLAUNCH_RDZV_TIMEOUT as the launcher reads it (core.rdzv): a bad
+    value is the same one-line error there and here."""
     if value is not None:
         return value
-    text = os.environ.get("SLURMLAUNCH_RDZV_TIMEOUT", "")
-    return float(text) if text else 900.0
+    return parse_rendezvous_timeout(os.environ.get(RDZV_TIMEOUT_VAR))
 
 
 def init_process_group(backend: str | None = None, *, rendezvous_timeout: float | None = None,
@@ -87,7 +88,8 @@ def init_process_group(backend: str | None = None, *, rendezvous_timeout: float 
         dist.init_process_group(backend, **kwargs)
         return device
 
-    limit = rendezvous_timeout_s(rendezvous_timeout)
+    # 0 means no bound, as for the launcher's watchdog (a deadline of now would fail every rank at once)
+    limit = rendezvous_timeout_s(rendezvous_timeout) or 1e9
     deadline = time.monotonic() + limit
     store_timeout = timedelta(seconds=max(limit, 1.0))
     if rank == 0:

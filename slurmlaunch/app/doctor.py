@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..allocation.probe import report_name
 from ..core.errors import SchedulerError, SpecError
 from ..core.jobfiles import JobFiles
 from .site import cluster_name, remember_site, try_command
@@ -147,7 +148,7 @@ def allocate(nodes: int, gpus: int, partition: str | None, timeout: float) -> tu
     records = []
     for rank in range(spec.world_size):
         try:
-            with open(os.path.join(out_dir, f"rank-{rank}.json")) as f:
+            with open(os.path.join(out_dir, report_name(rank))) as f:
                 records.append(json.load(f))
         except (OSError, ValueError):
             records.append({"rank": rank, "missing": f"no report (see {files.rank_log(rank)})"})

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from ..core.errors import SchedulerError, WaitTimeout
+from ..core.jobfiles import JobFiles
 from ..schedulers import JobStatus
 
 LOST_CONTACT_S = 120.0
@@ -48,9 +49,11 @@ def failure_lines(log_dir: str, job_id: str) -> list[str]:
     """The first-failure lines the batch script left in ``log_dir`` (job-ID.failure; for an array, each
     element's job-ID_N.failure, in index order): which rank failed first, with which code, and why when
     slurmlaunch stopped it. Missing or unreadable files give nothing."""
-    names = [f"job-{job_id}.failure"]
+    files = JobFiles(log_dir, job_id)
+    names = [os.path.basename(files.failure)]
+    # An element's file name, split where JobFiles.element puts the index ("\0" is in no file name).
+    prefix, _, suffix = os.path.basename(files.element("\0").failure).partition("\0")
     try:
-        prefix, suffix = f"job-{job_id}_", ".failure"
         indexed = [(n[len(prefix):-len(suffix)], n) for n in os.listdir(log_dir)
                    if n.startswith(prefix) and n.endswith(suffix)]
         names += [n for i, n in sorted(indexed, key=lambda e: int(e[0]) if e[0].isdigit() else -1)]

@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.errors import JobStateError, SpecError
+from ..core.jobfiles import JobFiles
 from ..schedulers.index import index_path, read_bounded
+from .records import JobRecord
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -55,9 +57,9 @@ def entries() -> list[dict[str, Any]]:
     return rows
 
 
-def find(job_id: str) -> dict[str, Any]:
+def find(job_id: str) -> JobRecord:
     """The record of ``job_id`` (the latest submission of that id: ids restart on a new cluster).
-    ARRAYID_INDEX names one element of a job array (its record then has ``_element``)."""
+    ARRAYID_INDEX names one element of a job array (its record's ``element``)."""
     from ..core.limits import MAX_ARRAY_INDEX, is_digits, parse_count
 
     base, sep, element = job_id.partition("_")
@@ -67,43 +69,42 @@ def find(job_id: str) -> dict[str, Any]:
         if parse_count(f"job {base}: array element", element, 0, MAX_ARRAY_INDEX) not in indices:
             raise JobStateError(f"job {job_id!r}: job {base} has no array element {element} "
                                 f"(its elements: {_shown_indices(indices)})")
-        return {**array, "_element": element, "_full_id": f"{array['_full_id']}_{element}"}
+        return array.of_element(element)
     for entry in reversed(entries()):
         if entry["job_id"] == job_id or entry["job_id"].split(".", 1)[0].removesuffix("[]") == job_id:
             try:
-                record = json.loads(read_bounded(entry["record"]).decode("utf-8"))
+                data = json.loads(read_bounded(entry["record"]).decode("utf-8"))
             except FileNotFoundError:
                 raise JobStateError(f"job {job_id}: its record {entry['record']!r} is gone") from None
             except (OSError, ValueError) as e:
                 raise JobStateError(f"job {job_id}: its record {entry['record']!r} cannot be read ({e})") from None
-            if not isinstance(record, dict) or not isinstance(record.get("log_dir"), str) or \
-                    record.get("scheduler") not in ("local", "slurm", "pbs"):
-                raise JobStateError(f"job {job_id}: {entry['record']!r} is not a slurmlaunch job record")
-            record["_full_id"] = entry["job_id"]
-            return record
+            try:
+                return JobRecord.from_data(data, entry["job_id"])
+            except ValueError:
+                raise JobStateError(f"job {job_id}: {entry['record']!r} is not a slurmlaunch job record") from None
     raise JobStateError(f"job {job_id!r} was not submitted from here (slurmlaunch list shows those that were)")
 
 
-def _edge(record: Mapping[str, Any]) -> Any:
+def _edge(record: JobRecord) -> Any:
     from ..schedulers import pbs, slurm
 
-    scheduler = record["scheduler"]
+    scheduler = record.scheduler
     if scheduler == "local":
-        raise JobStateError(f"job {record['job_id']} ran on the local scheduler, in the foreground: it has ended")
+        raise JobStateError(f"job {record.job_id} ran on the local scheduler, in the foreground: it has ended")
     return pbs if scheduler == "pbs" else slurm
 
 
-def recorded_spec(record: Mapping[str, Any]) -> JobSpec:
+def recorded_spec(record: JobRecord) -> JobSpec:
     """The job description a record holds, as far as the job commands need it (layout, array, mode)."""
     from ..core.spec import JobSpec
 
-    saved = record.get("spec", {})
+    saved = record.data.get("spec", {})
     keep = ("nodes", "gpus_per_node", "tasks_per_node", "array", "mode", "nproc_per_node", "output_dir")
     sweep = tuple((k, tuple(v)) for k, v in saved.get("sweep", ()))
     return JobSpec(script="", sweep=sweep, **{k: saved[k] for k in keep if k in saved})
 
 
-def array_indices(record: Mapping[str, Any]) -> list[int]:
+def array_indices(record: JobRecord) -> list[int]:
     """The indices of a recorded job array's elements ([] for a plain job)."""
     return recorded_spec(record).array_indices
 
@@ -112,26 +113,20 @@ def _shown_indices(indices: list[int]) -> str:
     return ", ".join(map(str, indices[:10])) + (", ..." if len(indices) > 10 else "")
 
 
-def _tag(record: Mapping[str, Any]) -> str:
-    """What the job's file names carry: its id, or ARRAYID_INDEX for an array element."""
-    element = record.get("_element")
-    return f"{record['job_id']}_{element}" if element is not None else str(record["job_id"])
-
-
-def status(record: Mapping[str, Any]) -> dict[str, Any]:
-    if record.get("remote"):
+def status(record: JobRecord) -> dict[str, Any]:
+    if record.remote:
         from . import remote_jobs
 
         return remote_jobs.status(record)
-    shown_id = _tag(record)
-    if record["scheduler"] == "local":
-        whole = {k: v for k, v in record.items() if k != "_element"}
+    shown_id = record.tag
+    if record.scheduler == "local":
+        whole = record.whole()
         state, code = local_state(whole)
         info: dict[str, Any] = {"job_id": shown_id, "scheduler": "local", "state": state, "exit_code": code,
                                 "nodes": None, "elapsed": None}
         if array_indices(record):
             elements = local_elements(whole, state)
-            element = record.get("_element")
+            element = record.element
             if element is None:
                 info["elements"] = elements
             else:
@@ -140,33 +135,33 @@ def status(record: Mapping[str, Any]) -> dict[str, Any]:
         return info
     from ..schedulers import job_status
 
-    indices = array_indices(record) if record.get("_element") is None else []
-    st = job_status(_edge(record), record["_full_id"], record["log_dir"], indices)
-    info = {"job_id": shown_id, "scheduler": record["scheduler"], "state": st.state,
+    indices = array_indices(record) if record.element is None else []
+    st = job_status(_edge(record), record.full_id, record.log_dir, indices)
+    info = {"job_id": shown_id, "scheduler": record.scheduler, "state": st.state,
             "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
     if st.elements is not None:
         info["elements"] = st.elements
     return info
 
 
-def _exit_file(record: Mapping[str, Any]) -> tuple[int, str | None] | None:
+def _exit_file(record: JobRecord) -> tuple[int, str | None] | None:
     """(exit code, state) from the job's exit file: "CODE" or, from the local scheduler, "CODE\\nSTATE"."""
     try:
-        text = read_bounded(os.path.join(record["log_dir"], f"job-{_tag(record)}.exitcode"), 4096).decode()
+        text = read_bounded(JobFiles(record.log_dir, record.tag).exit_code, 4096).decode()
         lines = text.split()
         return int(lines[0]), (lines[1] if len(lines) > 1 else None)
     except (OSError, ValueError, IndexError, UnicodeDecodeError):
         return None
 
 
-def local_elements(record: Mapping[str, Any], job_state: str) -> dict[str, str]:
+def local_elements(record: JobRecord, job_state: str) -> dict[str, str]:
     """A local array's elements, index -> "STATE CODE" or "STATE". The local scheduler runs them one after
     another: while the job runs, the first without an exit file is RUNNING and the rest PENDING; elements a
     stopped job never reached are CANCELLED."""
     out: dict[str, str] = {}
     running_seen = False
     for index in array_indices(record):
-        ended = _exit_file({**record, "_element": str(index)})
+        ended = _exit_file(record.of_element(str(index)))
         if ended is not None:
             code, state = ended
             out[str(index)] = f"{state or ('COMPLETED' if code == 0 else 'FAILED')} {code}"
@@ -178,7 +173,7 @@ def local_elements(record: Mapping[str, Any], job_state: str) -> dict[str, str]:
     return out
 
 
-def local_state(record: Mapping[str, Any]) -> tuple[str, int | None]:
+def local_state(record: JobRecord) -> tuple[str, int | None]:
     """A local job's (state, exit code): from its exit file once it has ended; RUNNING while the process
     that supervises it (the same pid with the same start time) is alive; else FAILED without a code:
     that process was killed before it could record anything."""
@@ -188,33 +183,34 @@ def local_state(record: Mapping[str, Any]) -> tuple[str, int | None]:
         return state or ("COMPLETED" if code == 0 else "FAILED"), code
     from ..schedulers.local import process_identity
 
-    supervisor = record.get("supervisor")
+    supervisor = record.data.get("supervisor")
     if isinstance(supervisor, dict) and isinstance(supervisor.get("pid"), int) and \
             process_identity(supervisor["pid"]) == supervisor:
         return "RUNNING", None
     return "FAILED", None
 
 
-def log_path(record: Mapping[str, Any], rank: int | None) -> str:
-    log_dir, job = str(record["log_dir"]), _tag(record)
+def log_path(record: JobRecord, rank: int | None) -> str:
+    log_dir, job = record.log_dir, record.tag
     indices = array_indices(record)
-    if indices and record.get("_element") is None:
+    if indices and record.element is None:
         raise SpecError(f"job {job} is an array of {len(indices)} jobs: name one, e.g. {job}_{indices[0]} "
                         f"(its elements: {_shown_indices(indices)})")
-    if rank is not None and record["scheduler"] == "pbs":
+    if rank is not None and record.scheduler == "pbs":
         raise SpecError("logs --rank: under PBS every rank's lines are in the job's one output, tagged by "
                         "mpiexec (leave out --rank)")
     spec = recorded_spec(record)
     if rank is not None and not 0 <= rank < spec.world_size:
         raise SpecError(f"logs --rank {rank}: job {job} has ranks 0-{spec.world_size - 1}")
+    files = JobFiles(log_dir, job, spec.log_unit, spec.ranks_per_log)
     if rank is not None:  # in torchrun mode one file per node holds all its ranks
-        return os.path.join(log_dir, f"job-{job}.{spec.log_unit}-{rank // spec.ranks_per_log}.log")
-    if record["scheduler"] == "slurm":
-        return os.path.join(log_dir, f"job-{job}.batch.log")
-    if record["scheduler"] == "pbs":
+        return files.rank_log(rank)
+    if record.scheduler == "slurm":
+        return files.batch_log
+    if record.scheduler == "pbs":
         # qsub -o DIR/: PBS Pro writes DIR/<full id>.OU, Torque DIR/<name>.o<number>; mpiexec tags each
         # line with its rank, so one file holds every rank's output.
-        full = str(record.get("pbs_job_id", job))
+        full = str(record.data.get("pbs_job_id", job))
         for name in sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []:
             if name.startswith(f"{full}.") or name.endswith(f".o{job}"):
                 return os.path.join(log_dir, name)
@@ -226,13 +222,14 @@ def _list_state(row: Mapping[str, Any], live: Mapping[str, str]) -> str:
     """A quick state for `list`: a local job's own, a batch job's from squeue (one call for all) or from
     the exit code its script wrote; `status` asks the scheduler properly."""
     try:
-        record = json.loads(read_bounded(row["record"]).decode("utf-8"))
-        if not isinstance(record, dict):
-            return "?"
+        data = json.loads(read_bounded(row["record"]).decode("utf-8"))
     except (OSError, ValueError):
         return "record gone"
-    record["_full_id"] = row["job_id"]
-    if record.get("scheduler") == "local":
+    try:
+        record = JobRecord.from_data(data, row["job_id"])
+    except ValueError:
+        return "?"
+    if record.scheduler == "local":
         return local_state(record)[0]
     short = row["job_id"].split(".", 1)[0]
     if short in live:
@@ -305,7 +302,7 @@ def cmd_status(job_id: str, as_json: bool) -> int:
 def cmd_logs(job_id: str, rank: int | None, follow: bool) -> int:
     record = find(job_id)
     path = log_path(record, rank)
-    if record.get("remote"):
+    if record.remote:
         from . import remote_jobs
 
         return remote_jobs.logs(record, path, follow)
@@ -319,16 +316,16 @@ def cmd_logs(job_id: str, rank: int | None, follow: bool) -> int:
     from .follow import follow as follow_job
 
     edge = _edge(record)
-    return follow_job(_tag(record), lambda: edge.status(record["_full_id"], record["log_dir"]), path)
+    return follow_job(record.tag, lambda: edge.status(record.full_id, record.log_dir), path)
 
 
 def cmd_cancel(job_id: str) -> int:
     record = find(job_id)
-    if record.get("remote"):
+    if record.remote:
         from . import remote_jobs
 
         remote_jobs.cancel(record)
     else:
-        _edge(record).cancel(record["_full_id"])
-    print(f"cancelled job {record['_full_id']}")
+        _edge(record).cancel(record.full_id)
+    print(f"cancelled job {record.full_id}")
     return 0

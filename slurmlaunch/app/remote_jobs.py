@@ -22,6 +22,7 @@ from typing import Any
 from ..core.errors import SchedulerError, SpecError
 from ..core.spec import JobSpec
 from ..schedulers import JobStatus
+from .records import JobRecord
 from .remote import (
     COMMAND_TIMEOUT_S,
     Connection,
@@ -219,7 +220,7 @@ def write_local_record(dest: Destination, setup: tuple[str, ...], spec: JobSpec,
         "rank_log": rank_log(spec, job_id, 0), "script": script_path, "spec": asdict(spec),
     }
     path = os.path.join(directory, f"job-{job_id}.json")
-    write_private(path, json.dumps(record, indent=2) + "\n", 0o600)
+    write_private(path, JobRecord(record, job_id).to_json(), 0o600)
     return path
 
 
@@ -295,20 +296,20 @@ def wait_remote(conn: Connection, spec: JobSpec, job_id: str, cancel_on_interrup
 
 # -- the job commands, for a record with a "remote" key -------------------------------------------------
 
-def _connection(record: Mapping[str, Any]) -> Connection:
-    return Connection(parse_destination(str(record["remote"])), tuple(record.get("remote_setup") or ()))
+def _connection(record: JobRecord) -> Connection:
+    return Connection(parse_destination(str(record.remote)), tuple(record.data.get("remote_setup") or ()))
 
 
-def status(record: Mapping[str, Any]) -> dict[str, Any]:
+def status(record: JobRecord) -> dict[str, Any]:
     with _connection(record) as conn:
-        st, _ = probe(conn, str(record["_full_id"]), str(record["log_dir"]))
-    return {"job_id": record["_full_id"], "scheduler": "slurm", "remote": record["remote"], "state": st.state,
+        st, _ = probe(conn, record.full_id, record.log_dir)
+    return {"job_id": record.full_id, "scheduler": "slurm", "remote": record.remote, "state": st.state,
             "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
 
 
-def logs(record: Mapping[str, Any], path: str, follow: bool) -> int:
+def logs(record: JobRecord, path: str, follow: bool) -> int:
     """Print the remote log ``path`` (with ``follow``: as it grows, until the job ends)."""
-    job_id = str(record["_full_id"])
+    job_id = record.full_id
     with _connection(record) as conn:
         if not follow:
             proc = conn.run_argv(["cat", "--", path], check=False)
@@ -318,12 +319,12 @@ def logs(record: Mapping[str, Any], path: str, follow: bool) -> int:
             return 0
         from .follow import follow as follow_job
 
-        return follow_job(job_id, RemoteFollower(conn, job_id, str(record["log_dir"]), path), None)
+        return follow_job(job_id, RemoteFollower(conn, job_id, record.log_dir, path), None)
 
 
-def cancel(record: Mapping[str, Any]) -> None:
+def cancel(record: JobRecord) -> None:
     with _connection(record) as conn:
-        conn.run_argv(["scancel", str(record["_full_id"])], timeout=60)
+        conn.run_argv(["scancel", record.full_id], timeout=60)
 
 
 def list_row(row: Mapping[str, Any], live: dict[str, dict[str, str] | None]) -> dict[str, Any]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
+from ..allocation.net import all_loopback, bindable, resolve, wait_listening
+from ..allocation.net import free_port as free_port  # tests/test_hostile.py takes it from here
 from ..core.distenv import check_master_addr
 from ..core.errors import SlurmLaunchError, SpecError
 from ..core.limits import MAX_NODES, MAX_PER_NODE, Count, Seconds, bounded_int, shown
@@ -159,33 +160,10 @@ def plan_processes(nproc: str, use_cpu: bool, environ: Mapping[str, str]) -> tup
 
 def resolve_master(addr: str) -> list[str]:
     try:
-        infos = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as e:
+        return resolve(addr)
+    except (OSError, UnicodeError) as e:
         raise SpecError(f"--master-addr {addr!r} does not resolve ({e}): give a host name or address that every "
                         f"node can resolve") from None
-    return sorted({str(info[4][0]) for info in infos})
-
-
-def is_loopback(addresses: Sequence[str]) -> bool:
-    import ipaddress
-
-    return all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 REPORT_EVERY = 10.0  # seconds between "still waiting" lines: a silent wait of minutes looks like a hang
@@ -194,8 +172,6 @@ REPORT_EVERY = 10.0  # seconds between "still waiting" lines: a silent wait of m
 def wait_for_master(addr: str, port: int, timeout: float, node_rank: int) -> None:
     """Non-master nodes start their ranks only once the master listens, up to ``timeout`` seconds; what is
     waited for, and for how long so far, is said on stderr (at the start, every REPORT_EVERY s, at the end)."""
-    from ..allocation.net import wait_listening
-
     start = time.monotonic()
     deadline = start + timeout
     sys.stderr.write(f"slurmlaunch: node {node_rank}: waiting for the master (node 0) to listen at {addr}:{port} "
@@ -254,14 +230,14 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
     nproc, on_cpu, note = plan_processes(str(ns.nproc), ns.cpu, environ)
     check_master_addr(ns.master_addr, "--rdzv-endpoint host" if ns.rdzv_endpoint else "--master-addr")
     addresses = resolve_master(ns.master_addr)
-    if nnodes > 1 and is_loopback(addresses) and not ns.allow_loopback:
+    if nnodes > 1 and all_loopback(addresses) and not ns.allow_loopback:
         raise SpecError(
             f"--master-addr {ns.master_addr!r} is a loopback address ({', '.join(addresses)}) but --nnodes is "
             f"{nnodes}: other machines cannot reach it. Give node 0's name or address on the network shared by the "
             f"nodes (hint: the 127.0.1.1 line of /etc/hosts; NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME pick the "
             f"interface), or --allow-loopback if every node runs on this machine"
         )
-    if ns.node_rank == 0 and not ns.standalone and not port_free(ns.master_port):
+    if ns.node_rank == 0 and not ns.standalone and bindable(ns.master_port) is not None:
         raise SpecError(f"--master-port {ns.master_port} is already in use on this machine (the master): "
                         f"choose a free port, or --standalone for a single node")
     if ns.node_rank > 0:

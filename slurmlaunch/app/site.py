@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.errors import SchedulerError
+from ..core.spec import GPU_FLAGS, GpuFlag
 from ..schedulers import run_command
 
 
@@ -53,11 +54,11 @@ def cluster_name() -> str | None:
     return m.group(1) if m else None
 
 
-def learned_gpu_flag() -> tuple[str, str] | None:
+def learned_gpu_flag() -> tuple[GpuFlag, str] | None:
     """(gpu flag, cluster) that doctor found for the cluster scontrol answers for, or None."""
     site = load_site()
     if not site:
         return None
     cluster = cluster_name()
     flag = site.get(cluster or "", {}).get("gpu_flag")
-    return (flag, str(cluster)) if flag in ("gpus-per-node", "gres") else None
+    return (flag, str(cluster)) if flag in GPU_FLAGS else None

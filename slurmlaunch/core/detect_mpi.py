@@ -22,21 +22,49 @@ from .envvars import Context, Env, derive_port, first_set, int_var, local_device
 from .errors import EnvironmentMappingError
 from .limits import bounded_int, shown
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Final
+
 # PBS Pro's job sequence numbers can be configured far past Slurm's 32 bits; 64 bits hold them all.
 MAX_PBS_ID = 2**63 - 1
 
-# name, rank, world size, local rank, local size, node index (variables that flavour's launcher sets)
-FLAVOURS: tuple[tuple[str, str, tuple[str, ...], str, tuple[str, ...], str | None], ...] = (
-    ("openmpi", "OMPI_COMM_WORLD_RANK", ("OMPI_COMM_WORLD_SIZE",), "OMPI_COMM_WORLD_LOCAL_RANK",
-     ("OMPI_COMM_WORLD_LOCAL_SIZE",), None),
-    ("mvapich", "MV2_COMM_WORLD_RANK", ("MV2_COMM_WORLD_SIZE",), "MV2_COMM_WORLD_LOCAL_RANK",
-     ("MV2_COMM_WORLD_LOCAL_SIZE",), None),
-    ("pals", "PALS_RANKID", ("PMI_SIZE", "PALS_SIZE"), "PALS_LOCAL_RANKID", ("PMI_LOCAL_SIZE", "PALS_LOCAL_SIZE"),
-     "PALS_NODEID"),
+
+
+class Flavour:
+    """The variables one MPI launcher sets for each rank it starts. A slotted class rather than a NamedTuple
+    or a dataclass: this table is on the launcher's path, where importing `typing` or `dataclasses` would
+    cost every rank milliseconds. The fields are Final: mypy refuses an assignment after __init__."""
+
+    __slots__ = ("name", "rank_var", "size_vars", "local_var", "local_size_vars", "node_var")
+    name: Final[str]
+    rank_var: Final[str]
+    size_vars: Final[tuple[str, ...]]  # the world size: the first one set
+    local_var: Final[str]  # the rank among this node's ranks
+    local_size_vars: Final[tuple[str, ...]]  # the ranks on this node: the first one set
+    node_var: Final[str | None]  # this node's index, where the launcher says it
+
+    def __init__(self, name: str, rank_var: str, size_vars: tuple[str, ...], local_var: str,
+                 local_size_vars: tuple[str, ...], node_var: str | None = None) -> None:
+        self.name, self.rank_var, self.size_vars = name, rank_var, size_vars
+        self.local_var, self.local_size_vars, self.node_var = local_var, local_size_vars, node_var
+
+    def __repr__(self) -> str:
+        return f"Flavour({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"
+
+
+# Tried in this order: the first flavour whose rank (and local rank) variables are set is the one.
+FLAVOURS: tuple[Flavour, ...] = (
+    Flavour("openmpi", "OMPI_COMM_WORLD_RANK", ("OMPI_COMM_WORLD_SIZE",), "OMPI_COMM_WORLD_LOCAL_RANK",
+            ("OMPI_COMM_WORLD_LOCAL_SIZE",)),
+    Flavour("mvapich", "MV2_COMM_WORLD_RANK", ("MV2_COMM_WORLD_SIZE",), "MV2_COMM_WORLD_LOCAL_RANK",
+            ("MV2_COMM_WORLD_LOCAL_SIZE",)),
+    Flavour("pals", "PALS_RANKID", ("PMI_SIZE", "PALS_SIZE"), "PALS_LOCAL_RANKID",
+            ("PMI_LOCAL_SIZE", "PALS_LOCAL_SIZE"), node_var="PALS_NODEID"),
     # Hydra sets MPI_LOCALRANKID; srun --mpi=pmi2 sets PMI_RANK without it and stays a Slurm step.
-    ("mpich", "PMI_RANK", ("PMI_SIZE",), "MPI_LOCALRANKID", ("MPI_LOCALNRANKS",), None),
-    ("pmix", "PMIX_RANK", ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"), "OMPI_COMM_WORLD_LOCAL_RANK",
-     ("OMPI_COMM_WORLD_LOCAL_SIZE",), None),
+    Flavour("mpich", "PMI_RANK", ("PMI_SIZE",), "MPI_LOCALRANKID", ("MPI_LOCALNRANKS",)),
+    Flavour("pmix", "PMIX_RANK", ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"), "OMPI_COMM_WORLD_LOCAL_RANK",
+            ("OMPI_COMM_WORLD_LOCAL_SIZE",)),
 )
 _JOB_NAMES = ("PBS_JOBID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "PALS_APID", "PMI_KVSNAME")
 
@@ -86,9 +114,10 @@ def _port_from_job(env: Env) -> tuple[int, str] | None:
 
 def read_mpi(env: Env, ctx: Context) -> DistEnv | None:
     """A rank started by mpiexec/mpirun; see the module's docstring for the rules."""
-    for name, rank_var, size_vars, local_var, local_size_vars, node_var in FLAVOURS:
-        if rank_var in env and (local_var in env or name == "pals"):
-            return _mpi_env(env, ctx, name, rank_var, size_vars, local_var, local_size_vars, node_var)
+    for flavour in FLAVOURS:
+        # PALS under PMIx may leave PALS_LOCAL_RANKID out (pals_world_size and the node file cover it)
+        if flavour.rank_var in env and (flavour.local_var in env or flavour.name == "pals"):
+            return _mpi_env(env, ctx, flavour)
     return None
 
 
@@ -139,11 +168,12 @@ def pals_world_size(env: Env, rank: int, hosts: list[tuple[str, int]] | None, no
                    f"(PALS with PMIx exports no world size)")
 
 
-def _mpi_env(env: Env, ctx: Context, flavour: str, rank_var: str, size_vars: tuple[str, ...], local_var: str,
-             local_size_vars: tuple[str, ...], node_var: str | None) -> DistEnv:
+def _mpi_env(env: Env, ctx: Context, flavour: Flavour) -> DistEnv:
+    rank_var, size_vars, local_var = flavour.rank_var, flavour.size_vars, flavour.local_var
+    local_size_vars, node_var = flavour.local_size_vars, flavour.node_var
     rank = int_var(rank_var, env[rank_var])
     size = first_set(env, *size_vars)
-    if size is None and flavour != "pals":
+    if size is None and flavour.name != "pals":
         raise EnvironmentMappingError(f"{rank_var} is set but not {' or '.join(size_vars)} (the world size)")
     me = env.get("SLURMLAUNCH_HOSTNAME") or ctx.hostname
     hosts: list[tuple[str, int]] | None = None
@@ -229,8 +259,8 @@ def _mpi_env(env: Env, ctx: Context, flavour: str, rank_var: str, size_vars: tup
         origins["NODE_RANK"] = f"{rank_var} // {local_world} (ranks fill nodes in blocks)"
         if num_nodes > 1 and not env.get("MASTER_ADDR"):
             raise EnvironmentMappingError(
-                f"{flavour} ranks span {num_nodes} nodes but neither PBS_NODEFILE nor MASTER_ADDR says where rank 0 "
-                f"runs: export MASTER_ADDR (e.g. mpirun -x MASTER_ADDR=host)"
+                f"{flavour.name} ranks span {num_nodes} nodes but neither PBS_NODEFILE nor MASTER_ADDR says where "
+                f"rank 0 runs: export MASTER_ADDR (e.g. mpirun -x MASTER_ADDR=host)"
             )
         rank0_host = me if num_nodes == 1 else None
     port = _port_from_job(env)
@@ -241,7 +271,7 @@ def _mpi_env(env: Env, ctx: Context, flavour: str, rank_var: str, size_vars: tup
     origins.update(master_origins)
     origins["GROUP_WORLD_SIZE"] = f"{num_nodes} node(s)"
     return DistEnv(
-        source=f"mpi:{flavour}",
+        source=f"mpi:{flavour.name}",
         rank=rank,
         local_rank=local_rank,
         world_size=world,

@@ -39,3 +39,22 @@ class JobFiles:
     def batch_log(self) -> str:
         """The batch step's own output (Slurm)."""
         return os.path.join(self.log_dir, f"job-{self.job}.batch.log")
+
+    @property
+    def failure(self) -> str:
+        """The first-failure line (which rank failed first, its code, why), written when the job ends."""
+        return os.path.join(self.log_dir, f"job-{self.job}.failure")
+
+    @property
+    def reasons(self) -> str:
+        """The directory where the launcher leaves why it stopped a rank (SLURMLAUNCH_REASONS_DIR)."""
+        return os.path.join(self.log_dir, f"job-{self.job}.reasons")
+
+    @property
+    def returned(self) -> str:
+        """The directory of the ranks' "script returned" marks (SLURMLAUNCH_RETURNED_DIR)."""
+        return os.path.join(self.log_dir, f"job-{self.job}.returned")
+
+    def element(self, index: int | str) -> JobFiles:
+        """The files of element ``index`` of an array job (tagged ``ID_INDEX``)."""
+        return JobFiles(self.log_dir, f"{self.job}_{index}", self.unit, self.ranks_per_log)

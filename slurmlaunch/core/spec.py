@@ -11,6 +11,7 @@ import re
 import shutil
 import sys
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from .errors import SpecError
 from .limits import (
@@ -31,8 +32,16 @@ from .limits import (
 )
 
 SCHEDULERS = ("auto", "slurm", "pbs", "local")
-MPI_FLAVOURS = ("openmpi", "mpich", "pals")  # how a PBS job starts its ranks
-PBS_FLAVOURS = ("pro", "torque")
+# The closed choices, as types (mypy checks the code's own values) and as tuples (validate checks the user's:
+# a JobSpec built from options or the API holds whatever string it was given until then).
+Mode = Literal["srun", "torchrun"]  # srun: one Slurm task per rank; torchrun: one task per node running torchrun
+GpuFlag = Literal["gpus-per-node", "gres"]  # gres: --gres=gpu:N for sites that refuse --gpus-per-node
+MpiFlavour = Literal["openmpi", "mpich", "pals"]  # how a PBS job starts its ranks
+PbsFlavour = Literal["pro", "torque"]  # PBS Pro / OpenPBS (-l select=...) or Torque (-l nodes=...:ppn=...)
+MODES: tuple[Mode, ...] = get_args(Mode)
+GPU_FLAGS: tuple[GpuFlag, ...] = get_args(GpuFlag)
+MPI_FLAVOURS: tuple[MpiFlavour, ...] = get_args(MpiFlavour)
+PBS_FLAVOURS: tuple[PbsFlavour, ...] = get_args(PbsFlavour)
 # Signals a batch script may ask Slurm for before the time limit. USR2 is the default (submitit's too); USR1
 # is Lightning's, and NCCL only catches it when NCCL_PROXY_DUMP_SIGNAL asks it to (since NCCL 2.14).
 REQUEUED_BY = ("slurmlaunch", "script")
@@ -94,7 +103,7 @@ class JobSpec:
     master_port: int | None = None
     python: str = field(default_factory=lambda: sys.executable)
     workdir: str = field(default_factory=os.getcwd)
-    gpu_flag: str = "gpus-per-node"  # or "gres": --gres=gpu:N for sites that refuse --gpus-per-node
+    gpu_flag: GpuFlag = "gpus-per-node"
     signal: str | None = "USR2@90"  # the warning before the time limit (submit gives Lightning scripts USR1)
     requeue: bool = False
     # Who requeues on the warning: "slurmlaunch" (the batch shell, or the local scheduler), or "script" (its
@@ -102,8 +111,8 @@ class JobSpec:
     requeued_by: str = "slurmlaunch"
     max_requeues: int = 3
     rdzv_timeout: float | None = None  # SLURMLAUNCH_RDZV_TIMEOUT for the ranks
-    pbs_flavour: str = "pro"  # PBS Pro / OpenPBS (-l select=...) or Torque (-l nodes=...:ppn=...)
-    mpi: str = "openmpi"  # the MPI whose mpiexec starts the ranks under PBS
+    pbs_flavour: PbsFlavour = "pro"
+    mpi: MpiFlavour = "openmpi"  # the MPI whose mpiexec starts the ranks under PBS
     # PBS site resources (checked in schedulers/pbs.py): job-wide -l KEY[=VALUE], per-chunk KEY=VALUE in
     # select, the project (-P), how resources are requested, and the queue chosen by node count.
     pbs_resources: tuple[str, ...] = ()
@@ -115,7 +124,7 @@ class JobSpec:
     array: str | None = None  # Slurm --array indices: one distributed job per index
     max_parallel: int | None = None  # at most this many array elements at once (--array=...%N)
     sweep: tuple[tuple[str, tuple[str, ...]], ...] = ()  # a grid: one array element per point
-    mode: str = "srun"  # srun: one Slurm task per rank; torchrun: one task per node running torchrun
+    mode: Mode = "srun"
     nproc_per_node: int | None = None  # torchrun mode without GPUs: ranks per node
     max_restarts: int = 0  # torchrun mode: torchrun --max-restarts
     min_nodes: int | None = None  # torchrun mode: an elastic job of min_nodes..nodes nodes
@@ -318,7 +327,7 @@ def parse_nodes(text: str | int) -> tuple[int, int | None]:
 
 
 def _validate_mode(spec: JobSpec) -> None:
-    if spec.mode not in ("srun", "torchrun"):
+    if spec.mode not in MODES:
         raise SpecError(f"--mode {spec.mode!r} is not valid (expected srun or torchrun)")
     _positive("--max-restarts", spec.max_restarts, 0, MAX_RESTARTS)
     if spec.mode != "torchrun":
@@ -490,7 +499,7 @@ def validate(spec: JobSpec) -> JobSpec:
         raise SpecError(f"--mpi {spec.mpi!r} is not valid (expected one of {', '.join(MPI_FLAVOURS)})")
     if spec.pbs_flavour not in PBS_FLAVOURS:
         raise SpecError(f"--pbs-flavour {spec.pbs_flavour!r} is not valid (expected pro or torque)")
-    if spec.gpu_flag not in ("gpus-per-node", "gres"):
+    if spec.gpu_flag not in GPU_FLAGS:
         raise SpecError(f"--gpu-flag {spec.gpu_flag!r} is not valid (expected gpus-per-node or gres)")
     # (The job name is data, byte for byte, on sbatch's command line: README "Strings are data".)
     if not spec.output_dir or not spec.output_dir.isprintable():

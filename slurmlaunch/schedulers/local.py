@@ -25,6 +25,7 @@ from ..allocation.launch import RETURNED_DIR
 from ..allocation.reasons import REASONS_DIR, Reason, read_first
 from ..allocation.torchrun_mode import SIGABRT_CODE, aborted_workers, teardown_aborts, teardown_message
 from ..core.errors import SpecError
+from ..core.jobfiles import JobFiles
 from ..core.paths import state_dir
 from ..core.spec import JobSpec
 from ..core.stepenv import GPU_LISTS, Submitter, step_env
@@ -323,9 +324,10 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
         while True:
             _say(f"{what}: {spec.world_size} rank(s) on {spec.nodes} emulated node(s) {node_list(spec.nodes)}; "
                  f"logs in {spec.log_dir}")
-            returned = os.path.join(spec.log_dir, f"job-{tag}.returned")  # the launcher's "script returned" marks
+            files = JobFiles(spec.log_dir, tag)
+            returned = files.returned  # the launcher's "script returned" marks
             os.makedirs(returned, mode=0o750, exist_ok=True)
-            reasons = os.path.join(spec.log_dir, f"job-{tag}.reasons")  # why slurmlaunch stopped a rank
+            reasons = files.reasons  # why slurmlaunch stopped a rank
             shutil.rmtree(reasons, ignore_errors=True)
             os.makedirs(reasons, mode=0o700)
             step_env = {**extra, RETURNED_DIR: returned, REASONS_DIR: reasons}
@@ -356,10 +358,10 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
                 _say(f"{what}: not requeued: already requeued {restarts} time(s) (--max-requeues "
                      f"{spec.max_requeues})")
             break
-        write_private(os.path.join(spec.log_dir, f"job-{tag}.exitcode"),
+        write_private(JobFiles(spec.log_dir, tag).exit_code,
                       f"{result.exit_code}\n{end_state(result)}\n", exclusive=True)
         if failure:  # as the batch script leaves it, for `logs --follow` and --wait of a job followed later
-            write_private(os.path.join(spec.log_dir, f"job-{tag}.failure"),
+            write_private(JobFiles(spec.log_dir, tag).failure,
                           f"slurmlaunch: {failure}\n", exclusive=True)
         ended.append((tag, result))
         if outcome is None or (outcome.exit_code == 0 and result.exit_code != 0) or result.interrupted_by:
@@ -373,6 +375,6 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
             _say(f"  {tag}: {end_state(done)} {done.exit_code}")
         for tag, _, _, _ in steps[len(ended):]:
             _say(f"  {tag}: CANCELLED (not started)")
-        write_private(os.path.join(spec.log_dir, f"job-{job_id}.exitcode"),
+        write_private(JobFiles(spec.log_dir, job_id).exit_code,
                       f"{outcome.exit_code}\n{end_state(outcome)}\n", exclusive=True)
     return job_id, outcome

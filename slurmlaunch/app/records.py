@@ -1,0 +1,74 @@
+"""A job's record, as a value: what `submit` wrote beside the job's logs (or, for a remote job, on this
+machine), and which job of it a command names (the whole job, or one element of an array).
+
+The file is JSON written by the schedulers' write_record and remote_jobs.write_local_record; it is kept whole
+in ``data`` (those writers, not this class, decide its fields), and the fields the job commands read are
+properties. Which job a command names is not in the file: ``full_id`` (as the scheduler printed the id,
+PBS: 1234.server) and ``element`` come from the index and the command line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+SCHEDULERS = ("local", "slurm", "pbs")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    data: Mapping[str, Any]
+    full_id: str
+    element: str | None = None  # an array element's index: the command named ARRAYID_INDEX
+
+    @classmethod
+    def from_data(cls, data: object, full_id: str) -> JobRecord:
+        """The record of a parsed file; ValueError when it is not one of ours (a JSON object with a log
+        directory and a known scheduler)."""
+        if not isinstance(data, dict) or not isinstance(data.get("log_dir"), str) or \
+                data.get("scheduler") not in SCHEDULERS:
+            raise ValueError("not a slurmlaunch job record")
+        return cls(data, full_id)
+
+    @classmethod
+    def from_json(cls, text: str, full_id: str) -> JobRecord:
+        """The record in ``text``; ValueError when it is not JSON, or not one of ours."""
+        return cls.from_data(json.loads(text), full_id)
+
+    def to_json(self) -> str:
+        """The file's text (what from_json reads back; full_id and element are not part of it)."""
+        return json.dumps(dict(self.data), indent=2) + "\n"
+
+    @property
+    def job_id(self) -> str:
+        return str(self.data["job_id"])
+
+    @property
+    def scheduler(self) -> str:
+        return str(self.data["scheduler"])
+
+    @property
+    def log_dir(self) -> str:
+        return str(self.data["log_dir"])
+
+    @property
+    def remote(self) -> str | None:
+        """The ssh destination the job runs on (its files are there), or None for a job of this machine."""
+        remote = self.data.get("remote")
+        return str(remote) if remote else None
+
+    @property
+    def tag(self) -> str:
+        """What the job's file names carry: its id, or ARRAYID_INDEX for an array element."""
+        return f"{self.job_id}_{self.element}" if self.element is not None else self.job_id
+
+    def of_element(self, index: str) -> JobRecord:
+        """The record naming element ``index`` of this array job."""
+        return replace(self, element=index, full_id=f"{self.full_id}_{index}")
+
+    def whole(self) -> JobRecord:
+        """The record naming the whole job (an element's array)."""
+        return replace(self, element=None, full_id=self.full_id.rsplit("_", 1)[0]) if self.element is not None \
+            else self

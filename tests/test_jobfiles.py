@@ -1,0 +1,37 @@
+"""The job's file names (core/jobfiles.py) are the ones the batch templates write, and the readers that
+now take them from JobFiles (follow, the job commands) find the files the writers leave."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurmlaunch.app.follow import failure_lines
+from slurmlaunch.core.jobfiles import JobFiles
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.mark.parametrize("golden", ["slurm_basic.sbatch", "slurm_array.sbatch", "slurm_torchrun.sbatch"])
+@pytest.mark.parametrize("name", ["exit_code", "failure", "reasons", "returned"])
+def test_names_are_the_templates(golden: str, name: str) -> None:
+    """The templates spell the names with the shell's $job_tag: JobFiles must spell the same."""
+    text = (GOLDEN / golden).read_text()
+    assert f"/{Path(getattr(JobFiles('', '$job_tag'), name)).name}" in text.replace('"', "")
+
+
+def test_spellings() -> None:
+    files = JobFiles("/logs", "7", "node", 4)
+    assert files.rank_log(9) == "/logs/job-7.node-2.log"
+    assert files.batch_log == "/logs/job-7.batch.log"
+    element = files.element(3)
+    assert (element.exit_code, element.failure) == ("/logs/job-7_3.exitcode", "/logs/job-7_3.failure")
+    assert element.rank_log(4) == "/logs/job-7_3.node-1.log"
+
+
+def test_failure_lines_of_an_array_in_index_order(tmp_path: Path) -> None:
+    for tag in ("7", "7_10", "7_2", "8_1", "7_x"):
+        (tmp_path / f"job-{tag}.failure").write_text(f"failed {tag}\n")
+    (tmp_path / "job-7_5.exitcode").write_text("0\n")
+    assert failure_lines(str(tmp_path), "7") == ["failed 7", "failed 7_x", "failed 7_2", "failed 7_10"]
