@@ -12,6 +12,7 @@ import pytest
 
 from slurmlaunch.app import devcluster as slurmcluster
 from slurmlaunch.core.errors import DevClusterError
+from tests import sshd as _sshd
 from tests.helpers import per_test_env, skip_or_fail
 
 
@@ -107,3 +108,20 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+# -- the real OpenSSH server the remote tests use as the cluster's login node (tests/sshd.py) --
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[_sshd.Sshd]:
+    why = _sshd.missing()
+    if why:
+        skip_or_fail(why)
+    s = _sshd.start_sshd()
+    yield s
+    _sshd.remove(s)
+
+
+@pytest.fixture
+def laptop(server: _sshd.Sshd, tmp_path: Path) -> _sshd.Laptop:
+    return _sshd.make_laptop(server, tmp_path)

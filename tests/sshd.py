@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -235,3 +238,61 @@ def make_laptop(server: Sshd, where: Path, python: str = sys.executable) -> Lapt
 def remove(server: Sshd) -> None:
     server.stop()
     shutil.rmtree(server.root, ignore_errors=True)
+
+
+# -- what the remote tests share (the laptop's commands, what is left behind, the cluster's reach) --
+
+def on_laptop(lap: Laptop, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "slurmlaunch", *args], capture_output=True, text=True,
+                          env=lap.env, cwd=cwd, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def masters_left(lap: Laptop) -> list[str]:
+    """Running processes whose command line names the laptop's ssh config: ssh masters left behind."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(lap.ssh_dir) in args and "ssh" in args:
+            found.append(args)
+    return found
+
+
+def free_master_port() -> str:
+    """A port free now below the ephemeral range: on this shared machine the port derived from job id 1 may
+    be another test cluster's rank 0's."""
+    for _ in range(200):
+        port = random.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return str(port)
+    raise AssertionError("no free port in 20000-32000")
+
+
+def setup_for(cluster_env: dict[str, str]) -> list[str]:
+    """What makes the dev cluster reachable on its login node (a site would say `module load slurm`), and a
+    free MASTER_PORT."""
+    return ["--remote-setup", f"export SLURM_CONF={shlex.quote(cluster_env['SLURM_CONF'])}",
+            "--remote-setup", "export SLURMLAUNCH_ALLOW_LOOPBACK=1", "--master-port", free_master_port()]
+
+
+def python_without_slurmlaunch(where: Path) -> str:
+    """A "training environment" on the cluster: a fresh venv that sees this venv's packages (torch) through
+    a .pth line, but not slurmlaunch (the editable install's own .pth is not read from a path a .pth adds)."""
+    env_dir = where / "training-env"
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=120)
+    python = env_dir / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "training.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    probe = subprocess.run([str(python), "-c", "import torch, slurmlaunch"], capture_output=True, text=True,
+                           cwd=where, env=env, timeout=120)
+    assert probe.returncode != 0 and "No module named 'slurmlaunch'" in probe.stderr, probe.stderr
+    return str(python)

@@ -10,8 +10,7 @@ import subprocess
 from pathlib import Path
 
 from . import sshd
-from .test_remote_ship import python_without_slurmlaunch
-from .test_remote_submit import free_master_port, laptop, masters_left, server  # noqa: F401 (fixtures)
+from .sshd import free_master_port, masters_left, python_without_slurmlaunch
 
 LAPTOP_SCRIPT = """\
 import json, os, sys

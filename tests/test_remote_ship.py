@@ -4,34 +4,15 @@ writes there is private to the user. A real sshd on 127.0.0.1 is the login node 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
+from tests.helpers import EXAMPLES
+
 from . import sshd
-from .conftest import EXAMPLES
-from .test_remote_submit import laptop, masters_left, on_laptop, server, setup_for  # noqa: F401 (fixtures)
-
-
-def python_without_slurmlaunch(where: Path) -> str:
-    """A "training environment" on the cluster: a fresh venv that sees this venv's packages (torch) through
-    a .pth line, but not slurmlaunch (the editable install's own .pth is not read from a path a .pth adds)."""
-    env_dir = where / "training-env"
-    base = getattr(sys, "_base_executable", sys.executable)
-    subprocess.run([base, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=120)
-    python = env_dir / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    Path(purelib, "training.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    probe = subprocess.run([str(python), "-c", "import torch, slurmlaunch"], capture_output=True, text=True,
-                           cwd=where, env=env, timeout=120)
-    assert probe.returncode != 0 and "No module named 'slurmlaunch'" in probe.stderr, probe.stderr
-    return str(python)
+from .sshd import masters_left, on_laptop, python_without_slurmlaunch, setup_for
 
 
 def mode(path: Path) -> int:

@@ -5,77 +5,19 @@ from the laptop."""
 from __future__ import annotations
 
 import json
-import os
-import random
 import re
-import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import EXAMPLES, skip_or_fail, teardown_abort_only
+from tests.helpers import EXAMPLES, teardown_abort_only
 
 from . import sshd
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[sshd.Sshd]:
-    why = sshd.missing()
-    if why:
-        skip_or_fail(why)
-    s = sshd.start_sshd()
-    yield s
-    sshd.remove(s)
-
-
-@pytest.fixture
-def laptop(server: sshd.Sshd, tmp_path: Path) -> sshd.Laptop:
-    return sshd.make_laptop(server, tmp_path)
-
-
-def on_laptop(lap: sshd.Laptop, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slurmlaunch", *args], capture_output=True, text=True,
-                          env=lap.env, cwd=cwd, timeout=timeout, stdin=subprocess.DEVNULL)
-
-
-def masters_left(lap: sshd.Laptop) -> list[str]:
-    """Running processes whose command line names the laptop's ssh config: ssh masters left behind."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if str(lap.ssh_dir) in args and "ssh" in args:
-            found.append(args)
-    return found
-
-
-def free_master_port() -> str:
-    """A port free now below the ephemeral range: on this shared machine the port derived from job id 1 may
-    be another test cluster's rank 0's."""
-    for _ in range(200):
-        port = random.randrange(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("0.0.0.0", port))
-            except OSError:
-                continue
-            return str(port)
-    raise AssertionError("no free port in 20000-32000")
-
-
-def setup_for(cluster_env: dict[str, str]) -> list[str]:
-    """What makes the dev cluster reachable on its login node (a site would say `module load slurm`), and a
-    free MASTER_PORT."""
-    return ["--remote-setup", f"export SLURM_CONF={shlex.quote(cluster_env['SLURM_CONF'])}",
-            "--remote-setup", "export SLURMLAUNCH_ALLOW_LOOPBACK=1", "--master-port", free_master_port()]
+from .sshd import masters_left, on_laptop, setup_for
 
 
 def test_dry_run_shows_script_and_remote_commands(laptop: sshd.Laptop, tmp_path: Path) -> None:
