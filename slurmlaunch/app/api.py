@@ -280,7 +280,7 @@ class _ScriptCall:
         self.spec = spec
 
     def __call__(self) -> int:
-        from ..schedulers.slurm import launch_command
+        from ..render.launch import launch_command
 
         _export_distributed_env(self.spec)
         done = subprocess.run(launch_command(self.spec), cwd=self.spec.workdir)

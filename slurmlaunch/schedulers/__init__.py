@@ -203,12 +203,3 @@ def submit_with(spec: JobSpec, script_text: str, scheduler: str, suffix: str,
     record = write_record(spec, short, scheduler, cmd, extra)
     return Submission(out, script_path, record, cmd)
 
-
-def script_env(spec: JobSpec) -> list[tuple[str, str]]:
-    """The variables a batch script exports for every rank: --env, then --master-port, --rdzv-timeout."""
-    env = list(spec.env)
-    if spec.master_port is not None:
-        env.append(("MASTER_PORT", str(spec.master_port)))
-    if spec.rdzv_timeout is not None:
-        env.append(("SLURMLAUNCH_RDZV_TIMEOUT", f"{spec.rdzv_timeout:g}"))
-    return env

@@ -28,8 +28,8 @@ from ..core.errors import SpecError
 from ..core.paths import state_dir
 from ..core.spec import JobSpec
 from ..core.stepenv import GPU_LISTS, Submitter, step_env
-from . import current_umask, make_log_dir, rank_log, script_env, write_private, write_record
-from .slurm import launch_command
+from ..render.launch import launch_command, script_env
+from . import current_umask, make_log_dir, rank_log, write_private, write_record
 from .supervisor import Outcome, RankProcess, supervise
 
 NODE_PREFIX = "local-node"
