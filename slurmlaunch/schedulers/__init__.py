@@ -7,7 +7,6 @@ import json
 import os
 import shlex
 import stat
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +15,7 @@ from typing import Any
 
 from ..core.errors import SchedulerError, SpecError
 from ..core.spec import JobSpec
+from .runner import run_command as run_command  # the one way edges (and doctor) run a command
 
 
 @dataclass(frozen=True)
@@ -79,24 +79,6 @@ def current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
-
-
-def run_command(cmd: Sequence[str], timeout: float = 60.0, input_text: str | None = None,
-                env: dict[str, str] | None = None, umask: int = -1) -> subprocess.CompletedProcess[str]:
-    """Run a scheduler command without a shell; failures raise SchedulerError with the command and output.
-    ``umask`` (when >= 0) is the command's: sbatch hands its own to the job, whose output files Slurm
-    creates with it."""
-    try:
-        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, input=input_text,
-                              env=env, errors="replace", umask=umask)
-    except FileNotFoundError:
-        raise SchedulerError(f"{cmd[0]!r} not found on PATH (is the scheduler's client installed?)") from None
-    except subprocess.TimeoutExpired:
-        raise SchedulerError(f"no answer within {timeout:.0f}s from: {shlex.join(cmd)}") from None
-    if proc.returncode != 0:
-        output = (proc.stderr.strip() or proc.stdout.strip() or "(no output)").replace("\n", " | ")
-        raise SchedulerError(f"{shlex.join(cmd)} failed (exit {proc.returncode}): {output}")
-    return proc
 
 
 def write_private(path: str, text: str, mode: int = 0o640, *, exclusive: bool = False) -> None:
