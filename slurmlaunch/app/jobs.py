@@ -18,6 +18,7 @@ from ..schedulers.index import index_path, read_bounded
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..core.spec import JobSpec
+    from ..schedulers.interface import Scheduler
 
 
 _FIELDS = ("job_id", "scheduler", "record")
@@ -84,13 +85,13 @@ def find(job_id: str) -> dict[str, Any]:
     raise JobStateError(f"job {job_id!r} was not submitted from here (slurmlaunch list shows those that were)")
 
 
-def _edge(record: Mapping[str, Any]) -> Any:
-    from ..schedulers import pbs, slurm
+def _edge(record: Mapping[str, Any]) -> Scheduler:
+    from ..schedulers.choice import scheduler
 
-    scheduler = record["scheduler"]
-    if scheduler == "local":
+    edge = scheduler(record["scheduler"])
+    if not edge.queued:
         raise JobStateError(f"job {record['job_id']} ran on the local scheduler, in the foreground: it has ended")
-    return pbs if scheduler == "pbs" else slurm
+    return edge
 
 
 def recorded_spec(record: Mapping[str, Any]) -> JobSpec:
@@ -138,10 +139,9 @@ def status(record: Mapping[str, Any]) -> dict[str, Any]:
                 shown_state, _, shown_code = elements[str(element)].partition(" ")
                 info.update(state=shown_state, exit_code=int(shown_code) if shown_code.isdigit() else None)
         return info
-    from ..schedulers import job_status
 
     indices = array_indices(record) if record.get("_element") is None else []
-    st = job_status(_edge(record), record["_full_id"], record["log_dir"], indices)
+    st = _edge(record).status(record["_full_id"], record["log_dir"], indices)
     info = {"job_id": shown_id, "scheduler": record["scheduler"], "state": st.state,
             "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
     if st.elements is not None:

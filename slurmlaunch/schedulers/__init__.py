@@ -28,14 +28,20 @@ class JobStatus:
 
     @property
     def finished(self) -> bool:
-        return self.state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
-                                  "REQUEUED", "RESIZING", "STOPPED", "SIGNALING", "STAGE_OUT", "UNKNOWN")
+        return is_final(self.state)
 
 
-def job_status(edge: Any, job_id: str, log_dir: str, indices: Sequence[int] = ()) -> JobStatus:
-    """A job's state from its scheduler edge; with ``indices``, a job array's (all its elements at once)."""
-    st: JobStatus = edge.array_status(job_id, log_dir, list(indices)) if indices else edge.status(job_id, log_dir)
-    return st
+# Slurm's job states (squeue(1), JOB STATE CODES) in which a job may still run or run again; every other
+# state, and PBS's and the local scheduler's words mapped onto Slurm's, is final. The one definition of
+# "finished": the edges' "is this job still live?" and JobStatus.finished both read it.
+ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "RESIZING",
+                           "SIGNALING", "STAGE_OUT", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD",
+                           "SPECIAL_EXIT", "UNKNOWN"})
+
+
+def is_final(state: str) -> bool:
+    """Whether a job in ``state`` (Slurm's word) has ended for good."""
+    return state not in ACTIVE_STATES
 
 
 def array_outcome(job_id: str, log_dir: str, indices: Sequence[int], live: dict[int, tuple[str, str]],

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Sequence
+from typing import Final
 
 from ..core.errors import SchedulerError
 from ..core.spec import JobSpec
@@ -116,3 +118,37 @@ def array_status(job_id: str, log_dir: str, indices: list[int]) -> JobStatus:
 def cancel(job_id: str) -> None:
     """qdel ID; an array's element ID_N is ID[N] to PBS (the whole array is recorded as ID[].server)."""
     run_command(["qdel", pbs_id(job_id)], timeout=30)
+
+
+class PbsScheduler:
+    """The PBS edge as a :class:`~.interface.Scheduler`."""
+
+    name: Final = "pbs"
+    queued: Final = True
+
+    def available(self) -> bool:
+        return available()
+
+    def render(self, spec: JobSpec, template_dir: str | None = None) -> str:
+        return render_script(spec, template_dir)
+
+    def submit_command(self, spec: JobSpec, script_path: str) -> list[str]:
+        return qsub_command(spec, script_path)
+
+    def submit(self, spec: JobSpec, script_text: str) -> Submission:
+        return submit(spec, script_text)
+
+    def status(self, job_id: str, log_dir: str, indices: Sequence[int] = ()) -> JobStatus:
+        return array_status(job_id, log_dir, list(indices)) if indices else status(job_id, log_dir)
+
+    def cancel(self, job_id: str) -> None:
+        cancel(job_id)
+
+    def rank_log(self, spec: JobSpec, job_id: str, rank: int) -> str | None:
+        return None  # mpiexec tags every rank's lines in the job's one output file
+
+    def batch_log(self, spec: JobSpec, job_id: str) -> str | None:
+        return None  # PBS names it after the job id inside the -o directory
+
+
+EDGE = PbsScheduler()

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Sequence
+from typing import Final
 
 from ..core.errors import SchedulerError
 from ..core.spec import JobSpec
 from ..render.slurm_script import file_tag
 from ..render.slurm_script import render_script as render_script  # the edge renders what it submits
-from . import JobStatus, Submission, array_outcome, run_command, submit_with
+from . import JobStatus, Submission, array_outcome, is_final, rank_log, run_command, submit_with
 
 
 def available() -> bool:
@@ -63,7 +65,7 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
     if line:
         state, _, rest = line.partition(" ")
         elapsed, _, nodes = rest.partition(" ")
-        if state not in FINISHED:
+        if not is_final(state):
             return JobStatus(state, None, nodes or None, elapsed=elapsed or None)
     fields = _accounting(job_id) or _scontrol(job_id)
     code: int | None = None
@@ -129,14 +131,44 @@ def array_status(job_id: str, log_dir: str, indices: list[int]) -> JobStatus:
         tag, _, rest = line.strip().partition(" ")
         state, _, nodes = rest.partition(" ")
         index = tag.rpartition("_")[2]
-        if index.isdigit() and state and state not in FINISHED:
+        if index.isdigit() and state and not is_final(state):
             live[int(index)] = (state, nodes)
     return array_outcome(job_id, log_dir, indices, live, {}, "cancelled or timed out")
 
 
-FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-            "BOOT_FAIL", "DEADLINE")
-
-
 def cancel(job_id: str) -> None:
     run_command(["scancel", job_id], timeout=30)
+
+
+class SlurmScheduler:
+    """The Slurm edge as a :class:`~.interface.Scheduler`."""
+
+    name: Final = "slurm"
+    queued: Final = True
+
+    def available(self) -> bool:
+        return available()
+
+    def render(self, spec: JobSpec, template_dir: str | None = None) -> str:
+        return render_script(spec, template_dir)
+
+    def submit_command(self, spec: JobSpec, script_path: str) -> list[str]:
+        return sbatch_command(spec, script_path)
+
+    def submit(self, spec: JobSpec, script_text: str) -> Submission:
+        return submit(spec, script_text)
+
+    def status(self, job_id: str, log_dir: str, indices: Sequence[int] = ()) -> JobStatus:
+        return array_status(job_id, log_dir, list(indices)) if indices else status(job_id, log_dir)
+
+    def cancel(self, job_id: str) -> None:
+        cancel(job_id)
+
+    def rank_log(self, spec: JobSpec, job_id: str, rank: int) -> str | None:
+        return None if spec.is_array else rank_log(spec, job_id, rank)  # srun writes one file per rank
+
+    def batch_log(self, spec: JobSpec, job_id: str) -> str | None:
+        return None if spec.is_array else os.path.join(spec.log_dir, f"job-{job_id}.batch.log")
+
+
+EDGE = SlurmScheduler()
