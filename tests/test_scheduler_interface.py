@@ -193,3 +193,24 @@ def test_cli_and_api_choose_alike(clients: Path, no_processes: None, capsys: pyt
         assert submit.choose_scheduler("auto") == api._choose("auto") == "slurm"
     assert "auto chose slurm (sbatch is on PATH and slurmctld answers)" in capsys.readouterr().err
     assert silent.argvs == [["scontrol", "ping"]] * 2
+
+
+def test_only_the_runner_and_the_local_supervisor_start_processes() -> None:
+    """Scheduler commands go through runner.py; supervisor.py starts the local scheduler's ranks (no
+    scheduler command); render/ is pure. A new edge that imports subprocess fails here."""
+    import ast
+
+    import slurmlaunch
+
+    root = Path(slurmlaunch.__file__).parent
+    starters = {"subprocess", "os.system", "os.spawnv", "os.execv", "os.execvp", "os.posix_spawn", "pty"}
+    found = set()
+    for path in [*(root / "schedulers").glob("*.py"), *(root / "render").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [f"os.{node.attr}"] if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id == "os" else []
+            if starters & set(names):
+                found.add(f"{path.parent.name}/{path.name}")
+    assert found == {"schedulers/runner.py", "schedulers/supervisor.py"}
