@@ -144,6 +144,8 @@ def test_each_edge_behind_the_interface(tmp_path: Path) -> None:
     assert edges["slurm"].batch_log(spec, "9") == os.path.join(spec.log_dir, "job-9.batch.log")
     with pytest.raises(JobStateError, match="ran on the local scheduler"):
         edges["local"].status("3", spec.log_dir)
+    with pytest.raises(SchedulerError, match="no queue to submit to"):
+        edges["local"].submit(spec, "")
     with pytest.raises(JobStateError, match="ran on the local scheduler"):
         jobs._edge({"scheduler": "local", "job_id": "3"})
     with pytest.raises(SpecError, match="scheduler 'sge' is not valid"):

@@ -379,6 +379,10 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
     return job_id, outcome
 
 
+_NO_QUEUE = ("the local scheduler has no queue to submit to: it runs the job in the foreground "
+             "(slurmlaunch submit --scheduler local)")
+
+
 class LocalScheduler:
     """The local scheduler as a :class:`~.interface.Scheduler`: it renders its plan (--dry-run) and runs a job
     with :func:`run`, in the foreground; there is no queue, so nothing to submit, ask about or cancel later."""
@@ -396,11 +400,10 @@ class LocalScheduler:
         return dry_run(spec, os.environ)
 
     def submit_command(self, spec: JobSpec, script_path: str) -> list[str]:
-        return list(launch_command(spec))
+        raise SchedulerError(_NO_QUEUE)
 
     def submit(self, spec: JobSpec, script_text: str) -> Submission:
-        raise SchedulerError("the local scheduler has no queue to submit to: it runs the job in the foreground "
-                             "(slurmlaunch submit --scheduler local)")
+        raise SchedulerError(_NO_QUEUE)
 
     def status(self, job_id: str, log_dir: str, indices: Sequence[int] = ()) -> JobStatus:
         raise JobStateError(f"job {job_id} ran on the local scheduler, in the foreground: it has ended")
