@@ -103,7 +103,8 @@ class Resumable:
         start = int(path.read_text()) if path.exists() else 0
         for i in range(start, steps):
             time.sleep(0.2)
-            path.write_text(str(i + 1))
+            path.with_suffix(".tmp").write_text(str(i + 1))  # whole or not at all: a resumed rank reads it
+            path.with_suffix(".tmp").replace(path)
         return start, int(os.environ.get("SLURM_RESTART_COUNT", "0")), steps
 
     def checkpoint(self, steps: int) -> object:

@@ -16,7 +16,7 @@ import pytest
 from slurmlaunch.allocation.torchrun_mode import RELAY, omp_note, parse, torchrun_command
 from slurmlaunch.core.distenv import DistEnv
 from slurmlaunch.core.spec import JobSpec, validate
-from slurmlaunch.schedulers import slurm
+from slurmlaunch.render.launch import launch_command
 from tests.helpers import clean_env, no_slurm_env, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +59,7 @@ def test_submit_puts_the_option_in_every_schedulers_command(mode: str, tmp_path:
     per_node = {"nproc_per_node": 2} if mode == "torchrun" else {"tasks_per_node": 2}
     spec = validate(JobSpec(script="t.py", args=("--lr", "1"), nodes=2, mode=mode, legacy_local_rank_arg=True,
                             workdir=str(tmp_path), **per_node))
-    cmd = slurm.launch_command(spec)  # the PBS and local schedulers run this same command
+    cmd = launch_command(spec)  # the PBS and local schedulers run this same command
     verb = "launch" if mode == "srun" else "torchrun-node"
     assert cmd[cmd.index(verb):].count("--legacy-local-rank-arg") == 1
     assert cmd[-3:] == [str(tmp_path / "t.py"), "--lr", "1"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.schedulers import pbs, slurm
+from slurmlaunch.render import launch, pbs_script, slurm_script
 from tests.helpers import GOLDEN_CASES, assert_refused, golden_spec, no_slurm_env, run_cli, skip_or_fail
 
 FAKES = Path(__file__).parent / "fakes"
@@ -30,17 +30,17 @@ with open(os.path.join(os.environ["OUT_DIR"], f"rank-{os.environ['RANK']}.json")
 HOSTILE = "a b'\"$(touch pwned);`x`\n\tz"
 
 def test_pyxis_flags_and_apptainer_prefix() -> None:
-    args = slurm.srun_args(GOLDEN_CASES["slurm_pyxis.sbatch"])
+    args = slurm_script.srun_args(GOLDEN_CASES["slurm_pyxis.sbatch"])
     assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in args and "--container-workdir=/workspace" in args
     mounts = next(a for a in args if a.startswith("--container-mounts=")).split("=", 1)[1].split(",")
     assert mounts[0] == "/home/me/project:/home/me/project"
     assert mounts[1].endswith(":/opt/slurmlaunch-pkg/slurmlaunch:ro")
     assert mounts[2:] == ["/scratch:/scratch:ro", "/data:/data"]
-    cmd = slurm.launch_command(GOLDEN_CASES["slurm_apptainer.sbatch"])
+    cmd = launch.launch_command(GOLDEN_CASES["slurm_apptainer.sbatch"])
     assert cmd[:3] == ["apptainer", "exec", "--nv"] and "--pwd" in cmd and "/images/torch.sif" in cmd
     assert cmd[cmd.index("/images/torch.sif") + 1:][:2] == ["python3", "-c"] and "torchrun-node" in cmd
     # under PBS the same prefix sits behind mpiexec
-    text = pbs.render_script(golden_spec(apptainer="/images/torch.sif", python="python3", gpus_per_node=0))
+    text = pbs_script.render_script(golden_spec(apptainer="/images/torch.sif", python="python3", gpus_per_node=0))
     assert re.search(r"mpiexec .*\n +apptainer exec --bind ", text) and "--nv" not in text
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.schedulers import pbs
+from slurmlaunch.render import pbs_script
 from tests.helpers import EXAMPLES, GOLDEN, golden_spec, no_slurm_env, run_cli
 
 PBS_GOLDEN = {
@@ -27,7 +27,7 @@ PBS_GOLDEN = {
 
 @pytest.mark.parametrize("name", sorted(PBS_GOLDEN))
 def test_golden_pbs_scripts(name: str) -> None:
-    text = pbs.render_script(PBS_GOLDEN[name])
+    text = pbs_script.render_script(PBS_GOLDEN[name])
     path = GOLDEN / name
     if os.environ.get("SLURMLAUNCH_UPDATE_GOLDEN") == "1":
         path.write_text(text)
@@ -40,7 +40,7 @@ def test_golden_pbs_scripts(name: str) -> None:
     ("2-3", "51:00:00"), ("1-2:30", "26:30:00"), ("0", "0:00:00"),
 ])
 def test_walltime(slurm_time: str, walltime: str) -> None:
-    assert pbs.walltime(slurm_time) == walltime
+    assert pbs_script.walltime(slurm_time) == walltime
 
 
 def fake_pbs(tmp_path: Path, exit_status: int = 0) -> dict[str, str]:

@@ -19,6 +19,7 @@ import pytest
 
 from slurmlaunch import cli
 from slurmlaunch.core.errors import SpecError
+from slurmlaunch.render import pbs_script
 from slurmlaunch.schedulers import pbs
 from tests.helpers import GOLDEN, golden_spec
 
@@ -215,22 +216,22 @@ def test_job_name_rule(name: str, ok: bool) -> None:
     # PBS Pro / OpenPBS: at most 236 characters, the first alphanumeric, no whitespace.
     spec = golden_spec(job_name=name)
     if ok:
-        pbs.check(spec)
+        pbs_script.check(spec)
         assert pbs.qsub_command(spec, "s.qsub")[1:3] == ["-N", name]
     else:
         with pytest.raises(SpecError, match="--job-name"):
-            pbs.check(spec)
+            pbs_script.check(spec)
 
 
 @pytest.mark.parametrize(("script", "name"), [("train.py", "train.py"), ("_private run.py", "private_run.py"),
                                               ("--.py", "py"), ("___", "slurmlaunch")])
 def test_a_default_name_is_made_to_fit(script: str, name: str) -> None:
-    assert pbs.job_name(golden_spec(script=script)) == name
+    assert pbs_script.job_name(golden_spec(script=script)) == name
 
 
 def test_requeue_is_rerunnable() -> None:
-    assert "-r y" in pbs.directives(golden_spec(time="10", requeue=True))
-    assert "-r y" not in pbs.directives(golden_spec(time="10"))
+    assert "-r y" in pbs_script.directives(golden_spec(time="10", requeue=True))
+    assert "-r y" not in pbs_script.directives(golden_spec(time="10"))
 
 
 @pytest.mark.parametrize(("flavour", "kw", "directive"), [
@@ -242,18 +243,18 @@ def test_requeue_is_rerunnable() -> None:
 ])
 def test_arrays(flavour: str, kw: dict[str, object], directive: str) -> None:
     spec = golden_spec(pbs_flavour=flavour, **kw)
-    assert directive in pbs.directives(spec)
+    assert directive in pbs_script.directives(spec)
 
 
 def test_setup_exports_reach_open_mpi_ranks() -> None:
     spec = golden_spec(setup=("module load x", "export HF_HOME=/scratch/hf A=1; declare -x B", "echo export C"))
-    args, _ = pbs.mpiexec_args(spec, [])
+    args, _ = pbs_script.mpiexec_args(spec, [])
     forwarded = [args[i + 1] for i, a in enumerate(args) if a == "-x"]
     assert {"HF_HOME", "A", "B"} <= set(forwarded) and "C" not in forwarded
 
 
 def test_mem_totals_keep_the_unit() -> None:
     spec = golden_spec(pbs_request="totals", mem="190G", nodes=3, gpus_per_node=0)
-    assert "-l mem=570gb" in pbs.directives(spec) and "-l ncpus=3" in pbs.directives(spec)
-    assert "-l mem=4000mb" in pbs.directives(replace(spec, mem="4000", nodes=1))
-    assert "-l mem=8gb" in pbs.directives(golden_spec(pbs_flavour="torque", mem="4G", nodes=2))  # the job's
+    assert "-l mem=570gb" in pbs_script.directives(spec) and "-l ncpus=3" in pbs_script.directives(spec)
+    assert "-l mem=4000mb" in pbs_script.directives(replace(spec, mem="4000", nodes=1))
+    assert "-l mem=8gb" in pbs_script.directives(golden_spec(pbs_flavour="torque", mem="4G", nodes=2))  # the job's

@@ -12,7 +12,7 @@ import pytest
 
 from slurmlaunch.app.clients import lightning_signal, script_source
 from slurmlaunch.core.spec import JobSpec, validate
-from slurmlaunch.schedulers import slurm
+from slurmlaunch.render import slurm_script
 from tests.helpers import run_cli
 
 # --- the detector: a table through the pure function ------------------------------------------------
@@ -106,7 +106,7 @@ def test_requeued_by_is_validated() -> None:
 
 def _script(tmp_path: Path, **kw: object) -> str:
     (tmp_path / "x.py").write_text("pass\n")
-    return slurm.render_script(validate(JobSpec(script="x.py", workdir=str(tmp_path), **kw)))  # type: ignore[arg-type]
+    return slurm_script.render_script(validate(JobSpec(script="x.py", workdir=str(tmp_path), **kw)))  # type: ignore[arg-type]
 
 
 def test_batch_script_matches_srun_words_for_the_warning_signal(tmp_path: Path) -> None:

@@ -11,8 +11,9 @@ import pytest
 
 from slurmlaunch.core.errors import SpecError
 from slurmlaunch.core.spec import JobSpec
+from slurmlaunch.render import launch, pbs_script, slurm_script
 from slurmlaunch.render.jinja import render, search_path, shipped_template_dir
-from slurmlaunch.schedulers import local, pbs, slurm
+from slurmlaunch.schedulers import local
 from tests.helpers import golden_spec
 
 LOG = "/home/me/project/slurmlaunch-logs"
@@ -37,13 +38,13 @@ LAUNCH = [PY, "-m", "slurmlaunch", "launch", "/home/me/project/train.py", "--lr"
       "--constraint=c", "--signal=B:USR2@90", "--open-mode=append", "--mail-type=END"]),
 ])
 def test_sbatch_directives(kw: dict[str, object], lines: list[str]) -> None:
-    assert slurm.directives(golden_spec(**kw)) == lines
+    assert slurm_script.directives(golden_spec(**kw)) == lines
 
 
 def test_free_text_never_becomes_a_directive() -> None:
     """The job name and log paths go on sbatch's command line, where #SBATCH's parser cannot cut them."""
     spec = golden_spec(job_name="x\n#SBATCH --uid=0", output_dir="logs dir")
-    assert not any("x" == d or "uid" in d or "logs dir" in d for d in slurm.directives(spec))
+    assert not any("x" == d or "uid" in d or "logs dir" in d for d in slurm_script.directives(spec))
 
 
 @pytest.mark.parametrize(("kw", "args"), [
@@ -58,7 +59,7 @@ def test_free_text_never_becomes_a_directive() -> None:
       f"{LOG}/job-%j.node-%t.log"]),  # an elastic step spans whatever the allocation got
 ])
 def test_srun_arguments(kw: dict[str, object], args: list[str]) -> None:
-    assert slurm.srun_args(golden_spec(**kw)) == args
+    assert slurm_script.srun_args(golden_spec(**kw)) == args
 
 
 @pytest.mark.parametrize(("kw", "command"), [
@@ -73,11 +74,11 @@ def test_srun_arguments(kw: dict[str, object], args: list[str]) -> None:
      [PY, "-m", "slurmlaunch", "torchrun-node", "--nproc-per-node=2", "--max-restarts=0", *LAUNCH[4:]]),
 ])
 def test_what_each_task_runs(kw: dict[str, object], command: list[str]) -> None:
-    assert slurm.launch_command(golden_spec(**kw)) == command
+    assert launch.launch_command(golden_spec(**kw)) == command
 
 
 def test_apptainer_wraps_the_launcher() -> None:
-    cmd = slurm.launch_command(golden_spec(apptainer="/img/torch.sif"))
+    cmd = launch.launch_command(golden_spec(apptainer="/img/torch.sif"))
     assert cmd[:3] == ["apptainer", "exec", "--nv"] and cmd[cmd.index("--pwd") + 1] == "/home/me/project"
     assert cmd[cmd.index("/img/torch.sif") + 1:][:2] == [PY, "-c"]  # the bootstrap: slurmlaunch is bound in
     assert cmd[-4:] == ["launch", *LAUNCH[4:]]
@@ -91,27 +92,27 @@ def test_apptainer_wraps_the_launcher() -> None:
 ])
 def test_script_context_names_the_warning_signal_as_srun_words_it(signal: str, name: str | None, number: int,
                                                                    description: str | None) -> None:
-    ctx = slurm.script_context(golden_spec(signal=signal))
+    ctx = slurm_script.script_context(golden_spec(signal=signal))
     assert (ctx["warning_signal"], ctx["warning_number"], ctx["warning_description"]) == (name, number, description)
 
 
 def test_script_context_is_the_request_spelled_for_the_template() -> None:
     spec = golden_spec(env=(("A", "1"),), setup=("module load cuda",), sweep=(("lr", ("0.1", "0.01")),))
-    ctx = slurm.script_context(spec)
+    ctx = slurm_script.script_context(spec)
     assert (ctx["world_size"], ctx["nodes"], ctx["multi_node"], ctx["tasks_per_node"]) == (8, "2", True, 4)
-    assert ctx["directives"] == slurm.directives(spec) and ctx["srun_args"] == slurm.srun_args(spec)
-    assert ctx["launch_cmd"] == slurm.launch_command(spec) and ctx["setup"] == ["module load cuda"]
+    assert ctx["directives"] == slurm_script.directives(spec) and ctx["srun_args"] == slurm_script.srun_args(spec)
+    assert ctx["launch_cmd"] == launch.launch_command(spec) and ctx["setup"] == ["module load cuda"]
     assert ("A", "1") in ctx["env"] and ctx["log_dir"] == LOG and ctx["workdir"] == "/home/me/project"
     assert ctx["array"] and not ctx["torchrun"] and len(ctx["sweep_points"]) == 2
 
 
 def test_the_sbatch_text_carries_the_context() -> None:
     spec = golden_spec()
-    text = slurm.render_script(spec)
+    text = slurm_script.render_script(spec)
     assert text.startswith("#!/bin/bash")
-    for line in slurm.directives(spec):
+    for line in slurm_script.directives(spec):
         assert f"#SBATCH {line}\n" in text
-    assert shlex.join(slurm.launch_command(spec)) in text
+    assert shlex.join(launch.launch_command(spec)) in text
 
 
 # --- PBS -------------------------------------------------------------------------------------------------------
@@ -121,7 +122,7 @@ def test_the_sbatch_text_carries_the_context() -> None:
     ("2-3:04:05", "51:04:05"),
 ])
 def test_pbs_walltime_from_slurms_time(time: str, walltime: str) -> None:
-    assert pbs.walltime(time) == walltime
+    assert pbs_script.walltime(time) == walltime
 
 
 @pytest.mark.parametrize(("kw", "lines"), [
@@ -130,15 +131,15 @@ def test_pbs_walltime_from_slurms_time(time: str, walltime: str) -> None:
      ["-l nodes=2:ppn=4:gpus=4", "-l mem=32gb", "-l walltime=2:00:00", "-q gpuq", "-A p1", "-j oe"]),
 ])
 def test_qsub_directives(kw: dict[str, object], lines: list[str]) -> None:
-    assert pbs.directives(golden_spec(**kw)) == lines
+    assert pbs_script.directives(golden_spec(**kw)) == lines
 
 
 def test_the_qsub_text_carries_the_context() -> None:
     spec = golden_spec()
-    ctx = pbs.script_context(spec)
-    assert ctx["directives"] == pbs.directives(spec) and ctx["world_size"] == 8 and ctx["mpi"] == "openmpi"
-    text = pbs.render_script(spec)
-    for line in pbs.directives(spec):
+    ctx = pbs_script.script_context(spec)
+    assert ctx["directives"] == pbs_script.directives(spec) and ctx["world_size"] == 8 and ctx["mpi"] == "openmpi"
+    text = pbs_script.render_script(spec)
+    for line in pbs_script.directives(spec):
         assert f"#PBS {line}\n" in text
 
 
@@ -209,4 +210,4 @@ def test_request_to_text_needs_no_process(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(subprocess, "Popen", refuse)
     spec: JobSpec = golden_spec()
-    assert slurm.render_script(spec) and pbs.render_script(spec) and local.dry_run(spec, {})
+    assert slurm_script.render_script(spec) and pbs_script.render_script(spec) and local.dry_run(spec, {})

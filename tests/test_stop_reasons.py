@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from slurmlaunch.allocation import reasons
-from slurmlaunch.schedulers import pbs
+from slurmlaunch.render import pbs_script
 from tests.helpers import clean_env, golden_spec, launch, no_slurm_env, run_cli, step_env
 
 # Rank 0 never starts its rendezvous (it sleeps); the others would wait in init_process_group for ever.
@@ -190,7 +190,7 @@ def test_pbs_script_reports_the_first_stopped_rank(tmp_path: Path, mpi: str) -> 
     spec = golden_spec(mpi=mpi, script=str(tmp_path / "train.py"), python=sys.executable, workdir=str(tmp_path),
                        output_dir=str(logs))
     (tmp_path / "train.py").write_text("print('started')")
-    text = pbs.render_script(spec)
+    text = pbs_script.render_script(spec)
     assert 'export SLURMLAUNCH_REASONS_DIR="$log_dir/job-$job_id.reasons"' in text
     if mpi == "openmpi":  # Open MPI forwards only the variables named with -x
         assert "-x SLURMLAUNCH_REASONS_DIR" in text
@@ -220,7 +220,7 @@ def test_pbs_script_keeps_mpiexecs_code_without_a_reason(tmp_path: Path) -> None
     logs = tmp_path / "logs"
     spec = golden_spec(mpi="mpich", workdir=str(tmp_path), output_dir=str(logs))
     script = tmp_path / "job.qsub"
-    script.write_text(pbs.render_script(spec))
+    script.write_text(pbs_script.render_script(spec))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "mpiexec").write_text("#!/bin/sh\nexit 7\n")

@@ -11,8 +11,8 @@ import pytest
 
 from slurmlaunch.core.errors import SpecError
 from slurmlaunch.core.spec import JobSpec, validate
+from slurmlaunch.render import slurm_script
 from slurmlaunch.render.jinja import render
-from slurmlaunch.schedulers import slurm
 from tests.helpers import EXAMPLES, GOLDEN, GOLDEN_CASES, HOSTILE, ROOT, fake_sbatch, golden_spec, no_slurm_env, run_cli
 
 # --- bad requests: one line, exit 2, nothing submitted ----------------------------------------------
@@ -68,8 +68,8 @@ def test_scheduler_slurm_without_sbatch(tmp_path: Path) -> None:
 
 def rendered(name: str) -> str:
     # Containers mount this checkout's package: the golden files say <slurmlaunch package> instead.
-    package = os.path.dirname(os.path.dirname(os.path.abspath(slurm.__file__)))
-    return slurm.render_script(GOLDEN_CASES[name], template_dir=None).replace(package, "<slurmlaunch package>")
+    package = os.path.dirname(os.path.dirname(os.path.abspath(slurm_script.__file__)))
+    return slurm_script.render_script(GOLDEN_CASES[name], template_dir=None).replace(package, "<slurmlaunch package>")
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
@@ -122,11 +122,11 @@ def test_user_template_dir_wins_and_env_var_and_config_dir(tmp_path: Path) -> No
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "slurm.sbatch.j2").write_text("#!/bin/bash\n# mine {{ world_size }}\n")
-    assert slurm.render_script(spec, str(mine)) == "#!/bin/bash\n# mine 8\n"
+    assert slurm_script.render_script(spec, str(mine)) == "#!/bin/bash\n# mine 8\n"
     cfg = tmp_path / "cfg" / "slurmlaunch" / "templates"
     cfg.mkdir(parents=True)
     (cfg / "slurm.sbatch.j2").write_text("# from config {{ nodes }}\n")
-    ctx = slurm.script_context(spec)
+    ctx = slurm_script.script_context(spec)
     assert render("slurm.sbatch.j2", ctx, None, {"XDG_CONFIG_HOME": str(tmp_path / "cfg")}) == \
         "# from config 2\n"
     assert render("slurm.sbatch.j2", ctx, None, {"XDG_CONFIG_HOME": str(tmp_path / "cfg"),
@@ -136,7 +136,7 @@ def test_user_template_dir_wins_and_env_var_and_config_dir(tmp_path: Path) -> No
 def test_missing_template_variable_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "slurm.sbatch.j2").write_text("#SBATCH --x={{ no_such_thing }}\n")
     with pytest.raises(SpecError, match="no_such_thing"):
-        slurm.render_script(golden_spec(), str(tmp_path))
+        slurm_script.render_script(golden_spec(), str(tmp_path))
     r = run_cli("submit", "--dry-run", "--scheduler", "slurm", "--template-dir", str(tmp_path),
                 str(EXAMPLES / "train_ddp.py"), env={**no_slurm_env(tmp_path),
                                                       "PATH": f"{fake_sbatch(tmp_path)}:{os.environ['PATH']}"})
@@ -159,7 +159,7 @@ def test_hostile_values_in_env_and_args_arrive_verbatim(tmp_path: Path) -> None:
     assert len(HOSTILE) >= 30
     spec = validate(JobSpec(script=str(EXAMPLES / "train_ddp.py"), args=tuple(HOSTILE), workdir=str(tmp_path),
                             env=tuple((f"V{i}", v) for i, v in enumerate(HOSTILE)), output_dir="logs"))
-    script = slurm.render_script(spec)
+    script = slurm_script.render_script(spec)
     recorder = tmp_path / "bin" / "srun"
     recorder.parent.mkdir()
     recorder.write_text(

@@ -96,11 +96,11 @@ def test_elastic_range_reaches_sbatch_and_torchrun(tmp_path: Path) -> None:
     spec = validate(JobSpec(script="t.py", workdir=str(tmp_path), mode="torchrun", nodes=4, min_nodes=2,
                             nproc_per_node=3, cpus_per_task=2)) if (tmp_path / "t.py").write_text("") == 0 else None
     assert spec is not None and spec.world_size == 12
-    from slurmlaunch.schedulers import slurm
+    from slurmlaunch.render import launch, slurm_script
 
-    assert "--nodes=2-4" in slurm.directives(spec) and "--cpus-per-task=6" in slurm.directives(spec)
-    assert "--nodes=4" not in slurm.srun_args(spec)  # the step spans what the allocation got
-    assert "--nnodes=2:4" in slurm.launch_command(spec)
+    assert "--nodes=2-4" in slurm_script.directives(spec) and "--cpus-per-task=6" in slurm_script.directives(spec)
+    assert "--nodes=4" not in slurm_script.srun_args(spec)  # the step spans what the allocation got
+    assert "--nnodes=2:4" in launch.launch_command(spec)
 
 
 def test_torchrun_mode_on_the_local_scheduler(tmp_path: Path, torch_available: None) -> None:

@@ -288,7 +288,7 @@ class _ScriptCall:
         self.spec = spec
 
     def __call__(self) -> int:
-        from ..schedulers.slurm import launch_command
+        from ..render.launch import launch_command
 
         _export_distributed_env(self.spec)
         done = subprocess.run(launch_command(self.spec), cwd=self.spec.workdir)
@@ -871,13 +871,10 @@ def _executor(spec: JobSpec, scheduler: str) -> Any:
 
 
 def _choose(scheduler: str) -> str:
-    if scheduler not in ("auto", "slurm", "local"):
-        raise SpecError(f"scheduler {scheduler!r} is not valid here (expected auto, slurm or local)")
-    if scheduler != "auto":
-        return scheduler
-    from ..schedulers import slurm
+    """--scheduler's one definition (schedulers/choice.py), within what the API runs on (no PBS), quietly."""
+    from ..schedulers.choice import choose
 
-    return "slurm" if slurm.available() and slurm.controller_answers()[0] else "local"
+    return choose(scheduler, allowed=("slurm", "local"), check_client=False, announce=False)
 
 
 def _spec(script: str, options: dict[str, Any], module: bool = False) -> JobSpec:

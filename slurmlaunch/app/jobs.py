@@ -20,6 +20,7 @@ from .records import JobRecord
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..core.spec import JobSpec
+    from ..schedulers.interface import Scheduler
 
 
 _FIELDS = ("job_id", "scheduler", "record")
@@ -85,13 +86,13 @@ def find(job_id: str) -> JobRecord:
     raise JobStateError(f"job {job_id!r} was not submitted from here (slurmlaunch list shows those that were)")
 
 
-def _edge(record: JobRecord) -> Any:
-    from ..schedulers import pbs, slurm
+def _edge(record: JobRecord) -> Scheduler:
+    from ..schedulers.choice import scheduler
 
-    scheduler = record.scheduler
-    if scheduler == "local":
+    edge = scheduler(record.scheduler)
+    if not edge.queued:
         raise JobStateError(f"job {record.job_id} ran on the local scheduler, in the foreground: it has ended")
-    return pbs if scheduler == "pbs" else slurm
+    return edge
 
 
 def recorded_spec(record: JobRecord) -> JobSpec:
@@ -133,10 +134,9 @@ def status(record: JobRecord) -> dict[str, Any]:
                 shown_state, _, shown_code = elements[str(element)].partition(" ")
                 info.update(state=shown_state, exit_code=int(shown_code) if shown_code.isdigit() else None)
         return info
-    from ..schedulers import job_status
 
     indices = array_indices(record) if record.element is None else []
-    st = job_status(_edge(record), record.full_id, record.log_dir, indices)
+    st = _edge(record).status(record.full_id, record.log_dir, indices)
     info = {"job_id": shown_id, "scheduler": record.scheduler, "state": st.state,
             "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
     if st.elements is not None:

@@ -7,10 +7,13 @@ import shlex
 import shutil
 import sys
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import SpecError
 from ..core.spec import JobSpec, parse_env, parse_nodes, parse_sweep, validate, validate_local
+
+if TYPE_CHECKING:
+    from ..schedulers.interface import Scheduler
 
 
 def spec_from_args(ns: Any) -> JobSpec:
@@ -38,27 +41,10 @@ def spec_from_args(ns: Any) -> JobSpec:
 
 
 def choose_scheduler(requested: str, preview: bool = False) -> str:
-    """The scheduler to use; ``preview`` (--dry-run): a named one needs no client on PATH, since previewing
-    a script must not need the scheduler."""
-    from ..schedulers import pbs, slurm
+    """--scheduler's choice (schedulers/choice.py); ``preview`` (--dry-run): a named one needs no client."""
+    from ..schedulers.choice import choose
 
-    if requested != "auto" and preview:
-        return requested
-    if requested != "auto":
-        if requested == "slurm" and not slurm.available():
-            raise SpecError("--scheduler slurm: sbatch is not on PATH (use --scheduler local on this machine)")
-        if requested == "pbs" and not pbs.available():
-            raise SpecError("--scheduler pbs: qsub is not on PATH (use --scheduler local on this machine)")
-        return requested
-    if not slurm.available():
-        chosen, why = ("pbs", "qsub is on PATH and sbatch is not") if pbs.available() else \
-            ("local", "no sbatch or qsub on PATH")
-    else:
-        up, _ = slurm.controller_answers()
-        chosen, why = ("slurm", "sbatch is on PATH and slurmctld answers") if up else \
-            ("local", "sbatch is on PATH but no Slurm controller answers scontrol ping")
-    sys.stderr.write(f"slurmlaunch: --scheduler auto chose {chosen} ({why})\n")
-    return chosen
+    return choose(requested, preview=preview)
 
 
 def merged_options(ns: Any) -> Any:
@@ -148,13 +134,12 @@ def cmd_submit(ns: Any) -> int:
         return submit_local(spec, ns)
     if scheduler == "slurm":
         spec = adapt_to_site(spec, getattr(ns, "option_origins", {}))
-    from ..schedulers import pbs, slurm
+    from ..schedulers.choice import scheduler as edge_for
 
-    edge: Any = pbs if scheduler == "pbs" else slurm
-    script = edge.render_script(spec, ns.template_dir)
+    edge = edge_for(scheduler)
+    script = edge.render(spec, ns.template_dir)
     if ns.dry_run:
-        command = (pbs.qsub_command if scheduler == "pbs" else slurm.sbatch_command)(spec, "<this script>")
-        sys.stderr.write("# would run: " + shlex.join(command) + "\n")
+        sys.stderr.write("# would run: " + shlex.join(edge.submit_command(spec, "<this script>")) + "\n")
         sys.stdout.write(script)
         return 0
     sub = edge.submit(spec, script)
@@ -205,25 +190,25 @@ def describe_array(spec: JobSpec, job_id: str) -> None:
         sys.stderr.write(f"slurmlaunch:   {job_id}_{index}: {shlex.join(args)}\n")
 
 
-def wait_for(edge: Any, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, timeout: float | None) -> int:
-    from ..schedulers import JobStatus, job_status, rank_log
+def wait_for(edge: Scheduler, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, timeout: float | None) -> int:
+    from ..schedulers import JobStatus
     from .follow import ask, follow
 
-    # Slurm writes one log per rank (follow rank 0's); under PBS mpiexec tags every line in the job's output.
-    # An array has many rank 0s: its elements' states are shown instead.
-    rank0 = rank_log(spec, job_id, 0) if edge.__name__.endswith("slurm") and not spec.is_array else None
+    # Follow rank 0's own log where the scheduler writes one (an array has many rank 0s: its elements' states
+    # are shown instead).
+    rank0 = edge.rank_log(spec, job_id, 0)
     last: list[JobStatus] = []
 
     def status() -> JobStatus:
-        st = job_status(edge, job_id, spec.log_dir, spec.array_indices)
+        st = edge.status(job_id, spec.log_dir, spec.array_indices)
         last[:] = [st]
         return st
 
     try:
         code: int = follow(job_id, status, rank0, timeout=timeout, log_dir=spec.log_dir)
-        if edge.__name__.endswith("slurm") and not spec.is_array:
-            for line in warning_lines(os.path.join(spec.log_dir, f"job-{job_id}.batch.log")):
-                sys.stderr.write(line)
+        batch_log = edge.batch_log(spec, job_id)
+        for line in warning_lines(batch_log) if batch_log else []:
+            sys.stderr.write(line)
         if last and last[0].elements:
             for index, state in last[0].elements.items():
                 sys.stderr.write(f"slurmlaunch:   {job_id}_{index}: {state}\n")

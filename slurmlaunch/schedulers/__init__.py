@@ -7,7 +7,6 @@ import json
 import os
 import shlex
 import stat
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +15,7 @@ from typing import Any
 
 from ..core.errors import SchedulerError, SpecError
 from ..core.spec import JobSpec
+from .runner import run_command as run_command  # the one way edges (and doctor) run a command
 
 
 @dataclass(frozen=True)
@@ -28,14 +28,20 @@ class JobStatus:
 
     @property
     def finished(self) -> bool:
-        return self.state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
-                                  "REQUEUED", "RESIZING", "STOPPED", "SIGNALING", "STAGE_OUT", "UNKNOWN")
+        return is_final(self.state)
 
 
-def job_status(edge: Any, job_id: str, log_dir: str, indices: Sequence[int] = ()) -> JobStatus:
-    """A job's state from its scheduler edge; with ``indices``, a job array's (all its elements at once)."""
-    st: JobStatus = edge.array_status(job_id, log_dir, list(indices)) if indices else edge.status(job_id, log_dir)
-    return st
+# Slurm's job states (squeue(1), JOB STATE CODES) in which a job may still run or run again; every other
+# state, and PBS's and the local scheduler's words mapped onto Slurm's, is final. The one definition of
+# "finished": the edges' "is this job still live?" and JobStatus.finished both read it.
+ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "RESIZING",
+                           "SIGNALING", "STAGE_OUT", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD",
+                           "SPECIAL_EXIT", "UNKNOWN"})
+
+
+def is_final(state: str) -> bool:
+    """Whether a job in ``state`` (Slurm's word) has ended for good."""
+    return state not in ACTIVE_STATES
 
 
 def array_outcome(job_id: str, log_dir: str, indices: Sequence[int], live: dict[int, tuple[str, str]],
@@ -79,24 +85,6 @@ def current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
-
-
-def run_command(cmd: Sequence[str], timeout: float = 60.0, input_text: str | None = None,
-                env: dict[str, str] | None = None, umask: int = -1) -> subprocess.CompletedProcess[str]:
-    """Run a scheduler command without a shell; failures raise SchedulerError with the command and output.
-    ``umask`` (when >= 0) is the command's: sbatch hands its own to the job, whose output files Slurm
-    creates with it."""
-    try:
-        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, input=input_text,
-                              env=env, errors="replace", umask=umask)
-    except FileNotFoundError:
-        raise SchedulerError(f"{cmd[0]!r} not found on PATH (is the scheduler's client installed?)") from None
-    except subprocess.TimeoutExpired:
-        raise SchedulerError(f"no answer within {timeout:.0f}s from: {shlex.join(cmd)}") from None
-    if proc.returncode != 0:
-        output = (proc.stderr.strip() or proc.stdout.strip() or "(no output)").replace("\n", " | ")
-        raise SchedulerError(f"{shlex.join(cmd)} failed (exit {proc.returncode}): {output}")
-    return proc
 
 
 def write_private(path: str, text: str, mode: int = 0o640, *, exclusive: bool = False) -> None:
@@ -203,12 +191,3 @@ def submit_with(spec: JobSpec, script_text: str, scheduler: str, suffix: str,
     record = write_record(spec, short, scheduler, cmd, extra)
     return Submission(out, script_path, record, cmd)
 
-
-def script_env(spec: JobSpec) -> list[tuple[str, str]]:
-    """The variables a batch script exports for every rank: --env, then --master-port, --rdzv-timeout."""
-    env = list(spec.env)
-    if spec.master_port is not None:
-        env.append(("MASTER_PORT", str(spec.master_port)))
-    if spec.rdzv_timeout is not None:
-        env.append(("SLURMLAUNCH_RDZV_TIMEOUT", f"{spec.rdzv_timeout:g}"))
-    return env

@@ -17,20 +17,21 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Final
 
 from ..allocation.gpus import dev_gpu_ids, visible_gpus
 from ..allocation.launch import RETURNED_DIR
 from ..allocation.reasons import REASONS_DIR, Reason, read_first
 from ..allocation.torchrun_mode import SIGABRT_CODE, aborted_workers, teardown_aborts, teardown_message
-from ..core.errors import SpecError
+from ..core.errors import JobStateError, SchedulerError, SpecError
 from ..core.jobfiles import JobFiles
 from ..core.paths import state_dir
 from ..core.spec import JobSpec
 from ..core.stepenv import GPU_LISTS, Submitter, step_env
-from . import current_umask, make_log_dir, rank_log, script_env, write_private, write_record
-from .slurm import launch_command
+from ..render.launch import launch_command, script_env
+from . import JobStatus, Submission, current_umask, make_log_dir, rank_log, write_private, write_record
 from .supervisor import Outcome, RankProcess, supervise
 
 NODE_PREFIX = "local-node"
@@ -378,3 +379,45 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
         write_private(JobFiles(spec.log_dir, job_id).exit_code,
                       f"{outcome.exit_code}\n{end_state(outcome)}\n", exclusive=True)
     return job_id, outcome
+
+
+_NO_QUEUE = ("the local scheduler has no queue to submit to: it runs the job in the foreground "
+             "(slurmlaunch submit --scheduler local)")
+
+
+class LocalScheduler:
+    """The local scheduler as a :class:`~.interface.Scheduler`: it renders its plan (--dry-run) and runs a job
+    with :func:`run`, in the foreground; there is no queue, so nothing to submit, ask about or cancel later."""
+
+    name: Final = "local"
+    queued: Final = False
+
+    def available(self) -> bool:
+        return True
+
+    def render(self, spec: JobSpec, template_dir: str | None = None) -> str:
+        if template_dir is not None:
+            raise SpecError("--template-dir: the local scheduler renders no batch script (leave it out, or "
+                            "--scheduler slurm/pbs)")
+        return dry_run(spec, os.environ)
+
+    def submit_command(self, spec: JobSpec, script_path: str) -> list[str]:
+        raise SchedulerError(_NO_QUEUE)
+
+    def submit(self, spec: JobSpec, script_text: str) -> Submission:
+        raise SchedulerError(_NO_QUEUE)
+
+    def status(self, job_id: str, log_dir: str, indices: Sequence[int] = ()) -> JobStatus:
+        raise JobStateError(f"job {job_id} ran on the local scheduler, in the foreground: it has ended")
+
+    def cancel(self, job_id: str) -> None:
+        raise JobStateError(f"job {job_id} ran on the local scheduler, in the foreground: it has ended")
+
+    def rank_log(self, spec: JobSpec, job_id: str, rank: int) -> str | None:
+        return None if spec.is_array else rank_log(spec, job_id, rank)
+
+    def batch_log(self, spec: JobSpec, job_id: str) -> str | None:
+        return None
+
+
+EDGE = LocalScheduler()

@@ -1,0 +1,61 @@
+"""What every task runs, whatever the scheduler: the launcher's command line, the container around it, and
+the variables a batch script exports. Pure: a JobSpec in, lists out (the Slurm, PBS and local edges share it)."""
+
+from __future__ import annotations
+
+import os
+
+from ..core.spec import JobSpec
+
+# Inside a container, slurmlaunch is this installation's package, mounted read-only (the image need not have
+# it, and the script's side matches the side that rendered it); the bootstrap puts it first on sys.path.
+CONTAINER_PKG = "/opt/slurmlaunch-pkg"
+BOOTSTRAP = (f'import sys; sys.path.insert(0, "{CONTAINER_PKG}"); '
+             "from slurmlaunch.cli import main; sys.exit(main())")
+
+
+def container_mounts(spec: JobSpec) -> list[str]:
+    """The working directory at its own path (the script, its data), slurmlaunch, then --container-mount's."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return [f"{spec.workdir}:{spec.workdir}", f"{package}:{CONTAINER_PKG}/slurmlaunch:ro", *spec.container_mounts]
+
+
+def launch_command(spec: JobSpec) -> list[str]:
+    """What each task runs: the launcher in front of the script (no shell in between); in torchrun mode,
+    the per-node torchrun starter; with --apptainer, `apptainer exec` in front of either."""
+    entry = [spec.python, "-c", BOOTSTRAP] if spec.container else [spec.python, "-m", "slurmlaunch"]
+    cmd = [*entry, "launch"]
+    if spec.apptainer:
+        binds = [a for m in container_mounts(spec) for a in ("--bind", m)]
+        gpus = ["--nv"] if spec.gpus_per_node else []
+        entry = ["apptainer", "exec", *gpus, *binds, "--pwd", spec.container_workdir or spec.workdir,
+                 spec.apptainer, *entry]
+        cmd = [*entry, "launch"]
+    if spec.mode == "torchrun":
+        cmd = [*entry, "torchrun-node", f"--nproc-per-node={spec.ntasks_per_node}",
+               f"--max-restarts={spec.max_restarts}"]
+        if spec.min_nodes is not None:
+            cmd.append(f"--nnodes={spec.min_nodes}:{spec.nodes}")
+        if spec.warning:
+            cmd.append(f"--forward-signal={spec.warning[0]}")
+    if spec.module:
+        cmd.append("-m")
+    if spec.no_python:
+        cmd.append("--no-python")
+    if spec.legacy_local_rank_arg:  # launch and torchrun-node both take it; PBS and local run this same command
+        cmd.append("--legacy-local-rank-arg")
+    script = spec.script
+    if not (spec.module or spec.no_python or os.path.isabs(script)):
+        script = os.path.join(spec.workdir, script)
+    return [*cmd, script, *spec.args]
+
+
+
+def script_env(spec: JobSpec) -> list[tuple[str, str]]:
+    """The variables a batch script exports for every rank: --env, then --master-port, --rdzv-timeout."""
+    env = list(spec.env)
+    if spec.master_port is not None:
+        env.append(("MASTER_PORT", str(spec.master_port)))
+    if spec.rdzv_timeout is not None:
+        env.append(("SLURMLAUNCH_RDZV_TIMEOUT", f"{spec.rdzv_timeout:g}"))
+    return env

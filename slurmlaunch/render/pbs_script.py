@@ -1,0 +1,248 @@
+"""The PBS request -> qsub script step (what --dry-run prints): the checks PBS would refuse, the #PBS
+directives, mpiexec's flags, the template's context. Pure: no qsub, no files written."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any
+
+from ..core import __version__
+from ..core.errors import SpecError
+from ..core.spec import JobSpec, time_seconds
+from .jinja import render
+from .launch import launch_command, script_env
+
+TEMPLATE = "pbs.qsub.j2"
+
+
+def walltime(time: str) -> str:
+    """A time in one of Slurm's formats (as --time takes them, already validated) as PBS's H:MM:SS."""
+    total = time_seconds(time) or 0
+    return f"{total // 3600:d}:{total // 60 % 60:02d}:{total % 60:02d}"
+
+
+# PBS Pro / OpenPBS job names (qsub -N, the Job_Name attribute): at most 236 characters (PBS 13 on; PBS 12
+# and old Torque allowed 15), the first alphanumeric, no whitespace (PBS Professional Reference Guide,
+# "Formats"; OpenPBS qsub(1B)). Only this rule is checked, not the older 15-character one.
+_JOB_NAME = re.compile(r"[A-Za-z0-9]\S{0,235}")
+_KEY = r"[A-Za-z_][A-Za-z0-9_.-]*"
+_VALUE = r"[^\s'\"#,]+"
+_RESOURCE = re.compile(rf"({_KEY})(?:=({_VALUE}))?")
+_CHUNK = re.compile(rf"({_KEY})=([^\s'\"#,+:]+)")
+_QUEUE = re.compile(r"([A-Za-z0-9_.@-]+):(\d+)-(\d*)")
+# What slurmlaunch itself writes into the request: a user's value would contradict it.
+_OWN_RESOURCES = {"select": "--nodes and --pbs-chunk", "walltime": "--time", "nodes": "--nodes (Torque)"}
+_OWN_TOTALS = {"ncpus": "--cpus-per-task/--cpus-per-gpu", "ngpus": "--gpus-per-node", "mem": "--mem"}
+_OWN_CHUNK = {"ncpus": "--cpus-per-task/--cpus-per-gpu", "mpiprocs": "--tasks-per-node",
+              "ngpus": "--gpus-per-node", "mem": "--mem"}
+# The variable each flavour sets to a subjob's index (PBS Pro -J: PBS_ARRAY_INDEX; Torque -t: PBS_ARRAYID).
+ARRAY_INDEX = {"pro": "PBS_ARRAY_INDEX", "torque": "PBS_ARRAYID"}
+
+
+def job_name(spec: JobSpec) -> str:
+    """The name for qsub -N: --job-name as given (check() refused a bad one), else the script's name made
+    to fit PBS's rule (whitespace to '_', leading characters that are not alphanumeric dropped)."""
+    if spec.job_name is not None:
+        return spec.job_name
+    name = re.sub(r"\s", "_", spec.name).lstrip("-_.+~")
+    name = re.sub(r"^[^A-Za-z0-9]+", "", name)[:236]
+    return name or "slurmlaunch"
+
+
+def _pbs_size(mem: str, times: int = 1) -> str:
+    """--mem (validated: digits and an optional K/M/G/T; M by default, as Slurm reads it) in PBS's spelling
+    (64gb, 4000mb), multiplied by ``times`` in the same unit."""
+    unit = mem[-1].lower() if mem[-1].isalpha() else "m"
+    number = int(mem[:-1] if mem[-1].isalpha() else mem)
+    return f"{number * times}{unit}b"
+
+
+def queue(spec: JobSpec) -> str | None:
+    """--partition, else the first --pbs-queues entry whose node range holds --nodes (check() parsed it)."""
+    if spec.partition or not spec.pbs_queues:
+        return spec.partition
+    for item in spec.pbs_queues.split(","):
+        m = _QUEUE.fullmatch(item.strip(" "))  # spaces after commas; never a newline
+        assert m is not None
+        low, high = int(m[2]), int(m[3]) if m[3] else None
+        if low <= spec.nodes and (high is None or spec.nodes <= high):
+            return m[1]
+    raise SpecError(f"--nodes {spec.nodes}: no queue of --pbs-queues {spec.pbs_queues!r} takes this many nodes "
+                    f"(choose a node count one of them takes, or a queue with --partition)")
+
+
+def array_range(spec: JobSpec) -> str | None:
+    """The array's indices for -J (PBS Pro: X-Y[:Z][%N]) or -t (Torque: a list[%N]); None without one."""
+    if not spec.is_array:
+        return None
+    indices = spec.array_indices
+    limit = f"%{spec.max_parallel}" if spec.max_parallel else ""
+    if spec.pbs_flavour == "torque":
+        return ",".join(map(str, indices)) + limit  # Torque's -t takes lists, but no :step
+    first, last = indices[0], indices[-1]
+    step = indices[1] - indices[0] if len(indices) > 1 else 1
+    shown = spec.array_directive
+    if len(indices) < 2:
+        raise SpecError(f"--array/--sweep {shown}: a PBS Pro job array needs at least two indices (qsub -J X-Y "
+                        f"with X < Y); submit a single point as a plain job, or use --pbs-flavour torque")
+    if indices != list(range(first, last + 1, step)):
+        raise SpecError(f"--array {shown}: PBS Pro's qsub -J takes one range X-Y[:STEP], not a list (give e.g. "
+                        f"0-15:4, or submit the list as separate jobs)")
+    return f"{first}-{last}" + (f":{step}" if step != 1 else "") + limit
+
+
+def check(spec: JobSpec) -> None:
+    """SpecError for what PBS would refuse or what has no PBS meaning; each message names the value and
+    what would be right. Runs before rendering, so --dry-run shows the same refusals as a submission."""
+    if spec.job_name is not None and not _JOB_NAME.fullmatch(spec.job_name):
+        raise SpecError(f"--job-name {spec.job_name!r} is not a PBS job name (at most 236 characters, the first "
+                        f"a letter or digit, no whitespace; e.g. {job_name(replace(spec, job_name=None))!r})")
+    if spec.time is not None and spec.time.upper() in ("UNLIMITED", "INFINITE"):
+        raise SpecError(f"--time {spec.time}: PBS has no unlimited walltime (sites such as ALCF require "
+                        f"-l walltime); give a time such as 1:00:00, or leave --time out for the queue's default")
+    if spec.mem is not None and int(spec.mem.rstrip("KMGTkmgt")) == 0:  # Slurm: --mem=0 is all of it
+        raise SpecError(f"--mem {spec.mem}: Slurm reads 0 as all of a node's memory, PBS as a request for none; "
+                        f"leave --mem out (the queue's default) or give a size such as 64G")
+    if spec.pbs_request not in ("select", "nodes", "totals"):
+        raise SpecError(f"--pbs-request {spec.pbs_request!r} is not valid (expected select, nodes or totals)")
+    if spec.pbs_flavour == "torque":
+        for shown, given in ((f"--pbs-request {spec.pbs_request}", spec.pbs_request != "select"),
+                             ("--pbs-chunk " + " ".join(spec.pbs_chunk), bool(spec.pbs_chunk)),
+                             (f"--project {spec.project}", spec.project is not None)):
+            if given:
+                raise SpecError(f"{shown}: Torque's qsub script asks for -l nodes=N:ppn=C and has no select chunks "
+                                f"or -P project (leave it out, or --pbs-flavour pro)")
+    own = dict(_OWN_RESOURCES, **(_OWN_TOTALS if spec.pbs_request == "totals" else {}))
+    for item in spec.pbs_resources:
+        m = _RESOURCE.fullmatch(item)
+        if not m:
+            raise SpecError(f"--pbs-resource {item!r} is not valid (expected KEY or KEY=VALUE without spaces, "
+                            f"quotes, '#' or ',', e.g. filesystems=home:eagle, storage=gdata/ab1+scratch/ab1 or wd)")
+        if m[1] in own:
+            raise SpecError(f"--pbs-resource {item}: slurmlaunch writes {m[1]} itself (use {own[m[1]]})")
+    for item in spec.pbs_chunk:
+        m = _CHUNK.fullmatch(item)
+        if not m:
+            raise SpecError(f"--pbs-chunk {item!r} is not valid (expected KEY=VALUE without spaces, quotes, ':', "
+                            f"'#', ',' or '+', e.g. system=polaris)")
+        if m[1] in _OWN_CHUNK:
+            raise SpecError(f"--pbs-chunk {item}: slurmlaunch writes {m[1]} itself (use {_OWN_CHUNK[m[1]]})")
+    if spec.pbs_chunk and spec.pbs_request == "totals":
+        raise SpecError("--pbs-chunk needs select chunks: it cannot be used with --pbs-request totals "
+                        "(use --pbs-resource KEY=VALUE for a job-wide resource)")
+    if spec.project is not None and (not spec.project or any(c.isspace() for c in spec.project)):
+        raise SpecError(f"--project {spec.project!r} is not valid (expected a non-empty name without spaces)")
+    if spec.pbs_queues is not None:
+        for item in spec.pbs_queues.split(","):
+            m = _QUEUE.fullmatch(item.strip(" "))  # spaces after commas; never a newline
+            if not m or (m[3] and int(m[3]) < int(m[2])):
+                raise SpecError(f"--pbs-queues {spec.pbs_queues!r} is not valid (expected QUEUE:MIN-MAX entries "
+                                f"separated by commas, MAX may be empty: e.g. debug:1-2,prod:10-)")
+        queue(spec)
+    for arg in spec.mpiexec_args:
+        if not arg.startswith("-") or "\n" in arg:
+            raise SpecError(f"--mpiexec-arg {arg!r} is not valid (expected one mpiexec flag, e.g. --cpu-bind=list:1-8)")
+    array_range(spec)
+
+
+def directives(spec: JobSpec) -> list[str]:
+    tpn = spec.ntasks_per_node
+    cpus = tpn * (spec.per_task_cpus or 1)
+    out = []
+    resources = list(spec.pbs_resources)
+    if spec.pbs_flavour == "torque":
+        gpus = f":gpus={spec.gpus_per_node}" if spec.gpus_per_node else ""
+        out.append(f"-l nodes={spec.nodes}:ppn={cpus}{gpus}")
+        if spec.mem:  # Torque's mem is the whole job's (qsub(1B), pbs_resources): --mem is per node
+            out.append(f"-l mem={_pbs_size(spec.mem, spec.nodes)}")
+    elif spec.pbs_request == "totals":  # job-wide amounts, as NCI's Gadi asks for them
+        out.append(f"-l ncpus={spec.nodes * cpus}")
+        if spec.gpus_per_node:
+            out.append(f"-l ngpus={spec.nodes * spec.gpus_per_node}")
+        if spec.mem:
+            out.append(f"-l mem={_pbs_size(spec.mem, spec.nodes)}")
+    else:
+        chunk = f"select={spec.nodes}"
+        if spec.pbs_request == "select":
+            chunk += f":ncpus={cpus}:mpiprocs={tpn}"
+            if spec.gpus_per_node:
+                chunk += f":ngpus={spec.gpus_per_node}"
+            if spec.mem:
+                chunk += f":mem={_pbs_size(spec.mem)}"
+        elif spec.mem:
+            chunk += f":mem={_pbs_size(spec.mem)}"
+        chunk += "".join(f":{item}" for item in spec.pbs_chunk)
+        out.append(f"-l {chunk}")
+        if not any(r.split("=", 1)[0] == "place" for r in resources):  # one chunk per node
+            out.append("-l place=scatter:excl" if spec.exclusive else "-l place=scatter")
+    if spec.time:
+        out.append(f"-l walltime={walltime(spec.time)}")
+    out.extend(f"-l {r}" for r in resources)
+    chosen = queue(spec)
+    if chosen:
+        out.append(f"-q {chosen}")
+    if spec.account:
+        out.append(f"-A {spec.account}")
+    if spec.project:
+        out.append(f"-P {spec.project}")
+    span = array_range(spec)
+    if span is not None:
+        out.append(f"-J {span}" if spec.pbs_flavour == "pro" else f"-t {span}")
+    if spec.requeue:
+        out.append("-r y")  # PBS may rerun the job (node failure, preemption, qrerun); see the README
+    out.append("-j oe")
+    if spec.pbs_flavour == "pro":
+        # d: written straight into the -o path while the job runs (logs --follow sees it); oe: both streams.
+        out.append("-k doe")
+    out.extend(spec.sbatch_args)
+    return out
+
+
+def _setup_exports(setup: tuple[str, ...]) -> list[str]:
+    """Variables the --setup lines export (export A=1 B, declare -x C): Open MPI forwards only those named."""
+    names: list[str] = []
+    for line in setup:
+        for m in re.finditer(r"(?:^|[;&|]\s*)(?:export|declare\s+-x)\s+([^;&|#]*)", line):
+            names += [w.split("=", 1)[0] for w in m[1].split() if re.match(r"^[A-Za-z_]\w*(=|$)", w)]
+    return names
+
+
+def mpiexec_args(spec: JobSpec, env: list[tuple[str, str]]) -> tuple[list[str], str | None]:
+    """The flags of the site's MPI, and its hostfile flag (the hostfile itself is $PBS_NODEFILE)."""
+    tpn = spec.ntasks_per_node
+    extra = list(spec.mpiexec_args)
+    if spec.mpi == "openmpi":
+        # Open MPI forwards only the variables named with -x (and warns about unset ones).
+        # SLURMLAUNCH_REASONS_DIR: where a rank the launcher stops says why (the script reads it at the end).
+        names = ["PBS_NODEFILE", "PBS_JOBID", "PATH", "SLURMLAUNCH_REASONS_DIR", *(k for k, _ in env),
+                 *_setup_exports(spec.setup)]
+        if spec.is_array:
+            names.append(ARRAY_INDEX[spec.pbs_flavour])
+        forwards = [a for n in dict.fromkeys(names) for a in ("-x", n)]
+        return ["-np", str(spec.world_size), "--map-by", f"ppr:{tpn}:node", "--tag-output", *forwards,
+                *extra], "--hostfile"
+    if spec.mpi == "mpich":
+        return ["-n", str(spec.world_size), "-ppn", str(tpn), "-genvall", "-prepend-rank", *extra], "-f"
+    depth = spec.per_task_cpus or 1  # Cray PALS places by its own node list
+    bind = [] if any(a.startswith("--cpu-bind") for a in extra) else ["--depth", str(depth), "--cpu-bind", "depth"]
+    return ["-n", str(spec.world_size), "--ppn", str(tpn), *bind, "--label", *extra], None
+
+
+def script_context(spec: JobSpec) -> dict[str, Any]:
+    check(spec)
+    env = script_env(spec)
+    args, hostfile_flag = mpiexec_args(spec, env)
+    return {
+        "version": __version__, "flavour": f"PBS {spec.pbs_flavour}", "mpi": spec.mpi,
+        "world_size": spec.world_size, "nodes": spec.nodes, "tasks_per_node": spec.ntasks_per_node,
+        "directives": directives(spec), "setup": list(spec.setup), "env": env, "log_dir": spec.log_dir,
+        "workdir": spec.workdir, "mpiexec_args": args, "hostfile_flag": hostfile_flag,
+        "launch_cmd": launch_command(spec), "array_index": ARRAY_INDEX[spec.pbs_flavour] if spec.is_array else None,
+        "sweep_points": list(enumerate(spec.sweep_points)),
+    }
+
+
+def render_script(spec: JobSpec, template_dir: str | None = None) -> str:
+    return render(TEMPLATE, script_context(spec), template_dir)
+

@@ -1,0 +1,101 @@
+"""The Slurm request -> sbatch script step (what --dry-run prints): directives, the srun line, the context
+the template is rendered with. Pure: no sbatch, no files written."""
+
+from __future__ import annotations
+
+import os
+from signal import Signals, strsignal
+from typing import Any
+
+from ..core import __version__
+from ..core.spec import JobSpec
+from .jinja import render
+from .launch import container_mounts, launch_command, script_env
+
+TEMPLATE = "slurm.sbatch.j2"
+
+
+def directives(spec: JobSpec) -> list[str]:
+    """The #SBATCH lines. Free text (job name, log paths) goes on sbatch's command line instead, where
+    no quoting rule of the #SBATCH parser can cut or reinterpret it."""
+    nodes = f"{spec.min_nodes}-{spec.nodes}" if spec.min_nodes is not None else str(spec.nodes)
+    out = [f"--nodes={nodes}", f"--ntasks-per-node={spec.slurm_tasks_per_node}"]
+    if spec.gpus_per_node:
+        out.append(f"--gpus-per-node={spec.gpus_per_node}" if spec.gpu_flag == "gpus-per-node"
+                   else f"--gres=gpu:{spec.gpus_per_node}")
+    if spec.slurm_cpus_per_task is not None:
+        out.append(f"--cpus-per-task={spec.slurm_cpus_per_task}")
+    for flag, value in (("mem", spec.mem), ("time", spec.time), ("partition", spec.partition),
+                        ("account", spec.account), ("qos", spec.qos), ("constraint", spec.constraint)):
+        if value is not None:
+            out.append(f"--{flag}={value}")
+    if spec.exclusive:
+        out.append("--exclusive")
+    if spec.warning:
+        # B: gives the warning to the batch shell, which forwards it to srun (and so to every rank) and
+        # knows to requeue; a plain --signal would reach the steps only.
+        out.append(f"--signal=B:{spec.warning[0]}@{spec.warning[1]}")
+    if spec.requeue:
+        out.append("--requeue")
+    if spec.array_directive:
+        out.append(f"--array={spec.array_directive}")
+    out.append("--open-mode=append")
+    out.extend(spec.sbatch_args)
+    return out
+
+
+def srun_args(spec: JobSpec) -> list[str]:
+    args = ["--kill-on-bad-exit=1"]
+    if spec.min_nodes is None:  # an elastic job's step spans whatever the allocation got
+        tasks = spec.nodes * spec.slurm_tasks_per_node
+        args += [f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.slurm_tasks_per_node}", f"--ntasks={tasks}"]
+    else:
+        args.append("--ntasks-per-node=1")
+    if spec.slurm_cpus_per_task is not None:
+        # Since Slurm 22.05 srun no longer inherits --cpus-per-task from the batch allocation.
+        args.append(f"--cpus-per-task={spec.slurm_cpus_per_task}")
+    log = f"job-{file_tag(spec)}.{spec.log_unit}-%t.log"
+    args += ["--open-mode=append", "--output", os.path.join(spec.log_dir, log)]
+    if spec.container_image:  # pyxis: every task of the step runs in the image
+        args += [f"--container-image={spec.container_image}",
+                 f"--container-mounts={','.join(container_mounts(spec))}",
+                 f"--container-workdir={spec.container_workdir or spec.workdir}"]
+    return args
+
+
+def file_tag(spec: JobSpec) -> str:
+    """How log file names say which job: its id, or for an array element ARRAYID_INDEX (as squeue shows it)."""
+    return "%A_%a" if spec.is_array else "%j"
+
+
+def script_context(spec: JobSpec) -> dict[str, Any]:
+    env = script_env(spec)
+    return {
+        "version": __version__,
+        "world_size": spec.world_size,
+        "nodes": spec.nodes_text,
+        "multi_node": spec.nodes > 1,
+        "tasks_per_node": spec.slurm_tasks_per_node,
+        "directives": directives(spec),
+        "setup": list(spec.setup),
+        "env": env,
+        "log_dir": spec.log_dir,
+        "workdir": spec.workdir,
+        "srun_args": srun_args(spec),
+        "launch_cmd": launch_command(spec),
+        "warning_signal": spec.warning[0] if spec.warning else None,
+        # how srun words a task killed by it (strsignal), and its number: to tell "died of it" from "saved"
+        "warning_description": strsignal(Signals["SIG" + spec.warning[0]]) if spec.warning else None,
+        "warning_number": int(Signals["SIG" + spec.warning[0]]) if spec.warning else 0,
+        "requeue": spec.requeue,
+        "requeued_by_script": spec.requeued_by == "script",
+        "max_requeues": spec.max_requeues,
+        "array": spec.is_array,
+        "torchrun": spec.mode == "torchrun",
+        "sweep_points": list(enumerate(spec.sweep_points)),
+    }
+
+
+def render_script(spec: JobSpec, template_dir: str | None = None) -> str:
+    return render(TEMPLATE, script_context(spec), template_dir)
+
