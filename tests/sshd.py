@@ -247,17 +247,22 @@ def on_laptop(lap: Laptop, *args: str, cwd: Path, timeout: float = 300) -> subpr
                           env=lap.env, cwd=cwd, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def masters_left(lap: Laptop) -> list[str]:
-    """Running processes whose command line names the laptop's ssh config: ssh masters left behind."""
+def processes_naming(text: str) -> list[str]:
+    """Command lines of the running processes that name ``text`` (ssh masters name their control path)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if str(lap.ssh_dir) in args and "ssh" in args:
+        if text in args:
             found.append(args)
     return found
+
+
+def masters_left(lap: Laptop) -> list[str]:
+    """ssh processes left behind by the laptop (their command line names its ssh config)."""
+    return [args for args in processes_naming(str(lap.ssh_dir)) if "ssh" in args]
 
 
 def free_master_port() -> str:

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import ast
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from slurmlaunch.app import remote
 from slurmlaunch.core.errors import SlurmLaunchError, SpecError
-from tests.helpers import skip_or_fail
 
 from . import sshd
 
@@ -21,16 +19,6 @@ HOSTILE = [
     "line1\nline2", "tab\there", "naïve ünïcødé ✓ 日本", "; rm -rf ~ #", "a\\b\\\\c", "*", "~", "$HOME", "-n",
     "'", '"', "&& echo no", "|cat", "> /tmp/x", "\r", " leading and trailing ", "!event", "{a,b}",
 ]
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[sshd.Sshd]:
-    why = sshd.missing()
-    if why:
-        skip_or_fail(why)
-    s = sshd.start_sshd()
-    yield s
-    sshd.remove(s)
 
 
 @pytest.fixture
@@ -42,19 +30,6 @@ def laptop(server: sshd.Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     for key, value in lap.env.items():
         monkeypatch.setenv(key, value)
     return lap
-
-
-def _ssh_processes(control_dir: str) -> list[str]:
-    """Command lines of the running processes that name ``control_dir`` (ssh masters use it)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if control_dir in args:
-            found.append(args)
-    return found
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -103,10 +78,10 @@ def test_one_master_reused_and_stopped_at_the_end(laptop: sshd.Laptop, server: s
         sockets = os.listdir(conn.control_dir)
         assert len(sockets) == 1  # one master socket, in a private directory
         assert os.stat(conn.control_dir).st_mode & 0o777 == 0o700
-        assert _ssh_processes(conn.control_dir)  # the master runs while the connection is open
+        assert sshd.processes_naming(conn.control_dir)  # the master runs while the connection is open
         control_dir = conn.control_dir
     assert not os.path.exists(control_dir)
-    assert _ssh_processes(control_dir) == []  # ssh -O exit: nothing left behind
+    assert sshd.processes_naming(control_dir) == []  # ssh -O exit: nothing left behind
     # three commands, one login: sshd saw one accepted key
     assert server.log.count("Accepted publickey") >= 1
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from ..core.spec import JobSpec
@@ -52,3 +53,45 @@ class Scheduler(Protocol):
     def batch_log(self, spec: JobSpec, job_id: str) -> str | None:
         """The batch script's own output file where slurmlaunch names it, else None."""
         ...
+
+
+@dataclass(frozen=True)
+class QueuedEdge:
+    """A batch scheduler's edge (slurm.py's, pbs.py's) as a :class:`Scheduler`, made of its module's
+    functions: the delegation is written once, each module says only what differs."""
+
+    name: SchedulerName
+    is_available: Callable[[], bool]
+    render_script: Callable[[JobSpec, str | None], str]
+    submit_script_command: Callable[[JobSpec, str], list[str]]
+    submit_script: Callable[[JobSpec, str], Submission]
+    job_status: Callable[[str, str], JobStatus]
+    array_status: Callable[[str, str, list[int]], JobStatus]
+    cancel_job: Callable[[str], None]
+    rank_log_of: Callable[[JobSpec, str, int], str | None]
+    batch_log_of: Callable[[JobSpec, str], str | None]
+    queued: bool = True
+
+    def available(self) -> bool:
+        return self.is_available()
+
+    def render(self, spec: JobSpec, template_dir: str | None = None) -> str:
+        return self.render_script(spec, template_dir)
+
+    def submit_command(self, spec: JobSpec, script_path: str) -> list[str]:
+        return self.submit_script_command(spec, script_path)
+
+    def submit(self, spec: JobSpec, script_text: str) -> Submission:
+        return self.submit_script(spec, script_text)
+
+    def status(self, job_id: str, log_dir: str, indices: Sequence[int] = ()) -> JobStatus:
+        return self.array_status(job_id, log_dir, list(indices)) if indices else self.job_status(job_id, log_dir)
+
+    def cancel(self, job_id: str) -> None:
+        self.cancel_job(job_id)
+
+    def rank_log(self, spec: JobSpec, job_id: str, rank: int) -> str | None:
+        return self.rank_log_of(spec, job_id, rank)
+
+    def batch_log(self, spec: JobSpec, job_id: str) -> str | None:
+        return self.batch_log_of(spec, job_id)

@@ -10,14 +10,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Sequence
-from typing import Final
 
 from ..core.errors import SchedulerError
 from ..core.spec import JobSpec
 from ..render.pbs_script import job_name
 from ..render.pbs_script import render_script as render_script  # the edge renders what it submits
 from . import JobStatus, Submission, array_outcome, run_command, submit_with
+from .interface import QueuedEdge
 
 # job_state letters; F (PBS Pro) and C (Torque) are finished: the exit status says how.
 _STATES = {"Q": "PENDING", "H": "PENDING", "W": "PENDING", "T": "PENDING", "S": "SUSPENDED", "R": "RUNNING",
@@ -120,35 +119,14 @@ def cancel(job_id: str) -> None:
     run_command(["qdel", pbs_id(job_id)], timeout=30)
 
 
-class PbsScheduler:
-    """The PBS edge as a :class:`~.interface.Scheduler`."""
-
-    name: Final = "pbs"
-    queued: Final = True
-
-    def available(self) -> bool:
-        return available()
-
-    def render(self, spec: JobSpec, template_dir: str | None = None) -> str:
-        return render_script(spec, template_dir)
-
-    def submit_command(self, spec: JobSpec, script_path: str) -> list[str]:
-        return qsub_command(spec, script_path)
-
-    def submit(self, spec: JobSpec, script_text: str) -> Submission:
-        return submit(spec, script_text)
-
-    def status(self, job_id: str, log_dir: str, indices: Sequence[int] = ()) -> JobStatus:
-        return array_status(job_id, log_dir, list(indices)) if indices else status(job_id, log_dir)
-
-    def cancel(self, job_id: str) -> None:
-        cancel(job_id)
-
-    def rank_log(self, spec: JobSpec, job_id: str, rank: int) -> str | None:
-        return None  # mpiexec tags every rank's lines in the job's one output file
-
-    def batch_log(self, spec: JobSpec, job_id: str) -> str | None:
-        return None  # PBS names it after the job id inside the -o directory
+def _rank_log(spec: JobSpec, job_id: str, rank: int) -> str | None:
+    return None  # mpiexec tags every rank's lines in the job's one output file
 
 
-EDGE = PbsScheduler()
+def _batch_log(spec: JobSpec, job_id: str) -> str | None:
+    return None  # PBS names it after the job id inside the -o directory
+
+
+# The pbs edge as a Scheduler (schedulers.interface)
+EDGE = QueuedEdge("pbs", available, render_script, qsub_command, submit, status, array_status, cancel, _rank_log,
+                  _batch_log)

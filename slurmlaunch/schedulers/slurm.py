@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Sequence
-from typing import Final
 
 from ..core.errors import SchedulerError
 from ..core.spec import JobSpec
 from ..render.slurm_script import file_tag
 from ..render.slurm_script import render_script as render_script  # the edge renders what it submits
 from . import JobStatus, Submission, array_outcome, is_final, rank_log, run_command, submit_with
+from .interface import QueuedEdge
 
 
 def available() -> bool:
@@ -140,35 +139,14 @@ def cancel(job_id: str) -> None:
     run_command(["scancel", job_id], timeout=30)
 
 
-class SlurmScheduler:
-    """The Slurm edge as a :class:`~.interface.Scheduler`."""
-
-    name: Final = "slurm"
-    queued: Final = True
-
-    def available(self) -> bool:
-        return available()
-
-    def render(self, spec: JobSpec, template_dir: str | None = None) -> str:
-        return render_script(spec, template_dir)
-
-    def submit_command(self, spec: JobSpec, script_path: str) -> list[str]:
-        return sbatch_command(spec, script_path)
-
-    def submit(self, spec: JobSpec, script_text: str) -> Submission:
-        return submit(spec, script_text)
-
-    def status(self, job_id: str, log_dir: str, indices: Sequence[int] = ()) -> JobStatus:
-        return array_status(job_id, log_dir, list(indices)) if indices else status(job_id, log_dir)
-
-    def cancel(self, job_id: str) -> None:
-        cancel(job_id)
-
-    def rank_log(self, spec: JobSpec, job_id: str, rank: int) -> str | None:
-        return None if spec.is_array else rank_log(spec, job_id, rank)  # srun writes one file per rank
-
-    def batch_log(self, spec: JobSpec, job_id: str) -> str | None:
-        return None if spec.is_array else os.path.join(spec.log_dir, f"job-{job_id}.batch.log")
+def _rank_log(spec: JobSpec, job_id: str, rank: int) -> str | None:
+    return None if spec.is_array else rank_log(spec, job_id, rank)  # srun writes one file per rank
 
 
-EDGE = SlurmScheduler()
+def _batch_log(spec: JobSpec, job_id: str) -> str | None:
+    return None if spec.is_array else os.path.join(spec.log_dir, f"job-{job_id}.batch.log")
+
+
+# The slurm edge as a Scheduler (schedulers.interface)
+EDGE = QueuedEdge("slurm", available, render_script, sbatch_command, submit, status, array_status, cancel, _rank_log,
+                  _batch_log)
