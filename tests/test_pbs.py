@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmlaunch.core.errors import SpecError
 from slurmlaunch.render import pbs_script
 from tests.helpers import EXAMPLES, GOLDEN, golden_spec, no_slurm_env, run_cli
 
@@ -37,10 +38,17 @@ def test_golden_pbs_scripts(name: str) -> None:
 
 @pytest.mark.parametrize(("slurm_time", "walltime"), [
     ("90", "1:30:00"), ("30:15", "0:30:15"), ("2:00:00", "2:00:00"), ("1-00:00:00", "24:00:00"),
-    ("2-3", "51:00:00"), ("1-2:30", "26:30:00"), ("0", "0:00:00"),
+    ("2-3", "51:00:00"), ("1-2:30", "26:30:00"), ("1:99", "0:02:39"),
 ])
 def test_walltime(slurm_time: str, walltime: str) -> None:
     assert pbs_script.walltime(slurm_time) == walltime
+
+
+@pytest.mark.parametrize("slurm_time", ["UNLIMITED", "infinite", "0", "0:00:00"])
+def test_no_limit_is_refused_not_a_walltime_of_nothing(slurm_time: str) -> None:
+    """Slurm's no-limit spellings (0 among them) have no PBS walltime: refused, never walltime=0:00:00."""
+    with pytest.raises(SpecError, match=r"^--time \S+: PBS has no unlimited walltime"):
+        pbs_script.walltime(slurm_time)
 
 
 def fake_pbs(tmp_path: Path, exit_status: int = 0) -> dict[str, str]:

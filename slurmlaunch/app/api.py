@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import SlurmLaunchError, SpecError
-from ..core.spec import ENV_KEY, JobSpec, validate
+from ..core.spec import ENV_KEY, JobSpec
+from .resolve import resolve as resolve_request
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -905,7 +906,7 @@ def submit(fn: Callable[..., Any], *args: Any, scheduler: str = "auto", remote: 
     if remote_setup or remote_python != "python3":
         raise SpecError("remote_setup/remote_python: only with remote='[user@]host[:dir]'")
     job_options.setdefault("job_name", getattr(fn, "__name__", "slurmlaunch"))
-    spec = validate(_spec(sys.executable, job_options, module=True))
+    spec = resolve_request(_spec(sys.executable, job_options, module=True))
     chosen = _choose(scheduler)
     job = _executor(spec, chosen).submit(_wrap(spec, fn, args, kwargs))
     return Job(job, spec, chosen)
@@ -924,7 +925,7 @@ def submit_script(path: str, args: Iterable[str] = (), *, scheduler: str = "auto
                               path=path)
     if remote_setup or remote_python != "python3":
         raise SpecError("remote_setup/remote_python: only with remote='[user@]host[:dir]'")
-    spec = validate(replace(_spec(path, job_options), args=tuple(args)))
+    spec = resolve_request(replace(_spec(path, job_options), args=tuple(args)))
     chosen = _choose(scheduler)
     job = _executor(spec, chosen).submit(_ScriptCall(spec))
     return Job(job, spec, chosen)
@@ -939,7 +940,7 @@ def _submit_remote(remote: str, fn: Callable[..., Any] | None, args: Sequence[An
     if scheduler not in ("auto", "slurm"):
         raise SpecError(f"scheduler {scheduler!r} with remote=: only Slurm clusters are supported over ssh "
                         f"(leave scheduler out)")
-    validate(_spec(path or sys.executable, dict(job_options), module=fn is not None))
+    resolve_request(_spec(path or sys.executable, dict(job_options), module=fn is not None))
     return submit_remote(remote, fn, args, {**job_options, **kwargs}, path=path, setup=setup, python=python)
 
 
@@ -948,7 +949,7 @@ def map_array(fn: Callable[..., Any], *iterables: Iterable[Any], scheduler: str 
     """A job array: one distributed job per element (each its own world with its own MASTER_PORT)."""
     job_options, kwargs = _split_options(options)
     job_options.setdefault("job_name", getattr(fn, "__name__", "slurmlaunch"))
-    spec = validate(_spec(sys.executable, job_options, module=True))
+    spec = resolve_request(_spec(sys.executable, job_options, module=True))
     chosen = _choose(scheduler)
     ex = _executor(spec, chosen)
     calls = [_wrap(spec, fn, list(point), kwargs) for point in zip(*iterables, strict=True)]
@@ -965,7 +966,7 @@ class Batch:
             raise SpecError(f"unknown option(s) {', '.join(sorted(unknown))} for batch "
                             f"(the functions' own arguments go to submit)")
         job_options.setdefault("job_name", "slurmlaunch-batch")
-        self.spec = validate(_spec(sys.executable, job_options, module=True))
+        self.spec = resolve_request(_spec(sys.executable, job_options, module=True))
         self.scheduler = scheduler
         self.jobs: list[Job] = []
         self._calls: list[_DistributedCall] = []

@@ -111,12 +111,13 @@ def render_table(header: list[str], rows: list[list[str]]) -> str:
 
 def allocate(nodes: int, gpus: int, partition: str | None, timeout: float) -> tuple[list[dict[str, Any]], str]:
     """Submit the probe on ``nodes`` nodes and wait for it; returns the ranks' records and the job id."""
-    from ..core.spec import JobSpec, validate
+    from ..core.spec import JobSpec
     from ..schedulers import slurm
+    from .resolve import resolve
 
     out_dir = os.path.abspath(os.path.join("slurmlaunch-logs", f"doctor-{int(time.time())}"))
     os.makedirs(out_dir, exist_ok=True)
-    spec = validate(JobSpec(
+    spec = resolve(JobSpec(
         script="slurmlaunch.allocation.probe", module=True, args=(out_dir,), nodes=nodes, gpus_per_node=gpus,
         partition=partition, time="5", job_name="slurmlaunch-doctor", signal="none",
         env=(("SLURMLAUNCH_PROBE_TIMEOUT", f"{max(10.0, min(timeout / 2, 120.0)):g}"),

@@ -8,7 +8,6 @@ scheduler uses. The classic traps become one-line refusals before anything start
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import time
@@ -195,6 +194,8 @@ def wait_for_master(addr: str, port: int, timeout: float, node_rank: int) -> Non
 
 
 def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
+    from .resolve import check_script
+
     nnodes = parse_nnodes(ns.nnodes)
     if ns.module and ns.no_python:
         raise SpecError("-m/--module and --no-python cannot be used together")
@@ -213,13 +214,7 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
         raise SpecError(f"--node-rank {ns.node_rank} is not valid with --nnodes {nnodes} (expected 0..{nnodes - 1})")
     if not 1 <= ns.master_port <= 65535:
         raise SpecError(f"--master-port {ns.master_port} is not valid (expected 1-65535)")
-    if ns.no_python and not (os.path.exists(ns.script) or shutil.which(ns.script)):
-        raise SpecError(f"--no-python executable {shown(ns.script)} not found (a path or a command on PATH)")
-    if not (ns.no_python or ns.module):
-        if os.path.isdir(ns.script):
-            raise SpecError(f"script {shown(ns.script)} is a directory (expected a Python file; -m for a package)")
-        if not os.path.isfile(ns.script):
-            raise SpecError(f"script {shown(ns.script)} not found")
+    check_script(ns.script, ns.module, ns.no_python, os.getcwd())
     # getaddrinfo takes '127.0.0.1\n' (inet_aton stops at the newline), and every rank would get it.
     if not ns.master_addr or any(c.isspace() or not c.isprintable() for c in ns.master_addr):
         raise SpecError(f"--master-addr {shown(ns.master_addr)} is not valid (expected a host name or address, "

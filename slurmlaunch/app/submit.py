@@ -10,7 +10,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import SpecError
-from ..core.spec import JobSpec, parse_env, parse_nodes, parse_sweep, validate, validate_local
+from ..core.spec import JobSpec, parse_env, parse_nodes, parse_sweep, validate_local
+from .resolve import resolve
 
 if TYPE_CHECKING:
     from ..schedulers.interface import Scheduler
@@ -20,7 +21,7 @@ def spec_from_args(ns: Any) -> JobSpec:
     if ns.module and ns.no_python:
         raise SpecError("-m/--module and --no-python cannot be used together")
     nodes, min_nodes = parse_nodes(ns.nodes)
-    return validate(JobSpec(
+    return resolve(JobSpec(
         script=ns.script, args=tuple(ns.args), module=ns.module, no_python=ns.no_python,
         legacy_local_rank_arg=ns.legacy_local_rank_arg,
         nodes=nodes, min_nodes=min_nodes, mode=ns.mode, nproc_per_node=ns.nproc_per_node,
@@ -29,7 +30,6 @@ def spec_from_args(ns: Any) -> JobSpec:
         partition=ns.partition, account=ns.account, qos=ns.qos, constraint=ns.constraint,
         exclusive=ns.exclusive, job_name=ns.job_name, output_dir=ns.output_dir, env=parse_env(ns.env),
         setup=tuple(ns.setup), sbatch_args=tuple(ns.sbatch_arg), master_port=ns.master_port,
-        python=ns.python or ("python3" if ns.container_image or ns.apptainer else sys.executable),
         gpu_flag=ns.gpu_flag, signal=ns.signal, requeue=ns.requeue,
         max_requeues=ns.max_requeues, rdzv_timeout=ns.rdzv_timeout, pbs_flavour=ns.pbs_flavour, mpi=ns.mpi,
         pbs_resources=tuple(ns.pbs_resource), pbs_chunk=tuple(ns.pbs_chunk), project=ns.project,
@@ -37,7 +37,7 @@ def spec_from_args(ns: Any) -> JobSpec:
         array=ns.array, max_parallel=ns.max_parallel, sweep=parse_sweep(ns.sweep),
         container_image=ns.container_image, apptainer=ns.apptainer, container_mounts=tuple(ns.container_mount),
         container_workdir=ns.container_workdir,
-    ))
+    ), python=ns.python)
 
 
 def choose_scheduler(requested: str, preview: bool = False) -> str:

@@ -24,8 +24,8 @@ from .envvars import PORT_BASE as PORT_BASE
 from .envvars import PORT_SPAN as PORT_SPAN
 from .envvars import Context as Context
 from .envvars import Env as Env
+from .envvars import cpus_per_task, first_set, int_var, master_from, require
 from .envvars import derive_port as derive_port
-from .envvars import first_set, int_var, master_from, optional_int, require
 from .envvars import local_device as local_device
 from .errors import EnvironmentMappingError, HostlistError
 from .limits import MAX_JOB_ID, bounded_int, shown
@@ -55,15 +55,8 @@ def read_torchrun(env: Env, ctx: Context) -> DistEnv | None:
     )
 
 
-def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
-    """A task of a Slurm job step (started by srun).
-
-    Reads, step-scoped first: SLURM_PROCID; SLURM_STEP_NUM_TASKS > SLURM_NTASKS; SLURM_STEP_NODELIST >
-    SLURM_NODELIST > SLURM_JOB_NODELIST; SLURM_STEP_NUM_NODES > SLURM_NNODES; SLURM_STEP_TASKS_PER_NODE >
-    SLURM_TASKS_PER_NODE; SLURM_NODEID; SLURM_LOCALID; SLURMD_NODENAME; SLURM_JOB_ID; SLURM_STEP_ID;
-    SLURM_CPUS_PER_TASK; SLURM_DISTRIBUTION and SLURM_HOSTFILE (arbitrary distribution: rank 0 runs
-    on the hostfile's first host, not on the first host of the sorted node list).
-    """
+def _slurm_step_ids(env: Env) -> tuple[int, int] | None:
+    """(job id, step id) of a task of a step; None outside Slurm and in the batch step of a one-task job."""
     job = first_set(env, "SLURM_JOB_ID", "SLURM_JOBID")
     if job is None:
         return None
@@ -80,16 +73,11 @@ def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
                 f"(srun slurmlaunch launch SCRIPT), not directly in the batch script"
             )
         return None
-    step_id = int_var(step[0], step[1])
+    return job_id, int_var(step[0], step[1])
 
-    procid_name, procid_text = require(env, "SLURM_PROCID")
-    rank = int_var(procid_name, procid_text)
-    ntasks_name, ntasks_text = require(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
-    world = int_var(ntasks_name, ntasks_text, 1)
-    if rank >= world:
-        raise EnvironmentMappingError(
-            f"SLURM_PROCID={rank} is not valid with {ntasks_name}={world} (expected 0..{world - 1})"
-        )
+
+def _slurm_nodes(env: Env) -> tuple[str, str, int]:
+    """(the node list's variable, the node list, the step's node count), which must agree."""
     nodelist_name, nodelist = require(env, "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
     try:
         hosts_in_list = hostlist.count(nodelist)
@@ -102,6 +90,11 @@ def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
             f"{nodelist_name}={nodelist!r} names {hosts_in_list} hosts but the step has {nnodes} nodes "
             f"({nnodes_found[0] if nnodes_found else 'count'}={nnodes})"
         )
+    return nodelist_name, nodelist, nnodes
+
+
+def _slurm_tasks_per_node(env: Env, nnodes: int, world: int) -> tuple[str, str, list[tuple[int, int]]]:
+    """(the variable, its text, its parsed counts): one count per node, adding up to the world size."""
     tpn_name, tpn_text = require(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
     longest = max((len(run) for run in tpn_text.replace("(x", ",").replace(")", ",").split(",")), default=0)
     if longest > len(str(MAX_JOB_ID)):  # before the count list's parser converts 5000 digits
@@ -116,6 +109,47 @@ def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
             f"{tpn_name}={tpn_text!r} is not valid for {nnodes} nodes and {world} tasks "
             f"(expected {nnodes} counts adding up to {world})"
         )
+    return tpn_name, tpn_text, tpn
+
+
+def _slurm_rank0_host(env: Env, ctx: Context, nodelist_name: str, nodelist: str) -> tuple[str, str]:
+    """(rank 0's host, where that came from): the node list's first host, or with an arbitrary distribution
+    the first host of SLURM_HOSTFILE."""
+    hostfile = env.get("SLURM_HOSTFILE")
+    if not (env.get("SLURM_DISTRIBUTION", "").startswith("arbitrary") and hostfile):
+        return hostlist.first_host(nodelist), f"first host of {nodelist_name}={nodelist}"
+    first_line = next((ln.strip() for ln in ctx.read_file(hostfile).splitlines() if ln.strip()), "")
+    if not first_line:
+        raise EnvironmentMappingError(f"SLURM_HOSTFILE={hostfile!r} names no host")
+    try:
+        host = hostlist.first_host(first_line)
+    except HostlistError as e:
+        raise EnvironmentMappingError(f"SLURM_HOSTFILE={hostfile!r}: {e}") from None
+    return host, f"first host of SLURM_HOSTFILE={hostfile} (arbitrary distribution)"
+
+
+def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
+    """A task of a Slurm job step (started by srun).
+
+    Reads, step-scoped first: SLURM_PROCID; SLURM_STEP_NUM_TASKS > SLURM_NTASKS; SLURM_STEP_NODELIST >
+    SLURM_NODELIST > SLURM_JOB_NODELIST; SLURM_STEP_NUM_NODES > SLURM_NNODES; SLURM_STEP_TASKS_PER_NODE >
+    SLURM_TASKS_PER_NODE; SLURM_NODEID; SLURM_LOCALID; SLURMD_NODENAME; SLURM_JOB_ID; SLURM_STEP_ID;
+    SLURM_CPUS_PER_TASK; SLURM_DISTRIBUTION and SLURM_HOSTFILE (arbitrary distribution: rank 0 runs
+    on the hostfile's first host, not on the first host of the sorted node list).
+    """
+    ids = _slurm_step_ids(env)
+    if ids is None:
+        return None
+    procid_name, procid_text = require(env, "SLURM_PROCID")
+    rank = int_var(procid_name, procid_text)
+    ntasks_name, ntasks_text = require(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    world = int_var(ntasks_name, ntasks_text, 1)
+    if rank >= world:
+        raise EnvironmentMappingError(
+            f"SLURM_PROCID={rank} is not valid with {ntasks_name}={world} (expected 0..{world - 1})"
+        )
+    nodelist_name, nodelist, nnodes = _slurm_nodes(env)
+    tpn_name, tpn_text, tpn = _slurm_tasks_per_node(env, nnodes, world)
     node_rank = int_var("SLURM_NODEID", require(env, "SLURM_NODEID")[1])
     if node_rank >= nnodes:
         raise EnvironmentMappingError(
@@ -135,52 +169,24 @@ def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
             f"SLURMD_NODENAME={node_name!r} is not node {node_rank} of {nodelist_name}={nodelist!r} "
             f"(that is {my_host!r})"
         )
-
-    rank0_host = hostlist.first_host(nodelist)
-    rank0_origin = f"first host of {nodelist_name}={nodelist}"
-    hostfile = env.get("SLURM_HOSTFILE")
-    if env.get("SLURM_DISTRIBUTION", "").startswith("arbitrary") and hostfile:
-        first_line = next((ln.strip() for ln in ctx.read_file(hostfile).splitlines() if ln.strip()), "")
-        if not first_line:
-            raise EnvironmentMappingError(f"SLURM_HOSTFILE={hostfile!r} names no host")
-        try:
-            rank0_host = hostlist.first_host(first_line)
-        except HostlistError as e:
-            raise EnvironmentMappingError(f"SLURM_HOSTFILE={hostfile!r}: {e}") from None
-        rank0_origin = f"first host of SLURM_HOSTFILE={hostfile} (arbitrary distribution)"
-
+    rank0_host, rank0_origin = _slurm_rank0_host(env, ctx, nodelist_name, nodelist)
     addr, port, origins = master_from(
-        env, rank0_host, rank0_origin, derive_port(job_id, step_id),
-        f"derived from SLURM_JOB_ID={job_id}, SLURM_STEP_ID={step_id}",
+        env, rank0_host, rank0_origin, derive_port(*ids), f"derived from SLURM_JOB_ID={ids[0]}, SLURM_STEP_ID={ids[1]}",
     )
-    # Slurm sets it only with --cpus-per-task; a value that is not a count is an error, not silently no
-    # OMP_NUM_THREADS (which would leave every rank's thread pool at all of the node's cores).
-    cpus = optional_int("SLURM_CPUS_PER_TASK", env, 65535)
+    cpus = cpus_per_task(env)
     origins.update({
-        "RANK": f"{procid_name}={procid_text}",
-        "WORLD_SIZE": f"{ntasks_name}={ntasks_text}",
-        "LOCAL_RANK": f"SLURM_LOCALID={local_rank}",
-        "LOCAL_WORLD_SIZE": f"{tpn_name}={tpn_text} at node {node_rank}",
-        "NODE_RANK": f"SLURM_NODEID={node_rank}",
-        "GROUP_WORLD_SIZE": f"{nodelist_name}={nodelist}",
+        "RANK": f"{procid_name}={procid_text}", "WORLD_SIZE": f"{ntasks_name}={ntasks_text}",
+        "LOCAL_RANK": f"SLURM_LOCALID={local_rank}", "LOCAL_WORLD_SIZE": f"{tpn_name}={tpn_text} at node {node_rank}",
+        "NODE_RANK": f"SLURM_NODEID={node_rank}", "GROUP_WORLD_SIZE": f"{nodelist_name}={nodelist}",
     })
     if cpus is not None:
         origins["OMP_NUM_THREADS"] = f"SLURM_CPUS_PER_TASK={cpus}"
+    host = node_name or my_host
     return DistEnv(
-        source="slurm",
-        rank=rank,
-        local_rank=local_rank,
-        world_size=world,
-        local_world_size=local_world,
-        node_rank=node_rank,
-        num_nodes=nnodes,
-        master_addr=addr,
-        master_port=port,
-        rank0_host=rank0_host,
-        this_host=node_name or my_host,
-        omp_num_threads=cpus or None,
-        local_device=local_device(env, local_rank, local_world, ctx, node_name or my_host),
-        origins=origins,
+        source="slurm", rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
+        node_rank=node_rank, num_nodes=nnodes, master_addr=addr, master_port=port, rank0_host=rank0_host,
+        this_host=host, omp_num_threads=cpus or None,
+        local_device=local_device(env, local_rank, local_world, ctx, host), origins=origins,
     )
 
 

@@ -168,59 +168,49 @@ def pals_world_size(env: Env, rank: int, hosts: list[tuple[str, int]] | None, no
                    f"(PALS with PMIx exports no world size)")
 
 
-def _mpi_env(env: Env, ctx: Context, flavour: Flavour) -> DistEnv:
-    rank_var, size_vars, local_var = flavour.rank_var, flavour.size_vars, flavour.local_var
-    local_size_vars, node_var = flavour.local_size_vars, flavour.node_var
-    rank = int_var(rank_var, env[rank_var])
-    size = first_set(env, *size_vars)
-    if size is None and flavour.name != "pals":
-        raise EnvironmentMappingError(f"{rank_var} is set but not {' or '.join(size_vars)} (the world size)")
-    me = env.get("SLURMLAUNCH_HOSTNAME") or ctx.hostname
-    hosts: list[tuple[str, int]] | None = None
-    nodefile = env.get("PBS_NODEFILE")
-    if nodefile:
-        hosts = parse_nodefile(ctx.read_file(nodefile), nodefile)
+def _world_size(env: Env, flavour: Flavour, rank: int, size: tuple[str, str] | None,
+                hosts: list[tuple[str, int]] | None, nodefile: str | None) -> tuple[int, str]:
+    """(the world size, where it came from): the flavour's size variable, else (PALS under PMIx) derived."""
     if size is None:
-        world, world_origin = pals_world_size(env, rank, hosts, nodefile)
+        world, origin = pals_world_size(env, rank, hosts, nodefile)
         world_name = "WORLD_SIZE"
     else:
         world_name = size[0]
         world = int_var(world_name, size[1], 1)
-        world_origin = f"{world_name}={world}"
+        origin = f"{world_name}={world}"
     if rank >= world:
         raise EnvironmentMappingError(
-            f"{rank_var}={rank} is not valid with {world_name}={world} (expected 0..{world - 1})"
-            + ("" if size else f"; {world_origin}"))
-    local_rank = int_var(local_var, env.get(local_var, "0"))
-    local_size_found = first_set(env, *local_size_vars)
-    origins = {"RANK": f"{rank_var}={rank}", "WORLD_SIZE": world_origin,
-               "LOCAL_RANK": f"{local_var}={local_rank}"}
-    if local_size_found:
-        origins["LOCAL_WORLD_SIZE"] = f"{local_size_found[0]}={local_size_found[1]}"
-    this_host = me
-    if hosts is not None:
-        names = [_short(h) for h, _ in hosts]
-        if node_var and node_var in env:
-            node_rank = int_var(node_var, env[node_var])
-            if node_rank >= len(hosts):
-                raise EnvironmentMappingError(
-                    f"{node_var}={node_rank} is not valid for the {len(hosts)} hosts of PBS_NODEFILE={nodefile!r}"
-                )
-        elif _short(me) in names:
-            node_rank = names.index(_short(me))
-        else:
+            f"{flavour.rank_var}={rank} is not valid with {world_name}={world} (expected 0..{world - 1})"
+            + ("" if size else f"; {origin}"))
+    return world, origin
+
+
+def _node_in_nodefile(env: Env, flavour: Flavour, hosts: list[tuple[str, int]], nodefile: str | None,
+                      me: str) -> int:
+    """This host's index among the nodefile's hosts: the flavour's node variable, else this host's name."""
+    node_var = flavour.node_var
+    if node_var and node_var in env:
+        node_rank = int_var(node_var, env[node_var])
+        if node_rank >= len(hosts):
             raise EnvironmentMappingError(
-                f"this host {me!r} is not in PBS_NODEFILE={nodefile!r} (hosts: "
-                f"{', '.join(h for h, _ in hosts[:8])}{', ...' if len(hosts) > 8 else ''})"
+                f"{node_var}={node_rank} is not valid for the {len(hosts)} hosts of PBS_NODEFILE={nodefile!r}"
             )
-        this_host = hosts[node_rank][0]
-        num_nodes = len(hosts)
-        rank0_host: str | None = hosts[0][0]
-        origins["NODE_RANK"] = f"position of {this_host} in PBS_NODEFILE={nodefile}"
-    else:
-        rank0_host = None
-    local_world = int_var(local_size_found[0], local_size_found[1], 1) if local_size_found else None
-    if hosts is not None and sum(n for _, n in hosts) == world:
+        return node_rank
+    names = [_short(h) for h, _ in hosts]
+    if _short(me) in names:
+        return names.index(_short(me))
+    raise EnvironmentMappingError(
+        f"this host {me!r} is not in PBS_NODEFILE={nodefile!r} (hosts: "
+        f"{', '.join(h for h, _ in hosts[:8])}{', ...' if len(hosts) > 8 else ''})"
+    )
+
+
+def _nodefile_slots(flavour: Flavour, rank: int, world: int, hosts: list[tuple[str, int]], node_rank: int,
+                    nodefile: str | None, local: tuple[int, int | None], origins: dict[str, str]) -> tuple[int, int]:
+    """(local rank, ranks on this node) with a nodefile: its slots, when it has one line per slot."""
+    local_rank, local_world = local
+    this_host = hosts[node_rank][0]
+    if sum(n for _, n in hosts) == world:
         # One line per slot: mpiexec --hostfile $PBS_NODEFILE places ranks on the slots in order, so this
         # host's ranks are a block. When the MPI's own local numbering disagrees (ranks of several nodefile
         # hosts sharing one machine), the nodefile wins: NODE_RANK came from it, and the pair must agree.
@@ -229,18 +219,64 @@ def _mpi_env(env: Env, ctx: Context, flavour: Flavour) -> DistEnv:
         if local_world != slots:
             if not first <= rank < first + slots:
                 raise EnvironmentMappingError(
-                    f"{rank_var}={rank} is not on a slot of {this_host} in PBS_NODEFILE={nodefile!r} (slots "
-                    f"{first}..{first + slots - 1}): was mpiexec given another hostfile or mapping?"
+                    f"{flavour.rank_var}={rank} is not on a slot of {this_host} in PBS_NODEFILE={nodefile!r} "
+                    f"(slots {first}..{first + slots - 1}): was mpiexec given another hostfile or mapping?"
                 )
             local_rank, local_world = rank - first, slots
-            origins["LOCAL_RANK"] = f"{rank_var} - first slot of {this_host} in PBS_NODEFILE"
+            origins["LOCAL_RANK"] = f"{flavour.rank_var} - first slot of {this_host} in PBS_NODEFILE"
             origins["LOCAL_WORLD_SIZE"] = f"slots of {this_host} in PBS_NODEFILE"
     elif local_world is None:
-        if hosts is not None:
-            raise EnvironmentMappingError(
-                f"{' or '.join(local_size_vars)} is not set and PBS_NODEFILE has one line per node: "
-                f"the ranks per node are unknown"
-            )
+        raise EnvironmentMappingError(
+            f"{' or '.join(flavour.local_size_vars)} is not set and PBS_NODEFILE has one line per node: "
+            f"the ranks per node are unknown"
+        )
+    return local_rank, local_world
+
+
+def _block_nodes(env: Env, flavour: Flavour, rank: int, world: int, local_world: int,
+                 origins: dict[str, str]) -> tuple[int, int]:
+    """(node rank, node count) without a nodefile: the ranks must fill nodes evenly, in blocks."""
+    if world % local_world:
+        raise EnvironmentMappingError(
+            f"{world} ranks do not fill nodes of {local_world} evenly and there is no PBS_NODEFILE to say "
+            f"which node is which"
+        )
+    num_nodes = world // local_world
+    node_var = flavour.node_var
+    node_rank = int_var(node_var, env[node_var]) if node_var and node_var in env else rank // local_world
+    origins["NODE_RANK"] = f"{flavour.rank_var} // {local_world} (ranks fill nodes in blocks)"
+    if num_nodes > 1 and not env.get("MASTER_ADDR"):
+        raise EnvironmentMappingError(
+            f"{flavour.name} ranks span {num_nodes} nodes but neither PBS_NODEFILE nor MASTER_ADDR says where "
+            f"rank 0 runs: export MASTER_ADDR (e.g. mpirun -x MASTER_ADDR=host)"
+        )
+    return node_rank, num_nodes
+
+
+def _mpi_env(env: Env, ctx: Context, flavour: Flavour) -> DistEnv:
+    rank_var, local_var = flavour.rank_var, flavour.local_var
+    rank = int_var(rank_var, env[rank_var])
+    size = first_set(env, *flavour.size_vars)
+    if size is None and flavour.name != "pals":
+        raise EnvironmentMappingError(f"{rank_var} is set but not {' or '.join(flavour.size_vars)} (the world size)")
+    me = env.get("SLURMLAUNCH_HOSTNAME") or ctx.hostname
+    nodefile = env.get("PBS_NODEFILE")
+    hosts = parse_nodefile(ctx.read_file(nodefile), nodefile) if nodefile else None
+    world, world_origin = _world_size(env, flavour, rank, size, hosts, nodefile)
+    local_rank = int_var(local_var, env.get(local_var, "0"))
+    local_size = first_set(env, *flavour.local_size_vars)
+    origins = {"RANK": f"{rank_var}={rank}", "WORLD_SIZE": world_origin, "LOCAL_RANK": f"{local_var}={local_rank}"}
+    if local_size:
+        origins["LOCAL_WORLD_SIZE"] = f"{local_size[0]}={local_size[1]}"
+    local_world = int_var(local_size[0], local_size[1], 1) if local_size else None
+    this_host, rank0_host = me, None
+    if hosts is not None:
+        node_rank = _node_in_nodefile(env, flavour, hosts, nodefile, me)
+        this_host, num_nodes, rank0_host = hosts[node_rank][0], len(hosts), hosts[0][0]
+        origins["NODE_RANK"] = f"position of {this_host} in PBS_NODEFILE={nodefile}"
+        local_rank, local_world = _nodefile_slots(flavour, rank, world, hosts, node_rank, nodefile,
+                                                  (local_rank, local_world), origins)
+    elif local_world is None:
         local_world = world
         origins["LOCAL_WORLD_SIZE"] = "WORLD_SIZE (no ranks-per-node count and no PBS_NODEFILE: one node)"
     if local_rank >= local_world:
@@ -249,19 +285,7 @@ def _mpi_env(env: Env, ctx: Context, flavour: Flavour) -> DistEnv:
             f"(expected 0..{local_world - 1})"
         )
     if hosts is None:
-        if world % local_world:
-            raise EnvironmentMappingError(
-                f"{world} ranks do not fill nodes of {local_world} evenly and there is no PBS_NODEFILE to say "
-                f"which node is which"
-            )
-        num_nodes = world // local_world
-        node_rank = (int_var(node_var, env[node_var]) if node_var and node_var in env else rank // local_world)
-        origins["NODE_RANK"] = f"{rank_var} // {local_world} (ranks fill nodes in blocks)"
-        if num_nodes > 1 and not env.get("MASTER_ADDR"):
-            raise EnvironmentMappingError(
-                f"{flavour.name} ranks span {num_nodes} nodes but neither PBS_NODEFILE nor MASTER_ADDR says where "
-                f"rank 0 runs: export MASTER_ADDR (e.g. mpirun -x MASTER_ADDR=host)"
-            )
+        node_rank, num_nodes = _block_nodes(env, flavour, rank, world, local_world, origins)
         rank0_host = me if num_nodes == 1 else None
     port = _port_from_job(env)
     addr, master_port, master_origins = master_from(
@@ -271,19 +295,10 @@ def _mpi_env(env: Env, ctx: Context, flavour: Flavour) -> DistEnv:
     origins.update(master_origins)
     origins["GROUP_WORLD_SIZE"] = f"{num_nodes} node(s)"
     return DistEnv(
-        source=f"mpi:{flavour.name}",
-        rank=rank,
-        local_rank=local_rank,
-        world_size=world,
-        local_world_size=local_world,
-        node_rank=node_rank,
-        num_nodes=num_nodes,
-        master_addr=addr,
-        master_port=master_port,
-        rank0_host=rank0_host,
-        this_host=this_host,
-        local_device=local_device(env, local_rank, local_world, ctx, this_host),
-        origins=origins,
+        source=f"mpi:{flavour.name}", rank=rank, local_rank=local_rank, world_size=world,
+        local_world_size=local_world, node_rank=node_rank, num_nodes=num_nodes, master_addr=addr,
+        master_port=master_port, rank0_host=rank0_host, this_host=this_host,
+        local_device=local_device(env, local_rank, local_world, ctx, this_host), origins=origins,
     )
 
 

@@ -58,6 +58,13 @@ def optional_int(name: str, env: Env, maximum: int = MAX_JOB_ID) -> int | None:
     return None if value == "" else int_var(name, value, 0, maximum)
 
 
+def cpus_per_task(env: Env) -> int | None:
+    """SLURM_CPUS_PER_TASK: None when unset or empty (Slurm sets it only with --cpus-per-task); a value that
+    is not a count 0..65535 is an error, not silently no OMP_NUM_THREADS (which would leave every rank's
+    thread pool at all of the node's cores). One reading for the launcher and torchrun mode alike."""
+    return optional_int("SLURM_CPUS_PER_TASK", env, 65535)
+
+
 def derive_port(job_id: int, step_id: int = 0) -> int:
     """The MASTER_PORT every task of a step computes alike, without talking to the others."""
     return PORT_BASE + (job_id + 1009 * step_id) % PORT_SPAN

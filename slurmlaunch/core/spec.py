@@ -1,16 +1,16 @@
 """The job description shared by the CLI and the Python API, and its validation.
 
 Validation happens here, before anything is rendered or submitted; every failure is a SpecError whose
-message names the bad value and what would be valid.
+message names the bad value and what would be valid. Pure: values in, values out. What only the submitting
+process knows (its interpreter, its working directory) and what needs its files (SCRIPT exists, --python
+exists, --output-dir can be a directory) are app/resolve.py's.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
-import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 from .errors import SpecError
@@ -49,7 +49,9 @@ WARNING_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP", "ALRM", "URG", "XCPU", 
 
 # Every pattern is used with fullmatch and [0-9]: `$` also matches before a trailing newline (which then
 # reached the script as a line of its own), and \d matches any script's digits, not only ASCII ones.
-# Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (and the unlimited spellings).
+# Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (and the unlimited spellings). Slurm bounds no
+# field: it adds them up (parse_time.c's time_str2secs; its unit test reads 1:60:15 as 2 h 0 min 15 s), so
+# 1:99 is 1 min 99 s, as sbatch reads it, not an error. Two digits per field is ours.
 _TIME = re.compile(r"([0-9]+)(?::([0-9]{1,2}))?(?::([0-9]{1,2}))?|([0-9]+)-([0-9]{1,2})(?::([0-9]{1,2}))?"
                    r"(?::([0-9]{1,2}))?")
 _MEM = re.compile(r"([0-9]+)([KMGT]?)", re.IGNORECASE)
@@ -59,9 +61,13 @@ _ARRAY_PART = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
 _SWEEP_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 
 
+UNLIMITED = ("UNLIMITED", "INFINITE")
+
+
 def time_seconds(text: str) -> int | None:
-    """A time in one of Slurm's --time formats (already validated) in seconds; None for UNLIMITED/INFINITE."""
-    if text.upper() in ("UNLIMITED", "INFINITE"):
+    """A time in one of Slurm's --time formats (already validated) in seconds; None for no limit: UNLIMITED,
+    INFINITE, and any time of 0 (sbatch: "A time limit of zero requests that no time limit be imposed")."""
+    if text.upper() in UNLIMITED:
         return None
     day_text, dash, rest = text.partition("-")
     parts = [int(p) for p in (rest if dash else text).split(":")]
@@ -71,7 +77,7 @@ def time_seconds(text: str) -> int | None:
         h, m, s = parts
     else:  # M or M:S
         h, m, s = 0, parts[0], parts[1] if len(parts) == 2 else 0
-    return (int(day_text) if dash else 0) * 86400 + h * 3600 + m * 60 + s
+    return ((int(day_text) if dash else 0) * 86400 + h * 3600 + m * 60 + s) or None
 
 
 @dataclass(frozen=True)
@@ -101,8 +107,9 @@ class JobSpec:
     setup: tuple[str, ...] = ()
     sbatch_args: tuple[str, ...] = ()
     master_port: int | None = None
-    python: str = field(default_factory=lambda: sys.executable)
-    workdir: str = field(default_factory=os.getcwd)
+    # Plain defaults: the submitting process's interpreter and directory are filled in by app.resolve.
+    python: str = "python3"
+    workdir: str = "."
     gpu_flag: GpuFlag = "gpus-per-node"
     signal: str | None = "USR2@90"  # the warning before the time limit (submit gives Lightning scripts USR1)
     requeue: bool = False
@@ -323,6 +330,8 @@ def parse_nodes(text: str | int) -> tuple[int, int | None]:
     if nodes is None or minimum is None:
         raise SpecError(f"--nodes {shown(value)} is not valid (expected a number of nodes, or MIN:MAX with "
                         f"--mode torchrun, each at most {MAX_NODES})")
+    if not 1 <= minimum <= nodes:  # the same line as validate's, said before anything else is read
+        raise SpecError(f"--nodes {value} is not valid (expected MIN:MAX with 1 <= MIN <= MAX)")
     return nodes, minimum
 
 
@@ -391,24 +400,6 @@ def time_minutes(text: str) -> int | None:
     return -(-seconds // 60)
 
 
-def _check_output_dir(log_dir: str, given: str) -> None:
-    """The logs' directory must be one or become one: a file on its path is refused here, before a dry run
-    prints a script that could never write its logs (creating it is the scheduler's, at submission)."""
-    path = os.path.abspath(log_dir)
-    while True:
-        if os.path.lexists(path):
-            if not os.path.isdir(path):
-                what = "is a file" if path == os.path.abspath(log_dir) else f"is under {path!r}, which is not a " \
-                                                                            f"directory"
-                raise SpecError(f"--output-dir {shown(given)} {what} (expected a directory, or a path where one "
-                                f"can be made)")
-            return
-        parent = os.path.dirname(path)
-        if parent == path:
-            return
-        path = parent
-
-
 def validate_local(spec: JobSpec) -> None:
     """The local scheduler's own bound (README: Limits): every rank of every element runs on this machine."""
     elements = len(spec.array_indices) if spec.is_array else 1
@@ -418,9 +409,8 @@ def validate_local(spec: JobSpec) -> None:
                         f"{MAX_LOCAL_RANKS} ranks in all; submit to Slurm, or ask for fewer)")
 
 
-def validate(spec: JobSpec) -> JobSpec:
-    """Raise SpecError for the first thing wrong with ``spec``; return it unchanged otherwise."""
-    # The counts first, before anything that is sized by them (README: Limits).
+def _validate_counts(spec: JobSpec) -> None:
+    """The counts first, before anything that is sized by them (README: Limits)."""
     _positive("--nodes", spec.nodes, 1, MAX_NODES)
     _positive("--gpus-per-node", spec.gpus_per_node, 0)
     _positive("--tasks-per-node", spec.tasks_per_node)
@@ -444,7 +434,10 @@ def validate(spec: JobSpec) -> JobSpec:
             f"--tasks-per-node {spec.tasks_per_node} is not valid with --gpus-per-node {spec.gpus_per_node} "
             f"(one rank per GPU: tasks per node must equal GPUs per node)"
         )
-    if spec.time is not None and spec.time.upper() not in ("UNLIMITED", "INFINITE"):
+
+
+def _validate_time_and_mem(spec: JobSpec) -> None:
+    if spec.time is not None and spec.time.upper() not in UNLIMITED:
         minutes = time_minutes(spec.time)
         if minutes is None:
             raise SpecError(
@@ -463,6 +456,10 @@ def validate(spec: JobSpec) -> JobSpec:
         if amount is None or amount * scale > MAX_MEM_BYTES:
             raise SpecError(f"--mem {shown(spec.mem)} is more than any node has (expected at most 1 EiB, e.g. "
                             f"512G)")
+
+
+def _validate_warning(spec: JobSpec) -> None:
+    """The warning signal and what is done on it (requeue)."""
     if spec.signal and spec.signal.lower() != "none":
         name, _, when = spec.signal.partition("@")
         # Slurm: "sig_time must have an integer value between 0 and 65535".
@@ -477,6 +474,9 @@ def validate(spec: JobSpec) -> JobSpec:
                         f"{', '.join(REQUEUED_BY)})")
     if spec.requeue and spec.warning is None:
         raise SpecError("--requeue needs a warning signal (--signal NAME@SECONDS), not --signal none")
+
+
+def _validate_rendezvous_and_array(spec: JobSpec) -> None:
     if spec.rdzv_timeout is not None and not 0 <= spec.rdzv_timeout <= MAX_SECONDS:
         raise SpecError(f"--rdzv-timeout {spec.rdzv_timeout} is not valid (expected seconds 0..{MAX_SECONDS}; "
                         f"0: no bound)")
@@ -493,19 +493,24 @@ def validate(spec: JobSpec) -> JobSpec:
     if spec.is_array and spec.master_port is not None:
         raise SpecError(f"--master-port {spec.master_port} cannot be used with --array/--sweep (array elements "
                         f"may share nodes; each derives its own port from its job id)")
-    _validate_mode(spec)
-    _validate_container(spec)
+
+
+def _validate_choices(spec: JobSpec) -> None:
+    """The closed choices (their Literal types; a request built from options holds any string until here)."""
     if spec.mpi not in MPI_FLAVOURS:
         raise SpecError(f"--mpi {spec.mpi!r} is not valid (expected one of {', '.join(MPI_FLAVOURS)})")
     if spec.pbs_flavour not in PBS_FLAVOURS:
         raise SpecError(f"--pbs-flavour {spec.pbs_flavour!r} is not valid (expected pro or torque)")
     if spec.gpu_flag not in GPU_FLAGS:
         raise SpecError(f"--gpu-flag {spec.gpu_flag!r} is not valid (expected gpus-per-node or gres)")
-    # (The job name is data, byte for byte, on sbatch's command line: README "Strings are data".)
+
+
+def _validate_names(spec: JobSpec) -> None:
+    """The strings that reach the script: the logs' directory, sbatch's options, the site's names, SCRIPT.
+    (The job name is data, byte for byte, on sbatch's command line: README "Strings are data".)"""
     if not spec.output_dir or not spec.output_dir.isprintable():
         raise SpecError(f"--output-dir {shown(spec.output_dir)} is not valid (expected a directory name without "
                         f"control characters such as newlines)")
-    _check_output_dir(spec.log_dir, spec.output_dir)
     for bad in ("%", "\\"):
         if bad in spec.output_dir:
             raise SpecError(
@@ -521,15 +526,19 @@ def validate(spec: JobSpec) -> JobSpec:
                         ("--constraint", spec.constraint)):
         if value is not None and (not value or any(c.isspace() for c in value)):
             raise SpecError(f"{name} {value!r} is not valid (expected a non-empty name without spaces)")
-    if spec.module or spec.no_python:
-        if not spec.script:
-            raise SpecError("no SCRIPT given")
-        if spec.no_python and not (os.path.exists(spec.script) or shutil.which(spec.script)):
-            raise SpecError(f"--no-python executable {spec.script!r} not found (a path or a command on PATH)")
-    elif os.path.isdir(os.path.join(spec.workdir, spec.script)):
-        raise SpecError(f"script {shown(spec.script)} is a directory (expected a Python file; -m for a package)")
-    elif not os.path.isfile(os.path.join(spec.workdir, spec.script)):
-        raise SpecError(f"script {shown(spec.script)} not found (expected a file, relative to {spec.workdir!r})")
-    if spec.container is None and not os.path.isfile(spec.python):
-        raise SpecError(f"--python {spec.python!r} not found (expected the interpreter that runs the ranks)")
+    if not spec.script:  # an empty path would name the working directory itself
+        raise SpecError("no SCRIPT given")
+
+
+def validate(spec: JobSpec) -> JobSpec:
+    """Raise SpecError for the first thing wrong with ``spec``; return it unchanged otherwise. Pure: what
+    needs the submitting machine's files (SCRIPT, --python, --output-dir exist) is app.resolve's."""
+    _validate_counts(spec)
+    _validate_time_and_mem(spec)
+    _validate_warning(spec)
+    _validate_rendezvous_and_array(spec)
+    _validate_mode(spec)
+    _validate_container(spec)
+    _validate_choices(spec)
+    _validate_names(spec)
     return spec

@@ -74,20 +74,11 @@ def distribution(nodes: int, ntasks: int) -> str:
     return "block" if ntasks > nodes else "cyclic"
 
 
-def step_env(spec: JobSpec, job_id: str, rank: int, nodes: list[str], nodelist: str, submitter: Submitter,
-             gpus: list[str] | None) -> dict[str, str]:
-    """The Slurm variables of task ``rank`` of the step that runs ``spec`` on ``nodes`` (the node names in
-    order; ``nodelist`` is their compressed form), with ``gpus`` the GPUs handed out in node order (None: a
-    step without GPUs). The array variables are the caller's, except the step, which only the request knows."""
+def _job_vars(spec: JobSpec, job_id: str, nodes: list[str], nodelist: str, submitter: Submitter,
+              cpus: int) -> dict[str, str]:
+    """The job, as slurmctld and sbatch describe it."""
     count = len(nodes)
-    tpn = spec.slurm_tasks_per_node
-    ntasks = count * tpn
-    node, local = divmod(rank, tpn)
-    tasks = per_node(tpn, count)
-    # one CPU per task without --cpus-per-task (a node without SMT, or CR_CPU); --exclusive: the whole node
-    cpus = submitter.node_cpus if spec.exclusive else tpn * (spec.slurm_cpus_per_task or 1)
-    env = {
-        # the job, as slurmctld and sbatch describe it
+    return {
         "SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_JOB_NAME": spec.name,
         "SLURM_JOB_NODELIST": nodelist, "SLURM_NODELIST": nodelist,
         "SLURM_JOB_NUM_NODES": str(count), "SLURM_NNODES": str(count),
@@ -101,7 +92,18 @@ def step_env(spec: JobSpec, job_id: str, rank: int, nodes: list[str], nodelist: 
         "SLURM_NODE_ALIASES": "(null)",  # no cloud nodes
         "ENVIRONMENT": "BATCH",  # the step is started from a batch script
         "HOSTNAME": nodes[0],  # slurmd gives the batch script its node's name; srun passes it on
-        # the step, as srun requested it
+    }
+
+
+def _step_and_task_vars(spec: JobSpec, rank: int, nodes: list[str], nodelist: str, cpus: int) -> dict[str, str]:
+    """The step, as srun requested it, and the task, as slurmstepd starts it (SLURM_TASK_PID is the task's
+    own pid: see cli.main)."""
+    count = len(nodes)
+    tpn = spec.slurm_tasks_per_node
+    ntasks = count * tpn
+    node, local = divmod(rank, tpn)
+    tasks = per_node(tpn, count)
+    return {
         "SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
         "SLURM_NTASKS": str(ntasks), "SLURM_NPROCS": str(ntasks), "SLURM_STEP_NUM_TASKS": str(ntasks),
         "SLURM_NTASKS_PER_NODE": str(tpn),  # srun sets it for --ntasks-per-node; Lightning requires it
@@ -109,12 +111,16 @@ def step_env(spec: JobSpec, job_id: str, rank: int, nodes: list[str], nodelist: 
         "SLURM_TASKS_PER_NODE": tasks, "SLURM_STEP_TASKS_PER_NODE": tasks,
         "SLURM_DISTRIBUTION": distribution(count, ntasks),
         "SRUN_DEBUG": "3",  # srun's verbosity: info, without -v or -Q
-        # the task, as slurmstepd starts it (SLURM_TASK_PID is the task's own pid: see cli.main)
         "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local), "SLURM_NODEID": str(node),
         "SLURMD_NODENAME": nodes[node], "SLURM_TOPOLOGY_ADDR": nodes[node], "SLURM_TOPOLOGY_ADDR_PATTERN": "node",
         "SLURM_GTIDS": ",".join(str(node * tpn + i) for i in range(tpn)),
         "SLURM_CPUS_ON_NODE": str(cpus),
     }
+
+
+def _request_vars(spec: JobSpec) -> dict[str, str]:
+    """What only some requests set: CPUs per task, memory, account, QOS, the array's step."""
+    env = {}
     if spec.slurm_cpus_per_task is not None:
         env["SLURM_CPUS_PER_TASK"] = str(spec.slurm_cpus_per_task)
     if spec.mem is not None:
@@ -126,10 +132,30 @@ def step_env(spec: JobSpec, job_id: str, rank: int, nodes: list[str], nodelist: 
         env["SLURM_JOB_QOS"] = spec.qos
     if spec.array_directive is not None:
         env["SLURM_ARRAY_TASK_STEP"] = str(array_step(spec.array_directive))
+    return env
+
+
+def _gpu_vars(spec: JobSpec, node: int, gpus: list[str]) -> dict[str, str]:
+    """The GPUs of node ``node``, in every GPU API's variable, and the request's own GPU variables."""
+    mine = ",".join(gpus[node * spec.gpus_per_node:(node + 1) * spec.gpus_per_node])
+    env = {name: mine for name in GPU_LISTS}
+    env.update(SLURM_JOB_GPUS=mine, SLURM_STEP_GPUS=mine, SLURM_GPUS_ON_NODE=str(spec.gpus_per_node))
+    if spec.gpu_flag == "gpus-per-node":  # --gres=gpu:N sets no SLURM_GPUS_* request variable
+        env["SLURM_GPUS_PER_NODE"] = str(spec.gpus_per_node)
+    return env
+
+
+def step_env(spec: JobSpec, job_id: str, rank: int, nodes: list[str], nodelist: str, submitter: Submitter,
+             gpus: list[str] | None) -> dict[str, str]:
+    """The Slurm variables of task ``rank`` of the step that runs ``spec`` on ``nodes`` (the node names in
+    order; ``nodelist`` is their compressed form), with ``gpus`` the GPUs handed out in node order (None: a
+    step without GPUs). The array variables are the caller's, except the step, which only the request knows."""
+    tpn = spec.slurm_tasks_per_node
+    # one CPU per task without --cpus-per-task (a node without SMT, or CR_CPU); --exclusive: the whole node
+    cpus = submitter.node_cpus if spec.exclusive else tpn * (spec.slurm_cpus_per_task or 1)
+    env = _job_vars(spec, job_id, nodes, nodelist, submitter, cpus)
+    env.update(_step_and_task_vars(spec, rank, nodes, nodelist, cpus))
+    env.update(_request_vars(spec))
     if gpus is not None:
-        mine = ",".join(gpus[node * spec.gpus_per_node:(node + 1) * spec.gpus_per_node])
-        env.update({name: mine for name in GPU_LISTS})
-        env.update(SLURM_JOB_GPUS=mine, SLURM_STEP_GPUS=mine, SLURM_GPUS_ON_NODE=str(spec.gpus_per_node))
-        if spec.gpu_flag == "gpus-per-node":  # --gres=gpu:N sets no SLURM_GPUS_* request variable
-            env["SLURM_GPUS_PER_NODE"] = str(spec.gpus_per_node)
+        env.update(_gpu_vars(spec, rank // tpn, gpus))
     return env

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..core import __version__
 from ..core.errors import SpecError
-from ..core.spec import JobSpec, time_seconds
+from ..core.spec import UNLIMITED, JobSpec, time_seconds
 from .jinja import render
 from .launch import launch_command, script_env
 
@@ -17,8 +17,17 @@ TEMPLATE = "pbs.qsub.j2"
 
 
 def walltime(time: str) -> str:
-    """A time in one of Slurm's formats (as --time takes them, already validated) as PBS's H:MM:SS."""
-    total = time_seconds(time) or 0
+    """A time in one of Slurm's formats (as --time takes them, already validated) as PBS's H:MM:SS.
+
+    Slurm's no-limit spellings (UNLIMITED, INFINITE, and 0, which sbatch reads as no limit) are refused:
+    PBS has no unlimited walltime, and walltime=0:00:00 would be a limit of nothing, not none. Leaving
+    -l walltime out instead would quietly give the queue's default, which the user did not ask for (and
+    sites such as ALCF refuse a job without it)."""
+    total = time_seconds(time)
+    if total is None:
+        zero = "" if time.upper() in UNLIMITED else " (Slurm reads a time of 0 as no limit)"
+        raise SpecError(f"--time {time}: PBS has no unlimited walltime{zero} (sites such as ALCF require "
+                        f"-l walltime); give a time such as 1:00:00, or leave --time out for the queue's default")
     return f"{total // 3600:d}:{total // 60 % 60:02d}:{total % 60:02d}"
 
 
@@ -92,15 +101,13 @@ def array_range(spec: JobSpec) -> str | None:
     return f"{first}-{last}" + (f":{step}" if step != 1 else "") + limit
 
 
-def check(spec: JobSpec) -> None:
-    """SpecError for what PBS would refuse or what has no PBS meaning; each message names the value and
-    what would be right. Runs before rendering, so --dry-run shows the same refusals as a submission."""
+def _check_request(spec: JobSpec) -> None:
+    """The job name, walltime and memory as PBS reads them, and how resources are requested."""
     if spec.job_name is not None and not _JOB_NAME.fullmatch(spec.job_name):
         raise SpecError(f"--job-name {spec.job_name!r} is not a PBS job name (at most 236 characters, the first "
                         f"a letter or digit, no whitespace; e.g. {job_name(replace(spec, job_name=None))!r})")
-    if spec.time is not None and spec.time.upper() in ("UNLIMITED", "INFINITE"):
-        raise SpecError(f"--time {spec.time}: PBS has no unlimited walltime (sites such as ALCF require "
-                        f"-l walltime); give a time such as 1:00:00, or leave --time out for the queue's default")
+    if spec.time is not None:
+        walltime(spec.time)
     if spec.mem is not None and int(spec.mem.rstrip("KMGTkmgt")) == 0:  # Slurm: --mem=0 is all of it
         raise SpecError(f"--mem {spec.mem}: Slurm reads 0 as all of a node's memory, PBS as a request for none; "
                         f"leave --mem out (the queue's default) or give a size such as 64G")
@@ -113,6 +120,10 @@ def check(spec: JobSpec) -> None:
             if given:
                 raise SpecError(f"{shown}: Torque's qsub script asks for -l nodes=N:ppn=C and has no select chunks "
                                 f"or -P project (leave it out, or --pbs-flavour pro)")
+
+
+def _check_resources(spec: JobSpec) -> None:
+    """--pbs-resource and --pbs-chunk: well formed, and none that slurmlaunch writes itself."""
     own = dict(_OWN_RESOURCES, **(_OWN_TOTALS if spec.pbs_request == "totals" else {}))
     for item in spec.pbs_resources:
         m = _RESOURCE.fullmatch(item)
@@ -131,6 +142,10 @@ def check(spec: JobSpec) -> None:
     if spec.pbs_chunk and spec.pbs_request == "totals":
         raise SpecError("--pbs-chunk needs select chunks: it cannot be used with --pbs-request totals "
                         "(use --pbs-resource KEY=VALUE for a job-wide resource)")
+
+
+def _check_placement(spec: JobSpec) -> None:
+    """The project, the queue, mpiexec's flags and the array: where and how the job runs."""
     if spec.project is not None and (not spec.project or any(c.isspace() for c in spec.project)):
         raise SpecError(f"--project {spec.project!r} is not valid (expected a non-empty name without spaces)")
     if spec.pbs_queues is not None:
@@ -146,39 +161,53 @@ def check(spec: JobSpec) -> None:
     array_range(spec)
 
 
-def directives(spec: JobSpec) -> list[str]:
+def check(spec: JobSpec) -> None:
+    """SpecError for what PBS would refuse or what has no PBS meaning; each message names the value and
+    what would be right. Runs before rendering, so --dry-run shows the same refusals as a submission."""
+    _check_request(spec)
+    _check_resources(spec)
+    _check_placement(spec)
+
+
+def _resource_request(spec: JobSpec) -> list[str]:
+    """The -l lines that ask for the nodes, CPUs, GPUs and memory, in the spelling --pbs-request chose."""
     tpn = spec.ntasks_per_node
     cpus = tpn * (spec.per_task_cpus or 1)
-    out = []
-    resources = list(spec.pbs_resources)
     if spec.pbs_flavour == "torque":
         gpus = f":gpus={spec.gpus_per_node}" if spec.gpus_per_node else ""
-        out.append(f"-l nodes={spec.nodes}:ppn={cpus}{gpus}")
+        out = [f"-l nodes={spec.nodes}:ppn={cpus}{gpus}"]
         if spec.mem:  # Torque's mem is the whole job's (qsub(1B), pbs_resources): --mem is per node
             out.append(f"-l mem={_pbs_size(spec.mem, spec.nodes)}")
-    elif spec.pbs_request == "totals":  # job-wide amounts, as NCI's Gadi asks for them
-        out.append(f"-l ncpus={spec.nodes * cpus}")
+        return out
+    if spec.pbs_request == "totals":  # job-wide amounts, as NCI's Gadi asks for them
+        out = [f"-l ncpus={spec.nodes * cpus}"]
         if spec.gpus_per_node:
             out.append(f"-l ngpus={spec.nodes * spec.gpus_per_node}")
         if spec.mem:
             out.append(f"-l mem={_pbs_size(spec.mem, spec.nodes)}")
-    else:
-        chunk = f"select={spec.nodes}"
-        if spec.pbs_request == "select":
-            chunk += f":ncpus={cpus}:mpiprocs={tpn}"
-            if spec.gpus_per_node:
-                chunk += f":ngpus={spec.gpus_per_node}"
-            if spec.mem:
-                chunk += f":mem={_pbs_size(spec.mem)}"
-        elif spec.mem:
+        return out
+    chunk = f"select={spec.nodes}"
+    if spec.pbs_request == "select":
+        chunk += f":ncpus={cpus}:mpiprocs={tpn}"
+        if spec.gpus_per_node:
+            chunk += f":ngpus={spec.gpus_per_node}"
+        if spec.mem:
             chunk += f":mem={_pbs_size(spec.mem)}"
-        chunk += "".join(f":{item}" for item in spec.pbs_chunk)
-        out.append(f"-l {chunk}")
-        if not any(r.split("=", 1)[0] == "place" for r in resources):  # one chunk per node
-            out.append("-l place=scatter:excl" if spec.exclusive else "-l place=scatter")
+    elif spec.mem:
+        chunk += f":mem={_pbs_size(spec.mem)}"
+    chunk += "".join(f":{item}" for item in spec.pbs_chunk)
+    out = [f"-l {chunk}"]
+    if not any(r.split("=", 1)[0] == "place" for r in spec.pbs_resources):  # one chunk per node
+        out.append("-l place=scatter:excl" if spec.exclusive else "-l place=scatter")
+    return out
+
+
+def directives(spec: JobSpec) -> list[str]:
+    """The #PBS lines' options, in the order the golden scripts hold them."""
+    out = _resource_request(spec)
     if spec.time:
         out.append(f"-l walltime={walltime(spec.time)}")
-    out.extend(f"-l {r}" for r in resources)
+    out.extend(f"-l {r}" for r in spec.pbs_resources)
     chosen = queue(spec)
     if chosen:
         out.append(f"-q {chosen}")

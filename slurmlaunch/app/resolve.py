@@ -1,0 +1,76 @@
+"""A request as the submitting process completes it: what only this process knows (its interpreter, its
+working directory) filled in, and the checks that need this machine's files. The core's request and its
+validation (core/spec.py) stay pure; everything that builds a request from user input (submit, the Python
+API, doctor) goes through :func:`resolve`, and `slurmlaunch run` through :func:`check_script`.
+
+Each refusal is a SpecError naming the value and what would be valid, like the core's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import replace
+
+from ..core.errors import SpecError
+from ..core.limits import shown
+from ..core.spec import JobSpec, validate
+
+
+def from_process(spec: JobSpec, python: str | None = None, workdir: str | None = None) -> JobSpec:
+    """``spec`` with the ranks' interpreter and the working directory filled in: ``python`` when given, else
+    python3 inside a container (the image's, not this machine's), else this process's (sys.executable);
+    ``workdir`` when given, else this process's (os.getcwd())."""
+    chosen = python or ("python3" if spec.container else sys.executable)
+    return replace(spec, python=chosen, workdir=workdir or os.getcwd())
+
+
+def check_script(script: str, module: bool, no_python: bool, workdir: str) -> None:
+    """SCRIPT as this machine sees it: a module is not looked for; a --no-python executable is a path or a
+    command on PATH; a Python file exists relative to ``workdir`` (and is no directory)."""
+    if module:
+        return
+    if no_python:
+        if not (os.path.exists(script) or shutil.which(script)):
+            raise SpecError(f"--no-python executable {shown(script)} not found (a path or a command on PATH)")
+        return
+    path = os.path.join(workdir, script)
+    if os.path.isdir(path):
+        raise SpecError(f"script {shown(script)} is a directory (expected a Python file; -m for a package)")
+    if not os.path.isfile(path):
+        raise SpecError(f"script {shown(script)} not found (expected a file, relative to {workdir!r})")
+
+
+def check_output_dir(log_dir: str, given: str) -> None:
+    """The logs' directory must be one or become one: a file on its path is refused here, before a dry run
+    prints a script that could never write its logs (creating it is the scheduler's, at submission)."""
+    path = os.path.abspath(log_dir)
+    while True:
+        if os.path.lexists(path):
+            if not os.path.isdir(path):
+                what = "is a file" if path == os.path.abspath(log_dir) else f"is under {path!r}, which is not a " \
+                                                                            f"directory"
+                raise SpecError(f"--output-dir {shown(given)} {what} (expected a directory, or a path where one "
+                                f"can be made)")
+            return
+        parent = os.path.dirname(path)
+        if parent == path:
+            return
+        path = parent
+
+
+def check_files(spec: JobSpec) -> JobSpec:
+    """The checks that need this machine's files, after the core's (validate): the logs' directory, SCRIPT,
+    and the interpreter (outside a container, where it is the image's)."""
+    check_output_dir(spec.log_dir, spec.output_dir)
+    check_script(spec.script, spec.module, spec.no_python, spec.workdir)
+    if spec.container is None and not os.path.isfile(spec.python):
+        raise SpecError(f"--python {spec.python!r} not found (expected the interpreter that runs the ranks)")
+    return spec
+
+
+def resolve(spec: JobSpec, python: str | None = None, workdir: str | None = None) -> JobSpec:
+    """The request the user asked for, completed (:func:`from_process`), validated (the core's rules) and
+    checked against this machine's files (:func:`check_files`); SpecError for the first thing wrong."""
+    return check_files(validate(from_process(spec, python, workdir)))
