@@ -112,6 +112,34 @@ def _slurm_tasks_per_node(env: Env, nnodes: int, world: int) -> tuple[str, str, 
     return tpn_name, tpn_text, tpn
 
 
+def _slurm_place(env: Env, nodes: tuple[str, str, int], tasks: tuple[str, str, list[tuple[int, int]]]
+                 ) -> tuple[int, int, int, str]:
+    """(node rank, local rank, tasks on this node, this host) of this task, checked against the step's
+    ``nodes`` (_slurm_nodes's) and ``tasks`` per node (_slurm_tasks_per_node's)."""
+    nodelist_name, nodelist, nnodes = nodes
+    tpn_name, tpn_text, tpn = tasks
+    node_rank = int_var("SLURM_NODEID", require(env, "SLURM_NODEID")[1])
+    if node_rank >= nnodes:
+        raise EnvironmentMappingError(
+            f"SLURM_NODEID={node_rank} is not valid for a step on {nnodes} nodes (expected 0..{nnodes - 1})"
+        )
+    local_world = hostlist.count_at(tpn, node_rank) or 0
+    local_rank = int_var("SLURM_LOCALID", require(env, "SLURM_LOCALID")[1])
+    if local_rank >= local_world:
+        raise EnvironmentMappingError(
+            f"SLURM_LOCALID={local_rank} is not valid with {local_world} tasks on node {node_rank} "
+            f"({tpn_name}={tpn_text!r}; expected 0..{local_world - 1})"
+        )
+    my_host = hostlist.nth_host(nodelist, node_rank)
+    node_name = env.get("SLURMD_NODENAME")
+    if node_name and node_name != my_host:
+        raise EnvironmentMappingError(
+            f"SLURMD_NODENAME={node_name!r} is not node {node_rank} of {nodelist_name}={nodelist!r} "
+            f"(that is {my_host!r})"
+        )
+    return node_rank, local_rank, local_world, node_name or my_host
+
+
 def _slurm_rank0_host(env: Env, ctx: Context, nodelist_name: str, nodelist: str) -> tuple[str, str]:
     """(rank 0's host, where that came from): the node list's first host, or with an arbitrary distribution
     the first host of SLURM_HOSTFILE."""
@@ -150,25 +178,8 @@ def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
         )
     nodelist_name, nodelist, nnodes = _slurm_nodes(env)
     tpn_name, tpn_text, tpn = _slurm_tasks_per_node(env, nnodes, world)
-    node_rank = int_var("SLURM_NODEID", require(env, "SLURM_NODEID")[1])
-    if node_rank >= nnodes:
-        raise EnvironmentMappingError(
-            f"SLURM_NODEID={node_rank} is not valid for a step on {nnodes} nodes (expected 0..{nnodes - 1})"
-        )
-    local_world = hostlist.count_at(tpn, node_rank) or 0
-    local_rank = int_var("SLURM_LOCALID", require(env, "SLURM_LOCALID")[1])
-    if local_rank >= local_world:
-        raise EnvironmentMappingError(
-            f"SLURM_LOCALID={local_rank} is not valid with {local_world} tasks on node {node_rank} "
-            f"({tpn_name}={tpn_text!r}; expected 0..{local_world - 1})"
-        )
-    my_host = hostlist.nth_host(nodelist, node_rank)
-    node_name = env.get("SLURMD_NODENAME")
-    if node_name and node_name != my_host:
-        raise EnvironmentMappingError(
-            f"SLURMD_NODENAME={node_name!r} is not node {node_rank} of {nodelist_name}={nodelist!r} "
-            f"(that is {my_host!r})"
-        )
+    node_rank, local_rank, local_world, host = _slurm_place(env, (nodelist_name, nodelist, nnodes),
+                                                            (tpn_name, tpn_text, tpn))
     rank0_host, rank0_origin = _slurm_rank0_host(env, ctx, nodelist_name, nodelist)
     addr, port, origins = master_from(
         env, rank0_host, rank0_origin, derive_port(*ids), f"derived from SLURM_JOB_ID={ids[0]}, SLURM_STEP_ID={ids[1]}",
@@ -181,7 +192,6 @@ def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
     })
     if cpus is not None:
         origins["OMP_NUM_THREADS"] = f"SLURM_CPUS_PER_TASK={cpus}"
-    host = node_name or my_host
     return DistEnv(
         source="slurm", rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
         node_rank=node_rank, num_nodes=nnodes, master_addr=addr, master_port=port, rank0_host=rank0_host,
