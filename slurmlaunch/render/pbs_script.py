@@ -25,8 +25,8 @@ def walltime(time: str) -> str:
     sites such as ALCF refuse a job without it)."""
     total = time_seconds(time)
     if total is None:
-        zero = "" if time.upper() in UNLIMITED else " (Slurm reads a time of 0 as no limit)"
-        raise SpecError(f"--time {time}: PBS has no unlimited walltime{zero} (sites such as ALCF require "
+        zero = "" if time.upper() in UNLIMITED else "Slurm reads a time of 0 as no limit, and "
+        raise SpecError(f"--time {time}: {zero}PBS has no unlimited walltime (sites such as ALCF require "
                         f"-l walltime); give a time such as 1:00:00, or leave --time out for the queue's default")
     return f"{total // 3600:d}:{total // 60 % 60:02d}:{total % 60:02d}"
 
