@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurmlaunch.core.detect import PORT_BASE, PORT_SPAN, READERS, Context, derive_port, detect
+from slurmlaunch.core.envvars import cpus_per_task
 from slurmlaunch.core.errors import EnvironmentMappingError, PreflightError, SlurmLaunchError
 from tests.helpers import step_env
 
@@ -191,3 +192,22 @@ def test_enormous_node_list_is_cheap() -> None:
                SLURMD_NODENAME="r0n0", SLURM_PROCID="0", SLURM_NODEID="0", SLURM_LOCALID="0")
     d = detect(env)
     assert d.master_addr == "r0n0" and d.world_size == 16 * 65536
+
+
+@pytest.mark.parametrize(("env", "expect"), [
+    ({}, None), ({"SLURM_CPUS_PER_TASK": ""}, None), ({"SLURM_CPUS_PER_TASK": "4"}, 4),
+    ({"SLURM_CPUS_PER_TASK": "65535"}, 65535),
+])
+def test_cpus_per_task_is_read_once_for_every_mode(env: dict[str, str], expect: int | None) -> None:
+    assert cpus_per_task(env) == expect
+
+
+@pytest.mark.parametrize("bad", ["x", "-1", "4 ", "65536", "9" * 5000])
+def test_a_bad_cpus_per_task_is_an_error_not_ignored(bad: str) -> None:
+    """The one reading (core.envvars.cpus_per_task) refuses what is no count: ignoring it would leave every
+    rank's thread pool at all of the node's cores."""
+    with pytest.raises(EnvironmentMappingError) as e:
+        cpus_per_task({"SLURM_CPUS_PER_TASK": bad})
+    assert str(e.value).startswith("SLURM_CPUS_PER_TASK=") and "\n" not in str(e.value) and len(str(e.value)) < 200
+    with pytest.raises(EnvironmentMappingError, match="^SLURM_CPUS_PER_TASK="):
+        detect(step_env("node[1-2]", [2, 2], 3, SLURM_CPUS_PER_TASK=bad))
