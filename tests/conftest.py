@@ -13,7 +13,7 @@ import pytest
 from slurmlaunch.app import devcluster as slurmcluster
 from slurmlaunch.core.errors import DevClusterError
 from tests import sshd as _sshd
-from tests.helpers import per_test_env, skip_or_fail
+from tests.helpers import first_job_id, per_test_env, skip_or_fail
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -31,7 +31,8 @@ def _cluster(netns: bool) -> Iterator[dict[str, str]]:
         skip_or_fail(why)
     root = Path(tempfile.mkdtemp(prefix="slurmlaunch-cluster-"))
     try:
-        env = slurmcluster.up(root, nodes=4, gpus=4, cpus=8, accounting=True, netns=netns)
+        env = slurmcluster.up(root, nodes=4, gpus=4, cpus=8, accounting=True, netns=netns,
+                              first_job_id=first_job_id())
     except Exception as e:  # show the daemons' logs: a cluster that did not come up is hard to debug
         logs = "".join(p.read_text(errors="replace")[-2000:] for p in (root / "log").glob("*.log"))
         try:

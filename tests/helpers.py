@@ -361,3 +361,16 @@ INVALID = [
     # Slurm 22.05 mangles an unclosed '[' into a host that does not exist ("n[1-2" -> "n]"); we refuse.
     "n[1-2", "n[", "n1,n[2", "[", "][", "][,[0+]", "a]b[1,2]",
 ]
+
+
+# Under pytest-xdist every worker is a session of its own, with its own clusters. Their job ids start apart:
+# a job's MASTER_PORT is derived from its id (envvars.derive_port), so two loopback clusters' job 7 would
+# otherwise rendezvous on the same port of 127.0.0.1.
+JOB_IDS_PER_WORKER = 4000
+
+
+def first_job_id(worker: str | None = None) -> int:
+    """FirstJobId of this pytest-xdist worker's clusters ("gw0" or no xdist: 1; "gw1": 4001; ...)."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0") if worker is None else worker
+    index = int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
+    return 1 + index * JOB_IDS_PER_WORKER

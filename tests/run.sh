@@ -31,4 +31,7 @@ python3 -m venv .venv
 .venv/bin/python -m mypy
 .venv/bin/lint-imports --no-cache  # the layers (pyproject: [tool.importlinter]; README: Architecture)
 export PATH="$PWD/.venv/bin:$PATH"
-exec .venv/bin/python -m pytest "$@"
+# Workers (pytest-xdist): much of the suite's time is spent waiting on Slurm (time limits, requeues, sacct),
+# so workers overlap those waits. Each worker is a session of its own with its own cluster and sshd
+# (tests/conftest.py), its job ids apart (tests/helpers.first_job_id). -n 0 runs it in one process.
+exec .venv/bin/python -m pytest -n "${SLURMLAUNCH_TEST_WORKERS:-3}" "$@"

@@ -3,9 +3,12 @@ environment is made per test (conftest.cluster_env / netns_cluster_env through h
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
-from tests.helpers import per_test_env
+import pytest
+
+from tests.helpers import JOB_IDS_PER_WORKER, first_job_id, per_test_env
 
 
 def test_each_test_gets_its_own_per_user_state(tmp_path: Path) -> None:
@@ -16,3 +19,17 @@ def test_each_test_gets_its_own_per_user_state(tmp_path: Path) -> None:
     assert {k: v for k, v in first.items() if k != "XDG_STATE_HOME"} == {"SLURM_CONF": "/c/slurm.conf",
                                                                           "PATH": "/c/bin"}
     assert cluster["XDG_STATE_HOME"] == "/session/state"  # the session's environment is left as it was
+
+
+def test_xdist_workers_get_job_ids_apart() -> None:
+    assert first_job_id("gw0") == 1 and first_job_id("master") == 1
+    assert first_job_id("gw1") == 1 + JOB_IDS_PER_WORKER and first_job_id("gw2") == 1 + 2 * JOB_IDS_PER_WORKER
+
+
+@pytest.mark.slurm
+def test_the_session_cluster_starts_its_job_ids_where_this_worker_says(slurm_cluster: dict[str, str]) -> None:
+    # Slurm's own view of its configuration, not the file we wrote.
+    shown = subprocess.run(["scontrol", "show", "config"], env=slurm_cluster, capture_output=True, text=True,
+                           timeout=30, check=True).stdout
+    value = next(line.split("=", 1)[1].strip() for line in shown.splitlines() if line.startswith("FirstJobId"))
+    assert int(value) == first_job_id()

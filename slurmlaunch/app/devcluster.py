@@ -136,7 +136,7 @@ def start_accounting(root: Path, conf: Path, dbd_port: int, timeout: float, insi
 
 
 def write_config(root: Path, nodes: int, gpus: int, cpus: int, accounting: bool = False,
-                 net: Network | None = None) -> Path:
+                 net: Network | None = None, first_job_id: int = 1) -> Path:
     for sub in ("state", "spool", "log", "dev"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     # Loopback: every daemon shares this machine's ports, so find free ones. Netns: each has its own
@@ -147,6 +147,7 @@ def write_config(root: Path, nodes: int, gpus: int, cpus: int, accounting: bool 
     host = socket.gethostname()
     lines = [
         "ClusterName=sltest",
+        f"FirstJobId={first_job_id}",
         f"SlurmctldHost={host}({net.hub_addr if net else '127.0.0.1'})",
         f"SlurmctldPort={base}",
         "SlurmUser=root",
@@ -431,17 +432,20 @@ def _wait_pidfile(path: Path, timeout: float) -> int:
 
 
 def up(root: Path, nodes: int = 4, gpus: int = 4, cpus: int = 8, timeout: float = 30.0,
-       accounting: bool = False, netns: bool = False, subnet: str | None = None) -> dict[str, str]:
+       accounting: bool = False, netns: bool = False, subnet: str | None = None,
+       first_job_id: int = 1) -> dict[str, str]:
     """Start (MariaDB and slurmdbd with ``accounting``,) slurmctld and `nodes` slurmd, with ``netns`` each
     node on its own address of a private network (``subnet``, or a free /24 of 10.213.0.0/16); return the
-    environment variables a client needs. After a failure, `down(root)` removes what was started and made."""
+    environment variables a client needs. ``first_job_id``: where the job ids start (FirstJobId), so that
+    clusters running side by side give distinct ids. After a failure, `down(root)` removes what was started
+    and made."""
     why = missing_requirements(netns) or (accounting_missing() if accounting else None)
     if why:
         raise DevClusterError(why)
     root = root.resolve()
     net = make_network(root, nodes, subnet) if netns else None
     inside = net.enter(net.hub) if net else ()
-    conf = write_config(root, nodes, gpus, cpus, accounting, net)
+    conf = write_config(root, nodes, gpus, cpus, accounting, net, first_job_id)
     if net:
         for name in net.namespaces:
             shutil.copyfile(root / "hosts", f"/etc/netns/{name}/hosts")
