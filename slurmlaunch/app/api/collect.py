@@ -98,73 +98,98 @@ def _how(code: int | None) -> str:
             f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}")
 
 
+class _Findings:
+    """What the ranks' files say, rank by rank (_collect): the values, the failures that carry their time,
+    the ends without a time (in srun's order), the ranks stopped from outside."""
+
+    def __init__(self) -> None:
+        self.values: dict[int, Any] = {}
+        self.timed: list[tuple[float, int, str, int | None]] = []
+        self.deaths: list[tuple[int, int, str, int | None]] = []
+        self.stopped: list[int] = []
+
+
 def _collect(job: Any, world: int, state: str | None, wanted: Iterable[int] | None = None) -> dict[int, Any]:
     """The values of the ranks in ``wanted`` (all: None) once the job has ended (Job.results); RankFailed
     for the first failure by time, SlurmLaunchError for a job cancelled or stopped from outside. ``state``:
     the job's final state under Slurm (None on the local scheduler, whose controller records the ranks)."""
-    from submitit.core.utils import pickle_load
-
     status = _status(job)
     ended: dict[str, dict[str, Any]] = status["ranks"] if status else {}
     tasks = [job.task(rank) for rank in range(world)]
     results = [Path(t.paths.result_pickle) for t in tasks]
     if status is None and state == "COMPLETED":
-        # Every rank returned, so every result file will come; a shared file system may show one late.
-        deadline = time.monotonic() + _RESULT_WAIT_S
-        while time.monotonic() < deadline and not all(r.exists() or _exit_record(r).exists() for r in results):
-            time.sleep(0.5)
+        _await_results(results)
     steps = _step_ends(Path(tasks[0].paths.stderr)) if status is None else {}
     keep = set(range(world)) if wanted is None else set(wanted)
-    values: dict[int, Any] = {}
-    timed: list[tuple[float, int, str, int | None]] = []  # failures that carry their time
-    deaths: list[tuple[int, int, str, int | None]] = []  # ends without a time, in srun's order
-    stopped: list[int] = []
+    found = _Findings()
     for rank, task in enumerate(tasks):
-        end = ended.get(str(rank))
-        step = steps.get(rank)
-        code = int(end["code"]) if end is not None else step[1] if step is not None else None
-        exit_path = _exit_record(results[rank])
-        if results[rank].exists():
-            if _outcome(results[rank]) == "success":
-                if rank in keep:
-                    payload = pickle_load(results[rank])[1]
-                    values[rank] = payload.value() if isinstance(payload, _Packed) else payload
-                continue
-            payload = pickle_load(results[rank])[1]
-            mark = re.search(_MARK + r" rank=(\S+) at=([\d.]+)\n", payload)
-            when = float(mark.group(2)) if mark else float(end["at"]) if end else float("inf")
-            timed.append((when, rank, payload[mark.end():] if mark else payload, code))
-        elif exit_path.exists():
-            record = json.loads(exit_path.read_text())
-            if record["code"] == 0 and not code:
-                values[rank] = None  # sys.exit(0): ended well, returned nothing
-                continue
-            said = f": {record['message']}" if record["message"] else ""
-            text = f"it raised SystemExit with exit code {record['code']}{said}\n{_tail(task)}"
-            timed.append((float(record["at"]), rank, text, int(record["code"])))
-        elif end is not None and end["stopped"]:
-            stopped.append(rank)  # stopped because another rank failed, or the job was cancelled
-        elif end is not None or step is not None:
-            how = _how(code)
-            seen = "" if end is not None else f" (srun: {step[2]})" if step is not None else ""
-            text = (f"its process {how}{seen}, without a Python exception (os._exit, a crash in native code, "
-                    f"a kill from outside, running out of memory)\n{_tail(task)}")
-            if end is not None:
-                timed.append((float(end["at"]) - _DEATH_SLACK_S, rank, text, code))
-            elif step is not None:
-                deaths.append((step[0], rank, text, code))
-        else:
-            timed.append((float("inf"), rank, f"its process ended without a result (the job ended {state})\n"
-                          f"{_tail(task)}", None))
+        _read_rank(found, rank, task, results[rank], ended.get(str(rank)), steps.get(rank), rank in keep, state)
     if state is not None and state.split()[0] in _STOPPED_STATES:
         # The ranks' errors are the consequences (a peer killed first): the job's end is the news.
-        unfinished = [r for r in range(world) if r not in values and not _success(results[r])]
+        unfinished = [r for r in range(world) if r not in found.values and not _success(results[r])]
         how = "was cancelled" if state.startswith("CANCELLED") else "was stopped"
         raise SlurmLaunchError(f"job {job.job_id} {how} ({state}) before rank(s) {_ranks(unfinished)} finished"
                                f" (no rank failed before that)")
-    first = min(timed) if timed else None
-    if deaths:
-        death = min(deaths)
+    _raise_first(found, steps)
+    if found.stopped:
+        raise SlurmLaunchError(f"job {job.job_id} was {status['reason'] if status else 'stopped'} before "
+                               f"rank(s) {_ranks(found.stopped)} finished (no rank failed)")
+    return found.values
+
+
+def _await_results(results: Sequence[Path]) -> None:
+    """Every rank returned, so every result file will come; a shared file system may show one late."""
+    deadline = time.monotonic() + _RESULT_WAIT_S
+    while time.monotonic() < deadline and not all(r.exists() or _exit_record(r).exists() for r in results):
+        time.sleep(0.5)
+
+
+def _read_rank(found: _Findings, rank: int, task: Any, result: Path, end: dict[str, Any] | None,
+               step: tuple[int, int | None, str] | None, keep: bool, state: str | None) -> None:
+    """What rank ``rank`` left: its value (loaded when ``keep``), or how it failed or was stopped."""
+    from submitit.core.utils import pickle_load
+
+    code = int(end["code"]) if end is not None else step[1] if step is not None else None
+    exit_path = _exit_record(result)
+    if result.exists():
+        success = _outcome(result) == "success"
+        if success and not keep:
+            return
+        payload = pickle_load(result)[1]
+        if success:
+            found.values[rank] = payload.value() if isinstance(payload, _Packed) else payload
+            return
+        mark = re.search(_MARK + r" rank=(\S+) at=([\d.]+)\n", payload)
+        when = float(mark.group(2)) if mark else float(end["at"]) if end else float("inf")
+        found.timed.append((when, rank, payload[mark.end():] if mark else payload, code))
+    elif exit_path.exists():
+        record = json.loads(exit_path.read_text())
+        if record["code"] == 0 and not code:
+            found.values[rank] = None  # sys.exit(0): ended well, returned nothing
+            return
+        said = f": {record['message']}" if record["message"] else ""
+        text = f"it raised SystemExit with exit code {record['code']}{said}\n{_tail(task)}"
+        found.timed.append((float(record["at"]), rank, text, int(record["code"])))
+    elif end is not None and end["stopped"]:
+        found.stopped.append(rank)  # stopped because another rank failed, or the job was cancelled
+    elif end is not None or step is not None:
+        seen = "" if end is not None else f" (srun: {step[2]})" if step is not None else ""
+        text = (f"its process {_how(code)}{seen}, without a Python exception (os._exit, a crash in native code, "
+                f"a kill from outside, running out of memory)\n{_tail(task)}")
+        if end is not None:
+            found.timed.append((float(end["at"]) - _DEATH_SLACK_S, rank, text, code))
+        elif step is not None:
+            found.deaths.append((step[0], rank, text, code))
+    else:
+        found.timed.append((float("inf"), rank, f"its process ended without a result (the job ended {state})\n"
+                            f"{_tail(task)}", None))
+
+
+def _raise_first(found: _Findings, steps: dict[int, tuple[int, int | None, str]]) -> None:
+    """RankFailed for the first failure, if any rank failed."""
+    first = min(found.timed) if found.timed else None
+    if found.deaths:
+        death = min(found.deaths)
         step = steps.get(first[1]) if first is not None else None
         # A rank's error is timed, a death only ordered by srun's report: the death came first when srun
         # saw it end before the rank that erred (whose error then is the death's consequence).
@@ -174,10 +199,6 @@ def _collect(job: Any, world: int, state: str | None, wanted: Iterable[int] | No
     if first is not None:
         when, rank, text, code = first
         raise RankFailed(rank, text, code, None if when == float("inf") else when)
-    if stopped:
-        raise SlurmLaunchError(f"job {job.job_id} was {status['reason'] if status else 'stopped'} before "
-                               f"rank(s) {_ranks(stopped)} finished (no rank failed)")
-    return values
 
 
 def _success(result_pickle: Path) -> bool:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...schedulers.supervisor import signal_group
 from .collect import _STATUS_FILE
 
 # After the first rank fails, the others get SIGINT (submitit's tasks ignore SIGTERM), then SIGKILL after
@@ -65,91 +66,114 @@ class _LocalController:
         return 0 if all(v["code"] == 0 for v in ended.values()) else 1
 
     def _attempt(self, paths: list[Any]) -> tuple[dict[int, dict[str, Any]], str | None]:
-        import ctypes  # before any fork: the children only call into it
-
-        from submitit.local.local import LocalJobEnvironment
-
-        def die_with_controller() -> None:  # PR_SET_PDEATHSIG: a killed controller leaves no rank behind
-            try:
-                ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-            except (OSError, AttributeError):
-                pass
-
-        files: list[Any] = []
-        procs: dict[int, subprocess.Popen[bytes]] = {}
-        ended: dict[int, dict[str, Any]] = {}
-        reason: str | None = None
-        poller, pidfds = select.poll(), dict[int, int]()
-        try:
-            for k, p in enumerate(paths):
-                out, err = open(p.stdout, "ab"), open(p.stderr, "ab")  # noqa: SIM115 (closed below)
-                files += [out, err]
-                env = dict(os.environ, SUBMITIT_LOCAL_LOCALID=str(k), SUBMITIT_LOCAL_GLOBALID=str(k),
-                           SUBMITIT_LOCAL_JOB_ID=self.job_id)
-                procs[k] = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                            start_new_session=True, preexec_fn=die_with_controller)
-            # Woken by a rank's end through its pidfd rather than by a timer, so that "at" is when it ended,
-            # give or take the scheduler: it decides which failure came first (see _DEATH_SLACK_S).
-            for k, proc in procs.items():
-                try:
-                    pidfds[k] = os.pidfd_open(proc.pid)
-                    poller.register(pidfds[k], select.POLLIN)
-                except (AttributeError, OSError):  # Linux < 5.3: the poll below is a plain timer
-                    pass
-            start, warned, kill_at = time.monotonic(), False, None
-            while len(ended) < len(procs):
-                for k, proc in procs.items():
-                    code = None if k in ended else proc.poll()
-                    if code is None:
-                        continue
-                    ended[k] = {"code": code, "at": time.time(), "stopped": reason is not None}
-                    if k in pidfds:
-                        poller.unregister(pidfds[k])
-                    if reason is None and code != 0:
-                        reason = "requeued" if code == _REQUEUE_CODE else f"stopped after rank {k} failed"
-                while self.received:
-                    number = self.received.pop(0)
-                    if number in (signal.SIGINT, signal.SIGTERM):
-                        self.received_stop = self.received_stop or number
-                        reason = reason or f"cancelled ({signal.Signals(number).name})"
-                    else:
-                        _signal_ranks(procs, ended, number)
-                elapsed = time.monotonic() - start
-                # as submitit's controller: no warning when the delay exceeds the time limit (a warning
-                # signal before the tasks have installed submitit's handler would kill them)
-                if not warned and 0 < self.warn_s <= elapsed:
-                    warned = True
-                    _signal_ranks(procs, ended, LocalJobEnvironment._usr_sig())
-                if reason is None and elapsed >= self.timeout_s:
-                    reason = "stopped at its time limit"
-                if reason is not None and kill_at is None:
-                    kill_at = time.monotonic() + _STOP_GRACE_S
-                    _signal_ranks(procs, ended, signal.SIGINT)
-                if kill_at is not None and time.monotonic() >= kill_at:
-                    _signal_ranks(procs, ended, signal.SIGKILL)
-                poller.poll(_POLL_MS)
-        finally:
-            for proc in procs.values():  # whatever a rank started in its session goes with it
-                _signal_group(proc.pid, signal.SIGKILL)
-                proc.wait()
-            for f in files:
-                f.close()
-            for fd in pidfds.values():
-                os.close(fd)
-        return ended, reason
+        attempt = _Attempt(self, paths)
+        attempt.run()
+        return attempt.ended, attempt.reason
 
 
-def _signal_group(pid: int, number: int) -> None:
+def _die_with_controller() -> None:
+    """PR_SET_PDEATHSIG in a rank (between fork and exec): a killed controller leaves no rank behind."""
+    import ctypes
+
     try:
-        os.killpg(pid, number)
-    except (ProcessLookupError, PermissionError):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
         pass
 
 
-def _signal_ranks(procs: dict[int, Any], ended: dict[int, Any], number: int) -> None:
-    for k, proc in procs.items():
-        if k not in ended:
-            _signal_group(proc.pid, number)
+class _Attempt:
+    """One start of a job's ranks, watched until every rank has ended: how each ended (``ended``) and why
+    the others were stopped (``reason``: None when none was)."""
+
+    def __init__(self, controller: _LocalController, paths: list[Any]) -> None:
+        self.controller = controller
+        self.paths = paths
+        self.files: list[Any] = []
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.ended: dict[int, dict[str, Any]] = {}
+        self.reason: str | None = None
+        self.poller = select.poll()
+        self.pidfds: dict[int, int] = {}
+
+    def run(self) -> None:
+        import ctypes  # noqa: F401  (before any fork: the children only call into it)
+
+        try:
+            self._start()
+            self._watch()
+        finally:
+            for proc in self.procs.values():  # whatever a rank started in its session goes with it
+                signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+            for f in self.files:
+                f.close()
+            for fd in self.pidfds.values():
+                os.close(fd)
+
+    def _start(self) -> None:
+        for k, p in enumerate(self.paths):
+            out, err = open(p.stdout, "ab"), open(p.stderr, "ab")  # noqa: SIM115 (closed in run)
+            self.files += [out, err]
+            env = dict(os.environ, SUBMITIT_LOCAL_LOCALID=str(k), SUBMITIT_LOCAL_GLOBALID=str(k),
+                       SUBMITIT_LOCAL_JOB_ID=self.controller.job_id)
+            self.procs[k] = subprocess.Popen(self.controller.command, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                             stderr=err, start_new_session=True, preexec_fn=_die_with_controller)
+        # Woken by a rank's end through its pidfd rather than by a timer, so that "at" is when it ended,
+        # give or take the scheduler: it decides which failure came first (see _DEATH_SLACK_S).
+        for k, proc in self.procs.items():
+            try:
+                self.pidfds[k] = os.pidfd_open(proc.pid)
+                self.poller.register(self.pidfds[k], select.POLLIN)
+            except (AttributeError, OSError):  # Linux < 5.3: the poll below is a plain timer
+                pass
+
+    def _watch(self) -> None:
+        from submitit.local.local import LocalJobEnvironment
+
+        start, warned, kill_at = time.monotonic(), False, None
+        while len(self.ended) < len(self.procs):
+            self._reap()
+            self._take_signals()
+            elapsed = time.monotonic() - start
+            # as submitit's controller: no warning when the delay exceeds the time limit (a warning
+            # signal before the tasks have installed submitit's handler would kill them)
+            if not warned and 0 < self.controller.warn_s <= elapsed:
+                warned = True
+                self._signal(LocalJobEnvironment._usr_sig())
+            if self.reason is None and elapsed >= self.controller.timeout_s:
+                self.reason = "stopped at its time limit"
+            if self.reason is not None and kill_at is None:
+                kill_at = time.monotonic() + _STOP_GRACE_S
+                self._signal(signal.SIGINT)
+            if kill_at is not None and time.monotonic() >= kill_at:
+                self._signal(signal.SIGKILL)
+            self.poller.poll(_POLL_MS)
+
+    def _reap(self) -> None:
+        for k, proc in self.procs.items():
+            code = None if k in self.ended else proc.poll()
+            if code is None:
+                continue
+            self.ended[k] = {"code": code, "at": time.time(), "stopped": self.reason is not None}
+            if k in self.pidfds:
+                self.poller.unregister(self.pidfds[k])
+            if self.reason is None and code != 0:
+                self.reason = "requeued" if code == _REQUEUE_CODE else f"stopped after rank {k} failed"
+
+    def _take_signals(self) -> None:
+        received = self.controller.received
+        while received:
+            number = received.pop(0)
+            if number in (signal.SIGINT, signal.SIGTERM):
+                self.controller.received_stop = self.controller.received_stop or number
+                self.reason = self.reason or f"cancelled ({signal.Signals(number).name})"
+            else:
+                self._signal(number)
+
+    def _signal(self, number: int) -> None:
+        for k, proc in self.procs.items():
+            if k not in self.ended:
+                signal_group(proc.pid, number)
 
 
 def _controller_main() -> None:
