@@ -20,13 +20,15 @@ _PROFILE_FIELDS = {"sbatch_arg": "sbatch_args", "container_mount": "container_mo
                    "mpiexec_arg": "mpiexec_args"}
 
 
-def profile_options(name: str) -> dict[str, Any]:
-    """The job options profile ``name`` (with the files' [defaults]) sets, as keyword arguments (README:
-    Profiles). Settings the API does not carry out (mode, containers, ...) are refused; the scheduler,
-    template and --wait settings are the CLI's and are not taken."""
+# A profile's keys that say where the job goes from a laptop (README: From your laptop), as the API's
+# keyword arguments: python is then the remote interpreter, as `submit --remote --python` has it.
+_REMOTE_KEYS = {"remote": "remote", "remote_setup": "remote_setup", "python": "remote_python"}
+
+
+def _profile_values(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The submit options' table, and the values profile ``name`` (with the files' [defaults]) sets."""
     import argparse
 
-    from ...core.spec import parse_env, parse_nodes
     from .. import profiles
     from ..options import add_submit_options
 
@@ -34,10 +36,29 @@ def profile_options(name: str) -> dict[str, Any]:
     add_submit_options(parser)
     table = profiles.option_table(parser)
     resolved = profiles.resolve(argparse.Namespace(profile=name), table, os.environ, os.getcwd())
+    return table, {dest: value for dest, value in resolved.values.items()
+                   if resolved.origins[dest] != profiles.BUILTIN}
+
+
+def profile_remote(name: str) -> dict[str, Any]:
+    """Where profile ``name`` sends jobs from a laptop: its remote, remote-setup and python keys, as the
+    API's remote=, remote_setup= and remote_python= (only those it sets)."""
+    _, given = _profile_values(name)
+    out = {_REMOTE_KEYS[dest]: value for dest, value in given.items() if dest in _REMOTE_KEYS and value}
+    if "remote_setup" in out:
+        out["remote_setup"] = tuple(out["remote_setup"])
+    return out
+
+
+def profile_options(name: str) -> dict[str, Any]:
+    """The job options profile ``name`` (with the files' [defaults]) sets, as keyword arguments (README:
+    Profiles). Settings the API does not carry out (mode, containers, ...) are refused; the scheduler,
+    template and --wait settings are the CLI's and are not taken."""
+    from ...core.spec import parse_env, parse_nodes
+
+    table, given = _profile_values(name)
     out: dict[str, Any] = {}
-    for dest, value in resolved.values.items():
-        if resolved.origins[dest] == profiles.BUILTIN:
-            continue
+    for dest, value in given.items():
         field = _PROFILE_FIELDS.get(dest, dest)
         if field in CLI_ONLY and value:
             raise SpecError(f"profile {name!r} sets {table[dest].flag.lstrip('-')}, which only `slurmlaunch "
