@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...schedulers.supervisor import signal_group
 from .collect import _STATUS_FILE
 
 # After the first rank fails, the others get SIGINT (submitit's tasks ignore SIGTERM), then SIGKILL after
@@ -98,6 +97,8 @@ class _Attempt:
     def run(self) -> None:
         import ctypes  # noqa: F401  (before any fork: the children only call into it)
 
+        from ...schedulers.supervisor import signal_group  # the controller's alone: not on every API import
+
         try:
             self._start()
             self._watch()
@@ -171,6 +172,8 @@ class _Attempt:
                 self._signal(number)
 
     def _signal(self, number: int) -> None:
+        from ...schedulers.supervisor import signal_group
+
         for k, proc in self.procs.items():
             if k not in self.ended:
                 signal_group(proc.pid, number)
