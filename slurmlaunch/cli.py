@@ -269,9 +269,14 @@ def _dispatch(args: list[str]) -> int:
         sys.stdout.write(script(ns.shell, _parser()))
         return 0
     if ns.command == "doctor":
+        if ns.remote is not None:
+            from .app.remote_doctor import cmd_doctor_remote
+
+            return cmd_doctor_remote(ns.remote, ns.remote_setup, ns.python, ns.partition, ns.json, ns.allocate,
+                                     ns.gpus_per_node, ns.timeout)
         from .app.doctor import cmd_doctor
 
-        return cmd_doctor(ns.partition, ns.json, ns.allocate, ns.gpus_per_node, ns.timeout, remote=ns.remote,
+        return cmd_doctor(ns.partition, ns.json, ns.allocate, ns.gpus_per_node, ns.timeout,
                           remote_setup=ns.remote_setup, python=ns.python)
     raise AssertionError(ns.command)
 

@@ -200,3 +200,29 @@ def test_profile_from_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, to
         slurmlaunch.submit(env_value, "X", scheduler="local", profile="elastic")
     with pytest.raises(SpecError, match=r"option\(s\) mode are carried out by `slurmlaunch submit`"):
         slurmlaunch.submit(env_value, "X", scheduler="local", mode="torchrun")
+
+
+def test_a_profiles_remote_keys_are_the_apis_remote_arguments(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """remote, remote-setup and python of a profile become remote=, remote_setup=, remote_python=; what is
+    wrong is refused before any ssh (the destination here does not exist: reaching it would fail otherwise)."""
+    from slurmlaunch.app.api.job_options import profile_options, profile_remote
+
+    (tmp_path / "slurmlaunch.toml").write_text(
+        '[profiles.booster]\nremote = "nosuch.invalid:work"\nremote-setup = ["module load slurm"]\n'
+        'python = "/opt/venv/bin/python"\nnodes = 2\n[profiles.plain]\nnodes = 1\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    assert profile_remote("booster") == {"remote": "nosuch.invalid:work", "remote_setup": ("module load slurm",),
+                                         "remote_python": "/opt/venv/bin/python"}
+    assert profile_remote("plain") == {} and profile_options("booster") == {"nodes": 2}
+    with pytest.raises(SpecError, match="nodes"):
+        slurmlaunch.submit(print, profile="booster", nodes=0)
+    with pytest.raises(SpecError, match="only Slurm clusters"):
+        slurmlaunch.map_array(print, [1], profile="booster", scheduler="local")
+    with pytest.raises(SpecError, match="only Slurm clusters"):
+        slurmlaunch.batch(profile="booster", scheduler="local")
+    with pytest.raises(SpecError, match="only with remote="):
+        slurmlaunch.map_array(print, [1], remote_setup=["module load slurm"], scheduler="local")
+    with pytest.raises(SpecError, match="only with remote="):
+        slurmlaunch.submit(print, profile="plain", remote_python="python3", scheduler="local")

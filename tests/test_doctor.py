@@ -8,7 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.app.doctor import choose_gpu_flag, gpus_per_node, render_table, slurm_version
+from slurmlaunch.allocation.probe import Finding, GpuView, RankReport, TorchFinding
+from slurmlaunch.app.doctor import (
+    Check,
+    DoctorReport,
+    Partition,
+    choose_gpu_flag,
+    gpus_per_node,
+    render_table,
+    slurm_version,
+)
+from slurmlaunch.app.doctor_probe import MissingReport, ProbeJob, gpu_problem, probe_job, rank_rows
 from tests.helpers import no_slurm_env, run_cli
 
 
@@ -83,16 +93,53 @@ def test_probe_reports_an_unresolvable_master_within_its_bound(cluster_env: dict
     assert "of 1 other ranks connected before the timeout" in rows[0] and "skipped" in rows[1]
 
 
-def test_gpu_problem_names_the_ranks_without_cuda() -> None:
-    from slurmlaunch.app.doctor import gpu_problem
+def _report(rank: int, torch: TorchFinding) -> RankReport:
+    return RankReport(rank, str(rank), "node1", "node1", 29500, Finding(True, "10.0.0.1"),
+                      Finding(True, "reached node1:29500"), GpuView("0", 1, "0"), Finding(True, "python 3.11"), torch)
 
-    seen = {"rank": 0, "torch": {"ok": True, "cuda": True}}
-    blind = {"rank": 1, "torch": {"ok": True, "cuda": False}}
-    no_torch = {"rank": 2, "torch": {"ok": False, "detail": "import torch failed"}}
-    assert gpu_problem([seen, blind, no_torch], 0) is None  # no GPU asked for: nothing to serve
+
+def test_gpu_problem_names_the_ranks_without_cuda() -> None:
+    seen = _report(0, TorchFinding(True, "torch 2", cuda=True, devices=1))
+    blind = _report(1, TorchFinding(True, "torch 2", cuda=False))
+    no_torch = _report(2, TorchFinding(False, "import torch failed"))
+    missing = MissingReport(3, "no report")
+    assert gpu_problem([seen, blind, no_torch, missing], 0) is None  # no GPU asked for: nothing to serve
     assert gpu_problem([seen], 4) is None
-    problem = gpu_problem([seen, blind, no_torch], 4)
+    problem = gpu_problem([seen, blind, no_torch, missing], 4)
     assert problem is not None and problem.startswith("--gpus-per-node 4 was asked for, but rank(s) 1, 2 see no")
+
+
+def test_reports_cross_as_the_json_they_always_were() -> None:
+    """The rank's file and `doctor --json` keep their shape; from_json reads back what to_json wrote."""
+    ok = _report(0, TorchFinding(True, "torch 2", cuda=True, devices=1, import_s=0.5))
+    failed = _report(1, TorchFinding(False, "import torch failed: ImportError: x"))
+    assert ok.to_json() == {
+        "rank": 0, "local_rank": "0", "host": "node1", "master_addr": "node1", "master_port": 29500,
+        "resolve": {"ok": True, "detail": "10.0.0.1"}, "port": {"ok": True, "detail": "reached node1:29500"},
+        "gpus": {"CUDA_VISIBLE_DEVICES": "0", "dev": 1, "local_device": "0"},
+        "python": {"ok": True, "detail": "python 3.11"},
+        "torch": {"ok": True, "detail": "torch 2", "cuda": True, "devices": 1, "import_s": 0.5}}
+    assert failed.to_json()["torch"] == {"ok": False, "detail": "import torch failed: ImportError: x"}
+    for report in (ok, failed):
+        assert RankReport.from_json(json.loads(json.dumps(report.to_json()))) == report
+    rows, healthy = rank_rows([ok, MissingReport(1, "no report (see x)")])
+    assert not healthy and rows[0][2] == "ok node1 -> 10.0.0.1" and rows[1][-1] == "no report (see x)"
+    report = DoctorReport(None, [Check("commands", "ok", "all")], [Partition("debug*", "up", "4", "gpu:2", "8",
+                                                                            "1000", "1:00:00")], "7", [ok], [])
+    assert list(json.loads(report.to_json())) == ["cluster", "checks", "problems", "partitions", "probe_job", "ranks"]
+    assert json.loads(report.to_json())["partitions"] == [{"partition": "debug*", "avail": "up", "nodes": "4",
+                                                          "gres": "gpu:2", "cpus": "8", "memory": "1000",
+                                                          "timelimit": "1:00:00"}]
+
+
+def test_the_probe_job_crosses_as_json(tmp_path: Path) -> None:
+    """doctor --remote renders the probe job on the laptop: the JobSpec and script come back whole."""
+    job = probe_job(2, 1, "gpu", 100.0, workdir=str(tmp_path / "remote dir"), python="/opt/py/bin/python",
+                    setup=("export PYTHONPATH=/x",))
+    back = ProbeJob.from_json(job.to_json())
+    assert back == job and back.spec.env == job.spec.env and isinstance(back.spec.env[0], tuple)
+    assert back.spec.python == "/opt/py/bin/python" and back.out_dir.startswith(str(tmp_path / "remote dir"))
+    assert "export PYTHONPATH=/x" in back.script and "/opt/py/bin/python" in back.script
 
 
 @pytest.mark.slurm

@@ -80,3 +80,79 @@ def test_api_from_the_laptop_returns_4_ranks_and_a_failing_ranks_exception(
     assert not Path("/tmp/slurmlaunch-pwned-api").exists()
     assert (remote_dir / "run.py").is_file() and (remote_dir / "run.py").stat().st_mode & 0o077 == 0
     assert masters_left(laptop) == []  # the handles' masters stopped when the laptop process ended
+
+
+ARRAYS_SCRIPT = """\
+import json, os, sys
+import slurmlaunch
+
+def square(x, offset=0):  # defined in __main__: it travels by value
+    import os
+    print("square of", x, "on rank", os.environ["RANK"], flush=True)
+    return {"value": x * x + offset, "rank": int(os.environ["RANK"]), "world": int(os.environ["WORLD_SIZE"])}
+
+def shout(word):
+    return word.upper()
+
+ports = json.loads(sys.argv[1])
+out = {}
+# the destination, its set-up lines and the interpreter come from the profile
+jobs = slurmlaunch.map_array(square, [2, 3], profile="booster", nodes=1, tasks_per_node=2, master_port=ports[0],
+                             offset=1)
+out["array_ids"] = [j.job_id for j in jobs]
+out["array"] = [j.results() for j in jobs]
+with slurmlaunch.batch(profile="booster", nodes=1, tasks_per_node=1, master_port=ports[1]) as b:
+    b.submit(shout, "a b $(id)")
+    b.submit(square, 4)
+out["batch_ids"] = [j.job_id for j in b.jobs]
+out["batch"] = [j.result() for j in b.jobs]
+one = slurmlaunch.submit(square, 5, profile="booster", nodes=1, tasks_per_node=1, master_port=ports[2])
+out["one_id"] = one.job_id
+out["one"] = one.result()
+print("OUT " + json.dumps(out))
+"""
+
+
+def test_map_array_batch_and_a_profiles_remote_from_the_laptop_and_the_job_commands_see_them(
+        laptop: sshd.Laptop, cluster_env: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    python = python_without_slurmlaunch(tmp_path)
+    project = tmp_path / "nb"
+    project.mkdir()
+    (project / "run.py").write_text(ARRAYS_SCRIPT)
+    remote_dir = tmp_path / "cluster" / "nb"
+    setup = [f"export SLURM_CONF={shlex.quote(cluster_env['SLURM_CONF'])}", "export SLURMLAUNCH_ALLOW_LOOPBACK=1"]
+    (project / "slurmlaunch.toml").write_text(
+        "[profiles.booster]\n"
+        f"remote = {json.dumps(f'login:{remote_dir}')}\n"
+        f"remote-setup = {json.dumps(setup)}\n"
+        f"python = {json.dumps(python)}\n")
+    ports = json.dumps([int(free_master_port()) for _ in range(3)])
+    r = subprocess.run(["python3", "run.py", ports], capture_output=True, text=True, env=laptop.env, cwd=project,
+                       timeout=600, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and "OUT " in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    out = json.loads(r.stdout.split("OUT ", 1)[1])
+    assert out["array"] == [[{"value": 5, "rank": 0, "world": 2}, {"value": 5, "rank": 1, "world": 2}],
+                            [{"value": 10, "rank": 0, "world": 2}, {"value": 10, "rank": 1, "world": 2}]]
+    assert out["batch"] == ["A B $(ID)", {"value": 16, "rank": 0, "world": 1}]
+    assert out["one"] == {"value": 25, "rank": 0, "world": 1}
+    array, batch = out["array_ids"], out["batch_ids"]
+    assert len({a.split("_")[0] for a in array}) == 1 and [a.split("_")[1] for a in array] == ["0", "1"], array
+    assert (remote_dir / "run.py").is_file()  # synced from the laptop
+
+    # the laptop's job commands know every one of them: list, status, logs, cancel
+    listed = sshd.on_laptop(laptop, "list", "--json", cwd=project)
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["job_id"]: row for row in json.loads(listed.stdout)}
+    for job_id in (array[0].split("_")[0], batch[0].split("_")[0], out["one_id"]):
+        assert rows[job_id]["remote"] == "login" and rows[job_id]["scheduler"] == "slurm", rows
+    status = sshd.on_laptop(laptop, "status", "--json", out["one_id"], cwd=project)
+    assert status.returncode == 0 and json.loads(status.stdout)["state"] == "COMPLETED", status.stdout + status.stderr
+    element = sshd.on_laptop(laptop, "status", "--json", array[1], cwd=project)
+    assert element.returncode == 0 and json.loads(element.stdout)["state"] == "COMPLETED", element.stderr
+    logs = sshd.on_laptop(laptop, "logs", "--rank", "1", array[1], cwd=project)
+    assert logs.returncode == 0 and "square of 3 on rank 1" in logs.stdout, logs.stdout + logs.stderr
+    logs = sshd.on_laptop(laptop, "logs", out["one_id"], cwd=project)  # the batch log: rank 0's output
+    assert logs.returncode == 0 and "square of 5 on rank 0" in logs.stdout, logs.stdout + logs.stderr
+    cancel = sshd.on_laptop(laptop, "cancel", out["one_id"], cwd=project)
+    assert cancel.returncode == 0, cancel.stderr
+    assert masters_left(laptop) == []

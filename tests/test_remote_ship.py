@@ -79,6 +79,11 @@ def test_doctor_remote_checks_the_login_node_and_allocates(laptop: sshd.Laptop, 
                                                            cluster_env: dict[str, str], tmp_path: Path,
                                                            torch_available: None) -> None:
     python = python_without_slurmlaunch(tmp_path)
+    # and without Jinja2: the probe job's script is rendered on the laptop (an import of jinja2 fails there)
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "no_jinja2.pth").write_text("import sys; sys.modules['jinja2'] = None\n")
+    assert subprocess.run([python, "-c", "import jinja2"], capture_output=True, timeout=60).returncode != 0
     remote_dir = tmp_path / "cluster" / "proj"
     r = on_laptop(laptop, "doctor", "--remote", f"login:{remote_dir}", *remote_setup(cluster_env),
                   "--python", python, "--allocate", "2", "--timeout", "240", "--json", cwd=tmp_path)

@@ -9,28 +9,43 @@ line nor in a profile.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import sys
-import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
-from ..allocation.probe import report_name
-from ..core.errors import SchedulerError, SpecError
-from ..core.jobfiles import JobFiles
+from ..core.errors import SpecError
+from .doctor_probe import ProbeJob, Report, allocate, gpu_problem, probe_job, rank_rows
 from .site import cluster_name, remember_site, try_command
 
 COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel")
-REPORT_EVERY = 15.0  # seconds between "still PENDING" lines while the probe job is waited for
 
 
-@dataclass
+@dataclass(frozen=True)
 class Check:
     name: str
-    state: str  # ok, warn, fail
+    state: Literal["ok", "warn", "fail"]
     detail: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "state": self.state, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One row of sinfo's partition table (its words, as sinfo prints them)."""
+
+    partition: str
+    avail: str
+    nodes: str
+    gres: str
+    cpus: str
+    memory: str
+    timelimit: str
+
+    def to_json(self) -> dict[str, str]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def slurm_version(text: str) -> tuple[int, int] | None:
@@ -45,7 +60,7 @@ def choose_gpu_flag(per_node_ok: bool, gres_ok: bool) -> str | None:
     return "gpus-per-node" if per_node_ok else "gres" if gres_ok else None
 
 
-def login_checks(partition: str | None) -> tuple[list[Check], list[list[str]], dict[str, Any]]:
+def login_checks(partition: str | None) -> tuple[list[Check], list[Partition], dict[str, Any]]:
     """(checks, partition table rows, facts to remember)."""
     checks: list[Check] = []
     missing = [c for c in COMMANDS if shutil.which(c) is None]
@@ -93,7 +108,7 @@ def login_checks(partition: str | None) -> tuple[list[Check], list[list[str]], d
         checks.append(Check("gpu request", "ok", f"--{flag}{'=N' if flag == 'gpus-per-node' else '=gpu:N'} "
                                                  f"accepted{refused}; submit uses it"))
     ok, table = try_command(["sinfo", "-h", "-o", "%P|%a|%D|%G|%c|%m|%l"])
-    rows = [line.split("|") for line in table.splitlines() if line.count("|") == 6] if ok else []
+    rows = [Partition(*line.split("|")) for line in table.splitlines() if line.count("|") == 6] if ok else []
     checks.append(Check("partitions", "ok" if rows else "warn", f"{len(rows)} partition(s)" if rows else table))
     return checks, rows, facts
 
@@ -109,94 +124,42 @@ def render_table(header: list[str], rows: list[list[str]]) -> str:
                      for r in [header, *rows]) + "\n"
 
 
-def allocate(nodes: int, gpus: int, partition: str | None, timeout: float) -> tuple[list[dict[str, Any]], str]:
-    """Submit the probe on ``nodes`` nodes and wait for it; returns the ranks' records and the job id."""
-    from ..core.spec import JobSpec
-    from ..schedulers import slurm
-    from .resolve import resolve
+@dataclass(frozen=True)
+class DoctorReport:
+    """What doctor found (``--json`` prints to_json)."""
 
-    out_dir = os.path.abspath(os.path.join("slurmlaunch-logs", f"doctor-{int(time.time())}"))
-    os.makedirs(out_dir, exist_ok=True)
-    spec = resolve(JobSpec(
-        script="slurmlaunch.allocation.probe", module=True, args=(out_dir,), nodes=nodes, gpus_per_node=gpus,
-        partition=partition, time="5", job_name="slurmlaunch-doctor", signal="none",
-        env=(("SLURMLAUNCH_PROBE_TIMEOUT", f"{max(10.0, min(timeout / 2, 120.0)):g}"),
-             ("SLURMLAUNCH_NO_PREFLIGHT", "1")),
-    ))
-    sub = slurm.submit(spec, slurm.render_script(spec))
-    sys.stderr.write(f"slurmlaunch doctor: probe job {sub.job_id} on {nodes} node(s), {spec.world_size} "
-                     f"rank(s); waiting at most {timeout:.0f}s\n")
-    start = time.monotonic()
-    deadline = start + timeout
-    seen, next_report = "", start + REPORT_EVERY
-    while True:
-        st = slurm.status(sub.job_id, spec.log_dir)
-        now = time.monotonic()
-        # What is waited for, with the time so far: each state change, and a line every REPORT_EVERY s.
-        if st.state != seen or now >= next_report:
-            still = "still " if st.state == seen else ""
-            sys.stderr.write(f"slurmlaunch doctor: probe job {sub.job_id} {still}{st.state} after "
-                             f"{now - start:.0f}s\n")
-            seen, next_report = st.state, now + REPORT_EVERY
-        if st.finished:
-            break
-        if now > deadline:
-            slurm.cancel(sub.job_id)
-            raise SchedulerError(f"doctor: probe job {sub.job_id} did not finish within {timeout:.0f}s (still "
-                                 f"{st.state}; cancelled); is the partition busy? (--timeout S waits longer)")
-        time.sleep(1)
-    files = JobFiles(spec.log_dir, sub.job_id, spec.log_unit, spec.ranks_per_log)
-    records = []
-    for rank in range(spec.world_size):
-        try:
-            with open(os.path.join(out_dir, report_name(rank))) as f:
-                records.append(json.load(f))
-        except (OSError, ValueError):
-            records.append({"rank": rank, "missing": f"no report (see {files.rank_log(rank)})"})
-    return records, sub.job_id
+    cluster: str | None
+    checks: list[Check]
+    partitions: list[Partition]
+    probe_job: str | None
+    ranks: list[Report]
+    problems: list[str]
 
+    def to_json(self) -> str:
+        return json.dumps({"cluster": self.cluster, "checks": [c.to_json() for c in self.checks],
+                           "problems": self.problems, "partitions": [p.to_json() for p in self.partitions],
+                           "probe_job": self.probe_job, "ranks": [r.to_json() for r in self.ranks]}, indent=2)
 
-def gpu_problem(records: list[dict[str, Any]], gpus: int) -> str | None:
-    """With --gpus-per-node G > 0, every rank must see a CUDA device through torch: the ranks that do not."""
-    if gpus == 0:
-        return None
-    blind = sorted(r["rank"] for r in records if "missing" not in r and not r["torch"].get("cuda"))
-    if not blind:
-        return None
-    return (f"--gpus-per-node {gpus} was asked for, but rank(s) {', '.join(map(str, blind))} see no CUDA device "
-            f"(torch.cuda.is_available() is False, or torch did not import): this site cannot serve the request "
-            f"as given")
-
-
-def rank_rows(records: list[dict[str, Any]]) -> tuple[list[list[str]], bool]:
-    rows, healthy = [], True
-    for r in records:
-        if "missing" in r:
-            rows.append([str(r["rank"]), "?", "FAIL", "FAIL", "?", "?", r["missing"]])
-            healthy = False
-            continue
-        mark = {True: "ok", False: "FAIL"}
-        gpus = r["gpus"]["CUDA_VISIBLE_DEVICES"]
-        gpus = f"{gpus} (device {r['gpus']['local_device']})" if gpus else f"none ({r['gpus']['dev']} in /dev)"
-        torch = r["torch"]["detail"] if r["torch"]["ok"] else "FAIL: " + r["torch"]["detail"]
-        rows.append([str(r["rank"]), r["host"], f"{mark[r['resolve']['ok']]} {r['master_addr']} -> "
-                     f"{r['resolve']['detail']}", f"{mark[r['port']['ok']]} {r['port']['detail']}", gpus,
-                     r["python"]["detail"], torch])
-        healthy = healthy and r["resolve"]["ok"] and r["port"]["ok"]
-    return rows, healthy
+    def text(self) -> str:
+        out = f"cluster: {self.cluster or 'unknown'}\n"
+        out += render_table(["check", "state", "detail"], [[c.name, c.state, c.detail] for c in self.checks])
+        if self.partitions:
+            out += "\n" + render_table(["partition", "avail", "nodes", "gpus/node", "cpus/node", "memory (MB)",
+                                         "time limit"], [[p.partition, p.avail, p.nodes, gpus_per_node(p.gres),
+                                                          p.cpus, p.memory, p.timelimit] for p in self.partitions])
+        if self.ranks:
+            out += f"\nprobe job {self.probe_job}:\n" + render_table(
+                ["rank", "host", "MASTER_ADDR resolves", "MASTER_PORT", "GPUs", "python", "torch"],
+                rank_rows(self.ranks)[0])
+        return out
 
 
 def cmd_doctor(partition: str | None, as_json: bool, nodes: int | None, gpus: int, timeout: float, *,
-               remote: str | None = None, remote_setup: list[str] | None = None, python: str | None = None) -> int:
+               remote_setup: list[str] | None = None, python: str | None = None,
+               job: ProbeJob | None = None) -> int:
+    """`slurmlaunch doctor` here (doctor --remote: remote_doctor); ``job``: the probe job rendered elsewhere."""
     if nodes is not None and nodes < 1:
         raise SpecError(f"--allocate {nodes} is not valid (expected a number of nodes >= 1)")
-    if remote is not None:
-        from .remote_jobs import doctor_remote
-
-        argv = [*(["--partition", partition] if partition else []), *(["--json"] if as_json else []),
-                *(["--allocate", str(nodes), "--gpus-per-node", str(gpus), "--timeout", f"{timeout:g}"]
-                  if nodes is not None else [])]
-        return doctor_remote(remote, remote_setup or [], python, argv, timeout if nodes is not None else 0.0)
     if remote_setup or python:
         raise SpecError(f"{'--remote-setup' if remote_setup else '--python'}: only with doctor --remote "
                         f"[USER@]HOST[:DIR] (leave it out, or add --remote)")
@@ -205,31 +168,16 @@ def cmd_doctor(partition: str | None, as_json: bool, nodes: int | None, gpus: in
     cluster = cluster_name() if not failed else None
     if cluster and facts:
         remember_site(cluster, facts)
-    records: list[dict[str, Any]] = []
-    job = None
+    reports: list[Report] = []
+    job_id = None
     if nodes is not None and not failed:
-        records, job = allocate(nodes, gpus, partition, timeout)
-    ranks, healthy = rank_rows(records)
-    problem = gpu_problem(records, gpus) if records else None
+        reports, job_id = allocate(job or probe_job(nodes, gpus, partition, timeout), timeout)
+    healthy = rank_rows(reports)[1]
+    problem = gpu_problem(reports, gpus) if reports else None
+    problems = [*(f"{c.name}: {c.detail}" for c in checks if c.state == "fail"), *([problem] if problem else [])]
+    report = DoctorReport(cluster, checks, partitions, job_id, reports, problems)
     if as_json:
-        print(json.dumps({"cluster": cluster, "checks": [c.__dict__ for c in checks], "problems": [
-                              *(f"{c.name}: {c.detail}" for c in checks if c.state == "fail"),
-                              *([problem] if problem else [])],
-                          "partitions": [dict(zip(["partition", "avail", "nodes", "gres", "cpus", "memory",
-                                                   "timelimit"], p, strict=True)) for p in partitions],
-                          "probe_job": job, "ranks": records}, indent=2))
+        print(report.to_json())
     else:
-        out = sys.stdout
-        out.write(f"cluster: {cluster or 'unknown'}\n")
-        out.write(render_table(["check", "state", "detail"], [[c.name, c.state, c.detail] for c in checks]))
-        if partitions:
-            out.write("\n" + render_table(["partition", "avail", "nodes", "gpus/node", "cpus/node", "memory (MB)",
-                                           "time limit"],
-                                          [[p[0], p[1], p[2], gpus_per_node(p[3]), p[4], p[5], p[6]]
-                                           for p in partitions]))
-        if records:
-            out.write(f"\nprobe job {job}:\n" + render_table(
-                ["rank", "host", "MASTER_ADDR resolves", "MASTER_PORT", "GPUs", "python", "torch"], ranks))
-        if problem:
-            out.write(f"\nFAIL: {problem}\n")
+        sys.stdout.write(report.text() + (f"\nFAIL: {problem}\n" if problem else ""))
     return 1 if failed or not healthy or problem else 0

@@ -3,7 +3,7 @@
 What was chosen, and why: submitit does the pickling, the batch script and the result files on the login
 node, exactly as when the API is called there. The laptop pickles the call (cloudpickle, as submitit does:
 a function of ``__main__`` or a notebook travels by value) and sends it over the destination's ssh
-connection to a small runner (RUNNER, run by the remote interpreter in the remote project directory with
+connection to a small runner (api/runner.py, run by the remote interpreter in the remote project directory with
 this slurmlaunch first on PYTHONPATH, see remote.ship_package), which calls this same API with
 ``scheduler="slurm"``. Rendering submitit's pickles here and copying them would need sbatch's answer
 (the job id names submitit's folder) before the files exist there, and would re-implement submitit's
@@ -32,6 +32,7 @@ from ..core.errors import SpecError
 from .remote import (
     COMMAND_TIMEOUT_S,
     Connection,
+    Destination,
     RemoteError,
     parse_destination,
     pythonpath_setup,
@@ -44,66 +45,35 @@ from .remote import (
 WAIT_STEP_S = 20.0  # the longest one remote wait lasts; the laptop asks again after it
 
 # Run remotely: ACTION on its argv, a pickle on its stdin; prints one line, base64 of a pickled dict.
-RUNNER = r"""
-import base64, pickle, sys, time
-action, data = sys.argv[1], pickle.loads(sys.stdin.buffer.read())
-from slurmlaunch.app import api
-def reply(**out):
-    try:
-        blob = pickle.dumps(out)
-    except Exception as e:  # a value that cannot travel: say which, as the API says it locally
-        blob = pickle.dumps({"error": api.SlurmLaunchError("the result could not be pickled to go back over "
-                                                           "ssh: %s: %s" % (type(e).__name__, e))})
-    sys.stdout.write(base64.b64encode(blob).decode() + "\n")
-try:
-    if action == "submit":
-        fn = data.pop("fn")
-        job = api.submit(fn, *data.pop("args"), scheduler="slurm", **data) if fn is not None else \
-            api.submit_script(data.pop("path"), data.pop("args"), scheduler="slurm", **data)
-        reply(job_id=job.job_id, job=pickle.dumps(job), world=job.spec.world_size)
-    else:
-        job = pickle.loads(data["job"])
-        if action == "wait":
-            deadline = time.monotonic() + data["limit"]
-            while not job.done() and time.monotonic() < deadline:
-                time.sleep(1)
-            if not job.done():
-                reply(done=False, state=job.state)
-            elif data["rank0"]:
-                reply(done=True, values=[job.result()])
-            else:
-                reply(done=True, values=job.results())
-        elif action == "state":
-            reply(state=job.state, done=job.done())
-        elif action == "logs":
-            reply(text=job.logs(data["rank"]))
-        elif action == "cancel":
-            job.cancel()
-            reply(done=True)
-except api.SlurmLaunchError as e:
-    reply(error=e)
-"""
+RUNNER_MODULE = "slurmlaunch.app.api.runner"
+
+
+class _Session:
+    """The destination's connection, directory, shipped package and interpreter, shared by the handles of
+    one submission: its master is stopped when the last of them goes (or at exit); ControlPersist bounds it
+    too."""
+
+    def __init__(self, conn: Connection, directory: str, package: str, python: str) -> None:
+        self.conn, self.directory, self.package, self.python = conn, directory, package, python
+        self._finalizer = weakref.finalize(self, conn.close)
+
+    def ask(self, action: str, data: bytes, timeout: float = COMMAND_TIMEOUT_S) -> dict[str, Any]:
+        return _run(self.conn, self.directory, self.package, self.python, action, data, timeout)
 
 
 class RemoteJob:
     """A job submitted from here by the API with ``remote=``: the same questions as Job, asked over ssh."""
 
-    def __init__(self, conn: Connection, directory: str, package: str, python: str, reply: dict[str, Any]) -> None:
-        self._conn = conn
-        self._directory = directory
-        self._package = package
-        self._python = python
+    def __init__(self, session: _Session, reply: dict[str, Any]) -> None:
+        self._session = session
         self._job: bytes = reply["job"]
         self.job_id = str(reply["job_id"])
         self.world_size = int(reply["world"])
-        self.remote = conn.dest.target
+        self.remote = session.conn.dest.target
         self._values: list[Any] | None = None
-        # the connection's master is stopped when the handle goes (or at exit); ControlPersist bounds it too
-        self._finalizer = weakref.finalize(self, conn.close)
 
     def _ask(self, action: str, timeout: float = COMMAND_TIMEOUT_S, **data: Any) -> dict[str, Any]:
-        return _run(self._conn, self._directory, self._package, self._python, action,
-                    pickle.dumps({"job": self._job, **data}), timeout)
+        return self._session.ask(action, pickle.dumps({"job": self._job, **data}), timeout)
 
     @property
     def state(self) -> str:
@@ -140,9 +110,9 @@ class RemoteJob:
 
 def _run(conn: Connection, directory: str, package: str, python: str, action: str, data: bytes,
          timeout: float) -> dict[str, Any]:
-    """One RUNNER call: its answer, or the SlurmLaunchError it sent back raised here."""
+    """One runner call: its answer, or the SlurmLaunchError it sent back raised here."""
     script = (f"cd -- {shlex.quote(directory)} && umask 077 && {pythonpath_setup(package)} && "
-              f"{shlex.join([python, '-c', RUNNER, action])}")
+              f"{shlex.join([python, '-m', RUNNER_MODULE, action])}")
     started = time.monotonic()
     proc = conn.run(shell_command(script, conn.setup), input_bytes=data, timeout=timeout, check=False)
     lines = proc.stdout.decode(errors="replace").strip().splitlines()
@@ -164,6 +134,28 @@ def submit_remote(remote: str, fn: Any, args: Sequence[Any], options: dict[str, 
     ``options`` are the API's keyword arguments (job options and the function's keyword arguments), checked
     there by the same code. The working directory is synced first (``sync_dir``), as `submit --remote` does,
     so that modules the function imports are there."""
+    payload = {"fn": fn, "args": list(args), **({"path": path} if path is not None else {})}
+    return _submit(remote, "submit", payload, options, setup, python, sync_dir, excludes)[0]
+
+
+def map_remote(remote: str, fn: Any, iterables: Sequence[Sequence[Any]], options: dict[str, Any], *,
+               setup: Sequence[str] = (), python: str = "python3") -> list[RemoteJob]:
+    """map_array on ``remote``'s cluster: one job array, one handle per element (sharing one connection)."""
+    return _submit(remote, "map_array", {"fn": fn, "iterables": [list(i) for i in iterables]}, options, setup,
+                   python)
+
+
+def batch_remote(remote: str, calls: Sequence[tuple[Any, Sequence[Any], dict[str, Any]]], options: dict[str, Any],
+                 *, setup: Sequence[str] = (), python: str = "python3") -> list[RemoteJob]:
+    """batch on ``remote``'s cluster: the calls (function, arguments, keyword arguments) as one job array."""
+    return _submit(remote, "batch", {"calls": [(fn, list(a), dict(k)) for fn, a, k in calls]}, options, setup,
+                   python)
+
+
+def _submit(remote: str, action: str, payload: dict[str, Any], options: dict[str, Any], setup: Sequence[str],
+            python: str, sync_dir: bool = True, excludes: Sequence[str] = ()) -> list[RemoteJob]:
+    """One round of submission there: sync, ship, the runner's ``action``; the jobs are written to this
+    machine's index (remote_jobs.write_local_record), so that `slurmlaunch list/status/logs/cancel` see them."""
     import cloudpickle  # type: ignore[import-untyped]  # submitit's own pickler
 
     from .remote_jobs import _project_name
@@ -180,9 +172,28 @@ def submit_remote(remote: str, fn: Any, args: Sequence[Any], options: dict[str, 
         package = ship_package(conn, directory)
         # the ranks put it first on their path too: submitit's batch script runs our wrapper there
         options = {**options, "setup": (*options.get("setup", ()), pythonpath_setup(package))}
-        payload = {"fn": fn, "args": list(args), **({"path": path} if path is not None else {}), **options}
-        answer = _run(conn, directory, package, python, "submit", cloudpickle.dumps(payload), COMMAND_TIMEOUT_S)
-        return RemoteJob(conn, directory, package, python, answer)
+        session = _Session(conn, directory, package, python)
+        answer = session.ask(action, cloudpickle.dumps({**payload, **options}))
     except BaseException:
         conn.close()
         raise
+    jobs = [RemoteJob(session, one) for one in answer["jobs"]]
+    _remember(dest, conn.setup, answer, [job.job_id for job in jobs])
+    return jobs
+
+
+def _remember(dest: Destination, setup: tuple[str, ...], answer: dict[str, Any], ids: list[str]) -> None:
+    """The jobs in this machine's index, with the records `submit --remote` writes (a job array's once, by
+    its array id, its elements named ARRAYID_INDEX as the CLI's are)."""
+    from dataclasses import replace
+
+    from ..schedulers.index import remember
+    from .remote_jobs import write_local_record
+
+    spec = answer["spec"]
+    base = ids[0].partition("_")[0]
+    if "_" in ids[0]:
+        spec = replace(spec, array=",".join(i.partition("_")[2] for i in ids))
+    command = ["sbatch", answer["script_path"]] if answer.get("script_path") else ["sbatch"]
+    record = write_local_record(dest, setup, spec, base, command, str(answer.get("script", "")))
+    remember(base, "slurm", record, spec.name, remote=dest.target)

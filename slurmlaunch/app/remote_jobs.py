@@ -15,7 +15,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -24,7 +24,6 @@ from ..core.spec import JobSpec
 from ..schedulers import JobStatus
 from .records import JobRecord
 from .remote import (
-    COMMAND_TIMEOUT_S,
     Connection,
     Destination,
     RemoteError,
@@ -350,23 +349,3 @@ def list_row(row: Mapping[str, Any], live: dict[str, dict[str, str] | None]) -> 
     state = "?" if known is None else known.get(str(row["job_id"]), "ENDED?")
     return {**row, "state": state, "directory": directory}
 
-
-def doctor_remote(target: str, setup: Sequence[str], python: str | None, argv: list[str], wait: float) -> int:
-    """`doctor --remote DEST`: this slurmlaunch is sent to DEST's directory (as for submit) and its doctor runs
-    there, in that directory, with ``argv``; its report and exit code come back. ``wait``: --allocate's
-    --timeout (0 without), added to the time the remote command is given."""
-    dest = parse_destination(target)
-    with Connection(dest, setup) as conn:
-        remote_dir = resolve_directory(conn, dest.directory, _project_name(os.getcwd()), create=True)
-        package = ship_package(conn, remote_dir)
-        command = [python or "python3", "-m", "slurmlaunch", "doctor", *argv]
-        script = (f"cd -- {shlex.quote(remote_dir)} && umask 077 && {pythonpath_setup(package)} && "
-                  f"{shlex.join(command)}")
-        proc = conn.run(shell_command(script, conn.setup), check=False, timeout=COMMAND_TIMEOUT_S + wait)
-    if proc.returncode not in (0, 1, 2):  # not doctor's own answer: the interpreter is missing, or worse
-        said = proc.stderr.decode(errors="replace").strip().splitlines() or ["(no output)"]
-        raise RemoteError(f"on {dest.target}: {shlex.join(command)} failed (exit {proc.returncode}): {said[-1]}")
-    sys.stdout.buffer.write(proc.stdout)
-    sys.stdout.flush()
-    sys.stderr.buffer.write(proc.stderr)
-    return proc.returncode

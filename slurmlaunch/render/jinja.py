@@ -13,9 +13,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
 from ..core.errors import SpecError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # imported where used: a caller that only submits a script rendered elsewhere needs no Jinja2
+    import jinja2
 
 
 def shipped_template_dir() -> Path:
@@ -49,6 +51,8 @@ def _qjoin(items: Iterable[str]) -> str:
 
 
 def environment(dirs: list[Path]) -> jinja2.Environment:
+    import jinja2
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader([str(d) for d in dirs]),
         undefined=jinja2.StrictUndefined,
@@ -77,6 +81,8 @@ def render(name: str, context: Mapping[str, Any], template_dir: str | None = Non
     A user's template that is not UTF-8, includes what does not exist or raises while rendering is a
     SpecError naming the file; an exception from a shipped template stays a traceback (it is our bug).
     """
+    import jinja2
+
     dirs = search_path(template_dir, environ)
     try:
         template = environment(dirs).get_template(name)

@@ -149,11 +149,16 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+def signal_group(pid: int, sig: int) -> None:
+    """Signal the process group (session) that ``pid`` leads; one that has ended is no error."""
     try:
-        os.killpg(proc.pid, sig)
+        os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    signal_group(proc.pid, sig)
 
 
 def _set_subreaper(on: bool) -> bool:

@@ -1,0 +1,43 @@
+"""The Python front end, built on submitit: run a function (or a script) as a distributed job.
+
+    import slurmlaunch
+    job = slurmlaunch.submit(train, cfg, nodes=2, gpus_per_node=4, time="4:00:00", partition="gpu")
+    print(job.result())          # rank 0's return value
+    print(job.results())         # every rank's, indexed by rank
+
+The options are JobSpec's fields, validated by the same code as the CLI's. Under Slurm, submitit's
+SlurmExecutor runs one task per GPU (srun --kill-on-bad-exit); ``scheduler="local"`` uses submitit's
+LocalExecutor for the pickling and the files, with our own controller process in place of submitit's
+(see _LocalController: it knows how each rank ended, and stops the others when one fails, as srun
+does), and emulates the nodes the way the CLI's local scheduler does. Inside every task the torch
+distributed environment is computed and exported by the launcher's own code (detect, checks, exports)
+before ``fn`` runs.
+
+How a job's outcome is collected (Job.results, the same on both schedulers): wait for the job to end
+(under Slurm: until sacct says so, one batched sacct every 2 s for all the jobs being waited for), then
+look at every rank's files at once, without waiting for any that is missing; the return value travels
+pickled by the rank itself (_Packed), so a value that cannot be pickled is reported as such, with the part
+that could not be; a rank that raised SystemExit left an exit record (its code, and when); a rank with
+neither ended without a Python exception, and how (exit code or signal) comes from the local controller's
+status file, or under Slurm from srun's own report of the step's tasks in the batch log. The first failure
+by time is raised as RankFailed; a job that Slurm cancelled or stopped at its time limit says so instead.
+Only the values asked for are loaded: result() reads rank 0's alone.
+
+The warning signal under Slurm follows the CLI's plan (templates/slurm.sbatch.j2): ``--signal=B:SIG@secs``
+goes to the batch shell, which traps it and passes it on through srun to the ranks, where submitit's
+handler (told the signal's name) checkpoints and requeues. The batch script is submitit's; _batch_lines
+are its setup lines.
+"""
+
+from __future__ import annotations
+
+from ...core.errors import SlurmLaunchError, SpecError
+from .executors import _choose
+from .failures import RankFailed
+from .functions import Batch, batch, map_array, submit, submit_script
+from .job import Job
+from .job_options import CLI_ONLY, OPTION_NAMES, profile_options
+from .local import _controller_main
+
+__all__ = ["CLI_ONLY", "OPTION_NAMES", "Batch", "Job", "RankFailed", "SlurmLaunchError", "SpecError", "_choose",
+           "_controller_main", "batch", "map_array", "profile_options", "submit", "submit_script"]

@@ -1,0 +1,189 @@
+"""What submitit runs in every task: the distributed environment, then the function (or the script);
+the return value pickled by the rank itself, a SystemExit recorded with its code and time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ...core.spec import JobSpec
+from .failures import _failure, _mark, _signal_name
+
+
+class _Packed:
+    """A rank's return value, pickled in the rank: submitit would pickle it after ``fn`` returned, and a
+    value that cannot be pickled would then leave no result at all (its error dump collides with the
+    half-written file), so the caller would wait and learn nothing."""
+
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+
+    def value(self) -> Any:
+        import pickle
+
+        return pickle.loads(self.payload)
+
+
+def _type_name(value: object) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _unpicklable_part(value: object, dumps: Callable[[object], bytes], path: str, depth: int = 0) -> str | None:
+    """Where in ``value`` the pickling fails: the deepest container entry or attribute that does not pickle
+    (at most 5 levels, 1000 entries a level: this only runs on the failure path)."""
+    if depth >= 5:
+        return None
+    parts: list[tuple[str, object]] = []
+    if isinstance(value, dict):
+        parts = [(f"{path}[{k!r}]", v) for k, v in list(value.items())[:1000]]
+    elif isinstance(value, (list, tuple)):
+        parts = [(f"{path}[{i}]", v) for i, v in enumerate(value[:1000])]
+    elif isinstance(value, (set, frozenset)):
+        parts = [(f"an element of {path}", v) for v in list(value)[:1000]]
+    elif isinstance(getattr(value, "__dict__", None), dict):
+        parts = [(f"{path}.{k}", v) for k, v in list(vars(value).items())[:1000]]
+    for where, part in parts:
+        try:
+            dumps(part)
+        except Exception:
+            return _unpicklable_part(part, dumps, where, depth + 1) or f"{where} is a {_type_name(part)}"
+    return None
+
+
+def _pack(value: object) -> _Packed:
+    import pickle
+
+    import cloudpickle  # type: ignore[import-untyped]  # submitit's dependency, and its pickler for results
+
+    def dumps(obj: object) -> bytes:
+        return bytes(cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+    try:
+        return _Packed(dumps(value))
+    except Exception as e:
+        where = _unpicklable_part(value, dumps, "the value") or f"the value is a {_type_name(value)}"
+        raise _failure(f"the function returned a {_type_name(value)} that cannot be pickled to send it back "
+                       f"({where}): {type(e).__name__}: {e}") from None
+
+
+def _export_distributed_env(spec: JobSpec) -> None:
+    """In a task: give submitit's local tasks the variables a Slurm step would have, then map them exactly
+    as `slurmlaunch launch` does and export the result."""
+    from ...allocation.launch import preflight, resolve
+
+    environ = os.environ
+    if "SUBMITIT_LOCAL_JOB_ID" in environ and "SLURM_PROCID" not in environ:
+        from ...schedulers.local import gpu_plan, rank_env
+
+        rank = int(environ["SUBMITIT_LOCAL_GLOBALID"])
+        gpus, _ = gpu_plan(spec, environ)
+        emulated = rank_env(spec, environ["SUBMITIT_LOCAL_JOB_ID"], rank, environ, gpus)
+        if spec.gpus_per_node == 0:  # asked for no GPU, gets none (as under Slurm, and as before: submitit's
+            emulated["CUDA_VISIBLE_DEVICES"] = ""  # controller blanked it, for every job, GPUs asked or not)
+        environ.update({k: v for k, v in emulated.items() if environ.get(k) != v})
+    dist = preflight(resolve(environ), environ)
+    environ.update(dist.exports(environ))
+
+
+def _exit_record(result_pickle: Path) -> Path:
+    """Where a rank that raised SystemExit records its code and when, beside its (absent) result file."""
+    return result_pickle.with_name(result_pickle.name.replace("_result.pkl", "_exit.json"))
+
+
+def _own_exit_record() -> Path | None:
+    try:
+        import submitit
+
+        return _exit_record(submitit.JobEnvironment().paths.result_pickle)
+    except Exception:  # not run by submitit (a test calling it directly): nothing to record
+        return None
+
+
+def _raised_by_submitit(error: BaseException) -> bool:
+    """submitit's own SystemExit: its signal handler leaves that way after requeueing a preempted job."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith("submitit")
+
+
+def _record_exit(path: Path, error: SystemExit) -> None:
+    at = time.time()
+    code = error.code
+    number = 0 if code is None else code if isinstance(code, int) else 1  # sys.exit("text") exits 1
+    message = "" if isinstance(code, int) or code is None else str(code)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps({"code": number, "at": at, "message": message}))
+    os.replace(temporary, path)
+
+
+class _DistributedCall:
+    """What submitit runs in every task: the environment, then ``fn``; a failure is marked with its rank
+    and time, so that the caller can tell the first failure from its consequences in the other ranks.
+    SystemExit is not an error submitit reports (the process just exits with the code): the rank records
+    the code and the time itself (_exit_record)."""
+
+    def __init__(self, spec: JobSpec, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        self.spec, self.fn, self.args, self.kwargs = spec, fn, tuple(args), dict(kwargs)
+
+    def __call__(self) -> _Packed:
+        record = _own_exit_record()
+        if record is not None:
+            record.unlink(missing_ok=True)  # an earlier run's, before a requeue
+        _export_distributed_env(self.spec)
+        try:
+            value = self.fn(*self.args, **self.kwargs)
+        except SystemExit as e:  # passed on: submitit exits that way to requeue a preempted job
+            if record is not None and not _raised_by_submitit(e):
+                _record_exit(record, e)
+            raise
+        except Exception as e:
+            mark = _mark()
+            raise RuntimeError(mark + traceback.format_exc()) from e
+        return _pack(value)
+
+
+class _CheckpointableCall(_DistributedCall):
+    """Only callables that can checkpoint get a ``checkpoint`` method: submitit requeues those alone."""
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        import submitit
+
+        inner = self.fn.checkpoint(*self.args, **self.kwargs)  # type: ignore[attr-defined]
+        if inner is None:
+            return None
+        call = _wrap(self.spec, inner.function, inner.args, inner.kwargs)
+        return submitit.helpers.DelayedSubmission(call)
+
+
+class _ScriptCall:
+    """A script in every task, started through the launcher (exec), as the CLI does."""
+
+    def __init__(self, spec: JobSpec) -> None:
+        self.spec = spec
+
+    def __call__(self) -> int:
+        from ...render.launch import launch_command
+
+        _export_distributed_env(self.spec)
+        done = subprocess.run(launch_command(self.spec), cwd=self.spec.workdir)
+        if done.returncode != 0:
+            how = (f"was killed by {_signal_name(-done.returncode)}" if done.returncode < 0
+                   else f"exited with code {done.returncode}")
+            raise _failure(f"{self.spec.script} {how}")
+        return done.returncode
+
+
+def _wrap(spec: JobSpec, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> _DistributedCall:
+    cls = _CheckpointableCall if hasattr(fn, "checkpoint") else _DistributedCall
+    return cls(spec, fn, args, kwargs)
+

@@ -1,0 +1,114 @@
+"""submitit's executors, set up for a job: the local one with our controller, Slurm's with the CLI's
+signal plan (its batch lines) and private folders."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from ...core.errors import SpecError
+from ...core.spec import JobSpec
+from .collect import _BATCH_MARK
+from .local import _local_executor
+
+
+def _minutes(time_text: str | None) -> int:
+    if time_text is None or time_text.upper() in ("UNLIMITED", "INFINITE"):
+        return 60 * 24 * 365
+    from ...core.spec import time_seconds
+
+    return max(1, -(-(time_seconds(time_text) or 0) // 60))  # whole minutes, rounded up
+
+
+def _batch_lines(signal_name: str) -> list[str]:
+    """submitit's batch script, made to follow the CLI's signal plan (templates/slurm.sbatch.j2): these are
+    its setup lines, before its own srun line. That srun runs in the background (a shell runs a trap only
+    between commands), and the trap passes the warning signal on through srun (which forwards signals to
+    the tasks). submitit's handler in the ranks listens to the signal its SUBMITIT_PREEMPT_SIGNAL names."""
+    sig = shlex.quote(signal_name)
+    return [
+        "# slurmlaunch: what this job writes (results, logs) is the user's alone",
+        "umask 077",
+        f'echo "{_BATCH_MARK} (restart ${{SLURM_RESTART_COUNT:-0}})" >&2',
+        f"export SUBMITIT_PREEMPT_SIGNAL={sig}",
+        "srun() {",
+        '    command srun "$@" &',
+        "    slurmlaunch_srun=$!",
+        "    while :; do  # the trap interrupts wait: keep waiting for srun itself",
+        '        wait "$slurmlaunch_srun"',
+        "        slurmlaunch_rc=$?",
+        '        kill -0 "$slurmlaunch_srun" 2>/dev/null || break',
+        "    done",
+        '    if [ "$slurmlaunch_rc" -gt 128 ]; then  # srun ended while the trap ran: its own status, if kept',
+        '        wait "$slurmlaunch_srun" 2>/dev/null',
+        '        slurmlaunch_late=$?',
+        '        [ "$slurmlaunch_late" -ne 127 ] && slurmlaunch_rc=$slurmlaunch_late',
+        "    fi",
+        '    return "$slurmlaunch_rc"',
+        "}",
+        "slurmlaunch_forward() {",
+        f'    echo "slurmlaunch: SIG{signal_name} received, passing it on to the ranks" >&2',
+        f'    [ -n "${{slurmlaunch_srun:-}}" ] && kill -s {sig} "$slurmlaunch_srun"',
+        "}",
+        f"trap slurmlaunch_forward {sig}",
+    ]
+
+
+def _private_folder(spec: JobSpec) -> Path:
+    """The folder of submitit's files (the pickled arguments and results): the user's alone, as the CLI's
+    job records are. Nothing removes them: submitit never does, and result() can be asked again later."""
+    base = Path(spec.log_dir) / "submitit"
+    base.mkdir(parents=True, exist_ok=True)
+    base.chmod(0o700)
+    return base / "%j"
+
+
+def _executor(spec: JobSpec, scheduler: str) -> Any:
+    import submitit
+
+    folder = _private_folder(spec)
+    tpn = spec.ntasks_per_node
+    if scheduler == "local":
+        local = _local_executor(str(folder), spec.python)
+        local.update_parameters(tasks_per_node=spec.world_size, nodes=1, timeout_min=_minutes(spec.time),
+                                signal_delay_s=spec.warning[1] if spec.warning else 90)
+        return local
+    if spec.warning is None:
+        raise SpecError(f"signal {spec.signal!r} is not carried out under Slurm by the submitit-based API (submitit "
+                        f"always asks for a warning signal): give NAME@SECONDS, or use `slurmlaunch submit`")
+    signal_name, signal_s = spec.warning
+    # submitit counts its requeues after a time-out down from max_num_timeout (preemptions are not counted)
+    ex = submitit.SlurmExecutor(folder=str(folder), python=spec.python, max_num_timeout=spec.max_requeues)
+    params: dict[str, Any] = {
+        "nodes": spec.nodes, "ntasks_per_node": tpn, "time": _minutes(spec.time), "job_name": spec.name,
+        "srun_args": ["--kill-on-bad-exit=1"],
+        # as the CLI's script: the --env exports, then the --setup lines (which may use them)
+        "setup": [*_batch_lines(signal_name), *(f"export {k}={shlex.quote(v)}" for k, v in spec.env), *spec.setup],
+        "signal_delay_s": signal_s,
+    }
+    if spec.exclusive:  # submitit writes --exclusive=<value>: only pass it when wanted
+        params["exclusive"] = True
+    if spec.gpus_per_node:
+        params["gpus_per_node"] = spec.gpus_per_node
+    for name in ("partition", "account", "qos", "constraint", "mem"):
+        if getattr(spec, name) is not None:
+            params[name] = getattr(spec, name)
+    if spec.per_task_cpus is not None:
+        params["cpus_per_task"] = spec.per_task_cpus
+    # B: the batch shell alone gets the warning, and passes it on (_batch_lines); submitit writes USR2, always
+    extra: dict[str, Any] = {"signal": f"B:{signal_name}@{signal_s}"}
+    for arg in spec.sbatch_args:
+        key, _, value = arg.lstrip("-").partition("=")
+        extra[key.replace("-", "_")] = value or True
+    params["additional_parameters"] = extra
+    ex.update_parameters(**params)
+    return ex
+
+
+def _choose(scheduler: str) -> str:
+    """--scheduler's one definition (schedulers/choice.py), within what the API runs on (no PBS), quietly."""
+    from ...schedulers.choice import choose
+
+    return choose(scheduler, allowed=("slurm", "local"), check_client=False, announce=False)
+

@@ -1,0 +1,110 @@
+"""The login node's half of the API with ``remote=`` (app/remote_api.py is the laptop's): run there as
+``python -m slurmlaunch.app.api.runner ACTION`` with a pickle on stdin, by the slurmlaunch that was shipped
+with the call; it prints one line, base64 of a pickled dict (an ``error`` key: a SlurmLaunchError).
+
+ACTION submit, map_array, batch: submit with this same API on Slurm, and answer with the jobs (each
+pickled whole), the spec and submitit's batch script, for the laptop's job index. state, wait, logs,
+cancel: a question about one pickled job.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import pickle
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ...core.errors import SlurmLaunchError
+from ...core.jobfiles import JobFiles
+from .functions import batch, map_array, submit, submit_script
+from .job import Job
+
+
+def _reply(**out: Any) -> None:
+    try:
+        blob = pickle.dumps(out)
+    except Exception as e:  # a value that cannot travel: say which, as the API says it locally
+        blob = pickle.dumps({"error": SlurmLaunchError(f"the result could not be pickled to go back over ssh: "
+                                                       f"{type(e).__name__}: {e}")})
+    sys.stdout.write(base64.b64encode(blob).decode() + "\n")
+
+
+def link_logs(job: Job) -> None:
+    """The job commands' file names (JobFiles) for submitit's, so that `slurmlaunch logs JOB [--rank N]` on
+    the laptop finds a rank's output (its stdout; the batch log: rank 0's)."""
+    spec = job.spec
+    files = JobFiles(spec.log_dir, job.job_id, spec.log_unit, spec.ranks_per_log)
+    for rank in range(spec.world_size):
+        target = os.path.relpath(str(job._job.task(rank).paths.stdout), spec.log_dir)
+        for name in {files.rank_log(rank), *([files.batch_log] if rank == 0 else [])}:
+            try:
+                os.symlink(target, name)
+            except OSError:  # there already (a resubmitted id on a new cluster): keep it
+                pass
+
+
+def _submitted(jobs: Sequence[Job]) -> None:
+    for job in jobs:
+        link_logs(job)
+    script_path = str(getattr(jobs[0]._job.paths, "submission_file", ""))
+    try:
+        with open(script_path, encoding="utf-8", errors="replace") as f:
+            script = f.read()
+    except OSError:
+        script = ""
+    _reply(jobs=[{"job_id": j.job_id, "job": pickle.dumps(j), "world": j.spec.world_size} for j in jobs],
+           spec=jobs[0].spec, script=script, script_path=script_path)
+
+
+def _submit(action: str, data: dict[str, Any]) -> None:
+    if action == "submit":
+        fn = data.pop("fn")
+        job = submit(fn, *data.pop("args"), scheduler="slurm", **data) if fn is not None else \
+            submit_script(data.pop("path"), data.pop("args"), scheduler="slurm", **data)
+        _submitted([job])  # type: ignore[list-item]  # without remote=: Jobs
+    elif action == "map_array":
+        _submitted(map_array(data.pop("fn"), *data.pop("iterables"), scheduler="slurm", **data))  # type: ignore[arg-type]
+    else:
+        calls = data.pop("calls")
+        with batch(scheduler="slurm", **data) as b:
+            for fn, args, kwargs in calls:
+                b.submit(fn, *args, **kwargs)
+        _submitted(b.jobs)  # type: ignore[arg-type]
+
+
+def _question(action: str, data: dict[str, Any]) -> None:
+    job: Job = pickle.loads(data["job"])
+    if action == "wait":
+        deadline = time.monotonic() + data["limit"]
+        while not job.done() and time.monotonic() < deadline:
+            time.sleep(1)
+        if not job.done():
+            _reply(done=False, state=job.state)
+        else:
+            _reply(done=True, values=[job.result()] if data["rank0"] else job.results())
+    elif action == "state":
+        _reply(state=job.state, done=job.done())
+    elif action == "logs":
+        _reply(text=job.logs(data["rank"]))
+    elif action == "cancel":
+        job.cancel()
+        _reply(done=True)
+
+
+def main(argv: Sequence[str]) -> int:
+    action, data = argv[0], pickle.loads(sys.stdin.buffer.read())
+    try:
+        if action in ("submit", "map_array", "batch"):
+            _submit(action, data)
+        else:
+            _question(action, data)
+    except SlurmLaunchError as e:
+        _reply(error=e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
