@@ -207,7 +207,8 @@ def _claim(spec: JobSpec, count: int, environ: Mapping[str, str], argv: list[str
                                   exclusive=True)
         except FileExistsError:
             continue
-        taken = [n for n in os.listdir(spec.log_dir) if n.startswith((f"job-{job_id}.", f"job-{job_id}_"))]
+        stem = JobFiles(spec.log_dir, job_id).stem
+        taken = [n for n in os.listdir(spec.log_dir) if n.startswith((f"{stem}.", f"{stem}_"))]
         if taken == [os.path.basename(record)]:
             return job_id, record
         os.unlink(record)
