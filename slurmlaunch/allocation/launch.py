@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from ..core.detect import Context, detect
 from ..core.distenv import DistEnv, check_master_addr, mask
 from ..core.errors import EnvironmentMappingError, HostlistError, PreflightError, SlurmLaunchError
+from ..core.jobfiles import EXIT_MARK_SUFFIX
 from ..core.rdzv import RDZV_TIMEOUT_VAR, parse_rendezvous_timeout
 from .gpus import device_count
 from .net import all_loopback, bindable, free_port, wait_listening
@@ -45,8 +46,9 @@ environment:
   SLURMLAUNCH_REASONS_DIR   when this launcher stops the rank itself, it leaves one line here saying
                             why (set by the batch script, which reports the first such line)
   SLURMLAUNCH_RETURNED_DIR  run SCRIPT through a small runner that leaves an empty file named by the rank
-                            here when SCRIPT returns (set by the batch script: tells a SIGABRT in torch's
-                            teardown at interpreter exit from one in the training)
+                            here when SCRIPT returns, and RANK.exit holding N when it calls sys.exit(N),
+                            N != 0 (set by the batch script: tells a SIGABRT in torch's teardown at
+                            interpreter exit from one in the training, and keeps an exit 140 asked for)
   -h, --help                show this help
 Everything after SCRIPT is passed to it unchanged.
 
@@ -115,12 +117,15 @@ RETURNED_DIR = "SLURMLAUNCH_RETURNED_DIR"
 
 # `python -c RUNNER SCRIPT ARGS...` (or `-c RUNNER -m MODULE ARGS...`) runs SCRIPT as `python SCRIPT` would: in
 # __main__, with its argv, __file__ and sys.path[0], and tracebacks without a frame of this wrapper. When the
-# script returns, or exits with status 0, it leaves an empty file named by $RANK in $SLURMLAUNCH_RETURNED_DIR.
+# script returns, or exits with status 0, it leaves an empty file named by $RANK in $SLURMLAUNCH_RETURNED_DIR;
+# when it exits with another status (sys.exit(140): "saved, requeue me"), the status in $RANK.exit there.
 # Why: torch can abort (SIGABRT) while the interpreter exits, after the training finished (gloo's threads,
 # kept alive past destroy_process_group by DDP, race the process's own teardown); the file is the evidence
 # that lets the batch log say "after the script returned" instead of guessing. An atexit hook cannot be
 # installed in a program we exec, and a sitecustomize would shadow the site's own; this costs one compile.
-RUNNER = """-0  # torchrun names a failed worker by its first argument without a leading "-": the script, not this
+# The status matters when torch then aborts: the batch script (and the local scheduler) count a rank that
+# aborted after asking for 128 + the warning signal as having exited so, and the requeue is not lost.
+_RUNNER = """-0  # torchrun names a failed worker by its first argument without a leading "-": the script, not this
 def _slurmlaunch_main():
     import os, sys
     where, argv = os.environ.get("SLURMLAUNCH_RETURNED_DIR", ""), sys.argv[1:]
@@ -136,6 +141,17 @@ def _slurmlaunch_main():
         if where:
             try:
                 os.close(os.open(os.path.join(where, os.environ.get("RANK", "rank")), os.O_WRONLY | os.O_CREAT, 0o644))
+            except OSError:
+                pass
+    def exited(code):
+        if where:
+            try:
+                fd = os.open(os.path.join(where, os.environ.get("RANK", "rank") + EXIT_MARK_SUFFIX),
+                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                try:
+                    os.write(fd, str(code & 255 if isinstance(code, int) else 1).encode())
+                finally:
+                    os.close(fd)
             except OSError:
                 pass
     try:
@@ -155,10 +171,25 @@ def _slurmlaunch_main():
     except SystemExit as e:
         if e.code is None or e.code == 0:
             returned()
+        else:
+            exited(e.code)
         raise
     returned()
 _slurmlaunch_main()
 """
+RUNNER = _RUNNER.replace("EXIT_MARK_SUFFIX", repr(EXIT_MARK_SUFFIX))  # the name JobFiles.exit_mark spells
+
+
+def recorded_exit(path: str) -> int | None:
+    """The status RUNNER recorded at ``path`` (JobFiles.exit_mark) for a script that called sys.exit(N),
+    N != 0; None when there is none (the script returned, or was killed before it exited)."""
+    from .smallfile import read_small  # not on the launcher's own path
+
+    try:
+        text = read_small(path, 8).decode("ascii", errors="replace")
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and len(text) <= 3 else None
 
 
 def python_argv(python: str, module: bool, script: str, environ: Mapping[str, str]) -> list[str]:
