@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.allocation.launch import RUNNER, python_argv, recorded_exit
+from slurmlaunch.allocation.script_runner import RUNNER, python_argv, recorded_exit
 from slurmlaunch.allocation.torchrun_mode import RELAY, aborted_workers, parse, teardown_aborts, torchrun_command
 from slurmlaunch.core.jobfiles import JobFiles
 from tests.helpers import no_slurm_env, run_cli, teardown_abort_only

@@ -22,8 +22,9 @@ from dataclasses import replace
 from typing import Final
 
 from ..allocation.gpus import dev_gpu_ids, visible_gpus
-from ..allocation.launch import RETURNED_DIR, recorded_exit
+from ..allocation.launch import RETURNED_DIR
 from ..allocation.reasons import REASONS_DIR, Reason, read_first
+from ..allocation.script_runner import recorded_exit
 from ..allocation.torchrun_mode import SIGABRT_CODE, aborted_workers, teardown_aborts, teardown_message
 from ..core.errors import JobStateError, SchedulerError, SpecError
 from ..core.jobfiles import JobFiles
