@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..core.jobfiles import EXIT_MARK_SUFFIX
+from ..core import EXIT_MARK_SUFFIX
 
 RETURNED_DIR = "SLURMLAUNCH_RETURNED_DIR"
 

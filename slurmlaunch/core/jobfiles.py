@@ -3,48 +3,27 @@
 The batch templates, the schedulers, the launcher's RUNNER and the job commands write and read these names;
 JobFiles is the value that spells them (the templates receive them in their context, spelled with the
 shell's own variables: ``JobFiles("$log_dir", "$job_tag")``). Pure: names in, paths out; nothing here
-touches the filesystem. A slotted class rather than a dataclass: the launcher imports this module on every
-rank (the RUNNER's exit mark), where importing `dataclasses` would cost each rank milliseconds.
+touches the filesystem.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Final
-
-# The RUNNER's per-rank files in the returned-marks directory: RANK once the script returned (or exited 0),
-# RANK + EXIT_MARK_SUFFIX holding the code of a sys.exit(N) with N != 0.
-EXIT_MARK_SUFFIX = ".exit"
+from . import EXIT_MARK_SUFFIX
 
 
+@dataclass(frozen=True)
 class JobFiles:
     """``job``: the job's tag (its id, or ``ID_ELEMENT`` for an element of an array); ``unit``: what one
     output file holds, "rank" (srun mode) or "node" (torchrun mode: all of a node's ranks, JobSpec.log_unit);
     ``ranks_per_log``: how many ranks one output file holds (1, or a node's ranks in torchrun mode)."""
 
-    __slots__ = ("log_dir", "job", "unit", "ranks_per_log")
-    log_dir: Final[str]
-    job: Final[str]
-    unit: Final[str]
-    ranks_per_log: Final[int]
-
-    def __init__(self, log_dir: str, job: str, unit: str = "rank", ranks_per_log: int = 1) -> None:
-        self.log_dir, self.job, self.unit, self.ranks_per_log = log_dir, job, unit, ranks_per_log
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, JobFiles) and self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        return f"JobFiles({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"
-
-    def _key(self) -> tuple[str, str, str, int]:
-        return self.log_dir, self.job, self.unit, self.ranks_per_log
+    log_dir: str
+    job: str
+    unit: str = "rank"
+    ranks_per_log: int = 1
 
     @property
     def stem(self) -> str:
