@@ -207,17 +207,6 @@ def teardown_abort_only(log: str) -> bool:
     return bool(teardown) and failed in ([], ["1"], ["134"])
 
 
-
-def teardown_abort_after_exit(log_dir: Path, job: str) -> bool:
-    """The same torch teardown abort after a script that *exited* (sys.exit, e.g. 140 after saving a
-    checkpoint), which the launcher does not mark as returned: srun reports a task Aborted and that rank's
-    own log ends with libstdc++'s "terminate called without an active exception". Torch's, not the test's."""
-    srun = log_dir / f"job-{job}.srun.log"
-    if not srun.is_file() or not re.search(r"^srun: error: \S+: tasks? [0-9,-]+: Aborted", srun.read_text(), re.M):
-        return False
-    return any(p.read_text(errors="replace").rstrip().endswith("terminate called without an active exception")
-               for p in log_dir.glob(f"job-{job}.rank-*.log"))
-
 # --- what srun sets for a task ---------------------------------------------------------------------------------
 def compress(counts: list[int]) -> str:
     """Slurm's N(xR) form of a list of counts."""

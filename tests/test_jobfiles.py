@@ -3,6 +3,7 @@ now take them from JobFiles (follow, the job commands) find the files the writer
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -35,3 +36,29 @@ def test_failure_lines_of_an_array_in_index_order(tmp_path: Path) -> None:
         (tmp_path / f"job-{tag}.failure").write_text(f"failed {tag}\n")
     (tmp_path / "job-7_5.exitcode").write_text("0\n")
     assert failure_lines(str(tmp_path), "7") == ["failed 7", "failed 7_x", "failed 7_2", "failed 7_10"]
+
+
+ROOT = Path(__file__).resolve().parent.parent
+# A job file's name spelled by hand: "job-" followed by a variable (f"job-{id}...", "$log_dir/job-$job_tag..."),
+# or one of the names' endings closing a string literal (".exitcode"', '.batch.log"').
+HAND_SPELLED = re.compile(r"""job-[{$]|["']job-["']|\.(exitcode|batch\.log|srun\.log|failure|reasons|returned|"""
+                          r"""exit|sbatch|qsub)["']""")
+# Spelled elsewhere on purpose: the RUNNER's exit-mark suffix in core/__init__.py (the launcher's path reads it
+# without building JobFiles); the PROBE program app/remote_jobs.py runs on a login node, where no slurmlaunch
+# is installed, and its record writer (another engineer's module; a follow-up).
+ALLOWED = {"slurmlaunch/core/jobfiles.py", "slurmlaunch/core/__init__.py", "slurmlaunch/app/remote_jobs.py"}
+
+
+def test_no_job_file_name_is_spelled_outside_jobfiles() -> None:
+    """A new hand-spelled job file name (in the package or a template) fails here: take it from JobFiles."""
+    files = [*ROOT.glob("slurmlaunch/**/*.py"), *ROOT.glob("templates/*.j2")]
+    assert len(files) > 40
+    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in files if str(p.relative_to(ROOT)) not in ALLOWED
+             for n, line in enumerate(p.read_text().splitlines(), 1) if HAND_SPELLED.search(line)]
+    assert found == []
+
+
+@pytest.mark.parametrize("line", ['open(os.path.join(d, f"job-{i}.exitcode"))', 'x = "$log_dir/job-$job_tag.srun.log"',
+                                  "--output={d}/job-%j.batch.log'", 'name + ".exit"'])
+def test_the_grep_catches_a_hand_spelled_name(line: str) -> None:
+    assert HAND_SPELLED.search(line)

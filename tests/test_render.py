@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurmlaunch.core.errors import SpecError
+from slurmlaunch.core.jobfiles import JobFiles
 from slurmlaunch.core.spec import JobSpec
 from slurmlaunch.render import launch, pbs_script, slurm_script
 from slurmlaunch.render.jinja import render, search_path, shipped_template_dir
@@ -22,6 +23,18 @@ LAUNCH = [PY, "-m", "slurmlaunch", "launch", "/home/me/project/train.py", "--lr"
 
 
 # --- Slurm: the #SBATCH lines, srun's arguments, what each task runs -------------------------------------------
+
+@pytest.mark.parametrize("mode", ["srun", "torchrun"])
+def test_the_scripts_take_the_job_file_names_from_jobfiles(mode: str) -> None:
+    """The templates spell no name of the job's files: the context gives them, with the scripts' variables."""
+    spec = golden_spec(mode=mode, **({"nproc_per_node": 4} if mode == "torchrun" else {}))
+    ctx = slurm_script.script_context(spec)
+    assert ctx["files"] == JobFiles("$log_dir", "$job_tag", spec.log_unit)
+    assert ctx["node_logs"] == f'"$log_dir/job-$job_tag".{spec.log_unit}-*.log'
+    assert pbs_script.script_context(golden_spec())["files"] == JobFiles("$log_dir", "$job_id")
+    srun = slurm_script.srun_args(spec)
+    assert srun[srun.index("--output") + 1] == JobFiles(spec.log_dir, "%j", spec.log_unit).log("%t")
+
 
 @pytest.mark.parametrize(("kw", "lines"), [
     ({}, ["--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=4", "--signal=B:USR2@90", "--open-mode=append"]),

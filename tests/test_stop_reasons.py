@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from slurmlaunch.allocation import reasons
+from slurmlaunch.allocation.smallfile import read_small
 from slurmlaunch.render import pbs_script
 from tests.helpers import clean_env, golden_spec, launch, no_slurm_env, run_cli, step_env
 
@@ -57,6 +58,21 @@ def test_readme_and_launch_help_document_every_stop_code() -> None:
     assert "MASTER_ADDR:MASTER_PORT" in rows[reasons.RDZV_TIMEOUT] and "launch" in rows[reasons.BAD_LAUNCH]
     for code in (reasons.BAD_LAUNCH, reasons.MAPPING, reasons.RDZV_TIMEOUT, reasons.PREFLIGHT):
         assert re.search(rf"^  {code} ", USAGE, re.M), code
+
+
+def test_read_small_bounds_and_refusals(tmp_path: Path) -> None:
+    """The one reader of small files (reasons, failure lines, records, exit codes): a prefix of a regular
+    file; a link, a FIFO, a directory refused without blocking; ``whole`` refuses a file over the bound."""
+    (tmp_path / "f").write_bytes(b"x" * 100)
+    assert read_small(str(tmp_path / "f"), 10) == b"x" * 10
+    assert read_small(str(tmp_path / "f"), 100, whole=True) == b"x" * 100
+    with pytest.raises(OSError, match="more than the 99"):
+        read_small(str(tmp_path / "f"), 99, whole=True)
+    (tmp_path / "link").symlink_to(tmp_path / "f")
+    os.mkfifo(tmp_path / "fifo")
+    for name in ("link", "fifo", ".", "missing"):
+        with pytest.raises(OSError):
+            read_small(str(tmp_path / name), 10)
 
 
 def test_record_then_read_first(tmp_path: Path) -> None:

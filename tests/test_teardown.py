@@ -6,14 +6,17 @@ torch's teardown runs; the control aborts inside the script and must not be call
 from __future__ import annotations
 
 import os
+import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from slurmlaunch.allocation.launch import RUNNER, python_argv
+from slurmlaunch.allocation.script_runner import RUNNER, python_argv, recorded_exit
 from slurmlaunch.allocation.torchrun_mode import RELAY, aborted_workers, parse, teardown_aborts, torchrun_command
+from slurmlaunch.core.jobfiles import JobFiles
 from tests.helpers import no_slurm_env, run_cli, teardown_abort_only
 
 TEARDOWN = "rank 1 aborted in torch's teardown after the script returned"
@@ -28,6 +31,21 @@ if rank == "1":
         os.abort()
     atexit.register(os.abort)
 """
+
+# Every rank asks for the requeue (140: saved, requeue me) and is then killed by SIGABRT during interpreter
+# teardown, where torch's abort comes (an atexit hook that aborts); the requeued run (SLURM_RESTART_COUNT=1)
+# finishes. With "inside", the abort comes inside the script instead, before any exit is asked for.
+REQUEUE_THEN_ABORT = """
+import atexit, os, sys
+restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+print(f"rank {os.environ['RANK']} run {restart}", flush=True)
+if restart == "0":
+    if sys.argv[1:] == ["inside"]:
+        os.abort()
+    atexit.register(os.abort)
+    sys.exit(140)
+"""
+ASKED = "aborted in torch's teardown after the script exited 140"
 
 SHOW = """'''the docstring'''
 import os, sys
@@ -74,7 +92,21 @@ def test_runner_runs_the_script_as_python_would_and_marks_only_a_return(args: li
                          tmp_path, SLURMLAUNCH_RETURNED_DIR=str(marks), RANK="3")
     # same argv, sys.path[0], __file__, __name__, docstring, no names of ours; same exit code and traceback
     assert (wrapped.returncode, wrapped.stdout, wrapped.stderr) == (plain.returncode, plain.stdout, plain.stderr)
-    assert os.listdir(marks) == (["3"] if args in ([], ["exit", "0"]) else [])
+    # a return or exit 0: the returned mark; another exit status: that status in the exit mark
+    files = JobFiles(str(tmp_path), "x")
+    assert os.listdir(marks) == {"[]": ["3"], "['exit', '0']": ["3"], "['exit', '4']": ["3.exit"]}.get(str(args), [])
+    assert os.path.basename(files.exit_mark(3)) == "3.exit"
+    assert recorded_exit(str(marks / "3.exit")) == (4 if args == ["exit", "4"] else None)
+    if args == ["exit", "4"]:
+        assert stat.S_IMODE(os.stat(marks / "3.exit").st_mode) == 0o600  # private, as the other marks
+
+
+@pytest.mark.parametrize(("code", "recorded"), [("140", 140), ("-1", 255), ("True", 1), ("'a message'", 1)])
+def test_runner_records_the_status_python_exits_with(code: str, recorded: int, tmp_path: Path) -> None:
+    (tmp_path / "s.py").write_text(f"import sys\nsys.exit({code})\n")
+    r = run_python(python_argv(sys.executable, False, str(tmp_path / "s.py"), {"SLURMLAUNCH_RETURNED_DIR": "x"}),
+                   tmp_path, SLURMLAUNCH_RETURNED_DIR=str(tmp_path), RANK="0")
+    assert r.returncode == recorded and recorded_exit(str(tmp_path / "0.exit")) == recorded
 
 
 def test_runner_runs_a_module_as_python_m_would(tmp_path: Path) -> None:
@@ -148,4 +180,41 @@ def test_batch_log_names_the_rank_that_aborted_after_returning(mode: str, early:
     logs = tmp_path / "slurmlaunch-logs"
     batch = (logs / f"job-{job}.batch.log").read_text()
     assert (TEARDOWN in batch) != early, batch
+    assert not (logs / f"job-{job}.returned").exists()
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_local_scheduler_keeps_the_requeue_asked_for_before_a_teardown_abort(inside: bool, tmp_path: Path) -> None:
+    (tmp_path / "rq.py").write_text(REQUEUE_THEN_ABORT)
+    r = run_cli("submit", "--scheduler", "local", "--nodes", "1", "--tasks-per-node", "2", "--requeue",
+                "--max-requeues", "1", "--time", "10", "rq.py", *(["inside"] if inside else []),
+                env=no_slurm_env(tmp_path), cwd=tmp_path, timeout=180)
+    if inside:  # no exit was asked for: an abort in the training, not requeued
+        assert r.returncode == 134 and ASKED not in r.stderr and "requeued" not in r.stderr, r.stdout + r.stderr
+        return
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ASKED in r.stderr and "requeued (restart 1 of at most 1)" in r.stderr, r.stderr
+    assert "rank 0 run 1" in r.stdout and "rank 1 run 1" in r.stdout
+    assert not list((tmp_path / "slurmlaunch-logs").glob("*.returned"))  # the marks are cleaned up
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("inside", [False, True])
+def test_batch_script_keeps_the_requeue_asked_for_before_a_teardown_abort(inside: bool, cluster_env: dict[str, str],
+                                                                         tmp_path: Path) -> None:
+    """On the real cluster: srun reports the ranks 'Aborted'; the batch script still requeues (140 asked for)."""
+    (tmp_path / "rq.py").write_text(REQUEUE_THEN_ABORT)
+    r = run_cli("submit", "--nodes", "2", "--tasks-per-node", "1", "--requeue", "--max-requeues", "1", "--wait",
+                "--wait-timeout", "150", "rq.py", *(["inside"] if inside else []), env=cluster_env, cwd=tmp_path,
+                timeout=200)
+    job = r.stdout.split()[0]
+    logs = tmp_path / "slurmlaunch-logs"
+    batch = (logs / f"job-{job}.batch.log").read_text()
+    assert re.search(r"^srun: error: \S+: task \d: Aborted", batch, re.M), batch  # srun saw a rank abort
+    if inside:
+        assert r.returncode != 0 and ASKED not in batch and "requeueing" not in batch, r.stdout + r.stderr + batch
+        return
+    assert r.returncode == 0, r.stdout + r.stderr + batch
+    assert ASKED in batch and f"requeueing job {job} (restart 1 of at most 1)" in batch, batch
+    assert "rank 0 run 1" in (logs / f"job-{job}.rank-0.log").read_text()
     assert not (logs / f"job-{job}.returned").exists()

@@ -20,6 +20,8 @@ from .gpus import device_count
 from .net import all_loopback, bindable, free_port, wait_listening
 from .net import resolve as resolve_addresses
 from .reasons import BAD_LAUNCH, MAPPING, PREFLIGHT, RDZV_TIMEOUT, record
+from .script_runner import RETURNED_DIR as RETURNED_DIR  # torchrun_mode's too
+from .script_runner import python_argv as python_argv  # torchrun_mode imports it from here
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -45,8 +47,9 @@ environment:
   SLURMLAUNCH_REASONS_DIR   when this launcher stops the rank itself, it leaves one line here saying
                             why (set by the batch script, which reports the first such line)
   SLURMLAUNCH_RETURNED_DIR  run SCRIPT through a small runner that leaves an empty file named by the rank
-                            here when SCRIPT returns (set by the batch script: tells a SIGABRT in torch's
-                            teardown at interpreter exit from one in the training)
+                            here when SCRIPT returns, and RANK.exit holding N when it calls sys.exit(N),
+                            N != 0 (set by the batch script: tells a SIGABRT in torch's teardown at
+                            interpreter exit from one in the training, and keeps an exit 140 asked for)
   -h, --help                show this help
 Everything after SCRIPT is passed to it unchanged.
 
@@ -109,63 +112,6 @@ def parse_launch_args(argv: Sequence[str]) -> LaunchOptions | None:
     opts.script = argv[i]
     opts.args = list(argv[i + 1 :])
     return opts
-
-
-RETURNED_DIR = "SLURMLAUNCH_RETURNED_DIR"
-
-# `python -c RUNNER SCRIPT ARGS...` (or `-c RUNNER -m MODULE ARGS...`) runs SCRIPT as `python SCRIPT` would: in
-# __main__, with its argv, __file__ and sys.path[0], and tracebacks without a frame of this wrapper. When the
-# script returns, or exits with status 0, it leaves an empty file named by $RANK in $SLURMLAUNCH_RETURNED_DIR.
-# Why: torch can abort (SIGABRT) while the interpreter exits, after the training finished (gloo's threads,
-# kept alive past destroy_process_group by DDP, race the process's own teardown); the file is the evidence
-# that lets the batch log say "after the script returned" instead of guessing. An atexit hook cannot be
-# installed in a program we exec, and a sitecustomize would shadow the site's own; this costs one compile.
-RUNNER = """-0  # torchrun names a failed worker by its first argument without a leading "-": the script, not this
-def _slurmlaunch_main():
-    import os, sys
-    where, argv = os.environ.get("SLURMLAUNCH_RETURNED_DIR", ""), sys.argv[1:]
-    main = sys.modules["__main__"].__dict__
-    del main["_slurmlaunch_main"]
-    hook = sys.excepthook
-    def excepthook(kind, value, tb):
-        while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
-            tb = tb.tb_next
-        hook(kind, value.with_traceback(tb) if isinstance(value, BaseException) else value, tb)
-    sys.excepthook = excepthook
-    def returned():
-        if where:
-            try:
-                os.close(os.open(os.path.join(where, os.environ.get("RANK", "rank")), os.O_WRONLY | os.O_CREAT, 0o644))
-            except OSError:
-                pass
-    try:
-        if argv[:1] == ["-m"]:
-            import runpy
-            sys.argv[:] = ["-m", *argv[2:]]
-            sys.path[0] = os.getcwd()
-            runpy._run_module_as_main(argv[1])
-        else:
-            path = os.path.abspath(argv[0])
-            sys.argv[:] = argv
-            sys.path[0] = os.path.dirname(os.path.realpath(path))
-            with open(path, "rb") as f:
-                code = compile(f.read(), path, "exec", dont_inherit=True)
-            main.update(__file__=path, __cached__=None)
-            exec(code, main)
-    except SystemExit as e:
-        if e.code is None or e.code == 0:
-            returned()
-        raise
-    returned()
-_slurmlaunch_main()
-"""
-
-
-def python_argv(python: str, module: bool, script: str, environ: Mapping[str, str]) -> list[str]:
-    """``python -u [-m] SCRIPT``, through RUNNER when $SLURMLAUNCH_RETURNED_DIR asks for the returned-marker."""
-    if environ.get(RETURNED_DIR):
-        return [python, "-u", "-c", RUNNER, *(["-m"] if module else []), script]
-    return [python, "-u", *(["-m"] if module else []), script]
 
 
 def command(opts: LaunchOptions, dist: DistEnv, environ: Mapping[str, str] | None = None) -> list[str]:

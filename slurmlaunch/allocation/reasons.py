@@ -106,6 +106,8 @@ def first(lines: Iterable[str]) -> Reason | None:
 
 def read_first(directory: str) -> Reason | None:
     """The earliest reason left in ``directory`` (each file read up to READ_BOUND bytes), or None."""
+    from .smallfile import read_small  # here, not at the top: the launcher imports this module on every rank
+
     lines: list[str] = []
     try:
         names = os.listdir(directory)
@@ -113,13 +115,8 @@ def read_first(directory: str) -> Reason | None:
         return None
     for name in names:
         try:
-            fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            lines.append(read_small(os.path.join(directory, name), READ_BOUND).decode("utf-8", errors="replace")
+                         .split("\n", 1)[0])
         except OSError:
             continue
-        try:
-            lines.append(os.read(fd, READ_BOUND).decode("utf-8", errors="replace").split("\n", 1)[0])
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
     return first(lines)

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from ..allocation.smallfile import read_small
 from ..core.errors import SchedulerError, WaitTimeout
 from ..core.jobfiles import JobFiles
 from ..schedulers import JobStatus
@@ -62,15 +63,9 @@ def failure_lines(log_dir: str, job_id: str) -> list[str]:
     lines: list[str] = []
     for name in names:
         try:
-            fd = os.open(os.path.join(log_dir, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            text = read_small(os.path.join(log_dir, name), FAILURE_BOUND).decode("utf-8", errors="replace")
         except OSError:
             continue
-        try:
-            text = os.read(fd, FAILURE_BOUND).decode("utf-8", errors="replace")
-        except OSError:
-            text = ""
-        finally:
-            os.close(fd)
         lines += [line for line in text.splitlines() if line.strip()][:1]
     return lines
 

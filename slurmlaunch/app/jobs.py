@@ -215,7 +215,7 @@ def log_path(record: JobRecord, rank: int | None) -> str:
             if name.startswith(f"{full}.") or name.endswith(f".o{job}"):
                 return os.path.join(log_dir, name)
         return os.path.join(log_dir, f"{full}.OU")
-    return os.path.join(log_dir, f"job-{job}.{spec.log_unit}-0.log")
+    return files.log(0)
 
 
 def _list_state(row: Mapping[str, Any], live: Mapping[str, str]) -> str:

@@ -4,3 +4,8 @@ its validation, time/size parsing. Standard library only; no processes, no files
 The version lives here, at the bottom of the layers, so that every layer (the scripts' header) may read it."""
 
 __version__ = "0.1.0"
+
+# The launcher's RUNNER leaves RANK + this in a job's returned-marks directory, holding the status of a
+# sys.exit(N), N != 0; JobFiles.exit_mark names the file. Here, not in jobfiles.py, for the same reason as the
+# version, and because the launcher's path (every rank) then needs no class of names built.
+EXIT_MARK_SUFFIX = ".exit"

@@ -1,14 +1,17 @@
 """The names of a job's files in its log directory, defined once.
 
-The batch templates, the schedulers and the job commands write and read these names; JobFiles is the value
-that spells them (the templates receive the same spelling as their `rank_log` context value). Pure: names
-in, paths out; nothing here touches the filesystem.
+The batch templates, the schedulers, the launcher's RUNNER and the job commands write and read these names;
+JobFiles is the value that spells them (the templates receive them in their context, spelled with the
+shell's own variables: ``JobFiles("$log_dir", "$job_tag")``). Pure: names in, paths out; nothing here
+touches the filesystem.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+from . import EXIT_MARK_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -22,38 +25,69 @@ class JobFiles:
     unit: str = "rank"
     ranks_per_log: int = 1
 
-    def log(self, index: int) -> str:
-        """Output file ``index`` (a rank in srun mode, a node in torchrun mode)."""
-        return os.path.join(self.log_dir, f"job-{self.job}.{self.unit}-{index}.log")
+    @property
+    def stem(self) -> str:
+        """What every file name of the job starts with (then "." for its own files, "_" for its elements')."""
+        return f"job-{self.job}"
+
+    def _named(self, suffix: str) -> str:
+        return os.path.join(self.log_dir, f"{self.stem}.{suffix}")
+
+    def log(self, index: int | str) -> str:
+        """Output file ``index`` (a rank in srun mode, a node in torchrun mode; or a pattern in its place,
+        such as srun's ``%t`` or the shell's ``*``)."""
+        return self._named(f"{self.unit}-{index}.log")
 
     def rank_log(self, rank: int) -> str:
         """The output file that holds rank ``rank``'s lines."""
         return self.log(rank // self.ranks_per_log)
 
+    def script(self, suffix: str) -> str:
+        """The rendered batch script as submitted (``suffix``: "sbatch", "qsub")."""
+        return self._named(suffix)
+
+    @property
+    def record(self) -> str:
+        """The job's record: what was asked, how it was submitted, where the logs are."""
+        return self._named("json")
+
     @property
     def exit_code(self) -> str:
         """The job's exit code, written by the batch script (or the local scheduler) when it ends."""
-        return os.path.join(self.log_dir, f"job-{self.job}.exitcode")
+        return self._named("exitcode")
 
     @property
     def batch_log(self) -> str:
         """The batch step's own output (Slurm)."""
-        return os.path.join(self.log_dir, f"job-{self.job}.batch.log")
+        return self._named("batch.log")
+
+    @property
+    def srun_log(self) -> str:
+        """srun's own messages (task exits, cancellations), which the batch script's failure summary reads."""
+        return self._named("srun.log")
 
     @property
     def failure(self) -> str:
         """The first-failure line (which rank failed first, its code, why), written when the job ends."""
-        return os.path.join(self.log_dir, f"job-{self.job}.failure")
+        return self._named("failure")
 
     @property
     def reasons(self) -> str:
         """The directory where the launcher leaves why it stopped a rank (SLURMLAUNCH_REASONS_DIR)."""
-        return os.path.join(self.log_dir, f"job-{self.job}.reasons")
+        return self._named("reasons")
 
     @property
     def returned(self) -> str:
         """The directory of the ranks' "script returned" marks (SLURMLAUNCH_RETURNED_DIR)."""
-        return os.path.join(self.log_dir, f"job-{self.job}.returned")
+        return self._named("returned")
+
+    def returned_mark(self, rank: int | str) -> str:
+        """Rank ``rank``'s "script returned (or exited 0)" mark, an empty file."""
+        return os.path.join(self.returned, str(rank))
+
+    def exit_mark(self, rank: int | str) -> str:
+        """Where the RUNNER records the code rank ``rank``'s script asked for with sys.exit(N), N != 0."""
+        return os.path.join(self.returned, f"{rank}{EXIT_MARK_SUFFIX}")
 
     def element(self, index: int | str) -> JobFiles:
         """The files of element ``index`` of an array job (tagged ``ID_INDEX``)."""

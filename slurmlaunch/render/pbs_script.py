@@ -9,6 +9,7 @@ from typing import Any
 
 from ..core import __version__
 from ..core.errors import SpecError
+from ..core.jobfiles import JobFiles
 from ..core.spec import UNLIMITED, JobSpec, time_seconds
 from .jinja import render
 from .launch import launch_command, script_env
@@ -269,6 +270,7 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
         "workdir": spec.workdir, "mpiexec_args": args, "hostfile_flag": hostfile_flag,
         "launch_cmd": launch_command(spec), "array_index": ARRAY_INDEX[spec.pbs_flavour] if spec.is_array else None,
         "sweep_points": list(enumerate(spec.sweep_points)),
+        "files": JobFiles("$log_dir", "$job_id"),  # the job's file names, spelled with the script's variables
     }
 
 

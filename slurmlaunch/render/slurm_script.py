@@ -3,11 +3,11 @@ the template is rendered with. Pure: no sbatch, no files written."""
 
 from __future__ import annotations
 
-import os
 from signal import Signals, strsignal
 from typing import Any
 
 from ..core import __version__
+from ..core.jobfiles import JobFiles
 from ..core.spec import JobSpec
 from .jinja import render
 from .launch import container_mounts, launch_command, script_env
@@ -54,8 +54,7 @@ def srun_args(spec: JobSpec) -> list[str]:
     if spec.slurm_cpus_per_task is not None:
         # Since Slurm 22.05 srun no longer inherits --cpus-per-task from the batch allocation.
         args.append(f"--cpus-per-task={spec.slurm_cpus_per_task}")
-    log = f"job-{file_tag(spec)}.{spec.log_unit}-%t.log"
-    args += ["--open-mode=append", "--output", os.path.join(spec.log_dir, log)]
+    args += ["--open-mode=append", "--output", JobFiles(spec.log_dir, file_tag(spec), spec.log_unit).log("%t")]
     if spec.container_image:  # pyxis: every task of the step runs in the image
         args += [f"--container-image={spec.container_image}",
                  f"--container-mounts={','.join(container_mounts(spec))}",
@@ -68,8 +67,21 @@ def file_tag(spec: JobSpec) -> str:
     return "%A_%a" if spec.is_array else "%j"
 
 
+def shell_files(spec: JobSpec) -> JobFiles:
+    """The job's file names as the batch script spells them, with its own $log_dir and $job_tag."""
+    return JobFiles("$log_dir", "$job_tag", spec.log_unit)
+
+
+def node_logs(files: JobFiles) -> str:
+    """Every output file of the job as a shell word: the names quoted, the index left to the shell's glob."""
+    pattern = files.log("*")
+    cut = len(files.log_dir) + 1 + len(files.stem)
+    return f'"{pattern[:cut]}"{pattern[cut:]}'
+
+
 def script_context(spec: JobSpec) -> dict[str, Any]:
     env = script_env(spec)
+    files = shell_files(spec)
     return {
         "version": __version__,
         "world_size": spec.world_size,
@@ -93,6 +105,8 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
         "array": spec.is_array,
         "torchrun": spec.mode == "torchrun",
         "sweep_points": list(enumerate(spec.sweep_points)),
+        "files": files,
+        "node_logs": node_logs(files),
     }
 
 

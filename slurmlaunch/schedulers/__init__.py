@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..core.errors import SchedulerError, SpecError
+from ..core.jobfiles import JobFiles
 from ..core.spec import JobSpec
 from .runner import run_command as run_command  # the one way edges (and doctor) run a command
 
@@ -54,7 +55,7 @@ def array_outcome(job_id: str, log_dir: str, indices: Sequence[int], live: dict[
     for i in indices:
         if i not in live:
             try:
-                with open(os.path.join(log_dir, f"job-{job_id}_{i}.exitcode")) as f:
+                with open(JobFiles(log_dir, job_id).element(i).exit_code) as f:
                     codes[i] = int(f.read().split()[0])
             except (OSError, ValueError, IndexError):
                 codes[i] = reported.get(i)
@@ -137,14 +138,15 @@ def write_record(spec: JobSpec, job_id: str, scheduler: str, command: Sequence[s
                  extra: dict[str, Any] | None = None, *, exclusive: bool = False) -> str:
     """The record of a submission beside its logs: what was asked, how it was submitted, where logs go.
     ``exclusive``: the record must be new (FileExistsError otherwise): the id is ours to choose."""
-    path = os.path.join(spec.log_dir, f"job-{job_id}.json")
+    files = JobFiles(spec.log_dir, job_id, spec.log_unit)
+    path = files.record
     record = {
         "job_id": job_id,
         "scheduler": scheduler,
         "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": list(command),
         "log_dir": spec.log_dir,
-        "rank_log": os.path.join(spec.log_dir, f"job-{job_id}.{spec.log_unit}-{{{spec.log_unit}}}.log"),
+        "rank_log": files.log(f"{{{spec.log_unit}}}"),
         "spec": asdict(spec),
         **(extra or {}),
     }
@@ -154,7 +156,7 @@ def write_record(spec: JobSpec, job_id: str, scheduler: str, command: Sequence[s
 
 def rank_log(spec: JobSpec, job_id: str, rank: int) -> str:
     """Rank ``rank``'s output file (in torchrun mode: node ``rank``'s, which holds all its ranks)."""
-    return os.path.join(spec.log_dir, f"job-{job_id}.{spec.log_unit}-{rank}.log")
+    return JobFiles(spec.log_dir, job_id, spec.log_unit).log(rank)
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,7 @@ def submit_with(spec: JobSpec, script_text: str, scheduler: str, suffix: str,
     scheduler's words) when the scheduler refuses or prints no job id. ``parse_id`` maps the command's
     output to the short job id that names the files, or None."""
     make_log_dir(spec.log_dir)
-    pending = os.path.join(spec.log_dir, f"job-pending-{os.getpid()}.{suffix}")
+    pending = JobFiles(spec.log_dir, f"pending-{os.getpid()}").script(suffix)
     write_private(pending, script_text, 0o750)
     cmd = command(spec, pending)
     try:
@@ -184,7 +186,7 @@ def submit_with(spec: JobSpec, script_text: str, scheduler: str, suffix: str,
     if short is None:
         os.unlink(pending)
         raise SchedulerError(f"{shlex.join(cmd)} printed {out!r}, not a job id")
-    script_path = os.path.join(spec.log_dir, f"job-{short}.{suffix}")
+    script_path = JobFiles(spec.log_dir, short).script(suffix)
     os.replace(pending, script_path)
     cmd[-1] = script_path
     extra = {"script": script_path} if out == short else {"script": script_path, f"{scheduler}_job_id": out}

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import time
 from collections.abc import Mapping
+
+from ..allocation.smallfile import read_small
 
 MAX_RECORD_BYTES = 4 << 20  # a record is a few KB; a bigger "record" is not one of ours
 
@@ -35,15 +36,6 @@ def remember(job_id: str, scheduler: str, record_path: str, name: str, remote: s
 
 
 def read_bounded(path: str, limit: int = MAX_RECORD_BYTES) -> bytes:
-    """A small regular file's bytes; OSError for anything else (a device, a FIFO, a huge file): a tampered
-    index must not make us read /dev/zero forever or block on a pipe."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"{path!r} is not a regular file")
-        if st.st_size > limit:
-            raise OSError(f"{path!r} is {st.st_size} bytes, more than a record ever is ({limit})")
-        return os.read(fd, limit + 1)[:limit]
-    finally:
-        os.close(fd)
+    """A record's (or another small file's) whole bytes; OSError for a link, a device, a FIFO, or a file
+    over ``limit``: a tampered index must not make us read /dev/zero forever or block on a pipe."""
+    return read_small(path, limit, whole=True)

@@ -24,6 +24,7 @@ from typing import Final
 from ..allocation.gpus import dev_gpu_ids, visible_gpus
 from ..allocation.launch import RETURNED_DIR
 from ..allocation.reasons import REASONS_DIR, Reason, read_first
+from ..allocation.script_runner import recorded_exit
 from ..allocation.torchrun_mode import SIGABRT_CODE, aborted_workers, teardown_aborts, teardown_message
 from ..core.errors import JobStateError, SchedulerError, SpecError
 from ..core.jobfiles import JobFiles
@@ -207,7 +208,8 @@ def _claim(spec: JobSpec, count: int, environ: Mapping[str, str], argv: list[str
                                   exclusive=True)
         except FileExistsError:
             continue
-        taken = [n for n in os.listdir(spec.log_dir) if n.startswith((f"job-{job_id}.", f"job-{job_id}_"))]
+        stem = JobFiles(spec.log_dir, job_id).stem
+        taken = [n for n in os.listdir(spec.log_dir) if n.startswith((f"{stem}.", f"{stem}_"))]
         if taken == [os.path.basename(record)]:
             return job_id, record
         os.unlink(record)
@@ -270,6 +272,24 @@ def stopped_first(result: Outcome, reasons_dir: str) -> tuple[Outcome, Reason | 
         return result, None
     rank = stopped.rank if stopped.rank is not None else result.first_failed_rank
     return replace(result, exit_code=stopped.code, first_failed_rank=rank), stopped
+
+
+def asked_before_abort(what: str, spec: JobSpec, result: Outcome, stopped: Reason | None,
+                       files: JobFiles) -> Outcome:
+    """The outcome with the first failing rank counted as exiting 128 + the warning signal ("saved, requeue
+    me") when its script asked for that code (the RUNNER's exit mark) and torch then aborted it in its
+    teardown: the request is not lost to the abort (the batch script has the same rule)."""
+    rank = result.first_failed_rank
+    if spec.warning is None or spec.mode == "torchrun" or stopped is not None or rank is None \
+            or result.codes.get(rank) != SIGABRT_CODE:
+        return result
+    code = 128 + int(signal.Signals["SIG" + spec.warning[0]])
+    if recorded_exit(files.exit_mark(rank)) != code:
+        return result
+    _say(f"{what}: rank {rank} aborted in torch's teardown after the script exited {code} (see the README's 'Teardown "
+         f"aborts'); the job counts as exit code {code}")
+    return replace(result, exit_code=code, codes={**result.codes, rank: code},
+                   signaled={r: n for r, n in result.signaled.items() if r != rank})
 
 
 def _report(what: str, spec: JobSpec, result: Outcome, stopped: Reason | None = None) -> str | None:
@@ -339,6 +359,7 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
                 ranks = [replace(r, log_append=True) for r in ranks]
             result = supervise(ranks, grace=grace, time_limit=spec.time_limit_seconds, warning=warning)
             result, stopped = stopped_first(result, reasons)
+            result = asked_before_abort(what, spec, result, stopped, files)
             shutil.rmtree(reasons, ignore_errors=True)
             failure = _report(what, spec, result, stopped)
             for rank in teardown_aborts(aborted_ranks(spec, ranks, result), returned):

@@ -7,11 +7,11 @@ start (mpiexec through the launcher) is tested with a real Open MPI mpirun.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 
 from ..core.errors import SchedulerError
+from ..core.jobfiles import JobFiles
 from ..core.spec import JobSpec
 from ..render.pbs_script import job_name
 from ..render.pbs_script import render_script as render_script  # the edge renders what it submits
@@ -77,7 +77,7 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
     if state == "COMPLETED" and log_dir is not None:
         # The script's own word wins: some qstat (Slurm's Torque wrappers) report no exit status at all.
         try:
-            with open(os.path.join(log_dir, f"job-{_array_base(job_id)}.exitcode")) as f:
+            with open(JobFiles(log_dir, _array_base(job_id)).exit_code) as f:
                 code = int(f.read().strip())
         except (OSError, ValueError):
             pass

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 
 from ..core.errors import SchedulerError
+from ..core.jobfiles import JobFiles
 from ..core.spec import JobSpec
 from ..render.slurm_script import file_tag
 from ..render.slurm_script import render_script as render_script  # the edge renders what it submits
@@ -32,7 +32,7 @@ def sbatch_command(spec: JobSpec, script_path: str) -> list[str]:
     return [
         "sbatch", "--parsable",
         f"--job-name={spec.name}",
-        f"--output={os.path.join(spec.log_dir, f'job-{file_tag(spec)}.batch.log')}",
+        f"--output={JobFiles(spec.log_dir, file_tag(spec)).batch_log}",
         f"--chdir={spec.workdir}",
         script_path,
     ]
@@ -70,7 +70,7 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
     code: int | None = None
     if log_dir:
         try:
-            with open(os.path.join(log_dir, f"job-{job_id}.exitcode")) as f:
+            with open(JobFiles(log_dir, job_id).exit_code) as f:
                 code = int(f.read().strip())
         except (OSError, ValueError):
             code = None
@@ -144,7 +144,7 @@ def _rank_log(spec: JobSpec, job_id: str, rank: int) -> str | None:
 
 
 def _batch_log(spec: JobSpec, job_id: str) -> str | None:
-    return None if spec.is_array else os.path.join(spec.log_dir, f"job-{job_id}.batch.log")
+    return None if spec.is_array else JobFiles(spec.log_dir, job_id).batch_log
 
 
 # The slurm edge as a Scheduler (schedulers.interface)

@@ -1,0 +1,95 @@
+"""The runner every rank's Python script goes through where the batch script asks for it
+($SLURMLAUNCH_RETURNED_DIR): it runs the script as ``python SCRIPT`` would and leaves the marks that tell a
+SIGABRT in torch's teardown from one in the training (README: Teardown aborts). On the launcher's path:
+standard library basics only."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..core import EXIT_MARK_SUFFIX
+
+RETURNED_DIR = "SLURMLAUNCH_RETURNED_DIR"
+
+# `python -c RUNNER SCRIPT ARGS...` (or `-c RUNNER -m MODULE ARGS...`) runs SCRIPT as `python SCRIPT` would: in
+# __main__, with its argv, __file__ and sys.path[0], and tracebacks without a frame of this wrapper. When the
+# script returns, or exits with status 0, it leaves an empty file named by $RANK in $SLURMLAUNCH_RETURNED_DIR;
+# when it exits with another status (sys.exit(140): "saved, requeue me"), the status in $RANK.exit there.
+# Why: torch can abort (SIGABRT) while the interpreter exits, after the training finished (gloo's threads,
+# kept alive past destroy_process_group by DDP, race the process's own teardown); the file is the evidence
+# that lets the batch log say "after the script returned" instead of guessing. An atexit hook cannot be
+# installed in a program we exec, and a sitecustomize would shadow the site's own; this costs one compile.
+# The status matters when torch then aborts: the batch script (and the local scheduler) count a rank that
+# aborted after asking for 128 + the warning signal as having exited so, and the requeue is not lost.
+_RUNNER = """-0  # torchrun names a failed worker by its first argument without a leading "-": the script, not this
+def _slurmlaunch_main():
+    import os, sys
+    where, argv = os.environ.get("SLURMLAUNCH_RETURNED_DIR", ""), sys.argv[1:]
+    main = sys.modules["__main__"].__dict__
+    del main["_slurmlaunch_main"]
+    hook = sys.excepthook
+    def excepthook(kind, value, tb):
+        while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
+            tb = tb.tb_next
+        hook(kind, value.with_traceback(tb) if isinstance(value, BaseException) else value, tb)
+    sys.excepthook = excepthook
+    def returned():
+        if where:
+            try:
+                os.close(os.open(os.path.join(where, os.environ.get("RANK", "rank")), os.O_WRONLY | os.O_CREAT, 0o644))
+            except OSError:
+                pass
+    def exited(code):
+        if where:
+            try:
+                fd = os.open(os.path.join(where, os.environ.get("RANK", "rank") + EXIT_MARK_SUFFIX),
+                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                try:
+                    os.write(fd, str(code & 255 if isinstance(code, int) else 1).encode())
+                finally:
+                    os.close(fd)
+            except OSError:
+                pass
+    try:
+        if argv[:1] == ["-m"]:
+            import runpy
+            sys.argv[:] = ["-m", *argv[2:]]
+            sys.path[0] = os.getcwd()
+            runpy._run_module_as_main(argv[1])
+        else:
+            path = os.path.abspath(argv[0])
+            sys.argv[:] = argv
+            sys.path[0] = os.path.dirname(os.path.realpath(path))
+            with open(path, "rb") as f:
+                code = compile(f.read(), path, "exec", dont_inherit=True)
+            main.update(__file__=path, __cached__=None)
+            exec(code, main)
+    except SystemExit as e:
+        if e.code is None or e.code == 0:
+            returned()
+        else:
+            exited(e.code)
+        raise
+    returned()
+_slurmlaunch_main()
+"""
+RUNNER = _RUNNER.replace("EXIT_MARK_SUFFIX", repr(EXIT_MARK_SUFFIX))  # the name JobFiles.exit_mark spells
+
+
+def recorded_exit(path: str) -> int | None:
+    """The status RUNNER recorded at ``path`` (JobFiles.exit_mark) for a script that called sys.exit(N),
+    N != 0; None when there is none (the script returned, or was killed before it exited)."""
+    from .smallfile import read_small  # not on the launcher's own path
+
+    try:
+        text = read_small(path, 8).decode("ascii", errors="replace")
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and len(text) <= 3 else None
+
+
+def python_argv(python: str, module: bool, script: str, environ: Mapping[str, str]) -> list[str]:
+    """``python -u [-m] SCRIPT``, through RUNNER when $SLURMLAUNCH_RETURNED_DIR asks for the returned-marker."""
+    if environ.get(RETURNED_DIR):
+        return [python, "-u", "-c", RUNNER, *(["-m"] if module else []), script]
+    return [python, "-u", *(["-m"] if module else []), script]
