@@ -156,3 +156,23 @@ def test_map_array_batch_and_a_profiles_remote_from_the_laptop_and_the_job_comma
     cancel = sshd.on_laptop(laptop, "cancel", out["one_id"], cwd=project)
     assert cancel.returncode == 0, cancel.stderr
     assert masters_left(laptop) == []
+
+
+def test_the_login_nodes_runner_refuses_another_python_minor_version_before_unpickling() -> None:
+    """cloudpickle's code objects do not carry across minor versions (a 3.11 laptop's function unpickled by a
+    3.12 login node crashed the rank with SIGSEGV): the runner compares versions before it reads the call."""
+    import base64
+    import pickle
+    import sys
+
+    here = "{}.{}".format(*sys.version_info[:2])
+    for laptop, refused in (("2.7", True), (here, False)):
+        proc = subprocess.run([sys.executable, "-m", "slurmlaunch.app.api.runner", "state", laptop],
+                              input=b"not a pickle", capture_output=True, timeout=60)
+        if refused:
+            answer = pickle.loads(base64.b64decode(proc.stdout.strip().splitlines()[-1]))
+            message = str(answer["error"])
+            assert f"is Python {here} and the laptop's is Python 2.7" in message and "remote_python" in message
+            assert "\n" not in message and proc.returncode == 0
+        else:  # the same version goes on to read the call (here: not a pickle, so it fails there)
+            assert b"UnpicklingError" in proc.stderr or b"pickle" in proc.stderr.lower()

@@ -23,6 +23,7 @@ import base64
 import os
 import pickle
 import shlex
+import sys
 import time
 import weakref
 from collections.abc import Sequence
@@ -112,7 +113,7 @@ def _run(conn: Connection, directory: str, package: str, python: str, action: st
          timeout: float) -> dict[str, Any]:
     """One runner call: its answer, or the SlurmLaunchError it sent back raised here."""
     script = (f"cd -- {shlex.quote(directory)} && umask 077 && {pythonpath_setup(package)} && "
-              f"{shlex.join([python, '-m', RUNNER_MODULE, action])}")
+              f"{shlex.join([python, '-m', RUNNER_MODULE, action, '{}.{}'.format(*sys.version_info[:2])])}")
     started = time.monotonic()
     proc = conn.run(shell_command(script, conn.setup), input_bytes=data, timeout=timeout, check=False)
     lines = proc.stdout.decode(errors="replace").strip().splitlines()

@@ -1,6 +1,7 @@
 """The login node's half of the API with ``remote=`` (app/remote_api.py is the laptop's): run there as
-``python -m slurmlaunch.app.api.runner ACTION`` with a pickle on stdin, by the slurmlaunch that was shipped
-with the call; it prints one line, base64 of a pickled dict (an ``error`` key: a SlurmLaunchError).
+``python -m slurmlaunch.app.api.runner ACTION X.Y`` (X.Y: the laptop's Python) with a pickle on stdin, by the
+slurmlaunch that was shipped with the call; it prints one line, base64 of a pickled dict (an ``error`` key: a
+SlurmLaunchError).
 
 ACTION submit, map_array, batch: submit with this same API on Slurm, and answer with the jobs (each
 pickled whole), the spec and submitit's batch script, for the laptop's job index. state, wait, logs,
@@ -17,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ...core.errors import SlurmLaunchError
+from ...core.errors import SlurmLaunchError, SpecError
 from ...core.jobfiles import JobFiles
 from .functions import batch, map_array, submit, submit_script
 from .job import Job
@@ -94,7 +95,24 @@ def _question(action: str, data: dict[str, Any]) -> None:
         _reply(done=True)
 
 
+def version_refusal(laptop: str) -> SpecError | None:
+    """The call is pickled by cloudpickle on the laptop: code objects do not carry across Python minor
+    versions (unpickling one can crash the interpreter), so the versions must match; checked before any
+    unpickling."""
+    here = "{}.{}".format(*sys.version_info[:2])
+    if laptop in ("", here):
+        return None
+    return SpecError(f"remote_python {sys.executable} is Python {here} and the laptop's is Python {laptop}: the "
+                     f"call travels pickled and needs the same Python minor version on both sides (name a Python "
+                     f"{laptop} there with remote_python=, or run the laptop's code under Python {here})")
+
+
 def main(argv: Sequence[str]) -> int:
+    refused = version_refusal(argv[1] if len(argv) > 1 else "")
+    if refused is not None:
+        sys.stdin.buffer.read()  # unread: the laptop's ssh is still writing it
+        _reply(error=refused)
+        return 0
     action, data = argv[0], pickle.loads(sys.stdin.buffer.read())
     try:
         if action in ("submit", "map_array", "batch"):
