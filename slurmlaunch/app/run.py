@@ -195,9 +195,29 @@ def wait_for_master(addr: str, port: int, timeout: float, node_rank: int) -> Non
 
 
 def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
+    """`slurmlaunch run`: every refusal before anything starts, then this node's ranks under the supervisor."""
     nnodes = parse_nnodes(ns.nnodes)
     if ns.module and ns.no_python:
         raise SpecError("-m/--module and --no-python cannot be used together")
+    _choose_master(ns, nnodes)
+    _check_arguments(ns, nnodes)
+    nproc, on_cpu, note = plan_processes(str(ns.nproc), ns.cpu, environ)
+    _check_master(ns, nnodes)
+    if ns.node_rank > 0:
+        wait_for_master(ns.master_addr, ns.master_port, ns.master_timeout, ns.node_rank)
+    if ns.log_dir:  # before the note: a refusal stays the only line
+        try:
+            os.makedirs(ns.log_dir, mode=0o750, exist_ok=True)
+        except OSError as e:
+            raise SpecError(f"--log-dir {shown(ns.log_dir)} cannot be made a directory ({e.strerror})") from None
+    if note:
+        sys.stderr.write(f"slurmlaunch: {note}\n")
+    return start_ranks(ns, nnodes, nproc, on_cpu, environ)
+
+
+def _choose_master(ns: Any, nnodes: int) -> None:
+    """ns.master_addr and ns.master_port from --rdzv-endpoint HOST:PORT, or 127.0.0.1 and a free port with
+    --standalone."""
     if ns.rdzv_endpoint:
         host, _, port_text = ns.rdzv_endpoint.rpartition(":")
         port = bounded_int(port_text, 65535)
@@ -209,6 +229,10 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
         if nnodes != 1:
             raise SpecError(f"--standalone is for one node, not --nnodes {nnodes}")
         ns.master_addr, ns.master_port = "127.0.0.1", free_port()
+
+
+def _check_arguments(ns: Any, nnodes: int) -> None:
+    """The node rank, the port, SCRIPT, the master's address and --log-dir as written (no network yet)."""
     if not 0 <= ns.node_rank < nnodes:
         raise SpecError(f"--node-rank {ns.node_rank} is not valid with --nnodes {nnodes} (expected 0..{nnodes - 1})")
     if not 1 <= ns.master_port <= 65535:
@@ -227,7 +251,10 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
     if ns.log_dir is not None and (not ns.log_dir or not ns.log_dir.isprintable()):
         raise SpecError(f"--log-dir {shown(ns.log_dir)} is not valid (expected a directory name without control "
                         f"characters such as newlines)")
-    nproc, on_cpu, note = plan_processes(str(ns.nproc), ns.cpu, environ)
+
+
+def _check_master(ns: Any, nnodes: int) -> None:
+    """The master's address resolves, is no loopback one for several nodes, and (on node 0) its port is free."""
     check_master_addr(ns.master_addr, "--rdzv-endpoint host" if ns.rdzv_endpoint else "--master-addr")
     addresses = resolve_master(ns.master_addr)
     if nnodes > 1 and all_loopback(addresses) and not ns.allow_loopback:
@@ -240,16 +267,6 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
     if ns.node_rank == 0 and not ns.standalone and bindable(ns.master_port) is not None:
         raise SpecError(f"--master-port {ns.master_port} is already in use on this machine (the master): "
                         f"choose a free port, or --standalone for a single node")
-    if ns.node_rank > 0:
-        wait_for_master(ns.master_addr, ns.master_port, ns.master_timeout, ns.node_rank)
-    if ns.log_dir:  # before the note: a refusal stays the only line
-        try:
-            os.makedirs(ns.log_dir, mode=0o750, exist_ok=True)
-        except OSError as e:
-            raise SpecError(f"--log-dir {shown(ns.log_dir)} cannot be made a directory ({e.strerror})") from None
-    if note:
-        sys.stderr.write(f"slurmlaunch: {note}\n")
-    return start_ranks(ns, nnodes, nproc, on_cpu, environ)
 
 
 def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping[str, str]) -> int:
