@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from ..core.envvars import first_set, int_var
 from ..core.errors import SlurmLaunchError
 from ..core.rdzv import RDZV_TIMEOUT_VAR, parse_rendezvous_timeout
 from .net import wait_listening
@@ -94,7 +95,9 @@ def _select_device(env: Mapping[str, str]) -> Any:
     """The rank's torch.device (GPU SLURMLAUNCH_LOCAL_DEVICE, else LOCAL_RANK), made the current one."""
     import torch
 
-    index = int(env.get("SLURMLAUNCH_LOCAL_DEVICE", env.get("LOCAL_RANK", "0")))
+    # read as the launcher reads variables (core.envvars): a bad value is one line naming it
+    name, text = first_set(env, "SLURMLAUNCH_LOCAL_DEVICE", "LOCAL_RANK") or ("LOCAL_RANK", "0")
+    index = int_var(name, text)
     xpu = getattr(torch, "xpu", None)  # Intel GPUs (Level Zero), e.g. ALCF Aurora
     if torch.cuda.is_available():
         torch.cuda.set_device(index)
