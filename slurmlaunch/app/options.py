@@ -17,17 +17,15 @@ if TYPE_CHECKING:
 
 
 class SubmitOption:
-    """One option of `submit`: its flags (the long one first), help, default, type (a converter from
-    core.limits), metavar, choices and action: store (a value), store_true, append (repeatable; the default
-    is a fresh list per parser) or toggle (--X / --no-X, argparse's BooleanOptionalAction)."""
+    """One option of `submit`: its flags (the long one first) and argparse's settings for it, by name: help,
+    default, type (a converter from core.limits), metavar, choices and action: store (a value, when none is
+    named), store_true, append (repeatable; the default is a fresh list per parser) or toggle (--X / --no-X,
+    argparse's BooleanOptionalAction). Built once per process, at import: kept to two attributes."""
 
-    __slots__ = ("flags", "help", "default", "type", "metavar", "choices", "action")
+    __slots__ = ("flags", "settings")
 
-    def __init__(self, *flags: str, help: str | None = None, default: object = None,
-                 type: Callable[[str], Any] | None = None, metavar: str | None = None,
-                 choices: tuple[str, ...] | None = None, action: Action = "store") -> None:
-        self.flags, self.help, self.default, self.type = flags, help, default, type
-        self.metavar, self.choices, self.action = metavar, choices, action
+    def __init__(self, *flags: str, **settings: Any) -> None:
+        self.flags, self.settings = flags, settings
 
     @property
     def flag(self) -> str:
@@ -38,24 +36,35 @@ class SubmitOption:
     def dest(self) -> str:
         return self.flag[2:].replace("-", "_")
 
-    def add_to(self, group: Any) -> None:
-        """``group.add_argument`` with this option's settings (only those it has, as argparse's defaults
-        differ by action: store_true's is False)."""
-        import argparse
+    @property
+    def action(self) -> Action:
+        return self.settings.get("action", "store")  # type: ignore[no-any-return]
 
-        settings: dict[str, Any] = {}
-        if self.action == "toggle":
-            settings["action"] = argparse.BooleanOptionalAction
-        elif self.action != "store":
-            settings["action"] = self.action
-        for name in ("type", "metavar", "help"):
-            if getattr(self, name) is not None:
-                settings[name] = getattr(self, name)
-        if self.choices is not None:
-            settings["choices"] = list(self.choices)
-        if self.default is not None:
-            # an append option's list is made afresh: profiles.defer_defaults changes one parser's only
-            settings["default"] = list(self.default) if isinstance(self.default, tuple) else self.default
+    @property
+    def default(self) -> object:
+        return self.settings.get("default")
+
+    @property
+    def type(self) -> Callable[[str], Any] | None:
+        return self.settings.get("type")
+
+    @property
+    def choices(self) -> tuple[str, ...] | None:
+        return self.settings.get("choices")
+
+    def add_to(self, group: Any, toggle: Any) -> None:
+        """``group.add_argument`` with this option's settings; ``toggle``: argparse's BooleanOptionalAction."""
+        settings = self.settings
+        action = settings.get("action")
+        if action is not None or "choices" in settings:
+            settings = dict(settings)
+            if action == "toggle":
+                settings["action"] = toggle
+            elif action == "append":
+                # a fresh list per parser: profiles.defer_defaults changes one parser's defaults only
+                settings["default"] = list(settings["default"])
+            if "choices" in settings:
+                settings["choices"] = list(settings["choices"])
         group.add_argument(*self.flags, **settings)
 
 
@@ -201,6 +210,6 @@ def add_submit_options(s: Any) -> None:
     for title, options in SUBMIT_OPTIONS:
         group = s.add_argument_group(title)
         for option in options:
-            option.add_to(group)
+            option.add_to(group, argparse.BooleanOptionalAction)
     s.add_argument("script", metavar="SCRIPT")
     s.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to SCRIPT unchanged")

@@ -13,13 +13,16 @@ import signal
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from ..allocation.net import all_loopback, bindable, resolve, wait_listening
 from ..allocation.net import free_port as free_port  # tests/test_hostile.py takes it from here
 from ..core.distenv import check_master_addr
 from ..core.errors import SlurmLaunchError, SpecError
 from ..core.limits import MAX_NODES, MAX_PER_NODE, Count, Seconds, bounded_int, shown
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is not imported at run time: every argparse command imports this module
+    from typing import Any
 
 DEFAULT_PORT = 29500  # torchrun's
 
