@@ -84,9 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"text that is not valid UTF-8 (or not encodable): {e}")
 
 
-def _parser(profiles: bool = False) -> Any:
+def _parser(profiles: bool = False, command: str | None = None) -> Any:
     """The argparse tree; ``profiles``: prepare `submit` for merging with the config files (only then is
-    the profile machinery imported: the other commands stay quick to start)."""
+    the profile machinery imported: the other commands stay quick to start). ``command``: the only command
+    that will be parsed; `run`'s options (and their module) are then added only for `run` itself."""
     parser_class = _parser_class()
     top = parser_class(prog="slurmlaunch", allow_abbrev=False,
                        description="Multi-node PyTorch on Slurm and on this machine, without hand-written scripts.")
@@ -95,7 +96,7 @@ def _parser(profiles: bool = False) -> Any:
     _add_submit(sub, profiles)
     _add_doctor(sub)
     _add_config_and_job_commands(sub)
-    _add_tools(sub)
+    _add_tools(sub, run_options=command is None or command == "run" or command.startswith("-"))
     _add_examples(top, sub)
     return top
 
@@ -191,8 +192,8 @@ def _add_config_and_job_commands(sub: Any) -> None:
     cn.add_argument("job")
 
 
-def _add_tools(sub: Any) -> None:
-    """dev-cluster, run and completion."""
+def _add_tools(sub: Any, run_options: bool) -> None:
+    """dev-cluster, run (its options only with ``run_options``) and completion."""
     dc = sub.add_parser("dev-cluster", allow_abbrev=False,
                         help="a real multi-node Slurm on this machine, to try jobs before the shared cluster "
                              "(root and Debian's slurmctld/slurmd/slurm-client)")
@@ -208,13 +209,12 @@ def _add_tools(sub: Any) -> None:
                     help="each node its own address on a private bridge, in network namespaces (SUBNET: a "
                          "private /24 to use; default: a free one of 10.213.0.0/16); clients in DIR/bin")
 
-    import os
-
-    from .app.run import add_run_options
-
     r = sub.add_parser("run", allow_abbrev=False, help="torchrun's flags, without a scheduler: start this "
                        "node's ranks (swap `torchrun` or `python -m torch.distributed.launch` for `slurmlaunch run`)")
-    add_run_options(r, os.environ)
+    if run_options:
+        from .app.run import add_run_options
+
+        add_run_options(r, os.environ)
 
     comp = sub.add_parser("completion", allow_abbrev=False, help="print a shell completion script")
     comp.add_argument("shell", choices=["bash", "zsh", "fish"])
@@ -257,7 +257,7 @@ EXAMPLES = {
 
 
 def _dispatch(args: list[str]) -> int:
-    ns = _parser(profiles=args[:1] == ["submit"]).parse_args(args)
+    ns = _parser(profiles=args[:1] == ["submit"], command=args[0] if args else None).parse_args(args)
     if ns.command == "launch":  # only reached with no arguments at all
         from .allocation.launch import main as launch_main
 
