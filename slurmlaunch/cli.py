@@ -84,9 +84,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"text that is not valid UTF-8 (or not encodable): {e}")
 
 
-def _parser(profiles: bool = False) -> Any:
+def _parser(profiles: bool = False, command: str | None = None) -> Any:
     """The argparse tree; ``profiles``: prepare `submit` for merging with the config files (only then is
-    the profile machinery imported: the other commands stay quick to start)."""
+    the profile machinery imported: the other commands stay quick to start). ``command``: the only command
+    that will be parsed; `run`'s options (and their module) are then added only for `run` itself."""
+    parser_class = _parser_class()
+    top = parser_class(prog="slurmlaunch", allow_abbrev=False,
+                       description="Multi-node PyTorch on Slurm and on this machine, without hand-written scripts.")
+    sub = top.add_subparsers(dest="command", required=True, parser_class=parser_class)
+    _add_allocation_commands(sub)
+    _add_submit(sub, profiles)
+    _add_doctor(sub)
+    _add_config_and_job_commands(sub)
+    _add_tools(sub, run_options=command is None or command == "run" or command.startswith("-"))
+    _add_examples(top, sub)
+    return top
+
+
+def _parser_class() -> Any:
+    """argparse's parser with slurmlaunch's usage errors (one line, exit 2)."""
     import argparse
 
     class Parser(argparse.ArgumentParser):
@@ -103,10 +119,11 @@ def _parser(profiles: bool = False) -> Any:
                 return value
             return super()._get_values(action, arg_strings)
 
-    top = Parser(prog="slurmlaunch", allow_abbrev=False,
-                 description="Multi-node PyTorch on Slurm and on this machine, without hand-written scripts.")
-    sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
+    return Parser
 
+
+def _add_allocation_commands(sub: Any) -> None:
+    """launch and torchrun-node (run before argparse: their entries are for --help), env, hostnames."""
     sub.add_parser("launch", help="inside an allocation: map the task's variables and exec SCRIPT "
                    "(see slurmlaunch launch --help)", add_help=False)
 
@@ -120,6 +137,8 @@ def _parser(profiles: bool = False) -> Any:
                            help="expand a Slurm node list, one host per line (like scontrol show hostnames)")
     hosts.add_argument("expression", nargs="?", help="node list; default $SLURM_JOB_NODELIST")
 
+
+def _add_submit(sub: Any, profiles: bool) -> None:
     s = sub.add_parser("submit", allow_abbrev=False, help="submit SCRIPT as a distributed job")
     from .app.options import add_submit_options
 
@@ -129,6 +148,8 @@ def _parser(profiles: bool = False) -> Any:
 
         s.set_defaults(options_table=defer_defaults(s))
 
+
+def _add_doctor(sub: Any) -> None:
     doc = sub.add_parser("doctor", allow_abbrev=False,
                          help="check what this Slurm site accepts before spending an allocation; --allocate N "
                               "runs a tiny job that checks MASTER_ADDR, the port, GPUs and torch from every rank")
@@ -149,6 +170,8 @@ def _parser(profiles: bool = False) -> Any:
     doc.add_argument("--python", metavar="PATH",
                      help="with --remote: the interpreter there, the training environment's (default python3)")
 
+
+def _add_config_and_job_commands(sub: Any) -> None:
     cfg = sub.add_parser("config", allow_abbrev=False,
                          help="show the submit options merged from profiles, and where each came from")
     cfg.add_argument("action", choices=["show", "profiles"], help="show: the merged options and their origins; "
@@ -168,6 +191,9 @@ def _parser(profiles: bool = False) -> Any:
     cn = sub.add_parser("cancel", allow_abbrev=False, help="cancel a job (scancel / qdel)")
     cn.add_argument("job")
 
+
+def _add_tools(sub: Any, run_options: bool) -> None:
+    """dev-cluster, run (its options only with ``run_options``) and completion."""
     dc = sub.add_parser("dev-cluster", allow_abbrev=False,
                         help="a real multi-node Slurm on this machine, to try jobs before the shared cluster "
                              "(root and Debian's slurmctld/slurmd/slurm-client)")
@@ -183,21 +209,24 @@ def _parser(profiles: bool = False) -> Any:
                     help="each node its own address on a private bridge, in network namespaces (SUBNET: a "
                          "private /24 to use; default: a free one of 10.213.0.0/16); clients in DIR/bin")
 
-    import os
-
-    from .app.run import add_run_options
-
     r = sub.add_parser("run", allow_abbrev=False, help="torchrun's flags, without a scheduler: start this "
                        "node's ranks (swap `torchrun` or `python -m torch.distributed.launch` for `slurmlaunch run`)")
-    add_run_options(r, os.environ)
+    if run_options:
+        from .app.run import add_run_options
+
+        add_run_options(r, os.environ)
 
     comp = sub.add_parser("completion", allow_abbrev=False, help="print a shell completion script")
     comp.add_argument("shell", choices=["bash", "zsh", "fish"])
+
+
+def _add_examples(top: Any, sub: Any) -> None:
+    import argparse
+
     for name, p in [("slurmlaunch", top), *sub.choices.items()]:
         if name in EXAMPLES:
             p.epilog = "examples:\n" + "\n".join("  " + line for line in EXAMPLES[name])
             p.formatter_class = argparse.RawDescriptionHelpFormatter
-    return top
 
 
 EXAMPLES = {
@@ -228,7 +257,7 @@ EXAMPLES = {
 
 
 def _dispatch(args: list[str]) -> int:
-    ns = _parser(profiles=args[:1] == ["submit"]).parse_args(args)
+    ns = _parser(profiles=args[:1] == ["submit"], command=args[0] if args else None).parse_args(args)
     if ns.command == "launch":  # only reached with no arguments at all
         from .allocation.launch import main as launch_main
 

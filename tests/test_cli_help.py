@@ -77,3 +77,14 @@ def test_config_profiles_lists_names(tmp_path: Path) -> None:
     (tmp_path / "slurmlaunch.toml").write_text("[profiles.b]\n[profiles.a]\n")
     r = run_cli("config", "profiles", env=no_slurm_env(tmp_path), cwd=tmp_path)
     assert r.returncode == 0 and r.stdout == "a\naurora\nb\ngadi\ngadi-gpuvolta\npolaris\ntorque\n"  # + shipped
+
+
+def test_submit_builds_run_options_only_for_run() -> None:
+    """`submit` parses only its own options: `run`'s module (and its network helpers) is not imported."""
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "slurmlaunch", "submit", "--help"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "usage: slurmlaunch submit" in r.stdout
+    assert "slurmlaunch.app.run" not in r.stderr
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "slurmlaunch", "run", "--help"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "slurmlaunch.app.run" in r.stderr and "--nproc-per-node" in r.stdout

@@ -9,7 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from slurmlaunch.allocation.torch_helpers import _compress
+import pytest
+
+from slurmlaunch.allocation.torch_helpers import _compress, _select_device
+from slurmlaunch.core.errors import SlurmLaunchError
 from tests.helpers import clean_env, run_cli
 
 SCRIPT = """
@@ -24,6 +27,11 @@ dist.destroy_process_group()
 
 def test_compress() -> None:
     assert _compress([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and _compress([3]) == "3" and _compress([]) == ""
+
+
+def test_a_bad_device_index_is_one_line(torch_available: None) -> None:
+    with pytest.raises(SlurmLaunchError, match=re.escape("SLURMLAUNCH_LOCAL_DEVICE='gpu0' is not valid")):
+        _select_device({"SLURMLAUNCH_LOCAL_DEVICE": "gpu0", "LOCAL_RANK": "0"})
 
 
 def test_helper_world_of_three(torch_available: None, tmp_path: Path) -> None:

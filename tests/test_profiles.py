@@ -146,3 +146,37 @@ def test_profile_on_the_real_cluster(cluster_env: dict[str, str], tmp_path: Path
     job = r.stdout.splitlines()[0]
     assert (tmp_path / f"slurmlaunch-logs/job-{job}.rank-0.log").read_text() == "node1 yes x y\n"
     assert "--partition=first" in (tmp_path / f"slurmlaunch-logs/job-{job}.sbatch").read_text()
+
+
+def test_the_option_table_is_the_submit_parsers_one_definition() -> None:
+    """Every option of `submit` (CLI, config show, the API's profiles) is a record of SUBMIT_OPTIONS, and
+    profiles' table is read from it: the same flags, defaults, choices and bounds."""
+    import argparse
+
+    from slurmlaunch.app import profiles
+    from slurmlaunch.app.options import SUBMIT_OPTIONS, add_submit_options
+    from slurmlaunch.core.limits import Count
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_submit_options(parser)
+    records = {o.dest: o for _, group in SUBMIT_OPTIONS for o in group}
+    actions = {a.dest: a for a in parser._actions if a.option_strings}
+    assert set(records) == set(actions)
+    for dest, record in records.items():
+        action = actions[dest]
+        assert tuple(action.option_strings[:len(record.flags)]) == record.flags
+        assert action.choices == (list(record.choices) if record.choices else None)
+        assert action.type is record.type
+    table = profiles.option_table(parser)
+    assert set(table) == set(records) - profiles.NOT_IN_PROFILES - set(profiles.CHANGES_WHAT_RUNS)
+    for dest, opt in table.items():
+        record = records[dest]
+        assert opt.flag == record.flag
+        default = list(record.default) if isinstance(record.default, tuple) else record.default
+        assert opt.builtin == (default if default is not None or opt.kind != "bool" else False)
+        if isinstance(record.type, Count):
+            assert opt.bounds == (record.type.minimum, record.type.maximum)
+    # a fresh list per parser: one parser's defaults never leak into another's
+    again = argparse.ArgumentParser(add_help=False)
+    add_submit_options(again)
+    assert again.get_default("env") == [] and again.get_default("env") is not parser.get_default("env")

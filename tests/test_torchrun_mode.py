@@ -9,6 +9,7 @@ import pytest
 
 from slurmlaunch.allocation.torchrun_mode import RELAY, parse, torchrun_command
 from slurmlaunch.core.errors import SlurmLaunchError, SpecError
+from slurmlaunch.core.rdzv import parse_rendezvous_timeout
 from slurmlaunch.core.spec import JobSpec, parse_nodes, validate
 from tests.helpers import EXAMPLES, assert_refused, no_slurm_env, run_cli, teardown_abort_only
 
@@ -56,6 +57,40 @@ def test_other_nodes_connect_and_given_values_win() -> None:
     assert "--rdzv-conf=is_host=0,join_timeout=60" in cmd and "--rdzv-endpoint=10.0.0.7:29500" in cmd
     assert "--nnodes=1:2" in cmd
     assert cmd[-2:] == ["-m", "pkg.train"] and extra == {}
+
+
+@pytest.mark.parametrize(("value", "conf"), [
+    (None, "is_host=1"), ("", "is_host=1"), ("0", "is_host=1"), ("60", "is_host=1,join_timeout=60"),
+    ("1e3", "is_host=1,join_timeout=1000"), (" 90.5 ", "is_host=1,join_timeout=90.5"),
+])
+def test_rdzv_timeout_is_read_as_the_launcher_reads_it(value: str | None, conf: str) -> None:
+    env = dict(STEP) if value is None else dict(STEP, SLURMLAUNCH_RDZV_TIMEOUT=value)
+    cmd, _ = command(env, "--nproc-per-node=1", "t.py")
+    assert f"--rdzv-conf={conf}" in cmd
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "²"])
+def test_a_bad_rdzv_timeout_is_the_launchers_one_line_error(value: str) -> None:
+    with pytest.raises(SlurmLaunchError) as caught:
+        command(dict(STEP, SLURMLAUNCH_RDZV_TIMEOUT=value), "--nproc-per-node=1", "t.py")
+    with pytest.raises(SlurmLaunchError) as launcher:
+        parse_rendezvous_timeout(value)
+    assert str(caught.value) == str(launcher.value)
+
+
+def test_a_bad_rdzv_timeout_at_the_cli_is_one_line_exit_2(tmp_path: Path) -> None:
+    env = dict(no_slurm_env(tmp_path), **STEP, SLURMLAUNCH_RDZV_TIMEOUT="soon")
+    r = run_cli("torchrun-node", "--nproc-per-node=1", "t.py", env=env)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == "slurmlaunch: error: SLURMLAUNCH_RDZV_TIMEOUT='soon' is not valid (expected seconds >= 0; " \
+                       "0 = off)\n"
+
+
+@pytest.mark.parametrize(("var", "value"), [("MASTER_PORT", "70000"), ("MASTER_PORT", "http"),
+                                            ("SLURM_JOB_ID", "12x"), ("SLURM_STEP_ID", "-1")])
+def test_step_variables_are_read_as_the_launcher_reads_them(var: str, value: str) -> None:
+    with pytest.raises(SlurmLaunchError, match=re.escape(var)):
+        command(dict(STEP, **{var: value}), "--nproc-per-node=1", "t.py")
 
 
 @pytest.mark.parametrize(("argv", "expect"), [

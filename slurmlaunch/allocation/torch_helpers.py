@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from ..core.envvars import first_set, int_var
 from ..core.errors import SlurmLaunchError
 from ..core.rdzv import RDZV_TIMEOUT_VAR, parse_rendezvous_timeout
 from .net import wait_listening
@@ -63,33 +65,53 @@ def init_process_group(backend: str | None = None, *, rendezvous_timeout: float 
 
     Returns the torch.device this rank should use. Other keyword arguments go to init_process_group.
     """
-    import torch
     import torch.distributed as dist
 
     env = os.environ
+    rank, world, addr, port = _placement(env)
+    device = _select_device(env)
+    backend = backend or {"cuda": "nccl", "xpu": "xccl"}.get(device.type, "gloo")
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        dist.init_process_group(backend, **kwargs)
+        return device
+    # 0 means no bound, as for the launcher's watchdog (a deadline of now would fail every rank at once)
+    store = _rendezvous(rank, world, addr, port, rendezvous_timeout_s(rendezvous_timeout) or 1e9)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, **kwargs)
+    return device
+
+
+def _placement(env: Mapping[str, str]) -> tuple[int, int, str, int]:
+    """(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); one line when one is missing or not a number."""
     try:
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
         addr, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
     except (KeyError, ValueError) as e:
         raise SlurmLaunchError(f"init_process_group: {e} is missing or invalid: start this script with "
                                f"slurmlaunch (or torchrun)") from None
-    index = int(env.get("SLURMLAUNCH_LOCAL_DEVICE", env.get("LOCAL_RANK", "0")))
+    return rank, world, addr, port
+
+
+def _select_device(env: Mapping[str, str]) -> Any:
+    """The rank's torch.device (GPU SLURMLAUNCH_LOCAL_DEVICE, else LOCAL_RANK), made the current one."""
+    import torch
+
+    # read as the launcher reads variables (core.envvars): a bad value is one line naming it
+    name, text = first_set(env, "SLURMLAUNCH_LOCAL_DEVICE", "LOCAL_RANK") or ("LOCAL_RANK", "0")
+    index = int_var(name, text)
     xpu = getattr(torch, "xpu", None)  # Intel GPUs (Level Zero), e.g. ALCF Aurora
     if torch.cuda.is_available():
         torch.cuda.set_device(index)
-        device = torch.device("cuda", index)
-    elif xpu is not None and xpu.is_available():
+        return torch.device("cuda", index)
+    if xpu is not None and xpu.is_available():
         xpu.set_device(index)
-        device = torch.device("xpu", index)
-    else:
-        device = torch.device("cpu")
-    backend = backend or {"cuda": "nccl", "xpu": "xccl"}.get(device.type, "gloo")
-    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        dist.init_process_group(backend, **kwargs)
-        return device
+        return torch.device("xpu", index)
+    return torch.device("cpu")
 
-    # 0 means no bound, as for the launcher's watchdog (a deadline of now would fail every rank at once)
-    limit = rendezvous_timeout_s(rendezvous_timeout) or 1e9
+
+def _rendezvous(rank: int, world: int, addr: str, port: int, limit: float) -> Any:
+    """The TCPStore every rank has checked in to within ``limit`` seconds; rank 0 names the missing ones."""
+    import torch.distributed as dist
+
     deadline = time.monotonic() + limit
     store_timeout = timedelta(seconds=max(limit, 1.0))
     if rank == 0:
@@ -108,5 +130,4 @@ def init_process_group(backend: str | None = None, *, rendezvous_timeout: float 
                 f"rank 0: rendezvous timed out after {limit:.0f}s at {addr}:{port}: {world - len(missing)} of "
                 f"{world} ranks arrived; missing rank(s) {_compress(missing)}"
             ) from None
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, **kwargs)
-    return device
+    return store

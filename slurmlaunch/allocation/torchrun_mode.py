@@ -18,10 +18,11 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 
-from ..core.detect import derive_port
-from ..core.errors import EnvironmentMappingError, SlurmLaunchError
+from ..core.envvars import derive_port, first_set, int_var, master_from
+from ..core.errors import SlurmLaunchError
 from ..core.hostlist import first_host
-from ..core.limits import MAX_JOB_ID, bounded_int, parse_count
+from ..core.limits import MAX_JOB_ID, bounded_int
+from ..core.rdzv import RDZV_TIMEOUT_VAR, parse_rendezvous_timeout
 from .launch import RETURNED_DIR, python_argv
 
 USAGE = """usage: slurmlaunch torchrun-node --nproc-per-node N [--nnodes N|MIN:MAX] [--max-restarts N]
@@ -170,28 +171,48 @@ def parse(argv: Sequence[str]) -> tuple[dict[str, str], list[str], list[str]]:
     return values, flags, list(argv[i:])
 
 
-def torchrun_command(env: Mapping[str, str], values: Mapping[str, str], flags: Sequence[str],
-                     script: Sequence[str], python: str) -> tuple[list[str], dict[str, str]]:
-    """(the torchrun argv, variables to add). Reads the step's variables from ``env``."""
-    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if not job or not nodelist:
+def _step_nodelist(env: Mapping[str, str]) -> str | None:
+    return env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+
+
+def _is_first_node(env: Mapping[str, str], head: str) -> bool:
+    """This node is the step's first: by SLURMD_NODENAME when set, else SLURM_NODEID (0)."""
+    me = env.get("SLURMD_NODENAME")
+    return me == head if me else env.get("SLURM_NODEID", "0") == "0"
+
+
+def rendezvous_conf(env: Mapping[str, str], is_host: bool) -> str:
+    """torchrun's --rdzv-conf: is_host, and SLURMLAUNCH_RDZV_TIMEOUT (--rdzv-timeout) as join_timeout when it
+    is set and not 0 (unset: torchrun's own default). The variable is read as the launcher reads it
+    (core.rdzv): a bad value is the same one-line error."""
+    conf = f"is_host={int(is_host)}"
+    text = env.get(RDZV_TIMEOUT_VAR)
+    if text is not None and text.strip():
+        timeout = parse_rendezvous_timeout(text)
+        if timeout > 0:
+            conf += f",join_timeout={timeout:g}"
+    return conf
+
+
+def _endpoint(env: Mapping[str, str]) -> tuple[str, str, str, int]:
+    """(job id, the step's first node, rendezvous host, port) from the step's variables, each read as the
+    launcher reads it (core.envvars): a bad SLURM_JOB_ID, SLURM_STEP_ID or MASTER_PORT is one line."""
+    job = first_set(env, "SLURM_JOB_ID", "SLURM_JOBID")
+    nodelist = _step_nodelist(env)
+    if job is None or not nodelist:
         raise SlurmLaunchError("torchrun-node: not inside a Slurm step (SLURM_JOB_ID and SLURM_STEP_NODELIST "
                                "are unset); it is what `slurmlaunch submit --mode torchrun` runs on each node")
-    job_name = "SLURM_JOB_ID" if env.get("SLURM_JOB_ID") else "SLURM_JOBID"
-    job_id = parse_count(job_name, job, 0, MAX_JOB_ID, sep="=", error=EnvironmentMappingError)
-    step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "0"
+    step = first_set(env, "SLURM_STEP_ID", "SLURM_STEPID")
+    step_id = int_var(*step) if step else 0
     head = first_host(nodelist)
-    host = env.get("MASTER_ADDR") or head
-    port = env.get("MASTER_PORT") or str(derive_port(job_id, bounded_int(step, MAX_JOB_ID) or 0))
-    me = env.get("SLURMD_NODENAME")
-    is_host = me == head if me else env.get("SLURM_NODEID", "0") == "0"
-    conf = f"is_host={int(is_host)}"
-    timeout = env.get("SLURMLAUNCH_RDZV_TIMEOUT", "")
-    # --rdzv-timeout: how long nodes wait (ASCII digits only: '²'.isdigit() is true, and float() refuses it)
-    if re.fullmatch(r"[0-9]+(\.[0-9]*)?", timeout) and float(timeout) > 0:
-        conf += f",join_timeout={float(timeout):g}"
-    nnodes = values.get("nnodes") or env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    host, port, _ = master_from(env, head, "", derive_port(int_var(*job), step_id), "")
+    return job[1], head, host, port
+
+
+def _worker_command(env: Mapping[str, str], nproc: str, flags: Sequence[str], script: Sequence[str],
+                    python: str) -> tuple[list[str], list[str]]:
+    """(flags, script) as torchrun should start each worker: the legacy --local-rank argument, the launcher's
+    RUNNER (marks "the script returned"), the line relay when several workers share the node."""
     if "--legacy-local-rank-arg" in flags:
         # right after SCRIPT, where torch.distributed.launch put it; torchrun puts each worker's local rank
         # in place of the macro (torch.distributed.elastic.utils.macros)
@@ -202,7 +223,7 @@ def torchrun_command(env: Mapping[str, str], values: Mapping[str, str], flags: S
         # itself only when it runs Python)
         script = [*python_argv(python, "-m" in flags, script[0], env), *script[1:]]
         flags = ["--no-python"]
-    if (bounded_int(values["nproc-per-node"], MAX_JOB_ID) or 0) > 1:
+    if (bounded_int(nproc, MAX_JOB_ID) or 0) > 1:
         # several workers share this node's output: each through the line relay (see RELAY)
         if "--no-python" in flags:
             # the interpreter's options first (RUNNER's command): RELAY puts the interpreter back in front
@@ -211,10 +232,11 @@ def torchrun_command(env: Mapping[str, str], values: Mapping[str, str], flags: S
             inner = [*python_argv(python, "-m" in flags, script[0], {})[1:], *script[1:]]
         script = [python, "-c", RELAY, *inner]
         flags = ["--no-python"]
-    argv = [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
-            f"--nproc-per-node={values['nproc-per-node']}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={host}:{port}", f"--rdzv-id={job}", f"--rdzv-conf={conf}",
-            f"--max-restarts={values.get('max-restarts', '0')}", *flags, *script]
+    return list(flags), list(script)
+
+
+def _extra_env(env: Mapping[str, str], values: Mapping[str, str]) -> dict[str, str]:
+    """The variables torchrun_command adds: PET_SIGNALS_TO_HANDLE with the warning signal, OMP_NUM_THREADS."""
     extra: dict[str, str] = {}
     signame = values.get("forward-signal")
     if signame:
@@ -232,16 +254,30 @@ def torchrun_command(env: Mapping[str, str], values: Mapping[str, str], flags: S
             extra["OMP_NUM_THREADS"] = str(max(1, cpus // nproc))
         elif nproc > 1:
             extra["OMP_NUM_THREADS"] = "1"
-    return argv, extra
+    return extra
+
+
+def torchrun_command(env: Mapping[str, str], values: Mapping[str, str], flags: Sequence[str],
+                     script: Sequence[str], python: str) -> tuple[list[str], dict[str, str]]:
+    """(the torchrun argv, variables to add). Reads the step's variables from ``env``: SLURM_JOB_ID >
+    SLURM_JOBID; SLURM_STEP_NODELIST > SLURM_JOB_NODELIST > SLURM_NODELIST; SLURM_STEP_ID > SLURM_STEPID;
+    MASTER_ADDR, MASTER_PORT; SLURMD_NODENAME, SLURM_NODEID; SLURMLAUNCH_RDZV_TIMEOUT; SLURM_STEP_NUM_NODES >
+    SLURM_NNODES (without --nnodes); SLURM_CPUS_PER_TASK, OMP_NUM_THREADS, PET_SIGNALS_TO_HANDLE."""
+    job, head, host, port = _endpoint(env)
+    conf = rendezvous_conf(env, _is_first_node(env, head))
+    nnodes = values.get("nnodes") or env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    flags, script = _worker_command(env, values["nproc-per-node"], flags, script, python)
+    argv = [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
+            f"--nproc-per-node={values['nproc-per-node']}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={host}:{port}", f"--rdzv-id={job}", f"--rdzv-conf={conf}",
+            f"--max-restarts={values.get('max-restarts', '0')}", *flags, *script]
+    return argv, _extra_env(env, values)
 
 
 def omp_note(env: Mapping[str, str], values: Mapping[str, str], extra: Mapping[str, str]) -> str | None:
     """The line the first node prints when OMP_NUM_THREADS=1 came from the several-workers rule (``extra``:
     torchrun_command's); None on the other nodes and otherwise."""
-    head = first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-                      or "")
-    me = env.get("SLURMD_NODENAME")
-    first = me == head if me else env.get("SLURM_NODEID", "0") == "0"
+    first = _is_first_node(env, first_host(_step_nodelist(env) or ""))
     if not first or extra.get("OMP_NUM_THREADS") != "1" or "SLURM_CPUS_PER_TASK" in env:
         return None
     return (f"OMP_NUM_THREADS=1 for every rank ({values['nproc-per-node']} ranks share a node and neither "

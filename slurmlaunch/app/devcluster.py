@@ -137,15 +137,37 @@ def start_accounting(root: Path, conf: Path, dbd_port: int, timeout: float, insi
 
 def write_config(root: Path, nodes: int, gpus: int, cpus: int, accounting: bool = False,
                  net: Network | None = None, first_job_id: int = 1) -> Path:
+    """slurm.conf, gres.conf (with /dev/null stand-ins for the fake GPUs) and the cluster's hosts file in
+    ``root``; returns slurm.conf's path."""
     for sub in ("state", "spool", "log", "dev"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     # Loopback: every daemon shares this machine's ports, so find free ones. Netns: each has its own
     # address in namespaces nothing else uses, so Slurm's usual ports (ctld 6817, slurmd 6818, dbd 6819).
     base = 6817 if net else _free_port_block(nodes + 2)
-    dbd_port = base + 2 if net else base + nodes + 1
     names = [f"node{i}" for i in range(1, nodes + 1)]
     host = socket.gethostname()
-    lines = [
+    lines = _controller_lines(root, host, base, accounting, net, nodes, first_job_id)
+    for i, name in enumerate(names, start=1):
+        lines.append(
+            f"NodeName={name} NodeAddr={net.node_addr(i) if net else '127.0.0.1'} "
+            f"Port={base + 1 if net else base + i} CPUs={cpus} RealMemory=4000"
+            + (f" Gres=gpu:{gpus}" if gpus else "")
+            + " State=UNKNOWN"
+        )
+    lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+    lines.append(f"PartitionName=first Nodes={names[0]} MaxTime=30 State=UP")  # a second one, for profiles
+    conf = root / "slurm.conf"
+    conf.write_text("\n".join(lines) + "\n")
+    _write_gres(root, nodes, gpus)
+    (root / "hosts").write_text(_hosts_text(names, host, net))
+    return conf
+
+
+def _controller_lines(root: Path, host: str, base: int, accounting: bool, net: Network | None,
+                      nodes: int, first_job_id: int = 1) -> list[str]:
+    """slurm.conf's lines before the nodes: the controller, its files, plugins and the quick timings."""
+    dbd_port = base + 2 if net else base + nodes + 1
+    return [
         "ClusterName=sltest",
         f"FirstJobId={first_job_id}",
         f"SlurmctldHost={host}({net.hub_addr if net else '127.0.0.1'})",
@@ -179,17 +201,9 @@ def write_config(root: Path, nodes: int, gpus: int, cpus: int, accounting: bool 
         "MpiDefault=none",
         "InactiveLimit=0",
     ]
-    for i, name in enumerate(names, start=1):
-        lines.append(
-            f"NodeName={name} NodeAddr={net.node_addr(i) if net else '127.0.0.1'} "
-            f"Port={base + 1 if net else base + i} CPUs={cpus} RealMemory=4000"
-            + (f" Gres=gpu:{gpus}" if gpus else "")
-            + " State=UNKNOWN"
-        )
-    lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
-    lines.append(f"PartitionName=first Nodes={names[0]} MaxTime=30 State=UP")  # a second one, for profiles
-    conf = root / "slurm.conf"
-    conf.write_text("\n".join(lines) + "\n")
+
+
+def _write_gres(root: Path, nodes: int, gpus: int) -> None:
     # Slurm drops GPUs without device files (the node goes INVAL): fake them with /dev/null links.
     for g in range(gpus):
         link = root / "dev" / f"nvidia{g}"
@@ -199,14 +213,15 @@ def write_config(root: Path, nodes: int, gpus: int, cpus: int, accounting: bool 
     if gpus:
         gres.append(f"NodeName=node[1-{nodes}] Name=gpu File={root}/dev/nvidia[0-{gpus - 1}]")
     (root / "gres.conf").write_text("\n".join(gres) + "\n")
+
+
+def _hosts_text(names: list[str], host: str, net: Network | None) -> str:
+    """The cluster's /etc/hosts: every node on its own address (netns), or all on 127.0.0.1."""
     if net:
-        hosts = (f"127.0.0.1 localhost\n{net.hub_addr} {host}\n"
-                 + "".join(f"{net.node_addr(i)} {name}\n" for i, name in enumerate(names, start=1))
-                 + "::1 localhost ip6-localhost\n")
-    else:
-        hosts = "127.0.0.1 localhost " + " ".join(names) + f" {host}\n::1 localhost ip6-localhost\n"
-    (root / "hosts").write_text(hosts)
-    return conf
+        return (f"127.0.0.1 localhost\n{net.hub_addr} {host}\n"
+                + "".join(f"{net.node_addr(i)} {name}\n" for i, name in enumerate(names, start=1))
+                + "::1 localhost ip6-localhost\n")
+    return "127.0.0.1 localhost " + " ".join(names) + f" {host}\n::1 localhost ip6-localhost\n"
 
 
 # ---- the networked mode: namespaces, a bridge, and a record of what was made ----
@@ -436,9 +451,8 @@ def up(root: Path, nodes: int = 4, gpus: int = 4, cpus: int = 8, timeout: float 
        first_job_id: int = 1) -> dict[str, str]:
     """Start (MariaDB and slurmdbd with ``accounting``,) slurmctld and `nodes` slurmd, with ``netns`` each
     node on its own address of a private network (``subnet``, or a free /24 of 10.213.0.0/16); return the
-    environment variables a client needs. ``first_job_id``: where the job ids start (FirstJobId), so that
-    clusters running side by side give distinct ids. After a failure, `down(root)` removes what was started
-    and made."""
+    environment variables a client needs; job ids start at ``first_job_id`` (clusters side by side apart).
+    After a failure, `down(root)` removes what was started and made."""
     why = missing_requirements(netns) or (accounting_missing() if accounting else None)
     if why:
         raise DevClusterError(why)

@@ -19,7 +19,7 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,55 +162,82 @@ def _convert(opt: Option, value: Any, where: str) -> Any:
         return SpecError(f"{where}: {opt.flag.lstrip('-')} = {shown_value(value)} is not valid (expected "
                          f"{expected})")
 
-    def in_bounds(number: float) -> bool:
-        return opt.bounds is None or opt.bounds[0] <= number <= opt.bounds[1]  # False for nan
+    convert = _CONVERTERS.get(opt.kind, _string)
+    return convert(opt, value, bad, where)
 
-    if opt.kind == "bool":
-        if not isinstance(value, bool):
-            raise bad("true or false")
-        return value
-    if opt.kind == "nodes":
-        if isinstance(value, bool) or not isinstance(value, (int, str)) or \
-                (isinstance(value, str) and not re.fullmatch(r"\d+(:\d+)?", value)):
-            raise bad("a number of nodes, or \"MIN:MAX\" for --mode torchrun")
-        return value
-    if opt.kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int) or not in_bounds(value):
-            raise bad("an integer" + (f" {opt.bounds[0]}..{opt.bounds[1]}" if opt.bounds else ""))
-        return value
-    if opt.kind == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not in_bounds(value):
-            raise bad("a number" + (f" {opt.bounds[0]}..{opt.bounds[1]}" if opt.bounds else ""))
-        return float(value)
-    if opt.kind == "list":
-        items = [value] if isinstance(value, str) else value
-        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            raise bad("a string or a list of strings")
-        return list(items)
-    if opt.kind == "env":
-        from ..core.spec import ENV_KEY
 
-        if isinstance(value, dict):
-            out = []
-            for k, v in value.items():
-                if isinstance(v, bool) or not isinstance(v, (str, int, float)):
-                    raise bad("a table of strings, e.g. env = { NCCL_DEBUG = \"WARN\" }")
-                out.append(f"{k}={v}")
-        elif isinstance(value, list) and all(isinstance(i, str) for i in value):
-            out = list(value)
-        else:
-            raise bad("a table of strings, e.g. env = { NCCL_DEBUG = \"WARN\" }")
-        for item in out:  # checked here, so that the error names this file and table
-            key, eq, _ = item.partition("=")
-            if not eq or not ENV_KEY.fullmatch(key):
-                raise SpecError(f"{where}: env key {shown(key)} is not valid (expected a shell variable name "
-                                f"such as NCCL_DEBUG)")
-        return out
+Bad = Callable[[str], SpecError]
+
+
+def _bool(opt: Option, value: Any, bad: Bad, where: str) -> Any:
+    if not isinstance(value, bool):
+        raise bad("true or false")
+    return value
+
+
+def _nodes(opt: Option, value: Any, bad: Bad, where: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or \
+            (isinstance(value, str) and not re.fullmatch(r"\d+(:\d+)?", value)):
+        raise bad("a number of nodes, or \"MIN:MAX\" for --mode torchrun")
+    return value
+
+
+def _in_bounds(opt: Option, number: float) -> bool:
+    return opt.bounds is None or opt.bounds[0] <= number <= opt.bounds[1]  # False for nan
+
+
+def _int(opt: Option, value: Any, bad: Bad, where: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int) or not _in_bounds(opt, value):
+        raise bad("an integer" + (f" {opt.bounds[0]}..{opt.bounds[1]}" if opt.bounds else ""))
+    return value
+
+
+def _float(opt: Option, value: Any, bad: Bad, where: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _in_bounds(opt, value):
+        raise bad("a number" + (f" {opt.bounds[0]}..{opt.bounds[1]}" if opt.bounds else ""))
+    return float(value)
+
+
+def _list(opt: Option, value: Any, bad: Bad, where: str) -> Any:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise bad("a string or a list of strings")
+    return list(items)
+
+
+def _env(opt: Option, value: Any, bad: Bad, where: str) -> Any:
+    from ..core.spec import ENV_KEY
+
+    if isinstance(value, dict):
+        out = []
+        for k, v in value.items():
+            if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+                raise bad("a table of strings, e.g. env = { NCCL_DEBUG = \"WARN\" }")
+            out.append(f"{k}={v}")
+    elif isinstance(value, list) and all(isinstance(i, str) for i in value):
+        out = list(value)
+    else:
+        raise bad("a table of strings, e.g. env = { NCCL_DEBUG = \"WARN\" }")
+    for item in out:  # checked here, so that the error names this file and table
+        key, eq, _ = item.partition("=")
+        if not eq or not ENV_KEY.fullmatch(key):
+            raise SpecError(f"{where}: env key {shown(key)} is not valid (expected a shell variable name "
+                            f"such as NCCL_DEBUG)")
+    return out
+
+
+def _string(opt: Option, value: Any, bad: Bad, where: str) -> Any:
     if not isinstance(value, str):
         raise bad("a string")
     if opt.choices and value not in opt.choices:
         raise bad("one of " + ", ".join(opt.choices))
     return value
+
+
+# Option.kind -> the check of a TOML value (any other kind: a string, from the choices if there are any)
+_CONVERTERS: dict[str, Callable[[Option, Any, Bad, str], Any]] = {
+    "bool": _bool, "nodes": _nodes, "int": _int, "float": _float, "list": _list, "env": _env,
+}
 
 
 @dataclass
@@ -238,6 +265,29 @@ def _layers(files: list[tuple[Path, dict[str, Any]]], profile: str | None) -> li
 def resolve(ns: argparse.Namespace, table: Mapping[str, Option], environ: Mapping[str, str],
             cwd: str) -> Resolved:
     """Merge built-in defaults, the config files and the command line (``ns``, None = not given)."""
+    files, profile = _files_and_profile(ns, environ, cwd)
+    values = {dest: (list(o.builtin) if isinstance(o.builtin, list) else o.builtin) for dest, o in table.items()}
+    origins = {dest: BUILTIN for dest in table}
+    by_name = {o.flag.lstrip("-"): o for o in table.values()} | {dest: o for dest, o in table.items()}
+    for where, path, layer in _layers(files, profile):
+        for key, raw in layer.items():
+            opt = _option_named(key, raw, by_name, table, where)
+            value = _convert(opt, raw, where)
+            if opt.dest in FILE_RELATIVE:
+                value = str(path.parent / os.path.expanduser(value))
+            if opt.kind in ("list", "env") and origins[opt.dest] != BUILTIN:
+                values[opt.dest] = values[opt.dest] + value
+                origins[opt.dest] += " + " + where
+            else:
+                values[opt.dest], origins[opt.dest] = value, where
+    _add_command_line(ns, table, values, origins)
+    return Resolved(values, origins, profile, [p for p, _ in files])
+
+
+def _files_and_profile(ns: argparse.Namespace, environ: Mapping[str, str],
+                       cwd: str) -> tuple[list[tuple[Path, dict[str, Any]]], str | None]:
+    """The config files that exist (the shipped ones holding the chosen profile first) and the profile:
+    --profile, else $SLURMLAUNCH_PROFILE, else the last file's ``profile =``."""
     files: list[tuple[Path, dict[str, Any]]] = []
     user = user_config_path(environ)
     if user.is_file() or environ.get("SLURMLAUNCH_CONFIG"):
@@ -256,28 +306,27 @@ def resolve(ns: argparse.Namespace, table: Mapping[str, Option], environ: Mappin
     if profile is not None and not files:
         raise SpecError(f"profile {profile!r} not found: no config file ({user} or {PROJECT_FILE} in "
                         f"{cwd} or above)")
-    values = {dest: (list(o.builtin) if isinstance(o.builtin, list) else o.builtin) for dest, o in table.items()}
-    origins = {dest: BUILTIN for dest in table}
-    by_name = {o.flag.lstrip("-"): o for o in table.values()} | {dest: o for dest, o in table.items()}
-    for where, path, layer in _layers(files, profile):
-        for key, raw in layer.items():
-            opt = by_name.get(key)
-            refused = CHANGES_WHAT_RUNS.get(key.replace("-", "_"))
-            if opt is None and refused is not None:
-                as_toml = str(raw).lower() if isinstance(raw, bool) else shown_value(raw)
-                raise SpecError(f"{where}: {key} = {as_toml} is not taken from config files (it changes what "
-                                f"SCRIPT is for every submission; give {refused} on the command line)")
-            if opt is None:
-                raise SpecError(f"{where}: unknown option {key!r} (valid: "
-                                f"{', '.join(sorted(o.flag.lstrip('-') for o in table.values()))})")
-            value = _convert(opt, raw, where)
-            if opt.dest in FILE_RELATIVE:
-                value = str(path.parent / os.path.expanduser(value))
-            if opt.kind in ("list", "env") and origins[opt.dest] != BUILTIN:
-                values[opt.dest] = values[opt.dest] + value
-                origins[opt.dest] += " + " + where
-            else:
-                values[opt.dest], origins[opt.dest] = value, where
+    return files, profile
+
+
+def _option_named(key: str, raw: Any, by_name: Mapping[str, Option], table: Mapping[str, Option],
+                  where: str) -> Option:
+    """The option a file's key names; SpecError for an unknown key and for one that changes what SCRIPT is."""
+    opt = by_name.get(key)
+    if opt is not None:
+        return opt
+    refused = CHANGES_WHAT_RUNS.get(key.replace("-", "_"))
+    if refused is not None:
+        as_toml = str(raw).lower() if isinstance(raw, bool) else shown_value(raw)
+        raise SpecError(f"{where}: {key} = {as_toml} is not taken from config files (it changes what "
+                        f"SCRIPT is for every submission; give {refused} on the command line)")
+    raise SpecError(f"{where}: unknown option {key!r} (valid: "
+                    f"{', '.join(sorted(o.flag.lstrip('-') for o in table.values()))})")
+
+
+def _add_command_line(ns: argparse.Namespace, table: Mapping[str, Option], values: dict[str, Any],
+                      origins: dict[str, str]) -> None:
+    """The options given on the command line win; lists and env are added to the files' entries."""
     for dest, opt in table.items():
         given = getattr(ns, dest, None)
         if given is None or (opt.kind in ("list", "env") and not given):
@@ -287,7 +336,6 @@ def resolve(ns: argparse.Namespace, table: Mapping[str, Option], environ: Mappin
             origins[dest] = COMMAND_LINE if origins[dest] == BUILTIN else origins[dest] + " + " + COMMAND_LINE
         else:
             values[dest], origins[dest] = given, COMMAND_LINE
-    return Resolved(values, origins, profile, [p for p, _ in files])
 
 
 def apply(ns: argparse.Namespace, resolved: Resolved) -> argparse.Namespace:

@@ -12,13 +12,16 @@ import signal
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from ..allocation.net import all_loopback, bindable, resolve, wait_listening
 from ..allocation.net import free_port as free_port  # tests/test_hostile.py takes it from here
 from ..core.distenv import check_master_addr
 from ..core.errors import SlurmLaunchError, SpecError
 from ..core.limits import MAX_NODES, MAX_PER_NODE, Count, Seconds, bounded_int, shown
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is not imported at run time: every argparse command imports this module
+    from typing import Any
 
 DEFAULT_PORT = 29500  # torchrun's
 
@@ -194,11 +197,29 @@ def wait_for_master(addr: str, port: int, timeout: float, node_rank: int) -> Non
 
 
 def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
-    from .resolve import check_script
-
+    """`slurmlaunch run`: every refusal before anything starts, then this node's ranks under the supervisor."""
     nnodes = parse_nnodes(ns.nnodes)
     if ns.module and ns.no_python:
         raise SpecError("-m/--module and --no-python cannot be used together")
+    _choose_master(ns, nnodes)
+    _check_arguments(ns, nnodes)
+    nproc, on_cpu, note = plan_processes(str(ns.nproc), ns.cpu, environ)
+    _check_master(ns, nnodes)
+    if ns.node_rank > 0:
+        wait_for_master(ns.master_addr, ns.master_port, ns.master_timeout, ns.node_rank)
+    if ns.log_dir:  # before the note: a refusal stays the only line
+        try:
+            os.makedirs(ns.log_dir, mode=0o750, exist_ok=True)
+        except OSError as e:
+            raise SpecError(f"--log-dir {shown(ns.log_dir)} cannot be made a directory ({e.strerror})") from None
+    if note:
+        sys.stderr.write(f"slurmlaunch: {note}\n")
+    return start_ranks(ns, nnodes, nproc, on_cpu, environ)
+
+
+def _choose_master(ns: Any, nnodes: int) -> None:
+    """ns.master_addr and ns.master_port from --rdzv-endpoint HOST:PORT, or 127.0.0.1 and a free port with
+    --standalone."""
     if ns.rdzv_endpoint:
         host, _, port_text = ns.rdzv_endpoint.rpartition(":")
         port = bounded_int(port_text, 65535)
@@ -210,10 +231,16 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
         if nnodes != 1:
             raise SpecError(f"--standalone is for one node, not --nnodes {nnodes}")
         ns.master_addr, ns.master_port = "127.0.0.1", free_port()
+
+
+def _check_arguments(ns: Any, nnodes: int) -> None:
+    """The node rank, the port, SCRIPT, the master's address and --log-dir as written (no network yet)."""
     if not 0 <= ns.node_rank < nnodes:
         raise SpecError(f"--node-rank {ns.node_rank} is not valid with --nnodes {nnodes} (expected 0..{nnodes - 1})")
     if not 1 <= ns.master_port <= 65535:
         raise SpecError(f"--master-port {ns.master_port} is not valid (expected 1-65535)")
+    from .resolve import check_script
+
     check_script(ns.script, ns.module, ns.no_python, os.getcwd())
     # getaddrinfo takes '127.0.0.1\n' (inet_aton stops at the newline), and every rank would get it.
     if not ns.master_addr or any(c.isspace() or not c.isprintable() for c in ns.master_addr):
@@ -222,7 +249,10 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
     if ns.log_dir is not None and (not ns.log_dir or not ns.log_dir.isprintable()):
         raise SpecError(f"--log-dir {shown(ns.log_dir)} is not valid (expected a directory name without control "
                         f"characters such as newlines)")
-    nproc, on_cpu, note = plan_processes(str(ns.nproc), ns.cpu, environ)
+
+
+def _check_master(ns: Any, nnodes: int) -> None:
+    """The master's address resolves, is no loopback one for several nodes, and (on node 0) its port is free."""
     check_master_addr(ns.master_addr, "--rdzv-endpoint host" if ns.rdzv_endpoint else "--master-addr")
     addresses = resolve_master(ns.master_addr)
     if nnodes > 1 and all_loopback(addresses) and not ns.allow_loopback:
@@ -235,16 +265,6 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
     if ns.node_rank == 0 and not ns.standalone and bindable(ns.master_port) is not None:
         raise SpecError(f"--master-port {ns.master_port} is already in use on this machine (the master): "
                         f"choose a free port, or --standalone for a single node")
-    if ns.node_rank > 0:
-        wait_for_master(ns.master_addr, ns.master_port, ns.master_timeout, ns.node_rank)
-    if ns.log_dir:  # before the note: a refusal stays the only line
-        try:
-            os.makedirs(ns.log_dir, mode=0o750, exist_ok=True)
-        except OSError as e:
-            raise SpecError(f"--log-dir {shown(ns.log_dir)} cannot be made a directory ({e.strerror})") from None
-    if note:
-        sys.stderr.write(f"slurmlaunch: {note}\n")
-    return start_ranks(ns, nnodes, nproc, on_cpu, environ)
 
 
 def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping[str, str]) -> int:

@@ -318,6 +318,80 @@ def _report(what: str, spec: JobSpec, result: Outcome, stopped: Reason | None = 
     return failure
 
 
+def _step_ranks(spec: JobSpec, environ: Mapping[str, str], tag: str, step_job: str, extra: dict[str, str],
+                point: list[str], restarts: int) -> tuple[list[RankProcess], JobFiles]:
+    """One run's rank processes, with fresh directories for the launcher's "script returned" marks and
+    for why slurmlaunch stopped a rank."""
+    files = JobFiles(spec.log_dir, tag)
+    os.makedirs(files.returned, mode=0o750, exist_ok=True)
+    shutil.rmtree(files.reasons, ignore_errors=True)
+    os.makedirs(files.reasons, mode=0o700)
+    step_env = {**extra, RETURNED_DIR: files.returned, REASONS_DIR: files.reasons}
+    if restarts:
+        step_env["SLURM_RESTART_COUNT"] = str(restarts)
+    ranks = rank_processes(spec, step_job, environ, tag, step_env, point)
+    if restarts:  # a requeued run goes on in the same logs, as Slurm's does
+        ranks = [replace(r, log_append=True) for r in ranks]
+    return ranks, files
+
+
+def _run_once(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: tuple[int, float] | None,
+              what: str, step: tuple[str, str, dict[str, str], list[str]],
+              restarts: int) -> tuple[Outcome, str | None, bool]:
+    """One run of an element: (its outcome, the failure line, whether the ranks saved for a requeue)."""
+    tag, step_job, extra, point = step
+    _say(f"{what}: {spec.world_size} rank(s) on {spec.nodes} emulated node(s) {node_list(spec.nodes)}; "
+         f"logs in {spec.log_dir}")
+    ranks, files = _step_ranks(spec, environ, tag, step_job, extra, point, restarts)
+    result = supervise(ranks, grace=grace, time_limit=spec.time_limit_seconds, warning=warning)
+    result, stopped = stopped_first(result, files.reasons)
+    result = asked_before_abort(what, spec, result, stopped, files)
+    shutil.rmtree(files.reasons, ignore_errors=True)
+    failure = _report(what, spec, result, stopped)
+    for rank in teardown_aborts(aborted_ranks(spec, ranks, result), files.returned):
+        _say(f"{what}: {teardown_message(rank)}")
+    shutil.rmtree(files.returned, ignore_errors=True)
+    killed = sorted(r for r, number in result.signaled.items() if warning and number == warning[0])
+    if killed and warning is not None and result.interrupted_by is None:
+        _say(f"{what}: {spec.log_unit}(s) {', '.join(map(str, killed))} killed by "
+             f"{signal.Signals(warning[0]).name}, the warning signal: "
+             + warning_fix(signal.Signals(warning[0]).name.removeprefix("SIG"), spec.requeue))
+    # a rank that died of the warning signal had no handler for it and saved nothing
+    saved = warning is not None and not killed and (result.warned or result.exit_code == 128 + warning[0])
+    return result, failure, saved
+
+
+def _run_element(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: tuple[int, float] | None,
+                 what: str, step: tuple[str, str, dict[str, str], list[str]]) -> Outcome:
+    """An element's runs (again after the warning with --requeue, up to --max-requeues), its files left as
+    the batch script leaves them: the exit code and state, the failure line (for `logs --follow`, --wait)."""
+    restarts = 0
+    while True:
+        result, failure, saved = _run_once(spec, environ, grace, warning, what, step, restarts)
+        if spec.requeue and saved and result.interrupted_by is None:
+            if restarts < spec.max_requeues:
+                restarts += 1
+                _say(f"{what}: requeued (restart {restarts} of at most {spec.max_requeues})")
+                continue
+            _say(f"{what}: not requeued: already requeued {restarts} time(s) (--max-requeues "
+                 f"{spec.max_requeues})")
+        break
+    files = JobFiles(spec.log_dir, step[0])
+    write_private(files.exit_code, f"{result.exit_code}\n{end_state(result)}\n", exclusive=True)
+    if failure:
+        write_private(files.failure, f"slurmlaunch: {failure}\n", exclusive=True)
+    return result
+
+
+def _array_summary(job_id: str, steps: Sequence[tuple[str, str, dict[str, str], list[str]]],
+                   ended: Sequence[tuple[str, Outcome]]) -> None:
+    _say(f"array job {job_id}: {len(ended)} of {len(steps)} element(s) ran")
+    for tag, done in ended:
+        _say(f"  {tag}: {end_state(done)} {done.exit_code}")
+    for tag, _, _, _ in steps[len(ended):]:
+        _say(f"  {tag}: CANCELLED (not started)")
+
+
 def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple[str, Outcome]:
     """Run the job in the foreground (an array's elements one after another); returns (job id, outcome):
     an array's is its first failing element's, in index order. Like Slurm: --time stops the ranks at the
@@ -338,53 +412,11 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
     warning = _warning(spec)
     outcome: Outcome | None = None
     ended: list[tuple[str, Outcome]] = []
-    for tag, step_job, extra, point in steps:
+    for step in steps:
+        tag, point = step[0], step[3]
         what = f"array element {tag}" + (f" ({shlex.join(point)})" if point else "") if spec.is_array else \
             f"local job {job_id}"
-        restarts = 0
-        while True:
-            _say(f"{what}: {spec.world_size} rank(s) on {spec.nodes} emulated node(s) {node_list(spec.nodes)}; "
-                 f"logs in {spec.log_dir}")
-            files = JobFiles(spec.log_dir, tag)
-            returned = files.returned  # the launcher's "script returned" marks
-            os.makedirs(returned, mode=0o750, exist_ok=True)
-            reasons = files.reasons  # why slurmlaunch stopped a rank
-            shutil.rmtree(reasons, ignore_errors=True)
-            os.makedirs(reasons, mode=0o700)
-            step_env = {**extra, RETURNED_DIR: returned, REASONS_DIR: reasons}
-            if restarts:
-                step_env["SLURM_RESTART_COUNT"] = str(restarts)
-            ranks = rank_processes(spec, step_job, environ, tag, step_env, point)
-            if restarts:  # a requeued run goes on in the same logs, as Slurm's does
-                ranks = [replace(r, log_append=True) for r in ranks]
-            result = supervise(ranks, grace=grace, time_limit=spec.time_limit_seconds, warning=warning)
-            result, stopped = stopped_first(result, reasons)
-            result = asked_before_abort(what, spec, result, stopped, files)
-            shutil.rmtree(reasons, ignore_errors=True)
-            failure = _report(what, spec, result, stopped)
-            for rank in teardown_aborts(aborted_ranks(spec, ranks, result), returned):
-                _say(f"{what}: {teardown_message(rank)}")
-            shutil.rmtree(returned, ignore_errors=True)
-            killed = sorted(r for r, number in result.signaled.items() if warning and number == warning[0])
-            if killed and warning is not None and result.interrupted_by is None:
-                _say(f"{what}: {spec.log_unit}(s) {', '.join(map(str, killed))} killed by "
-                     f"{signal.Signals(warning[0]).name}, the warning signal: "
-                     + warning_fix(signal.Signals(warning[0]).name.removeprefix("SIG"), spec.requeue))
-            # a rank that died of the warning signal had no handler for it and saved nothing
-            saved = warning is not None and not killed and (result.warned or result.exit_code == 128 + warning[0])
-            if spec.requeue and saved and result.interrupted_by is None:
-                if restarts < spec.max_requeues:
-                    restarts += 1
-                    _say(f"{what}: requeued (restart {restarts} of at most {spec.max_requeues})")
-                    continue
-                _say(f"{what}: not requeued: already requeued {restarts} time(s) (--max-requeues "
-                     f"{spec.max_requeues})")
-            break
-        write_private(JobFiles(spec.log_dir, tag).exit_code,
-                      f"{result.exit_code}\n{end_state(result)}\n", exclusive=True)
-        if failure:  # as the batch script leaves it, for `logs --follow` and --wait of a job followed later
-            write_private(JobFiles(spec.log_dir, tag).failure,
-                          f"slurmlaunch: {failure}\n", exclusive=True)
+        result = _run_element(spec, environ, grace, warning, what, step)
         ended.append((tag, result))
         if outcome is None or (outcome.exit_code == 0 and result.exit_code != 0) or result.interrupted_by:
             outcome = result
@@ -392,11 +424,7 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
             break  # a stop ends the whole job, the elements not yet run included
     assert outcome is not None
     if spec.is_array:
-        _say(f"array job {job_id}: {len(ended)} of {len(steps)} element(s) ran")
-        for tag, done in ended:
-            _say(f"  {tag}: {end_state(done)} {done.exit_code}")
-        for tag, _, _, _ in steps[len(ended):]:
-            _say(f"  {tag}: CANCELLED (not started)")
+        _array_summary(job_id, steps, ended)
         write_private(JobFiles(spec.log_dir, job_id).exit_code,
                       f"{outcome.exit_code}\n{end_state(outcome)}\n", exclusive=True)
     return job_id, outcome

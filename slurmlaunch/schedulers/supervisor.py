@@ -228,6 +228,127 @@ def kill_leftovers(token: str, known: set[int], bound: float = 5.0) -> int:
     return killed
 
 
+class _Job:
+    """One :func:`supervise` run: the rank processes, their output threads and logs, what they returned, and
+    the deadlines (the warning, the time limit, SIGKILL after ``grace``)."""
+
+    def __init__(self, console: Console, grace: float) -> None:
+        self.console, self.grace = console, grace
+        self.token = os.urandom(8).hex()
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.threads: list[threading.Thread] = []
+        self.logs: list[int] = []
+        self.received: list[int] = []
+        self.stop_output = threading.Event()
+        self.codes: dict[int, int] = {}
+        self.signaled: dict[int, int] = {}
+        self.first_failed: int | None = None
+        self.stop_deadline: float | None = None
+        self.warned = self.timed_out = False
+
+    def forward(self, signum: int, _frame: object) -> None:
+        """The signal handler: a signal to the supervisor goes on to every rank still running."""
+        self.received.append(signum)
+        sent = AS_RECEIVED_BY_RANKS.get(signal.Signals(signum), signum)
+        for p in self.procs.values():
+            if p.poll() is None:
+                _signal_group(p, sent)
+
+    def start(self, r: RankProcess, prefix: bool) -> None:
+        log_fd: int | None = None
+        if r.log_path:
+            # created here, never an existing file or a planted link: no job writes into another's log
+            how = os.O_APPEND if r.log_append else os.O_CREAT | os.O_EXCL
+            log_fd = os.open(r.log_path, os.O_WRONLY | how | os.O_NOFOLLOW, 0o640)
+            self.logs.append(log_fd)
+        p = subprocess.Popen(list(r.argv), env={**r.env, TOKEN_VARIABLE: self.token}, cwd=r.cwd,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        self.procs[r.rank] = p
+        label = f"[{r.unit} {r.rank}] ".encode() if prefix else b""
+        assert p.stdout is not None
+        t = threading.Thread(target=_pump, args=(os.dup(p.stdout.fileno()), label, log_fd, self.console,
+                                                 self.stop_output), daemon=True)
+        p.stdout.close()
+        t.start()
+        self.threads.append(t)
+
+    def signal_unfinished(self, sig: int) -> None:
+        for rank, p in self.procs.items():
+            if rank not in self.codes:
+                _signal_group(p, sig)
+
+    def collect(self) -> None:
+        """Note the ranks that ended; the first to fail (not after a stop signal or the limit) stops the rest."""
+        for rank, p in self.procs.items():
+            if rank in self.codes:
+                continue
+            rc = p.poll()
+            if rc is None:
+                continue
+            self.codes[rank] = _code(rc)
+            if rc < 0:
+                self.signaled[rank] = -rc
+            if self.codes[rank] != 0 and self.first_failed is None and not _stopping(self.received) \
+                    and not self.timed_out:
+                self.first_failed = rank
+                for other, q in self.procs.items():
+                    if other not in self.codes and q.poll() is None:
+                        _signal_group(q, signal.SIGTERM)
+                self.stop_deadline = time.monotonic() + self.grace
+        if self.stop_deadline is None and _stopping(self.received):
+            self.stop_deadline = time.monotonic() + self.grace
+
+    def keep_time(self, warn_at: float | None, limit_at: float | None, warning: tuple[int, float] | None) -> None:
+        """The warning signal at ``warn_at``, SIGTERM at ``limit_at``, SIGKILL once the stop deadline passed."""
+        now = time.monotonic()
+        if warn_at is not None and not self.warned and now >= warn_at and warning is not None:
+            self.warned = True
+            self.signal_unfinished(warning[0])
+        if limit_at is not None and not self.timed_out and now >= limit_at and self.stop_deadline is None:
+            self.timed_out = True
+            self.signal_unfinished(signal.SIGTERM)
+            self.stop_deadline = now + self.grace
+        if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
+            self.signal_unfinished(signal.SIGKILL)
+
+    def end(self, subreaper: bool, known: set[int]) -> None:
+        """Nothing of the job left alive (an exception in the loop included), its output read, its logs closed."""
+        for p in self.procs.values():  # an exception above must not leave ranks behind
+            if p.poll() is None:
+                _signal_group(p, signal.SIGKILL)
+                p.wait()
+        for p in self.procs.values():  # the rank has exited; its children must not outlive it
+            _signal_group(p, signal.SIGKILL)
+        if subreaper:
+            kill_leftovers(self.token, known)
+            _set_subreaper(False)
+        deadline = time.monotonic() + DRAIN_BOUND
+        for t in self.threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.stop_output.set()  # a pipe still held open by something we could not reach: stop reading it
+        for t in self.threads:
+            t.join(timeout=0.5)
+        for fd in self.logs:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def outcome(self) -> Outcome:
+        interrupted = _stopping(self.received)
+        if self.first_failed is not None:
+            exit_code = self.codes[self.first_failed]
+        elif interrupted is not None:
+            exit_code = 128 + interrupted
+        elif self.timed_out:
+            exit_code = 128 + signal.SIGTERM
+        else:
+            exit_code = 0
+        return Outcome(exit_code, self.first_failed, self.codes, interrupted, self.console.gone, self.warned,
+                       self.timed_out, self.signaled)
+
+
 def supervise(ranks: Sequence[RankProcess], *, grace: float = 10.0, prefix: bool = True,
               out: BinaryIO | None = None, poll: float = 0.01, time_limit: float | None = None,
               warning: tuple[int, float] | None = None) -> Outcome:
@@ -237,124 +358,30 @@ def supervise(ranks: Sequence[RankProcess], *, grace: float = 10.0, prefix: bool
     As Slurm does: ``warning`` (signal, seconds) is sent to every rank that many seconds before
     ``time_limit`` (seconds from the start); at the limit the ranks get SIGTERM, then SIGKILL after
     ``grace``."""
-    console = Console(out if out is not None else sys.stdout.buffer)
-    token = os.urandom(8).hex()
+    job = _Job(Console(out if out is not None else sys.stdout.buffer), grace)
     known = set(_children())  # the caller's own children are not the job's
     subreaper = _set_subreaper(True)
-    procs: dict[int, subprocess.Popen[bytes]] = {}
-    threads: list[threading.Thread] = []
-    logs: list[int] = []
-    received: list[int] = []
-    stop_output = threading.Event()
-
-    def forward(signum: int, _frame: object) -> None:
-        received.append(signum)
-        sent = AS_RECEIVED_BY_RANKS.get(signal.Signals(signum), signum)
-        for p in procs.values():
-            if p.poll() is None:
-                _signal_group(p, sent)
-
     previous = {}
     in_main_thread = threading.current_thread() is threading.main_thread()
     if in_main_thread:
         for sig in FORWARDED:
-            previous[sig] = signal.signal(sig, forward)
-    codes: dict[int, int] = {}
-    signaled: dict[int, int] = {}
-    first_failed: int | None = None
-    stop_deadline: float | None = None
+            previous[sig] = signal.signal(sig, job.forward)
     started = time.monotonic()
     warn_at = started + max(0.0, time_limit - warning[1]) if time_limit is not None and warning else None
     limit_at = started + time_limit if time_limit is not None else None
-    warned = timed_out = False
     try:
         for r in ranks:
-            log_fd: int | None = None
-            if r.log_path:
-                # created here, never an existing file or a planted link: no job writes into another's log
-                how = os.O_APPEND if r.log_append else os.O_CREAT | os.O_EXCL
-                log_fd = os.open(r.log_path, os.O_WRONLY | how | os.O_NOFOLLOW, 0o640)
-                logs.append(log_fd)
-            p = subprocess.Popen(list(r.argv), env={**r.env, TOKEN_VARIABLE: token}, cwd=r.cwd,
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-            procs[r.rank] = p
-            label = f"[{r.unit} {r.rank}] ".encode() if prefix else b""
-            assert p.stdout is not None
-            t = threading.Thread(target=_pump, args=(os.dup(p.stdout.fileno()), label, log_fd, console,
-                                                     stop_output), daemon=True)
-            p.stdout.close()
-            t.start()
-            threads.append(t)
-        while len(codes) < len(procs):
-            for rank, p in procs.items():
-                if rank in codes:
-                    continue
-                rc = p.poll()
-                if rc is None:
-                    continue
-                codes[rank] = _code(rc)
-                if rc < 0:
-                    signaled[rank] = -rc
-                if codes[rank] != 0 and first_failed is None and not _stopping(received) and not timed_out:
-                    first_failed = rank
-                    for other, q in procs.items():
-                        if other not in codes and q.poll() is None:
-                            _signal_group(q, signal.SIGTERM)
-                    stop_deadline = time.monotonic() + grace
-            if stop_deadline is None and _stopping(received):
-                stop_deadline = time.monotonic() + grace
-            now = time.monotonic()
-            if warn_at is not None and not warned and now >= warn_at and warning is not None:
-                warned = True
-                for rank, p in procs.items():
-                    if rank not in codes:
-                        _signal_group(p, warning[0])
-            if limit_at is not None and not timed_out and now >= limit_at and stop_deadline is None:
-                timed_out = True
-                for rank, p in procs.items():
-                    if rank not in codes:
-                        _signal_group(p, signal.SIGTERM)
-                stop_deadline = now + grace
-            if stop_deadline is not None and time.monotonic() > stop_deadline:
-                for rank, p in procs.items():
-                    if rank not in codes:
-                        _signal_group(p, signal.SIGKILL)
+            job.start(r, prefix)
+        while len(job.codes) < len(job.procs):
+            job.collect()
+            job.keep_time(warn_at, limit_at, warning)
             time.sleep(poll)
     finally:
-        for p in procs.values():  # an exception above must not leave ranks behind
-            if p.poll() is None:
-                _signal_group(p, signal.SIGKILL)
-                p.wait()
-        for p in procs.values():  # the rank has exited; its children must not outlive it
-            _signal_group(p, signal.SIGKILL)
-        if subreaper:
-            kill_leftovers(token, known)
-            _set_subreaper(False)
-        deadline = time.monotonic() + DRAIN_BOUND
-        for t in threads:
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
-        stop_output.set()  # a pipe still held open by something we could not reach: stop reading it
-        for t in threads:
-            t.join(timeout=0.5)
-        for fd in logs:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        job.end(subreaper, known)
         if in_main_thread:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-    interrupted = _stopping(received)
-    if first_failed is not None:
-        exit_code = codes[first_failed]
-    elif interrupted is not None:
-        exit_code = 128 + interrupted
-    elif timed_out:
-        exit_code = 128 + signal.SIGTERM
-    else:
-        exit_code = 0
-    return Outcome(exit_code, first_failed, codes, interrupted, console.gone, warned, timed_out, signaled)
+    return job.outcome()
 
 
 def _stopping(received: Sequence[int]) -> int | None:
