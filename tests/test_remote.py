@@ -1,16 +1,24 @@
 """--remote's pieces against a real OpenSSH server (tests/sshd.py) and the real rsync: destinations, the
-multiplexed transport, strings as data, one-line errors for what ssh refuses, and the sync."""
+multiplexed transport (ours, or the user's own ControlMaster), the ssh command runner under the scheduler
+edges, strings as data, one-line errors for what ssh refuses, and the sync."""
 
 from __future__ import annotations
 
 import ast
 import os
+import shutil
+import subprocess
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 from slurmlaunch.app import remote
-from slurmlaunch.core.errors import SlurmLaunchError, SpecError
+from slurmlaunch.app.remote_runner import SshRunner
+from slurmlaunch.core.errors import SchedulerError, SlurmLaunchError, SpecError
+from slurmlaunch.schedulers import slurm
+from slurmlaunch.schedulers.runner import READ_LIMIT, LocalRunner, use_runner
 
 from . import sshd
 
@@ -161,3 +169,106 @@ def test_sizes() -> None:
     assert remote.parse_size("1234") == 1234
     with pytest.raises(SpecError):
         remote.parse_size("lots")
+
+
+def test_ssh_runner_is_a_command_runner(laptop: sshd.Laptop, tmp_path: Path) -> None:
+    """argv word by word after the setup lines, input on stdin, the umask honoured, the wait bounded, a
+    failure naming the command and its output; bounded reads from an offset; `which` for every client in
+    one round trip."""
+    marker = Path("/tmp/slurmlaunch-pwned")
+    marker.unlink(missing_ok=True)
+    with remote.Connection(remote.parse_destination("login"), setup=["export SL_SETUP=yes"]) as conn:
+        runner = SshRunner(conn)
+        out = runner.run(["python3", "-c", "import sys; print(repr(sys.argv[1:]))", *HOSTILE], timeout=60).stdout
+        assert ast.literal_eval(out) == HOSTILE
+        assert runner.run(["printenv", "SL_SETUP"], timeout=60).stdout == "yes\n"
+        assert runner.run(["cat"], timeout=60, input_text="the script\n$(id)\n").stdout == "the script\n$(id)\n"
+        made = tmp_path / "made-with-umask"
+        runner.run(["touch", str(made)], timeout=60, umask=0o077)
+        assert made.stat().st_mode & 0o777 == 0o600
+        assert runner.run(["printenv", "SL_X"], timeout=60, env={"SL_X": "a $(b)"}).stdout == "a $(b)\n"
+        with pytest.raises(SchedulerError) as e:
+            runner.run(["sh", "-c", "echo 'squeue: error: Invalid job id' >&2; exit 1", "it's"], timeout=60)
+        assert str(e.value).startswith("on login: sh -c ") and "'it'\"'\"'s'" in str(e.value)
+        assert "failed (exit 1): squeue: error: Invalid job id" in str(e.value)
+        with pytest.raises(SchedulerError, match="no answer within 1s"):
+            runner.run(["sleep", "30"], timeout=1)
+        log = tmp_path / "a log with 'quotes' $(x)"
+        data = bytes(range(256)) * 9000  # more than one read holds
+        log.write_bytes(data)
+        assert runner.read(str(log)) == data[:READ_LIMIT] == LocalRunner().read(str(log))
+        assert runner.read(str(log), 1000, 10) == data[1000:1010] == LocalRunner().read(str(log), 1000, 10)
+        assert runner.read(str(log), len(data)) == b""
+        assert runner.read(str(tmp_path / "missing")) is None is LocalRunner().read(str(tmp_path / "missing"))
+    assert not marker.exists()
+    bin_dir = sshd.login_bin(tmp_path, {"sbatch": "", "sacct": ""})
+    with remote.Connection(remote.parse_destination("login"), setup=[f"export PATH={bin_dir}"]) as conn:
+        runner = SshRunner(conn)
+        asked: list[str] = []
+        original = conn.run
+
+        def counting(command: str, **kwargs: object) -> subprocess.CompletedProcess[bytes]:
+            asked.append(command)
+            return original(command, **kwargs)  # type: ignore[arg-type]
+
+        conn.run = counting  # type: ignore[method-assign]
+        assert runner.which("sbatch") and not runner.which("qsub") and runner.which("sacct")
+        assert len(asked) == 1  # one `command -v` round trip answered all three
+        assert not runner.which("no-such-client") and len(asked) == 2
+
+
+def test_the_slurm_edge_answers_over_ssh_as_it_does_here(laptop: sshd.Laptop, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same edge code, with the ssh runner plugged in: squeue (a stand-in: it no longer knows the job),
+    no sacct, scontrol's record, and the exit code file the batch script wrote, read on the login node."""
+    bin_dir = sshd.login_bin(tmp_path, {
+        "squeue": "import sys\nsys.stderr.write('slurm_load_jobs error: Invalid job id specified\\n')\n"
+                  "sys.exit(1)\n",
+        "scontrol": "print('JobId=41 JobName=x JobState=FAKE UserId=0(0) JobState=FAILED ExitCode=1:0 '\n"
+                    "      'RunTime=00:00:07 NodeList=node2')\n"})
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "job-41.exitcode").write_text("3\n")
+    setup = [f"export PATH={bin_dir}"]
+    with remote.Connection(remote.parse_destination("login"), setup=setup) as conn, use_runner(SshRunner(conn)):
+        there = slurm.EDGE.status("41", str(logs))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    here = slurm.EDGE.status("41", str(logs))
+    assert there == here == slurm.JobStatus("FAILED", 3, "node2", elapsed="00:00:07")
+
+
+def test_the_users_own_control_master_is_used_and_left_running(laptop: sshd.Laptop, server: sshd.Sshd,
+                                                               tmp_path: Path) -> None:
+    """~/.ssh/config gives the destination a ControlMaster with ControlPersist (a 2FA login asked once a
+    day): two slurmlaunch commands log in once, through the user's master, which is still running after
+    them; without that configuration (every other test) no ssh process is left."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("")
+    sockets = Path(tempfile.mkdtemp(prefix="slcm-"))  # short: a socket path has ~100 bytes
+    config = laptop.ssh_dir / "config"
+    assert remote.user_control_path("ssh", "login") is None  # the laptop's config as it was: ours
+    config.write_text(config.read_text() + f"    ControlMaster auto\n    ControlPath {sockets}/%C\n"
+                      "    ControlPersist 600\n")
+    assert str(remote.user_control_path("ssh", "login")).startswith(f"{sockets}/")
+    before = server.log.count("Accepted publickey")
+    masters = []
+    try:
+        for _ in range(2):
+            r = sshd.on_laptop(laptop, "submit", "--remote", "login", "--dry-run", "train.py", cwd=project)
+            assert r.returncode == 0, r.stderr
+            check = subprocess.run(["ssh", "-O", "check", "login"], env=laptop.env, capture_output=True,
+                                   text=True, timeout=30)
+            assert check.returncode == 0 and "Master running (pid=" in check.stderr, check.stderr
+            masters.append(check.stderr.split("pid=")[1].split(")")[0])
+        assert masters[0] == masters[1]  # the second command went through the first one's master
+        assert server.log.count("Accepted publickey") == before + 1  # two commands (4 round trips), one login
+        # the user's master outlives the commands, as configured ("ssh: SOCKET [mux]")
+        assert [args for args in sshd.processes_naming(str(sockets)) if "[mux]" in args]
+    finally:
+        subprocess.run(["ssh", "-O", "exit", "login"], env=laptop.env, capture_output=True, timeout=30)
+        shutil.rmtree(sockets, ignore_errors=True)
+    deadline = time.monotonic() + 30  # -O exit answers before the master has exited
+    while sshd.processes_naming(str(sockets)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sshd.masters_left(laptop) == [] and sshd.processes_naming(str(sockets)) == []

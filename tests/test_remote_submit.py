@@ -241,7 +241,7 @@ def test_profile_carries_the_destination_and_setup(laptop: sshd.Laptop, tmp_path
 
 
 @pytest.mark.parametrize(("args", "expect"), [
-    (["--scheduler", "pbs"], "only Slurm clusters"), (["--scheduler", "local"], "only Slurm clusters"),
+    (["--scheduler", "local"], "the cluster's Slurm or PBS runs the job"),
     (["--array", "0-3"], "--array/--sweep"), (["--apptainer", "img.sif"], "--container-image/--apptainer"),
 ])
 def test_what_remote_does_not_do_yet_is_refused(laptop: sshd.Laptop, tmp_path: Path, args: list[str],

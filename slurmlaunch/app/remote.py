@@ -159,10 +159,29 @@ def _ssh_failure(dest: Destination, stderr: str) -> str | None:
     return None
 
 
+def user_control_path(ssh: str, target: str) -> str | None:
+    """The ControlPath the user's ssh configuration gives ``target`` (``ssh -G`` prints the resolved
+    configuration; nothing is connected), or None: no ControlPath, or an ssh that cannot say."""
+    try:
+        shown = subprocess.run([ssh, "-G", "--", target], stdin=subprocess.DEVNULL, capture_output=True,
+                               timeout=15, text=True, errors="replace")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if shown.returncode != 0:
+        return None
+    fields = dict(line.partition(" ")[::2] for line in shown.stdout.splitlines())
+    path = fields.get("controlpath", "none").strip()
+    return None if path.lower() == "none" or not path else path
+
+
 class Connection:
-    """One multiplexed ssh connection to a destination (ControlMaster=auto, its socket in a private 0700
-    directory of this process). Use it in a ``with``: leaving it stops the master (``ssh -O exit``), so no
-    ssh process outlives the command."""
+    """One multiplexed ssh connection to a destination. Use it in a ``with``.
+
+    Where the user's ssh configuration already gives the destination a ControlPath (their own ControlMaster,
+    typically with ControlPersist, so that a login with a second factor is asked once a day), that is used as
+    it is and never stopped. Otherwise slurmlaunch keeps its own master for this one command
+    (ControlMaster=auto, its socket in a private 0700 directory of this process), and leaving the ``with``
+    stops it (``ssh -O exit``): no ssh process outlives the command."""
 
     def __init__(self, dest: Destination, setup: Sequence[str] = (), ssh: str = "ssh",
                  timeout: float = COMMAND_TIMEOUT_S) -> None:
@@ -170,12 +189,16 @@ class Connection:
         self.setup = tuple(setup)
         self.ssh = ssh
         self.timeout = timeout
-        self.control_dir = tempfile.mkdtemp(prefix="slurmlaunch-ssh-")  # 0700
+        self.user_master = user_control_path(ssh, dest.target)
+        # ours (0700), only when the user has no ControlPath of their own
+        self.control_dir = "" if self.user_master else tempfile.mkdtemp(prefix="slurmlaunch-ssh-")
 
     def options(self) -> list[str]:
-        opts = ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_dir}/%C",
-                "-o", f"ControlPersist={CONTROL_PERSIST_S}", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
-                "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3"]
+        opts = [] if self.user_master else [
+            "-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_dir}/%C",
+            "-o", f"ControlPersist={CONTROL_PERSIST_S}"]
+        opts += ["-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", "-o", "ServerAliveInterval=10",
+                 "-o", "ServerAliveCountMax=3"]
         if not (sys.stdin.isatty() and os.isatty(2)):
             # No terminal to answer a prompt on: fail at once instead of waiting for a passphrase.
             opts += ["-o", "BatchMode=yes"]
@@ -224,7 +247,10 @@ class Connection:
         return self.run(remote_command(argv, self.setup), **kwargs)  # type: ignore[arg-type]
 
     def close(self) -> None:
-        """Stop the master, if one was started, and remove the socket's directory."""
+        """Stop our master, if one was started, and remove the socket's directory; the user's own master
+        (their ControlPath) is left running, as their configuration asks."""
+        if self.user_master:
+            return
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             if any(os.scandir(self.control_dir)):
                 subprocess.run([self.ssh, "-o", f"ControlPath={self.control_dir}/%C", "-O", "exit", "--",
