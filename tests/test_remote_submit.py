@@ -232,7 +232,9 @@ def test_profile_carries_the_destination_and_setup(laptop: sshd.Laptop, tmp_path
     (project / "slurmlaunch.toml").write_text(
         '[profiles.booster]\nremote = "login:/scratch/booster/proj"\nremote-setup = ["module load slurm"]\n'
         'remote-exclude = ["data/"]\n')
-    r = on_laptop(laptop, "submit", "--profile", "booster", "--dry-run", "train.py", cwd=project)
+    # --scheduler named and DIR absolute: the dry run needs no ssh (auto asks the login node: one round trip)
+    r = on_laptop(laptop, "submit", "--profile", "booster", "--scheduler", "slurm", "--dry-run", "train.py",
+                  cwd=project)
     assert r.returncode == 0, r.stderr
     assert "cd /scratch/booster/proj || exit 2" in r.stdout
     assert "#   module load slurm" in r.stderr and "--exclude=data/" in r.stderr

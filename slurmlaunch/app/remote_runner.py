@@ -78,7 +78,10 @@ class SshRunner:
                 return False
             names = [name, *(c for c in CLIENTS if c != name and c not in self._found)]
             script = "; ".join(f"command -v {n} >/dev/null 2>&1 && echo {_FOUND}{n}" for n in names) + "; true"
-            out = self.conn.run(shell_command(script, self.conn.setup), timeout=30).stdout.decode(errors="replace")
+            proc = self.conn.run(shell_command(script, self.conn.setup), timeout=30, check=False)
+            if proc.returncode != 0:  # a --remote-setup line failed
+                raise self._fail(["command", "-v", *names], proc)
+            out = proc.stdout.decode(errors="replace")
             found = {line[len(_FOUND):] for line in out.splitlines() if line.startswith(_FOUND)}
             self._found.update((n, n in found) for n in names)
         return self._found[name]
