@@ -123,7 +123,7 @@ def main() -> int:
     print(f"  submit --dry-run, local:                                       {local * ms:7.1f} ms")
     print(f"  submit --dry-run --remote login:/abs (1 round trip: command -v): {absolute * ms:7.1f} ms "
           f"(x{absolute / local:.2f} of local)")
-    print(f"  submit --dry-run --remote login (connect, 1 round trip, close): {relative * ms:7.1f} ms "
+    print(f"  submit --dry-run --remote login (connect, 2 round trips, close):{relative * ms:7.1f} ms "
           f"(x{relative / local:.2f} of local; +{(relative - local) * ms:.0f} ms)")
     print(f"  sync of an unchanged 1,000-file project, warm connection:      {unchanged * ms:7.1f} ms "
           f"({sent} files sent; x{unchanged / round_trip:.1f} of a round trip)")
