@@ -86,6 +86,10 @@ class Sshd:
             # lock, which a test that cuts connections would leave behind). The test's login node starts
             # with sshd's own environment, and what a test needs it says with --remote-setup.
             "SetEnv SHLVL=1",
+            # A laptop's `SetEnv BASH_ENV=FILE` makes the login node's non-interactive bash read FILE first:
+            # the tests' stand-in for a user's dotfiles (a chatty ~/.bashrc, a tcsh login shell), which this
+            # machine's /root must not be given.
+            "AcceptEnv BASH_ENV",
             *self.extra_config,
         ]) + "\n"
 

@@ -8,6 +8,7 @@ edge (schedulers/pbs.py) with the ssh runner plugged in."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,9 @@ def emulated_pbs(where: Path) -> list[str]:
                                      "qstat": RECORD.format(where=w) + QSTAT.format(where=w),
                                      "qdel": RECORD.format(where=w)})
     (where / "states").write_text("R\n")
+    # the ranks' python3, which submit checks there (it runs, and is >= 3.10) before qsub
+    (bin_dir / "python3").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    (bin_dir / "python3").chmod(0o755)
     return ["--remote-setup", f"export PATH={bin_dir}"]
 
 

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 
 from ..core.errors import SchedulerError
 from ..schedulers.runner import READ_LIMIT
-from .remote import Connection, shell_command
+from .remote_dest import shell_command
+from .remote_ssh import Connection
 
 # What an edge asks `which` about; the first question answers all of them (one round trip).
 CLIENTS = ("sbatch", "qsub", "sacct", "squeue", "qstat")
@@ -30,7 +31,8 @@ _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 class SshRunner:
     """schedulers.runner.CommandRunner on the login node at the other end of ``conn``. A command that runs and
     fails is a SchedulerError naming it (the words as given, not the setup lines) and its output; ssh that
-    cannot connect or log in is a RemoteError (remote.Connection), which a follower retries."""
+    cannot connect or log in is remote_shell.Unreachable, which a follower retries; a --remote-setup line
+    that fails is a RemoteError naming that line."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -53,7 +55,7 @@ class SshRunner:
         line = shlex.join(words)
         if umask >= 0:
             line = f"umask {umask & 0o777:04o} && {line}"
-        proc = self.conn.run(shell_command(line, self.conn.setup), check=False, timeout=timeout,
+        proc = self.conn.run(shell_command(line, self.conn.setup), check=False, timeout=timeout, what=line,
                              input_bytes=input_text.encode() if input_text is not None else None)
         if proc.returncode != 0:
             raise self._fail(argv, proc)
@@ -62,10 +64,12 @@ class SshRunner:
 
     def read(self, path: str, offset: int = 0, limit: int = READ_LIMIT, *, timeout: float = 30.0) -> bytes | None:
         q = shlex.quote(path)
-        script = (f"if [ -f {q} ] && [ -r {q} ]; then tail -c +{max(offset, 0) + 1} -- {q} | head -c {max(limit, 0)}; "
-                  f"else exit {_MISSING}; fi")
+        # Not there: None ("no log yet"); there but not a readable file: a failure naming it.
+        script = (f"if [ ! -e {q} ]; then exit {_MISSING}; elif [ -f {q} ] && [ -r {q} ]; then "
+                  f"tail -c +{max(offset, 0) + 1} -- {q} | head -c {max(limit, 0)}; "
+                  f"else echo 'not a readable file' >&2; exit 1; fi")
         # No setup lines: reading a file needs no module; their output would be mixed into the bytes.
-        proc = self.conn.run(script, check=False, timeout=timeout)
+        proc = self.conn.run(script, check=False, timeout=timeout, what=f"read {q}")
         if proc.returncode == _MISSING:
             return None
         if proc.returncode != 0:
@@ -78,7 +82,8 @@ class SshRunner:
                 return False
             names = [name, *(c for c in CLIENTS if c != name and c not in self._found)]
             script = "; ".join(f"command -v {n} >/dev/null 2>&1 && echo {_FOUND}{n}" for n in names) + "; true"
-            proc = self.conn.run(shell_command(script, self.conn.setup), timeout=30, check=False)
+            proc = self.conn.run(shell_command(script, self.conn.setup), timeout=30, check=False,
+                                 what=f"command -v {name}")
             if proc.returncode != 0:  # a --remote-setup line failed
                 raise self._fail(["command", "-v", *names], proc)
             out = proc.stdout.decode(errors="replace")
