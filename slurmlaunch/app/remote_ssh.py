@@ -90,10 +90,7 @@ class Connection:
         return opts
 
     def rsync_shell(self) -> str:
-        """rsync's -e: the same client and the same master (the shell checked first: rsync's own protocol
-        error is all a chatty dotfile would otherwise leave)."""
-        if not self.shell_checked:
-            self.run("true", timeout=60, what="true")
+        """rsync's -e: the same client and the same master."""
         return shlex.join([self.ssh, *self.options()])
 
     def _ssh(self, line: str, input_bytes: bytes | None, limit: float, what: str) -> tuple[int, bytes, bytes]:

@@ -96,6 +96,8 @@ def sync_argv(conn: Connection, local_dir: str, remote_dir: str, excludes: Seque
 
 
 def _rsync(conn: Connection, argv: list[str], timeout: float) -> str:
+    if not conn.shell_checked:  # rsync's own protocol error is all a chatty dotfile would otherwise leave
+        conn.run("true", timeout=60, what="true")
     try:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
     except FileNotFoundError:
