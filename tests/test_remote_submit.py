@@ -360,3 +360,29 @@ def test_list_asks_per_destination_and_setup_lines(laptop: sshd.Laptop, tmp_path
     states = [list_row(row, live)["state"] for row in rows]
     assert states == ["RUNNING", "COMPLETED", "PENDING", "CANCELLED"]
     assert len(live) == 2
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_a_signal_during_a_remote_command_leaves_no_master_or_directory(laptop: sshd.Laptop, tmp_path: Path,
+                                                                        signame: str) -> None:
+    """Audit 11, from the command line: SIGTERM/SIGHUP while a remote command runs (here doctor --remote,
+    whose --python is a stand-in that blocks) stops our master and removes its private directory."""
+    import signal
+
+    started = tmp_path / "started"
+    blocker = tmp_path / "blocking-python"
+    blocker.write_text(f"#!/bin/sh\ntouch '{started}'\nexec sleep 120\n")
+    blocker.chmod(0o755)
+    proc = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "doctor", "--remote", f"login:{tmp_path / 'p'}",
+                             "--python", str(blocker)], env=laptop.env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert started.exists(), proc.communicate()
+    paths = {m.group(1) for args in masters_left(laptop) for m in [re.search(r"ControlPath=(\S+)/%C", args)] if m}
+    assert len(paths) == 1 and next(iter(paths)).startswith("/tmp/sl-"), paths
+    proc.send_signal(getattr(signal, signame))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + getattr(signal, signame), err
+    assert masters_left(laptop) == [] and not os.path.exists(next(iter(paths)))

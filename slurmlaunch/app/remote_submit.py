@@ -91,6 +91,39 @@ def _checked_excludes(ns: Any, spec: JobSpec) -> list[str]:
     return excludes
 
 
+def _show_dry_run(conn: Connection, workdir: str | None, remote_dir: str, excludes: list[str], submit_line: str,
+                  script: str) -> int:
+    """--dry-run: the script on stdout; on stderr the rsync (``workdir``: None with --no-sync), the package's
+    rsync and the remote command that would run."""
+    if workdir is not None:
+        sys.stderr.write("# would run here: " + shlex.join(sync_argv(conn, workdir, remote_dir, excludes)) + "\n")
+    sys.stderr.write("# would run here: " + shlex.join(ship_argv(conn, remote_dir)) + "\n")
+    sys.stderr.write(f"# would run on {conn.dest.target} (this script on its stdin):\n"
+                     + "".join(f"#   {line}\n" for line in submit_line.splitlines()))
+    sys.stdout.write(script)
+    return 0
+
+
+def _queue(conn: Connection, name: SchedulerName, rspec: JobSpec, command: list[str], submit_line: str,
+           script: str) -> str:
+    """sbatch or qsub there, the script on its stdin; the record kept here and the index told. Returns the
+    scheduler's job id."""
+    from ..schedulers.index import remember
+
+    dest = conn.dest
+    sent = conn.run(submit_line, input_bytes=script.encode(), what=shlex.join(command))
+    out = sent.stdout.decode(errors="replace").strip()
+    full_id = out.splitlines()[-1].strip() if out else ""
+    job_id = _parse_job_id(name, full_id)
+    if job_id is None:
+        raise RemoteError(f"on {dest.target}: {shlex.join(command)} printed {out!r}, not a job id")
+    if name == "slurm":
+        full_id = job_id  # 1234;cluster is 1234 to squeue and scancel
+    record = write_local_record(dest, conn.setup, rspec, job_id, full_id, name, command, script)
+    remember(full_id, name, record, rspec.name, remote=dest.target)
+    return full_id
+
+
 def submit_remote(ns: Any, spec_from_args: Callable[[Any], JobSpec]) -> int:
     """`submit --remote DEST`: render here, sync, sbatch or qsub there, follow from here with --wait."""
     from ..core.support import refuse_unsupported
@@ -126,31 +159,13 @@ def submit_remote(ns: Any, spec_from_args: Callable[[Any], JobSpec]) -> int:
         submit_line = shell_command(f"umask 077 && mkdir -p -m 700 -- {shlex.quote(rspec.log_dir)} && "
                                     f"{shlex.join(command)}", conn.setup)
         if ns.dry_run:
-            if ns.sync:
-                sys.stderr.write("# would run here: " + shlex.join(sync_argv(conn, spec.workdir, remote_dir,
-                                                                              excludes)) + "\n")
-            sys.stderr.write("# would run here: " + shlex.join(ship_argv(conn, remote_dir)) + "\n")
-            sys.stderr.write(f"# would run on {dest.target} (this script on its stdin):\n"
-                             + "".join(f"#   {line}\n" for line in submit_line.splitlines()))
-            sys.stdout.write(script)
-            return 0
+            return _show_dry_run(conn, spec.workdir if ns.sync else None, remote_dir, excludes, submit_line, script)
         if ns.sync:
             summary = sync(conn, spec.workdir, remote_dir, excludes,
                            limit if limit is not None else parse_size(DEFAULT_SYNC_LIMIT_TEXT))
             sys.stderr.write(summary.line(f"{dest.target}:{remote_dir}") + "\n")
         ship_package(conn, remote_dir)
-        sent = conn.run(submit_line, input_bytes=script.encode(), what=shlex.join(command))
-        out = sent.stdout.decode(errors="replace").strip()
-        full_id = out.splitlines()[-1].strip() if out else ""
-        job_id = _parse_job_id(name, full_id)
-        if job_id is None:
-            raise RemoteError(f"on {dest.target}: {shlex.join(command)} printed {out!r}, not a job id")
-        if name == "slurm":
-            full_id = job_id  # 1234;cluster is 1234 to squeue and scancel
-        record = write_local_record(dest, conn.setup, rspec, job_id, full_id, name, command, script)
-        from ..schedulers.index import remember
-
-        remember(full_id, name, record, rspec.name, remote=dest.target)
+        full_id = _queue(conn, name, rspec, command, submit_line, script)
         sys.stderr.write(f"slurmlaunch: submitted job {full_id} on {dest.target} ({plural(rspec.world_size, 'rank')} "
                          f"on {plural(rspec.nodes, 'node')}); working directory {remote_dir}\n")
         print(full_id)
