@@ -490,3 +490,25 @@ def test_an_sshd_banner_is_not_shown_as_a_commands_output(tmp_path: Path, monkey
         assert "AUTHORISED" not in error and error.endswith("failed (exit 1): bad"), error
     finally:
         sshd.remove(server)
+
+
+def test_zsh_as_the_login_shell_runs_setup_lines_and_its_chatty_zshenv_is_named(laptop: sshd.Laptop,
+                                                                               tmp_path: Path) -> None:
+    """zsh (the real one) runs the setup wrapper and names a failing line as sh does; a ~/.zshenv that
+    echoes (zsh reads it for every shell) is refused in one line."""
+    zsh = shutil.which("zsh", path="/usr/bin:/bin")
+    if not zsh:
+        pytest.skip("zsh is not installed")
+    zdot = tmp_path / "zdot"
+    zdot.mkdir()
+    _bash_env(laptop, tmp_path, f'ZDOTDIR={zdot} exec {zsh} -c "$BASH_EXECUTION_STRING"\n')
+    with remote.Connection(remote.parse_destination("login"), setup=["export SL_Z=1", "false"]) as conn:
+        error = _one_line_error(lambda: conn.run_argv(["true"], timeout=60))
+    assert "--remote-setup false (line 2 of 2) failed (exit 1)" in error, error
+    with remote.Connection(remote.parse_destination("login"), setup=["export SL_Z=zsh"]) as conn:
+        assert conn.run_argv(["printenv", "SL_Z"], timeout=60).stdout == b"zsh\n"
+        assert conn.run('echo "${ZSH_VERSION:+zsh}"', timeout=60).stdout == b"zsh\n"  # zsh ran it
+    (zdot / ".zshenv").write_text("echo 'zsh says hi'\n")
+    with remote.Connection(remote.parse_destination("login")) as conn:
+        error = _one_line_error(lambda: conn.run_argv(["true"], timeout=60))
+    assert "prints 'zsh says hi' on stdout" in error and "~/.zshenv" in error, error
