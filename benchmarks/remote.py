@@ -6,8 +6,9 @@ openssh-server). Prints medians and ratios of one run; nothing is asserted (mach
 Measured: one ssh round trip over a warm (multiplexed) connection; `submit --dry-run` locally and with
 --remote (each command opens and closes its own connection, as the CLI does); syncing an unchanged
 1,000-file project over a warm connection; `status` of a running job on the dev cluster (started here,
-loopback): the Slurm edge's status in this process against the remote probe over a warm connection, and the
-`status` command locally against `status` of a remote job from the laptop (which opens its own connection).
+loopback): the Slurm edge's status in this process, locally against the same edge with the ssh runner
+plugged in (remote_runner.SshRunner) over a warm connection, and the `status` command locally against
+`status` of a remote job from the laptop (which opens its own connection).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from slurmlaunch.app import devcluster, remote, remote_jobs  # noqa: E402
-from slurmlaunch.schedulers import slurm  # noqa: E402
+from slurmlaunch.app import devcluster, remote  # noqa: E402
+from slurmlaunch.app.remote_runner import SshRunner  # noqa: E402
+from slurmlaunch.schedulers import JobStatus, slurm  # noqa: E402
+from slurmlaunch.schedulers.runner import use_runner  # noqa: E402
 from tests import sshd  # noqa: E402
 
 
@@ -87,9 +90,15 @@ def main() -> int:
         os.environ["PATH"] = lap.env["PATH"]
         del os.environ["SLURM_CONF"]
         with remote.Connection(remote.parse_destination("login"), setup[1::2]) as conn:
-            remote_jobs.probe(conn, remote_job, str(target / "slurmlaunch-logs"))
-            probed = median_s(lambda: remote_jobs.probe(conn, remote_job, str(target / "slurmlaunch-logs")), n)
-            state = remote_jobs.probe(conn, remote_job, str(target / "slurmlaunch-logs"))[0].state
+            runner = SshRunner(conn)
+
+            def remote_status() -> JobStatus:
+                with use_runner(runner):
+                    return slurm.EDGE.status(remote_job, str(target / "slurmlaunch-logs"))
+
+            remote_status()
+            probed = median_s(remote_status, n)
+            state = remote_status().state
             conn.run_argv(["scancel", remote_job])
         status_local = median_s(lambda: cli("status", local_job, env=local_env), n)
         status_remote = median_s(lambda: cli("status", remote_job), n)
@@ -112,14 +121,14 @@ def main() -> int:
     print(f"median of {n}, this machine, sshd on 127.0.0.1")
     print(f"  ssh round trip, warm connection (remote shell start included): {round_trip * ms:7.1f} ms")
     print(f"  submit --dry-run, local:                                       {local * ms:7.1f} ms")
-    print(f"  submit --dry-run --remote login:/abs (no ssh needed):          {absolute * ms:7.1f} ms "
+    print(f"  submit --dry-run --remote login:/abs (1 round trip: command -v): {absolute * ms:7.1f} ms "
           f"(x{absolute / local:.2f} of local)")
-    print(f"  submit --dry-run --remote login (connect, 1 round trip, close): {relative * ms:7.1f} ms "
+    print(f"  submit --dry-run --remote login (connect, 2 round trips, close):{relative * ms:7.1f} ms "
           f"(x{relative / local:.2f} of local; +{(relative - local) * ms:.0f} ms)")
     print(f"  sync of an unchanged 1,000-file project, warm connection:      {unchanged * ms:7.1f} ms "
           f"({sent} files sent; x{unchanged / round_trip:.1f} of a round trip)")
     print(f"  status, in process: Slurm edge locally:                       {edge * ms:7.1f} ms")
-    print(f"  status, in process: remote probe, warm connection ({state}):  {probed * ms:7.1f} ms "
+    print(f"  status, in process: Slurm edge over ssh, warm ({state}):      {probed * ms:7.1f} ms "
           f"(x{probed / edge:.2f} of local; x{probed / round_trip:.2f} of a round trip; "
           f"+{(probed - edge - round_trip) * ms:.0f} ms beyond one round trip)")
     print(f"  status command, local job:                                    {status_local * ms:7.1f} ms")

@@ -86,6 +86,10 @@ class Sshd:
             # lock, which a test that cuts connections would leave behind). The test's login node starts
             # with sshd's own environment, and what a test needs it says with --remote-setup.
             "SetEnv SHLVL=1",
+            # A laptop's `SetEnv BASH_ENV=FILE` makes the login node's non-interactive bash read FILE first:
+            # the tests' stand-in for a user's dotfiles (a chatty ~/.bashrc, a tcsh login shell), which this
+            # machine's /root must not be given.
+            "AcceptEnv BASH_ENV",
             *self.extra_config,
         ]) + "\n"
 
@@ -301,3 +305,18 @@ def python_without_slurmlaunch(where: Path) -> str:
                            cwd=where, env=env, timeout=120)
     assert probe.returncode != 0 and "No module named 'slurmlaunch'" in probe.stderr, probe.stderr
     return str(python)
+
+
+def login_bin(where: Path, stand_ins: dict[str, str], basics: tuple[str, ...] = ("mkdir",)) -> Path:
+    """A directory to be the login node's whole PATH (``--remote-setup 'export PATH=DIR'``): the given stand-in
+    commands (Python source, run by this interpreter) and links to a few real basics; nothing of Slurm's."""
+    bin_dir = where / "login-bin"
+    bin_dir.mkdir()
+    for name, source in stand_ins.items():
+        (bin_dir / name).write_text(f"#!{sys.executable}\n{source}")
+        (bin_dir / name).chmod(0o755)
+    for tool in basics:
+        found = shutil.which(tool)
+        if found:
+            (bin_dir / tool).symlink_to(found)
+    return bin_dir

@@ -5,10 +5,12 @@ from the laptop."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -97,6 +99,7 @@ def test_example_on_two_nodes_from_the_laptop(laptop: sshd.Laptop, cluster_env: 
     ls = on_laptop(laptop, "list", "--json", cwd=project)
     row = json.loads(ls.stdout)[-1]
     assert row["job_id"] == job and row["remote"] == "login" and row["directory"] == f"login:{logs}"
+    assert row["state"] == "COMPLETED"  # sacct there knows it (not "ENDED?")
     # nothing to send the second time
     again = on_laptop(laptop, "submit", "--remote", f"login:{remote_dir}", *setup_for(cluster_env),
                       "--python", sys.executable, "--nodes", "1", "train_ddp.py", "--epochs", "1", cwd=project)
@@ -232,7 +235,9 @@ def test_profile_carries_the_destination_and_setup(laptop: sshd.Laptop, tmp_path
     (project / "slurmlaunch.toml").write_text(
         '[profiles.booster]\nremote = "login:/scratch/booster/proj"\nremote-setup = ["module load slurm"]\n'
         'remote-exclude = ["data/"]\n')
-    r = on_laptop(laptop, "submit", "--profile", "booster", "--dry-run", "train.py", cwd=project)
+    # --scheduler named and DIR absolute: the dry run needs no ssh (auto asks the login node: one round trip)
+    r = on_laptop(laptop, "submit", "--profile", "booster", "--scheduler", "slurm", "--dry-run", "train.py",
+                  cwd=project)
     assert r.returncode == 0, r.stderr
     assert "cd /scratch/booster/proj || exit 2" in r.stdout
     assert "#   module load slurm" in r.stderr and "--exclude=data/" in r.stderr
@@ -241,7 +246,7 @@ def test_profile_carries_the_destination_and_setup(laptop: sshd.Laptop, tmp_path
 
 
 @pytest.mark.parametrize(("args", "expect"), [
-    (["--scheduler", "pbs"], "only Slurm clusters"), (["--scheduler", "local"], "only Slurm clusters"),
+    (["--scheduler", "local"], "the cluster's Slurm or PBS runs the job"),
     (["--array", "0-3"], "--array/--sweep"), (["--apptainer", "img.sif"], "--container-image/--apptainer"),
 ])
 def test_what_remote_does_not_do_yet_is_refused(laptop: sshd.Laptop, tmp_path: Path, args: list[str],
@@ -292,3 +297,92 @@ def test_sbatch_refusal_on_the_login_node_is_one_line(laptop: sshd.Laptop, clust
     error = [line for line in r.stderr.splitlines() if "error" in line]
     assert len(error) == 1 and "sbatch --parsable" in error[0] and "invalid partition" in error[0].lower(), r.stderr
     assert masters_left(laptop) == []
+
+
+def test_client_set_ups_of_the_audit_on_the_command_line(laptop: sshd.Laptop, tmp_path: Path) -> None:
+    """Audit 1, 3, 4: a 60-character TMPDIR works; `--python '~/...'` is the remote home's, checked there (a
+    missing one is one line, exit 2, before anything is queued); a chatty dotfile is one line naming it."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("")
+    base = tempfile.mkdtemp(prefix="sl-long-", dir="/tmp")
+    try:
+        long_tmp = Path(base, "t" * (60 - len(base) - 1))
+        long_tmp.mkdir()
+        home = tmp_path / "remote-home"
+        (home / "venv/bin").mkdir(parents=True)
+        (home / "venv/bin/python").write_text(f"#!/bin/sh\nexec {shutil.which('python3')} \"$@\"\n")
+        (home / "venv/bin/python").chmod(0o755)
+        env = {**laptop.env, "TMPDIR": str(long_tmp)}
+        lap = sshd.Laptop(laptop.home, laptop.bin, env)
+        common = ["submit", "--remote", "login:/scratch/p", "--scheduler", "slurm", "--dry-run",
+                  "--remote-setup", f"export HOME={home}"]
+        r = on_laptop(lap, *common, "--python", "~/venv/bin/python", "train.py", cwd=project)
+        assert r.returncode == 0, r.stderr
+        assert f"{home}/venv/bin/python -m slurmlaunch launch /scratch/p/train.py" in r.stdout
+        assert os.listdir(long_tmp) == []
+        r = on_laptop(lap, *common, "--python", "~/nope/python", "train.py", cwd=project)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "--python ~/nope/python on login: not found" in r.stderr
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    rc = tmp_path / "bashrc"
+    rc.write_text("echo 'Last login: yesterday'\n")
+    config = laptop.ssh_dir / "config"
+    config.write_text(config.read_text().replace("Host login\n", f"Host login\n    SetEnv BASH_ENV={rc}\n", 1))
+    r = on_laptop(laptop, "submit", "--remote", "login", "train.py", cwd=project)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "~/.bashrc" in r.stderr, r.stderr
+    assert "'Last login: yesterday'" in r.stderr
+    assert masters_left(laptop) == []
+
+
+def test_list_asks_per_destination_and_setup_lines(laptop: sshd.Laptop, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Audit 7: two jobs to one destination with different --remote-setup lines are asked about with their
+    own lines (the first's cached answer is not the second's); a finished job shows sacct's state."""
+    from slurmlaunch.app.records import JobRecord
+    from slurmlaunch.app.remote_jobs import list_row
+
+    rows = []
+    for n, (job, queue, ended) in enumerate([("101", "101 RUNNING", "99|COMPLETED"),
+                                            ("202", "202 PENDING", "98|CANCELLED by 0")]):
+        (tmp_path / f"site{n}").mkdir()
+        bin_dir = sshd.login_bin(tmp_path / f"site{n}", {
+            "squeue": f"print({queue!r})\n", "sacct": f"print({ended!r})\n"})
+        record = tmp_path / f"job-{job}.json"
+        record.write_text(JobRecord({"job_id": job, "scheduler": "slurm", "remote": "login", "log_dir": "/x",
+                                     "remote_setup": [f"export PATH={bin_dir}"]}, job).to_json())
+        for one in (job, str(99 - n)):
+            rows.append({"job_id": one, "record": str(record), "remote": "login"})
+    live: dict[str, dict[str, str] | None] = {}
+    for key, value in laptop.env.items():
+        monkeypatch.setenv(key, value)
+    states = [list_row(row, live)["state"] for row in rows]
+    assert states == ["RUNNING", "COMPLETED", "PENDING", "CANCELLED"]
+    assert len(live) == 2
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_a_signal_during_a_remote_command_leaves_no_master_or_directory(laptop: sshd.Laptop, tmp_path: Path,
+                                                                        signame: str) -> None:
+    """Audit 11, from the command line: SIGTERM/SIGHUP while a remote command runs (here doctor --remote,
+    whose --python is a stand-in that blocks) stops our master and removes its private directory."""
+    import signal
+
+    started = tmp_path / "started"
+    blocker = tmp_path / "blocking-python"
+    blocker.write_text(f"#!/bin/sh\ntouch '{started}'\nexec sleep 120\n")
+    blocker.chmod(0o755)
+    proc = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "doctor", "--remote", f"login:{tmp_path / 'p'}",
+                             "--python", str(blocker)], env=laptop.env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert started.exists(), proc.communicate()
+    paths = {m.group(1) for args in masters_left(laptop) for m in [re.search(r"ControlPath=(\S+)/%C", args)] if m}
+    assert len(paths) == 1 and next(iter(paths)).startswith("/tmp/sl-"), paths
+    proc.send_signal(getattr(signal, signame))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + getattr(signal, signame), err
+    assert masters_left(laptop) == [] and not os.path.exists(next(iter(paths)))

@@ -1,7 +1,7 @@
 """A job's record, as a value: what `submit` wrote beside the job's logs (or, for a remote job, on this
 machine), and which job of it a command names (the whole job, or one element of an array).
 
-The file is JSON written by the schedulers' write_record and remote_jobs.write_local_record; it is kept whole
+The file is JSON written by the schedulers' write_record and remote_submit.write_local_record; it is kept whole
 in ``data`` (those writers, not this class, decide its fields), and the fields the job commands read are
 properties. Which job a command names is not in the file: ``full_id`` (as the scheduler printed the id,
 PBS: 1234.server) and ``element`` come from the index and the command line.

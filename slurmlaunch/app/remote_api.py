@@ -156,7 +156,7 @@ def batch_remote(remote: str, calls: Sequence[tuple[Any, Sequence[Any], dict[str
 def _submit(remote: str, action: str, payload: dict[str, Any], options: dict[str, Any], setup: Sequence[str],
             python: str, sync_dir: bool = True, excludes: Sequence[str] = ()) -> list[RemoteJob]:
     """One round of submission there: sync, ship, the runner's ``action``; the jobs are written to this
-    machine's index (remote_jobs.write_local_record), so that `slurmlaunch list/status/logs/cancel` see them."""
+    machine's index (remote_submit.write_local_record), so that `slurmlaunch list/status/logs/cancel` see them."""
     import cloudpickle  # type: ignore[import-untyped]  # submitit's own pickler
 
     from .remote_jobs import _project_name
@@ -189,12 +189,12 @@ def _remember(dest: Destination, setup: tuple[str, ...], answer: dict[str, Any],
     from dataclasses import replace
 
     from ..schedulers.index import remember
-    from .remote_jobs import write_local_record
+    from .remote_submit import write_local_record
 
     spec = answer["spec"]
     base = ids[0].partition("_")[0]
     if "_" in ids[0]:
         spec = replace(spec, array=",".join(i.partition("_")[2] for i in ids))
     command = ["sbatch", answer["script_path"]] if answer.get("script_path") else ["sbatch"]
-    record = write_local_record(dest, setup, spec, base, command, str(answer.get("script", "")))
+    record = write_local_record(dest, setup, spec, base, base, "slurm", command, str(answer.get("script", "")))
     remember(base, "slurm", record, spec.name, remote=dest.target)

@@ -7,6 +7,7 @@ start (mpiexec through the launcher) is tested with a real Open MPI mpirun.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 
@@ -17,6 +18,7 @@ from ..render.pbs_script import job_name
 from ..render.pbs_script import render_script as render_script  # the edge renders what it submits
 from . import JobStatus, Submission, array_outcome, run_command, submit_with
 from .interface import QueuedEdge
+from .runner import read_file
 
 # job_state letters; F (PBS Pro) and C (Torque) are finished: the exit status says how.
 _STATES = {"Q": "PENDING", "H": "PENDING", "W": "PENDING", "T": "PENDING", "S": "SUSPENDED", "R": "RUNNING",
@@ -32,13 +34,15 @@ def qsub_command(spec: JobSpec, script_path: str) -> list[str]:
     return ["qsub", "-N", job_name(spec), "-o", spec.log_dir.rstrip("/") + "/", script_path]
 
 
+def parse_job_id(out: str) -> str | None:
+    """The short job id in what qsub printed: 1234 of 1234.server; an array 1234[].server is 1234 (its subjobs
+    1234_N); None when it is not a job id."""
+    return out.split(".", 1)[0].split("[", 1)[0] if re.fullmatch(r"\d+(\[\d*\])?(\.[\w.-]+)?", out) else None
+
+
 def submit(spec: JobSpec, script_text: str) -> Submission:
     """Save the script beside the logs, qsub it, and keep a record; SchedulerError when PBS refuses."""
-
-    def parse(out: str) -> str | None:  # 1234.server; an array 1234[].server is 1234 (its subjobs 1234_N)
-        return out.split(".", 1)[0].split("[", 1)[0] if re.fullmatch(r"\d+(\[\d*\])?(\.[\w.-]+)?", out) else None
-
-    return submit_with(spec, script_text, "pbs", "qsub", qsub_command, parse)
+    return submit_with(spec, script_text, "pbs", "qsub", qsub_command, parse_job_id)
 
 
 def _array_base(job_id: str) -> str:
@@ -76,11 +80,10 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
     code = int(code_text) if code_text and code_text.lstrip("-").isdigit() else None
     if state == "COMPLETED" and log_dir is not None:
         # The script's own word wins: some qstat (Slurm's Torque wrappers) report no exit status at all.
-        try:
-            with open(JobFiles(log_dir, _array_base(job_id)).exit_code) as f:
-                code = int(f.read().strip())
-        except (OSError, ValueError):
-            pass
+        # Read where the job ran (through the runner: over ssh for a remote job).
+        text = read_file(JobFiles(log_dir, _array_base(job_id)).exit_code, limit=64)
+        with contextlib.suppress(ValueError):
+            code = int(text.strip()) if text is not None else code
     if state == "COMPLETED":
         if code is None:
             code = 0

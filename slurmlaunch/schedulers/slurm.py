@@ -12,6 +12,7 @@ from ..render.slurm_script import file_tag
 from ..render.slurm_script import render_script as render_script  # the edge renders what it submits
 from . import JobStatus, Submission, array_outcome, is_final, rank_log, run_command, submit_with
 from .interface import QueuedEdge
+from .runner import read_file, which
 
 
 def available() -> bool:
@@ -38,14 +39,15 @@ def sbatch_command(spec: JobSpec, script_path: str) -> list[str]:
     ]
 
 
+def parse_job_id(out: str) -> str | None:
+    """The job id in what sbatch --parsable printed ("1234" or "1234;cluster"), or None."""
+    job_id = out.split(";")[0]
+    return job_id if job_id.isdigit() else None
+
+
 def submit(spec: JobSpec, script_text: str) -> Submission:
     """Save the script beside the logs, sbatch it, and keep a record; SchedulerError when Slurm refuses."""
-
-    def parse(out: str) -> str | None:  # --parsable: "1234" or "1234;cluster"
-        job_id = out.split(";")[0]
-        return job_id if job_id.isdigit() else None
-
-    return submit_with(spec, script_text, "slurm", "sbatch", sbatch_command, parse)
+    return submit_with(spec, script_text, "slurm", "sbatch", sbatch_command, parse_job_id)
 
 
 _FIELD = re.compile(r"\b(JobState|ExitCode|NodeList|RunTime)=(\S+)")
@@ -69,11 +71,7 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
     fields = _accounting(job_id) or _scontrol(job_id)
     code: int | None = None
     if log_dir:
-        try:
-            with open(JobFiles(log_dir, job_id).exit_code) as f:
-                code = int(f.read().strip())
-        except (OSError, ValueError):
-            code = None
+        code = _exit_code(JobFiles(log_dir, job_id).exit_code)
     state = fields.get("JobState") or ("COMPLETED" if code == 0 else "FAILED" if code else "GONE")
     if code is None and "ExitCode" in fields:
         status_code, _, signal = fields["ExitCode"].partition(":")
@@ -87,9 +85,18 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
                      elapsed=fields.get("Elapsed"))
 
 
+def _exit_code(path: str) -> int | None:
+    """The code in the exit-code file the batch script wrote (read where the job ran: through the runner)."""
+    text = read_file(path, limit=64)
+    try:
+        return int(text.strip()) if text is not None else None
+    except ValueError:
+        return None
+
+
 def _accounting(job_id: str) -> dict[str, str]:
     """The job's line from sacct, or {} where there is no accounting (or it does not know the job yet)."""
-    if not shutil.which("sacct"):
+    if not which("sacct"):
         return {}
     try:
         out = run_command(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,Elapsed,NodeList,ExitCode"],
