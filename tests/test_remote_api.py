@@ -176,3 +176,34 @@ def test_the_login_nodes_runner_refuses_another_python_minor_version_before_unpi
             assert "\n" not in message and proc.returncode == 0
         else:  # the same version goes on to read the call (here: not a pickle, so it fails there)
             assert b"UnpicklingError" in proc.stderr or b"pickle" in proc.stderr.lower()
+
+
+def test_the_apis_and_doctors_remote_interpreter_is_checked_there_first(laptop: sshd.Laptop, tmp_path: Path) -> None:
+    """Audit 4/6 for the API and doctor: remote_python='~/...' is the remote home's, and a missing or too old
+    interpreter is one line before anything is synced, sent or submitted."""
+    home = tmp_path / "remote home"
+    old = home / "old/bin/python"
+    old.parent.mkdir(parents=True)
+    old.write_text("#!/bin/sh\nprintf 3.8\n")  # a login node's python3 of Ubuntu 20.04
+    old.chmod(0o755)
+    project = tmp_path / "nb"
+    project.mkdir()
+    remote_dir = tmp_path / "cluster" / "nb"
+    setup = [f"export HOME={shlex.quote(str(home))}"]
+    (project / "run.py").write_text(
+        "import json, sys\nimport slurmlaunch\n"
+        "dest, setup = json.loads(sys.argv[1])\n"
+        "try:\n"
+        "    slurmlaunch.submit(print, remote=dest, remote_setup=setup, remote_python='~/nope/bin/python')\n"
+        "except slurmlaunch.SlurmLaunchError as e:\n"
+        "    print('OUT ' + json.dumps(str(e)))\n")
+    r = subprocess.run(["python3", "run.py", json.dumps([f"login:{remote_dir}", setup])], capture_output=True,
+                       text=True, env=laptop.env, cwd=project, timeout=120, stdin=subprocess.DEVNULL)
+    said = json.loads(r.stdout.split("OUT ", 1)[1])
+    assert said.startswith("remote_python ~/nope/bin/python on login: not found") and "\n" not in said, said
+    assert not remote_dir.exists()  # refused before the sync
+    r = sshd.on_laptop(laptop, "doctor", "--remote", f"login:{remote_dir}", "--remote-setup", setup[0],
+                       "--python", "~/old/bin/python", cwd=project, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "--python ~/old/bin/python on login is Python 3.8" in r.stderr and "Traceback" not in r.stderr
+    assert masters_left(laptop) == []

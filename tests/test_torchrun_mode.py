@@ -59,6 +59,15 @@ def test_other_nodes_connect_and_given_values_win() -> None:
     assert cmd[-2:] == ["-m", "pkg.train"] and extra == {}
 
 
+@pytest.mark.parametrize("value", ["eight", "-1", "70000", "4 4"])
+def test_a_bad_cpus_per_task_is_one_line_not_ignored(value: str) -> None:
+    # ignored, it would leave every worker's thread pool at all of the node's cores
+    from slurmlaunch.core.errors import EnvironmentMappingError
+
+    with pytest.raises(EnvironmentMappingError, match="SLURM_CPUS_PER_TASK"):
+        command(dict(STEP, SLURM_CPUS_PER_TASK=value), "--nproc-per-node=4", "t.py")
+
+
 @pytest.mark.parametrize(("value", "conf"), [
     (None, "is_host=1"), ("", "is_host=1"), ("0", "is_host=1"), ("60", "is_host=1,join_timeout=60"),
     ("1e3", "is_host=1,join_timeout=1000"), (" 90.5 ", "is_host=1,join_timeout=90.5"),

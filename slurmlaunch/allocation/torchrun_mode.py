@@ -18,7 +18,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 
-from ..core.envvars import derive_port, first_set, int_var, master_from
+from ..core.envvars import cpus_per_task, derive_port, first_set, int_var, master_from
 from ..core.errors import SlurmLaunchError
 from ..core.hostlist import first_host
 from ..core.limits import MAX_JOB_ID, bounded_int
@@ -244,7 +244,7 @@ def _extra_env(env: Mapping[str, str], values: Mapping[str, str]) -> dict[str, s
         wanted = "SIG" + signame.upper().removeprefix("SIG")
         if wanted not in handled.split(","):
             extra["PET_SIGNALS_TO_HANDLE"] = f"{handled},{wanted}"
-    cpus = bounded_int(env.get("SLURM_CPUS_PER_TASK", ""), MAX_JOB_ID)
+    cpus = cpus_per_task(env)  # a value that is not a count is one line, as in the launcher
     nproc = bounded_int(values["nproc-per-node"], MAX_JOB_ID)
     # slurmlaunch's rule (README: OMP_NUM_THREADS), as the launcher's: the user's value stands; else the
     # task's CPUs shared among the node's workers; else 1 with several workers, as torchrun would set it

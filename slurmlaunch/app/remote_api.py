@@ -35,6 +35,7 @@ from .remote import (
     Connection,
     Destination,
     RemoteError,
+    check_python,
     parse_destination,
     pythonpath_setup,
     resolve_directory,
@@ -167,6 +168,7 @@ def _submit(remote: str, action: str, payload: dict[str, Any], options: dict[str
     dest = parse_destination(remote)
     conn = Connection(dest, tuple(setup))
     try:
+        python = check_python(conn, python, flag="remote_python")  # ~/ expanded there; its version checked
         directory = resolve_directory(conn, dest.directory, _project_name(os.getcwd()), create=True)
         if sync_dir:
             sync(conn, os.getcwd(), directory, [*excludes, "/slurmlaunch-logs/"])

@@ -21,6 +21,7 @@ from .remote import (
     COMMAND_TIMEOUT_S,
     Connection,
     RemoteError,
+    check_python,
     parse_destination,
     pythonpath_setup,
     resolve_directory,
@@ -40,8 +41,8 @@ def cmd_doctor_remote(target: str, setup: list[str] | None, python: str | None, 
     if nodes is not None and nodes < 1:
         raise SpecError(f"--allocate {nodes} is not valid (expected a number of nodes >= 1)")
     dest = parse_destination(target)
-    interpreter = python or "python3"
     with Connection(dest, tuple(setup or ())) as conn:
+        interpreter = check_python(conn, python or "python3")  # doctor itself needs Python >= 3.10 there
         remote_dir = resolve_directory(conn, dest.directory, _project_name(os.getcwd()), create=True)
         package = ship_package(conn, remote_dir)
         job = None if nodes is None else probe_job(nodes, gpus, partition, timeout, workdir=remote_dir,

@@ -95,15 +95,15 @@ def pythonpath_setup(path: str) -> str:
     return f'export PYTHONPATH={shlex.quote(path)}"${{PYTHONPATH:+:$PYTHONPATH}}"'
 
 
-def check_python(conn: Connection, python: str) -> str:
+def check_python(conn: Connection, python: str, flag: str = "--python") -> str:
     """The ranks' interpreter on the login node, checked in one round trip (after the --remote-setup lines):
     it runs and is at least MIN_PYTHON. ``~/`` is expanded there (the path returned is absolute, as the
     batch script needs it); ``~user`` is refused. RemoteError, in one line, naming ``python`` otherwise."""
     if python.startswith("-") or not python.isprintable():
-        raise SpecError(f"--python {python!r} is not an interpreter's name or path (e.g. python3 or "
+        raise SpecError(f"{flag} {python!r} is not an interpreter's name or path (e.g. python3 or "
                         f"~/venv/bin/python)")
     if python.startswith("~") and not python.startswith("~/"):
-        raise SpecError(f"--python {python!r}: only ~/ (your home there) is expanded; give the path")
+        raise SpecError(f"{flag} {python!r}: only ~/ (your home there) is expanded; give the path")
     word = f'"$HOME"/{shlex.quote(python[2:])}' if python.startswith("~/") else shlex.quote(python)
     code = "import sys; sys.stdout.write('%d.%d' % sys.version_info[:2])"
     script = (f'out=$({word} -c {shlex.quote(code)} 2>&1); rc=$?; '
@@ -113,15 +113,15 @@ def check_python(conn: Connection, python: str) -> str:
     head, _, said = text[text.find(_PY) + len(_PY):].partition("\n") if _PY in text else ("", "", text)
     rc, _, home = head.partition(":")
     said = said.strip()
-    where = f"--python {python} on {conn.dest.target}"
+    where = f"{flag} {python} on {conn.dest.target}"
     if rc in ("126", "127"):
         raise RemoteError(f"{where}: {'not found' if rc == '127' else 'not executable'} ({said or 'no output'}); "
-                          f"name the training environment's interpreter there, e.g. --python ~/venv/bin/python")
+                          f"name the training environment's interpreter there, e.g. {flag} ~/venv/bin/python")
     if rc != "0" or not re.fullmatch(r"\d+\.\d+", said):
         last = said.splitlines()[-1] if said else "(no output)"
         raise RemoteError(f"{where} does not run (exit {rc or '?'}): {last}")
     version = tuple(int(part) for part in said.split("."))
     if version < MIN_PYTHON:
         raise RemoteError(f"{where} is Python {said}; slurmlaunch's launcher needs Python >= "
-                          f"{'.'.join(map(str, MIN_PYTHON))} there: name a newer one with --python")
+                          f"{'.'.join(map(str, MIN_PYTHON))} there: name a newer one with {flag}")
     return f"{home.rstrip('/')}/{python[2:]}" if python.startswith("~/") else python
