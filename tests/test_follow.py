@@ -194,3 +194,21 @@ def test_contact_regained_starts_the_count_again(clock: Clock) -> None:
 def test_an_unexpected_error_is_not_swallowed(clock: Clock) -> None:
     with pytest.raises(KeyError):
         run(answers(KeyError("a bug")))  # type: ignore[arg-type]
+
+
+def test_ctrl_c_while_following_cancels_only_when_asked_to(capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """One rule for the local and the remote --wait: --cancel-on-interrupt cancels; otherwise (no terminal to
+    ask on) the job keeps running and the line says how to find it again; 130 either way."""
+    import io
+
+    from slurmlaunch.app.follow import interrupted
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # not a terminal: nothing is asked
+    cancelled: list[str] = []
+    assert interrupted("7", lambda: cancelled.append("7"), True) == 130
+    assert cancelled == ["7"] and capsys.readouterr().err == "slurmlaunch: cancelled job 7\n"
+    assert interrupted("8", lambda: cancelled.append("8"), False, "me@login") == 130
+    assert cancelled == ["7"]
+    assert capsys.readouterr().err == ("slurmlaunch: job 8 keeps running on me@login (slurmlaunch cancel 8 cancels "
+                                       "it; slurmlaunch logs --follow 8 follows it)\n")

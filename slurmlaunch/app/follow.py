@@ -121,6 +121,19 @@ def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, 
         time.sleep(poll)
 
 
+def interrupted(job_id: str, cancel: Callable[[], None], cancel_on_interrupt: bool, where: str = "") -> int:
+    """Ctrl-C while following a job: cancel it (asked on a terminal, unless --cancel-on-interrupt) or say
+    how to find it again; the exit code is 130 either way. ``where``: the ssh destination of a remote job."""
+    on = f" on {where}" if where else ""
+    if cancel_on_interrupt or ask(f"\nslurmlaunch: cancel job {job_id}{on}? [y/N] "):
+        cancel()
+        sys.stderr.write(f"slurmlaunch: cancelled job {job_id}\n")
+    else:
+        sys.stderr.write(f"slurmlaunch: job {job_id} keeps running{on} (slurmlaunch cancel {job_id} cancels it; "
+                         f"slurmlaunch logs --follow {job_id} follows it)\n")
+    return 130
+
+
 def ask(question: str) -> bool:
     """A yes/no question on the terminal; no (without asking) when stdin is not one."""
     if not sys.stdin.isatty():

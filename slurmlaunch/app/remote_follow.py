@@ -76,7 +76,7 @@ def wait_remote(runner: SshRunner, edge: Scheduler, spec: JobSpec, job_id: str, 
     """Follow the job from here: its states and rank 0's output (where the scheduler writes one; PBS: the
     states), as `submit --wait` does locally. A dropped connection is retried on every poll (a new master
     each time) for follow's LOST_CONTACT_S."""
-    from .follow import ask, follow
+    from .follow import follow, interrupted
 
     target = runner.conn.dest.target
     files_id = job_id.split(".", 1)[0]
@@ -84,13 +84,10 @@ def wait_remote(runner: SshRunner, edge: Scheduler, spec: JobSpec, job_id: str, 
     try:
         code: int = follow(job_id, status, None, timeout=timeout)
     except KeyboardInterrupt:
-        if cancel_on_interrupt or ask(f"\nslurmlaunch: cancel job {job_id} on {target}? [y/N] "):
+        def cancel() -> None:
             with use_runner(runner):
                 edge.cancel(job_id)
-            sys.stderr.write(f"slurmlaunch: cancelled job {job_id}\n")
-        else:
-            sys.stderr.write(f"slurmlaunch: job {job_id} keeps running on {target} (slurmlaunch cancel "
-                             f"{job_id} cancels it; slurmlaunch logs --follow {job_id} follows it)\n")
-        return 130
+
+        return interrupted(job_id, cancel, cancel_on_interrupt, target)
     sys.stderr.write(f"slurmlaunch: logs on {target}:{spec.log_dir}\n")
     return code

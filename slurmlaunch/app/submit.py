@@ -192,7 +192,7 @@ def describe_array(spec: JobSpec, job_id: str) -> None:
 
 def wait_for(edge: Scheduler, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, timeout: float | None) -> int:
     from ..schedulers import JobStatus
-    from .follow import ask, follow
+    from .follow import follow, interrupted
 
     # Follow rank 0's own log where the scheduler writes one (an array has many rank 0s: its elements' states
     # are shown instead).
@@ -214,13 +214,7 @@ def wait_for(edge: Scheduler, job_id: str, spec: JobSpec, cancel_on_interrupt: b
                 sys.stderr.write(f"slurmlaunch:   {job_id}_{index}: {state}\n")
         return code
     except KeyboardInterrupt:
-        if cancel_on_interrupt or ask(f"\nslurmlaunch: cancel job {job_id}? [y/N] "):
-            edge.cancel(job_id)
-            sys.stderr.write(f"slurmlaunch: cancelled job {job_id}\n")
-        else:
-            sys.stderr.write(f"slurmlaunch: job {job_id} keeps running (slurmlaunch cancel {job_id} cancels it; "
-                             f"slurmlaunch logs --follow {job_id} follows it)\n")
-        return 130
+        return interrupted(job_id, lambda: edge.cancel(job_id), cancel_on_interrupt)
 
 
 def warning_lines(batch_log: str) -> list[str]:
