@@ -44,9 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 HAND_SPELLED = re.compile(r"""job-[{$]|["']job-["']|\.(exitcode|batch\.log|srun\.log|failure|reasons|returned|"""
                           r"""exit|sbatch|qsub)["']""")
 # Spelled elsewhere on purpose: the RUNNER's exit-mark suffix in core/__init__.py (the launcher's path reads it
-# without building JobFiles); the PROBE program app/remote_jobs.py runs on a login node, where no slurmlaunch
-# is installed, and its record writer (another engineer's module; a follow-up).
-ALLOWED = {"slurmlaunch/core/jobfiles.py", "slurmlaunch/core/__init__.py", "slurmlaunch/app/remote_jobs.py"}
+# without building JobFiles).
+ALLOWED = {"slurmlaunch/core/jobfiles.py", "slurmlaunch/core/__init__.py"}
 
 
 def test_no_job_file_name_is_spelled_outside_jobfiles() -> None:

@@ -15,6 +15,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from ..core.errors import SpecError
+from ..core.jobfiles import JobFiles
 from ..core.spec import JobSpec
 from ..schedulers.interface import SchedulerName
 from .records import JobRecord
@@ -192,7 +193,8 @@ def write_local_record(dest: Destination, setup: tuple[str, ...], spec: JobSpec,
 
     directory = _records_dir(dest)
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    script_path = os.path.join(directory, f"job-{job_id}.{'sbatch' if scheduler == 'slurm' else 'qsub'}")
+    files = JobFiles(directory, job_id)
+    script_path = files.script("sbatch" if scheduler == "slurm" else "qsub")
     write_private(script_path, script, 0o600)
     record = {
         "job_id": job_id, "scheduler": scheduler, "remote": dest.target, "remote_setup": list(setup),
@@ -200,6 +202,6 @@ def write_local_record(dest: Destination, setup: tuple[str, ...], spec: JobSpec,
         "rank_log": rank_log(spec, job_id, 0), "script": script_path, "spec": asdict(spec),
         **({"pbs_job_id": full_id} if full_id != job_id else {}),
     }
-    path = os.path.join(directory, f"job-{job_id}.json")
+    path = files.record
     write_private(path, JobRecord(record, job_id).to_json(), 0o600)
     return path
