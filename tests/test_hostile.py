@@ -181,13 +181,16 @@ def test_torchrun_node_job_id(env_extra: dict[str, str], expect: str, tmp_path: 
     one_line_exit_2(run(["torchrun-node", "--nproc-per-node", "1", "--no-python", "true"], tmp_path, env), expect)
 
 
-def test_torchrun_node_other_numbers_do_not_break_it() -> None:
+@pytest.mark.parametrize(("name", "value"), [("SLURM_STEP_ID", "9" * 5000), ("SLURM_CPUS_PER_TASK", "²")])
+def test_torchrun_node_other_numbers_are_one_short_line(name: str, value: str) -> None:
+    """Read through the launcher's parsers (core.envvars): refused, not ignored, and the line stays short."""
     from slurmlaunch.allocation.torchrun_mode import torchrun_command
+    from slurmlaunch.core.errors import EnvironmentMappingError
 
-    env = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_ID": "9" * 5000,
-           "SLURM_CPUS_PER_TASK": "²"}
-    argv, extra = torchrun_command(env, {"nproc-per-node": "1"}, [], ["t.py"], "python")
-    assert "--rdzv-id=7" in argv and "OMP_NUM_THREADS" not in extra
+    env = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n1", name: value}
+    with pytest.raises(EnvironmentMappingError) as e:
+        torchrun_command(env, {"nproc-per-node": "2"}, [], ["t.py"], "python")
+    assert str(e.value).startswith(f"{name}=") and "\n" not in str(e.value) and len(str(e.value)) < 300
 
 
 def test_status_of_an_element_with_thousands_of_digits(work: tuple[Path, dict[str, str]]) -> None:
