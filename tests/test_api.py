@@ -226,3 +226,13 @@ def test_a_profiles_remote_keys_are_the_apis_remote_arguments(tmp_path: Path,
         slurmlaunch.map_array(print, [1], remote_setup=["module load slurm"], scheduler="local")
     with pytest.raises(SpecError, match="only with remote="):
         slurmlaunch.submit(print, profile="plain", remote_python="python3", scheduler="local")
+
+
+@pytest.mark.parametrize(("given", "minutes"), [
+    (None, 525600), ("0", 525600), ("UNLIMITED", 525600), ("infinite", 525600),  # sbatch: 0 is no limit
+    ("1", 1), ("1:30", 2), ("90", 90), ("1-0", 1440), ("0:0:1", 1),
+])
+def test_the_apis_time_limit_for_submitit_follows_sbatchs_reading(given: str | None, minutes: int) -> None:
+    from slurmlaunch.app.api.executors import _minutes
+
+    assert _minutes(given) == minutes

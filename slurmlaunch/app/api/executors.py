@@ -14,11 +14,12 @@ from .local import _local_executor
 
 
 def _minutes(time_text: str | None) -> int:
-    if time_text is None or time_text.upper() in ("UNLIMITED", "INFINITE"):
-        return 60 * 24 * 365
+    """submitit's timeout_min for --time: whole minutes, rounded up; no limit (unset, UNLIMITED, INFINITE, or
+    0, which sbatch reads as no limit) as a year."""
     from ...core.spec import time_seconds
 
-    return max(1, -(-(time_seconds(time_text) or 0) // 60))  # whole minutes, rounded up
+    seconds = None if time_text is None else time_seconds(time_text)
+    return 60 * 24 * 365 if seconds is None else max(1, -(-seconds // 60))
 
 
 def _batch_lines(signal_name: str) -> list[str]:
