@@ -512,3 +512,32 @@ def test_zsh_as_the_login_shell_runs_setup_lines_and_its_chatty_zshenv_is_named(
     with remote.Connection(remote.parse_destination("login")) as conn:
         error = _one_line_error(lambda: conn.run_argv(["true"], timeout=60))
     assert "prints 'zsh says hi' on stdout" in error and "~/.zshenv" in error, error
+
+
+@pytest.mark.parametrize(("config", "theirs"), [
+    ({"controlpath": "/s/%C", "controlmaster": "auto"}, "/s/%C"),
+    ({"controlpath": "/s/%C", "controlmaster": "autoask"}, "/s/%C"),
+    ({"controlpath": "/s/%C", "controlmaster": "true"}, "/s/%C"),
+    ({"controlpath": "/s/%C", "controlmaster": "false"}, None),  # a path alone: every call logs in anew
+    ({"controlpath": "none", "controlmaster": "auto"}, None),
+    ({}, None),
+])
+def test_only_a_control_path_with_a_master_is_the_users_own(config: dict[str, str], theirs: str | None) -> None:
+    """Audit 2, finding 3: `ControlPath` without `ControlMaster` made one submit --wait log in 18 times."""
+    from slurmlaunch.app.remote_shell import user_master_path
+
+    assert user_master_path(config) == theirs
+
+
+def test_through_a_jump_host_the_line_that_says_why_is_shown() -> None:
+    """Audit 2, item 13: ssh's last line through a ProxyJump host is always kex_exchange_identification's; the
+    cause (a refused connection, a refused key) comes first."""
+    from slurmlaunch.app.remote_shell import ssh_failure
+
+    dest = remote.parse_destination("hpc")
+    for first in ("ssh: connect to host 127.0.0.2 port 1: Connection refused",
+                  "nobody@127.0.0.2: Permission denied (publickey)."):
+        said = ssh_failure(dest, {"proxyjump": "jumpbox"},
+                           f"{first}\nkex_exchange_identification: Connection closed by remote host\n"
+                           "Connection closed by UNKNOWN port 65535\n")
+        assert said is not None and first in said, said

@@ -40,10 +40,18 @@ def ssh_config(ssh: str, target: str) -> dict[str, str]:
     return {key.lower(): value.strip() for key, value in pairs if key}
 
 
+def user_master_path(config: dict[str, str]) -> str | None:
+    """The ControlPath of the user's own master in a resolved ssh configuration (``ssh -G``), or None. A
+    ControlPath with ControlMaster no (`ssh -G` says false) makes no master: every ssh call would log in
+    anew (18 logins for one submit --wait, a second factor asked as often), so that is none of theirs."""
+    path = config.get("controlpath", "none")
+    makes_master = config.get("controlmaster", "false").lower() not in ("false", "no")
+    return None if path.lower() == "none" or not path or not makes_master else path
+
+
 def user_control_path(ssh: str, target: str) -> str | None:
-    """The ControlPath the user's ssh configuration gives ``target``, or None."""
-    path = ssh_config(ssh, target).get("controlpath", "none")
-    return None if path.lower() == "none" or not path else path
+    """The ControlPath of the user's own master for ``target`` (:func:`user_master_path`), or None."""
+    return user_master_path(ssh_config(ssh, target))
 
 
 def _known_hosts_advice(dest: Destination, config: dict[str, str]) -> str:
@@ -57,11 +65,24 @@ def _known_hosts_advice(dest: Destination, config: dict[str, str]) -> str:
     return f"ssh-keygen -R '{name}'{where}"
 
 
+# ssh's lines that say why, where there are several (through a ProxyJump host, the jump's own refusal comes
+# first and "kex_exchange_identification: Connection closed" last).
+_TELLING = ("Could not resolve hostname", "Permission denied", "connect to host", "Connection refused",
+            "Connection timed out", "No route to host", "Network is unreachable", "Host key verification failed")
+
+
+def _telling_line(text: str) -> str:
+    """The line of ssh's stderr that says most: the first naming a cause, else the last."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return next((line for line in lines if any(words in line for words in _TELLING)),
+                lines[-1] if lines else "(no output)")
+
+
 def ssh_failure(dest: Destination, config: dict[str, str], stderr: str, exited_255: bool = True) -> str | None:
     """One line naming what ssh itself could not do, from its stderr; without ``exited_255`` (rsync's
     stderr), None when nothing in it is ssh's."""
     text = stderr.strip()
-    last = text.splitlines()[-1] if text else "(no output)"
+    last = _telling_line(text)
     name = str(dest)
     if "Could not resolve hostname" in text:
         return (f"--remote {name}: host {dest.host!r} cannot be resolved ({last}); check the name, or its Host "

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from .remote_dest import Destination, remote_command, setup_failure, without_marker
-from .remote_shell import PROBE, RemoteError, Unreachable, check_shell, ssh_config, ssh_failure
+from .remote_shell import PROBE, RemoteError, Unreachable, check_shell, ssh_config, ssh_failure, user_master_path
 
 CONTROL_PERSIST_S = 60  # a master left by a crash goes away on its own after this long idle
 CONNECT_TIMEOUT_S = 20
@@ -53,9 +53,9 @@ def private_control_dir() -> str:
 class Connection:
     """One multiplexed ssh connection to a destination. Use it in a ``with``.
 
-    Where the user's ssh configuration already gives the destination a ControlPath (their own ControlMaster,
-    typically with ControlPersist, so that a login with a second factor is asked once a day), that is used as
-    it is and never stopped. Otherwise slurmlaunch keeps its own master for this one command
+    Where the user's ssh configuration already gives the destination a ControlPath and a ControlMaster (their
+    own master, typically with ControlPersist, so that a login with a second factor is asked once a day),
+    that is used as it is and never stopped. Otherwise slurmlaunch keeps its own master for this one command
     (ControlMaster=auto, its socket in a private 0700 directory), and leaving the ``with`` stops it
     (``ssh -O exit``) and removes the directory: no ssh process outlives the command. Inside the ``with``,
     SIGTERM and SIGHUP (where nobody else handles them) end the command the same way."""
@@ -67,8 +67,7 @@ class Connection:
         self.ssh = ssh
         self.timeout = timeout
         self.config = ssh_config(ssh, dest.target)
-        path = self.config.get("controlpath", "none")
-        self.user_master = None if path.lower() == "none" or not path else path
+        self.user_master = user_master_path(self.config)
         self.shell_checked = False
         self._signals: dict[int, object] = {}
         # ours (0700), only when the user has no ControlPath of their own
