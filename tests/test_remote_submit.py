@@ -172,7 +172,8 @@ def test_cancel_and_follow_from_the_laptop(laptop: sshd.Laptop, cluster_env: dic
 
 
 @pytest.mark.parametrize("option", [["--remote-setup", "module load slurm"], ["--remote-exclude", "*.ckpt"],
-                                    ["--no-sync"], ["--sync-limit", "10M"]])
+                                    ["--no-sync"], ["--sync-limit", "10M"],
+                                    ["--sync-limit", "1G"]])  # the default's value, given, is given too
 def test_remote_only_options_are_refused_without_remote(site: Path, capsys: pytest.CaptureFixture[str],
                                                          option: list[str]) -> None:
     from slurmlaunch import cli
@@ -182,6 +183,17 @@ def test_remote_only_options_are_refused_without_remote(site: Path, capsys: pyte
     assert cli.main(["submit", "--scheduler", "slurm", "--dry-run", *option, "train.py"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "only with --remote" in err and option[0] in err, err
+
+
+@pytest.mark.parametrize("value", ["", "1 G", "-1", "1.5G"])
+def test_a_sync_limit_that_is_not_a_size_is_one_line(site: Path, capsys: pytest.CaptureFixture[str],
+                                                     value: str) -> None:
+    from slurmlaunch import cli
+
+    assert cli.main(["submit", "--remote", "login:/abs", "--scheduler", "slurm", "--dry-run", "--sync-limit", value,
+                     "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--sync-limit {value!r} is not a size" in err, err
 
 
 TICKER = """\
@@ -360,6 +372,24 @@ def test_list_asks_per_destination_and_setup_lines(laptop: sshd.Laptop, tmp_path
     states = [list_row(row, live)["state"] for row in rows]
     assert states == ["RUNNING", "COMPLETED", "PENDING", "CANCELLED"]
     assert len(live) == 2
+
+
+def test_list_says_why_a_destination_gave_no_states(laptop: sshd.Laptop, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Second audit: a failing squeue (or a chatty dotfile, an unreachable host) was a silent '?'."""
+    from slurmlaunch.app.records import JobRecord
+    from slurmlaunch.app.remote_jobs import list_row
+
+    bin_dir = sshd.login_bin(tmp_path, {"squeue": "import sys\nsys.exit('squeue: error: slurmctld is down')\n"})
+    record = tmp_path / "job-7.json"
+    record.write_text(JobRecord({"job_id": "7", "scheduler": "slurm", "remote": "login", "log_dir": "/x",
+                                 "remote_setup": [f"export PATH={bin_dir}"]}, "7").to_json())
+    for key, value in laptop.env.items():
+        monkeypatch.setenv(key, value)
+    assert list_row({"job_id": "7", "record": str(record), "remote": "login"}, {})["state"] == "?"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no states from login" in err and "slurmctld is down" in err, err
 
 
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])

@@ -183,7 +183,7 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
         Opt("--remote-exclude", action="append", default=(), metavar="PATTERN",
             help="with --remote: leave PATTERN out of the sync (rsync's --exclude; .gitignore files and .git/ are "
             "always honoured; repeatable)"),
-        Opt("--sync-limit", default="1G", metavar="SIZE",
+        Opt("--sync-limit", metavar="SIZE",  # None: 1G (remote_submit), and "given" can be told apart
             help="with --remote: refuse a sync that would send more than SIZE (default 1G)"),
     )),
     ("what and how", (

@@ -111,8 +111,9 @@ def list_row(row: Mapping[str, Any], live: dict[str, dict[str, str] | None]) -> 
     if key not in live:
         try:
             live[key] = _queue_states(record, row)
-        except SchedulerError:
-            live[key] = None  # unreachable now: no quick state
+        except SchedulerError as e:  # unreachable now: no quick state, and one line saying why
+            live[key] = None
+            sys.stderr.write(f"slurmlaunch: list: no states from {target}: {e}\n")
     known = live[key]
     state = "?" if known is None else known.get(str(row["job_id"]), "ENDED?")
     return {**row, "state": state, "directory": f"{target}:{record.log_dir}"}

@@ -50,7 +50,7 @@ def refuse_remote_only(ns: Any) -> None:
     """The options that mean something only with --remote, given without it: refused, not ignored."""
     given = [flag for flag, on in (("--remote-setup", ns.remote_setup), ("--remote-exclude", ns.remote_exclude),
                                    ("--no-sync", ns.sync is False),
-                                   ("--sync-limit", ns.sync_limit not in (None, DEFAULT_SYNC_LIMIT_TEXT)))
+                                   ("--sync-limit", ns.sync_limit is not None))
              if on]
     if given:
         raise SpecError(f"{', '.join(given)}: only with --remote [USER@]HOST[:DIR] (leave it out, or add --remote)")
@@ -131,7 +131,8 @@ def submit_remote(ns: Any, spec_from_args: Callable[[Any], JobSpec]) -> int:
     from ..schedulers.choice import scheduler
 
     dest = parse_destination(ns.remote)
-    limit = parse_size(ns.sync_limit) if ns.sync_limit else None
+    # --sync-limit's default (None) is 1G; an empty value is refused like any other that is not a size
+    limit = parse_size(DEFAULT_SYNC_LIMIT_TEXT if ns.sync_limit is None else ns.sync_limit)
     # The ranks' interpreter is the cluster's (python3 there, or --python's path there): validated as one
     # of this machine's would be, it would have to exist here.
     python = ns.python or "python3"
