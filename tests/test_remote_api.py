@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import time
 from pathlib import Path
 
 from . import sshd
@@ -207,3 +208,52 @@ def test_the_apis_and_doctors_remote_interpreter_is_checked_there_first(laptop: 
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "--python ~/old/bin/python on login is Python 3.8" in r.stderr and "Traceback" not in r.stderr
     assert masters_left(laptop) == []
+
+
+DROP_SCRIPT = """\
+import json, os, sys, time
+import slurmlaunch
+
+def wait_for_go(started, go):  # runs on the cluster: says it started, waits (bounded) for the test's word
+    open(started, "w").close()
+    deadline = time.monotonic() + 180
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return 42 if os.path.exists(go) else -1
+
+dest, setup, python, port, started, go = json.loads(sys.argv[1])
+job = slurmlaunch.submit(wait_for_go, started, go, remote=dest, remote_setup=setup, remote_python=python,
+                         nodes=1, master_port=port)
+print("OUT " + json.dumps(job.results()), flush=True)
+"""
+
+
+def test_results_survive_a_connection_drop(laptop: sshd.Laptop, server: sshd.Sshd, cluster_env: dict[str, str],
+                                           tmp_path: Path) -> None:
+    """Second audit: results() ended at once when the connection dropped (--wait retries for 120 s). sshd goes
+    away for a few seconds while results() waits: it says so once, tries again, and returns the value."""
+    python = python_without_slurmlaunch(tmp_path)
+    project = tmp_path / "nb"
+    project.mkdir()
+    (project / "run.py").write_text(DROP_SCRIPT)
+    started, go = tmp_path / "started", tmp_path / "go"
+    argv = json.dumps([f"login:{tmp_path / 'cluster'}", sshd.setup_for(cluster_env)[1:4:2], python,
+                       int(free_master_port()), str(started), str(go)])
+    p = subprocess.Popen(["python3", "run.py", argv], env=laptop.env, cwd=project, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while not started.exists() and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.2)
+        assert started.exists(), p.communicate(timeout=30)
+        server.drop()
+        time.sleep(6)  # the drop itself, not a synchronisation
+        server.start()
+        go.touch()
+        out, err = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0 and "OUT [42]" in out, out + err
+    assert err.count("lost contact with login") == 1 and "in contact with login again" in err, err

@@ -35,6 +35,7 @@ from .remote import (
     Connection,
     Destination,
     RemoteError,
+    Unreachable,
     check_python,
     parse_destination,
     pythonpath_setup,
@@ -91,8 +92,28 @@ class RemoteJob:
         return str(self._ask("logs", rank=rank)["text"])
 
     def _wait(self, rank0: bool) -> list[Any]:
+        """A series of bounded waits there. A dropped connection (ssh's own failure) is retried with a
+        growing pause for LOST_CONTACT_S, as `submit --wait` does, then raised; the job is not touched."""
+        from .follow import LOST_CONTACT_S
+
+        failing_since: float | None = None
         while True:
-            answer = self._ask("wait", timeout=COMMAND_TIMEOUT_S + WAIT_STEP_S, limit=WAIT_STEP_S, rank0=rank0)
+            try:
+                answer = self._ask("wait", timeout=COMMAND_TIMEOUT_S + WAIT_STEP_S, limit=WAIT_STEP_S,
+                                   rank0=rank0)
+            except Unreachable as e:
+                now = time.monotonic()
+                if failing_since is None:
+                    failing_since = now
+                    sys.stderr.write(f"slurmlaunch: lost contact with {self.remote} ({e}); trying again for up to "
+                                     f"{LOST_CONTACT_S:.0f}s, the job is not affected\n")
+                elif now - failing_since > LOST_CONTACT_S:
+                    raise
+                time.sleep(min(10.0, 1.0 + (now - failing_since) / 4))
+                continue
+            if failing_since is not None:
+                sys.stderr.write(f"slurmlaunch: in contact with {self.remote} again\n")
+                failing_since = None
             if answer.get("done"):
                 return list(answer["values"])
 
