@@ -88,3 +88,13 @@ def test_submit_builds_run_options_only_for_run() -> None:
     r = subprocess.run([sys.executable, "-X", "importtime", "-m", "slurmlaunch", "run", "--help"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "slurmlaunch.app.run" in r.stderr and "--nproc-per-node" in r.stdout
+
+
+def test_a_local_submission_imports_none_of_the_remote_modules(tmp_path: Path) -> None:
+    """ssh, rsync and the shipped package are --remote's: a dry run here does not pay for importing them
+    (refuse_remote_only lives with the options for that reason)."""
+    (tmp_path / "t.py").write_text("")
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "slurmlaunch", "submit", "--scheduler", "local",
+                        "--dry-run", "t.py"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [line for line in r.stderr.splitlines() if "slurmlaunch.app.remote" in line] == []

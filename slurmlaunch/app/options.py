@@ -213,3 +213,16 @@ def add_submit_options(s: Any) -> None:
             option.add_to(group, argparse.BooleanOptionalAction)
     s.add_argument("script", metavar="SCRIPT")
     s.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to SCRIPT unchanged")
+
+
+def refuse_remote_only(ns: Any) -> None:
+    """The options that mean something only with --remote, given without it: refused, not ignored (here, not
+    with the remote modules, which a local submission does not import)."""
+    given = [flag for flag, on in (("--remote-setup", ns.remote_setup), ("--remote-exclude", ns.remote_exclude),
+                                   ("--no-sync", ns.sync is False),
+                                   ("--sync-limit", ns.sync_limit is not None))
+             if on]
+    if given:
+        from ..core.errors import SpecError
+
+        raise SpecError(f"{', '.join(given)}: only with --remote [USER@]HOST[:DIR] (leave it out, or add --remote)")

@@ -21,9 +21,9 @@ from .remote_dest import parse_destination
 from .remote_follow import RemoteFollower
 from .remote_runner import SshRunner
 from .remote_ssh import Connection
-from .remote_submit import _project_name, refuse_remote_only, submit_remote
+from .remote_submit import _project_name, submit_remote
 
-__all__ = ["_project_name", "cancel", "list_row", "logs", "refuse_remote_only", "status",
+__all__ = ["_project_name", "cancel", "list_row", "logs", "status",
            "submit_remote"]
 
 

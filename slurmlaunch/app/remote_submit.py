@@ -46,16 +46,6 @@ def _refuse_unsupported_remote(ns: Any, spec: JobSpec) -> None:
         raise SpecError("--remote with --array/--sweep is not supported yet; submit on the login node")
 
 
-def refuse_remote_only(ns: Any) -> None:
-    """The options that mean something only with --remote, given without it: refused, not ignored."""
-    given = [flag for flag, on in (("--remote-setup", ns.remote_setup), ("--remote-exclude", ns.remote_exclude),
-                                   ("--no-sync", ns.sync is False),
-                                   ("--sync-limit", ns.sync_limit is not None))
-             if on]
-    if given:
-        raise SpecError(f"{', '.join(given)}: only with --remote [USER@]HOST[:DIR] (leave it out, or add --remote)")
-
-
 def remote_scheduler(requested: str, runner: SshRunner) -> SchedulerName:
     """--scheduler for a login node: slurm or pbs as given; auto: Slurm where sbatch is on the login node's
     PATH (after the --remote-setup lines), else PBS where qsub is (one `command -v` round trip for both)."""

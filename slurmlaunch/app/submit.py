@@ -121,7 +121,7 @@ def cmd_submit(ns: Any) -> int:
         from .remote_jobs import submit_remote
 
         return submit_remote(ns, spec_from_args)
-    from .remote_jobs import refuse_remote_only
+    from .options import refuse_remote_only
 
     refuse_remote_only(ns)
     spec = spec_from_args(ns)
