@@ -112,9 +112,16 @@ def test_git_decides_what_is_sent_in_a_work_tree(laptop: sshd.Laptop, tmp_path: 
     _git(project, "commit", "-q", "-m", "c")
     (project / "tracked-then-deleted.py").unlink()
     (project / "untracked.py").write_text("new, not ignored")
+    (project / "vendor").mkdir()  # a repository inside, untracked: its own git decides below it
+    _git(project / "vendor", "init", "-q")
+    (project / "vendor" / ".gitignore").write_text("*.o\n")
+    (project / "vendor" / "lib.py").write_text("vendored")
+    (project / "vendor" / "lib.o").write_text("built")
     git_says = set(subprocess.run([GIT or "git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=project,
                                   capture_output=True, text=True, check=True).stdout.split())
-    git_says -= {"tracked-then-deleted.py", "out/rank0.txt", "notes.scratch"}
+    assert "vendor/" in git_says
+    git_says -= {"tracked-then-deleted.py", "out/rank0.txt", "notes.scratch", "vendor/"}
+    git_says |= {"vendor/.gitignore", "vendor/lib.py"}
     assert {"keep.log", "logs/keep.log", "sub/wanted.tmp"} <= git_says
     target = tmp_path / "remote-side"
     excludes = ["/out/", "*.scratch"]
@@ -176,3 +183,16 @@ def test_no_warning_without_a_negation(laptop: sshd.Laptop, tmp_path: Path,
     with remote.Connection(remote.parse_destination("login")) as conn:
         remote.sync(conn, str(project), str(tmp_path / "there"))
     assert capsys.readouterr().err == ""
+
+
+def test_a_directory_a_repository_above_ignores_goes_by_the_filter(laptop: sshd.Laptop, tmp_path: Path) -> None:
+    """A home directory under git that ignores everything: git lists nothing here, which is not "send nothing"."""
+    _with_git(laptop)
+    _git(tmp_path, "init", "-q")
+    (tmp_path / ".gitignore").write_text("*\n")
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("t")
+    with remote.Connection(remote.parse_destination("login")) as conn:
+        done = remote.sync(conn, str(project), str(tmp_path / "there"))
+    assert (done.rule, done.sent_files) == (FILTER_RULE, 1) and (tmp_path / "there" / "train.py").is_file()

@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -130,11 +131,15 @@ def _git_list(top: str, below: str, depth: int = 0) -> list[bytes] | None:
     found: list[bytes] = []
     prefix = os.fsencode(below + "/" if below else "")
     for name in dict.fromkeys(proc.stdout.split(b"\0")):  # a conflicted file is listed once per stage
+        if not name:
+            continue
         rel = prefix + name.rstrip(b"/")
         path = os.path.join(os.fsencode(top), rel)
-        if not name or not os.path.lexists(path):
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
             continue  # tracked, deleted here
-        if os.path.isdir(path) and not os.path.islink(path):  # a submodule or an untracked repository
+        if stat.S_ISDIR(mode):  # a submodule or an untracked repository
             inner = _git_list(top, os.fsdecode(rel), depth + 1) if depth < 8 else None
             found += inner or []
         else:
@@ -144,12 +149,13 @@ def _git_list(top: str, below: str, depth: int = 0) -> list[bytes] | None:
 
 def git_files(local_dir: str) -> bytes | None:
     """The files to send as git says (its ignore rules: `!` lines, every directory's .gitignore,
-    .git/info/exclude, core.excludesFile), NUL-separated; None where git is not on PATH or local_dir is not
-    in a git work tree."""
+    .git/info/exclude, core.excludesFile), NUL-separated; None where git is not on PATH, local_dir is not
+    in a git work tree, or git lists nothing there."""
     if not shutil.which("git"):
         return None
     names = _git_list(os.path.abspath(local_dir), "")
-    return None if names is None else b"".join(name + b"\0" for name in names)
+    # none: not git's project (a repository above that ignores this directory, e.g. a home under git)
+    return b"".join(name + b"\0" for name in names) if names else None
 
 
 def negation_warning(local_dir: str) -> str | None:
