@@ -130,6 +130,9 @@ def test_git_decides_what_is_sent_in_a_work_tree(laptop: sshd.Laptop, tmp_path: 
         assert _tree(target) == git_says
         assert first.rule == GIT_RULE and first.line("login:x").endswith("files as git lists them")
         assert (target / "link.py").is_symlink() and os.readlink(target / "link.py") == "train.py"
+        modes = {str(p.relative_to(target)): p.lstat().st_mode & 0o077 for p in target.rglob("*")
+                 if not p.is_symlink()}
+        assert modes and not any(modes.values()), modes  # private there, implied directories too
         again = remote.sync(conn, str(project), str(target), excludes)
     assert (again.sent_files, again.files) == (0, len(git_says) - 1)  # the link is no regular file
     assert f"nothing changed ({again.files} files up to date)" in again.line("login")
