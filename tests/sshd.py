@@ -39,6 +39,16 @@ def missing() -> str | None:
     return None
 
 
+def ipv6_loopback() -> bool:
+    """Whether ::1 can be listened on here."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -68,6 +78,7 @@ class Sshd:
         return "\n".join([
             f"Port {self.port}",
             "ListenAddress 127.0.0.1",
+            *(["ListenAddress ::1"] if ipv6_loopback() else []),  # for the IPv6 destination's test
             f"HostKey {self.root / 'host_ed25519'}",
             f"PidFile {self.root / 'sshd.pid'}",
             f"AuthorizedKeysFile {self.root / 'authorized_keys'}",

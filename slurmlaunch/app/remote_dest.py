@@ -32,8 +32,15 @@ class Destination:
 
     @property
     def target(self) -> str:
-        """What ssh and rsync are given as the host."""
+        """What ssh is given as the host (an IPv6 address bare: ssh takes it so)."""
         return f"{self.user}@{self.host}" if self.user else self.host
+
+    @property
+    def path_target(self) -> str:
+        """The host in rsync's and scp's ``HOST:PATH`` form, before the ``:``: an IPv6 address in brackets
+        (``user@[::1]``), since rsync reads a bare ``user@::1:/path`` as its daemon's ``host::module``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.user}@{host}" if self.user else host
 
     def __str__(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host

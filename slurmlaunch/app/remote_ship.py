@@ -74,7 +74,7 @@ def ship_argv(conn: Connection, remote_dir: str, tag: str | None = None) -> list
     """The rsync that sends the package (its sources, no byte code) to shipped_path, private to the user."""
     return ["rsync", "-a", "--chmod=go-rwx", "-s", "-e", conn.rsync_shell(), "--exclude=__pycache__/",
             "--exclude=*.py[co]", "--", *(path.rstrip("/") for path in _sources()),
-            f"{conn.dest.target}:{shipped_path(remote_dir, tag)}/"]
+            f"{conn.dest.path_target}:{shipped_path(remote_dir, tag)}/"]
 
 
 def ship_package(conn: Connection, remote_dir: str) -> str:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shlex
+import shutil
+import stat
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,18 +61,24 @@ def _human(n: int) -> str:
     return f"{n} B"
 
 
+GIT_RULE = "as git lists them"  # which rule chose the files: the summary line says it
+FILTER_RULE = "as rsync's .gitignore filter leaves them"
+
+
 @dataclass(frozen=True)
 class SyncSummary:
     files: int  # regular files in the project (after the excludes)
     sent_files: int  # those that were new or changed
     sent_bytes: int  # their size
     wire_bytes: int  # what rsync sent over the connection, lists and checksums included
+    rule: str = FILTER_RULE  # GIT_RULE or FILTER_RULE
 
     def line(self, dest: str) -> str:
         if not self.sent_files:
-            return f"slurmlaunch: synced to {dest}: nothing changed ({plural(self.files, 'file')} up to date)"
+            return (f"slurmlaunch: synced to {dest}: nothing changed ({plural(self.files, 'file')} up to date), "
+                    f"files {self.rule}")
         return (f"slurmlaunch: synced to {dest}: {self.sent_files} of {plural(self.files, 'file')} new or changed "
-                f"({_human(self.sent_bytes)}; {_human(self.wire_bytes)} over the connection)")
+                f"({_human(self.sent_bytes)}; {_human(self.wire_bytes)} over the connection), files {self.rule}")
 
 
 def _stat(stats: str, label: str) -> int:
@@ -82,24 +93,96 @@ def _regular_files(stats: str) -> int:
 
 
 def sync_argv(conn: Connection, local_dir: str, remote_dir: str, excludes: Sequence[str],
-              dry_run: bool = False) -> list[str]:
-    """rsync of ``local_dir`` into ``remote_dir``: .gitignore files honoured as rsync reads them (each
-    directory's own, `:- .gitignore`), .git/ and ``excludes`` left out; nothing on the remote is deleted."""
+              dry_run: bool = False, listed: bool | None = None) -> list[str]:
+    """rsync of ``local_dir`` into ``remote_dir``; nothing on the remote is deleted. ``listed`` (None: when
+    local_dir is in a git work tree and git is on PATH, see git_files): the files are the NUL-separated list
+    on rsync's stdin, git's answer to what .gitignore means; otherwise rsync reads each directory's
+    .gitignore itself (`:- .gitignore`, which knows no `!` line). Either way .git/, .slurmlaunch/ and
+    ``excludes`` are left out."""
+    if listed is None:
+        listed = git_files(local_dir) is not None
     # --chmod=go-rwx: what is sent is private to the user there, whatever its permissions here (-a copies
     # them, and a laptop's umask is usually 022).
-    argv = ["rsync", "-a", "--chmod=go-rwx", "--stats", "-s", "-e", conn.rsync_shell(),
-            "--filter=:- .gitignore", "--exclude=/.git/", f"--exclude=/{SHIPPED_DIR}/",
-            *(f"--exclude={e}" for e in excludes)]
+    argv = ["rsync", "-a", "--chmod=go-rwx", "--stats", "-s", "-e", conn.rsync_shell()]
+    if listed:
+        argv += ["--files-from=-", "--from0"]
+    else:
+        argv.append("--filter=:- .gitignore")
+    for pattern in ("/.git/", f"/{SHIPPED_DIR}/", *excludes):
+        argv.append(f"--exclude={pattern}")
+        if listed:  # rsync does not walk a list: what is below an excluded directory is left out by name
+            argv.append(f"--exclude={pattern if pattern.endswith('/') else pattern + '/'}**")
     if dry_run:
         argv.append("--dry-run")
-    return [*argv, "--", local_dir.rstrip("/") + "/", f"{conn.dest.target}:{remote_dir}/"]
+    return [*argv, "--", local_dir.rstrip("/") + "/", f"{conn.dest.path_target}:{remote_dir}/"]
 
 
-def _rsync(conn: Connection, argv: list[str], timeout: float) -> str:
+def _git_list(top: str, below: str, depth: int = 0) -> list[bytes] | None:
+    """What git sends of ``top/below`` (a work tree's directory): tracked files still there and untracked
+    ones not ignored, relative to ``top``; a submodule or nested repository's own list in its place."""
+    try:
+        proc = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                              cwd=os.path.join(top, below), stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=COMMAND_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None  # not a work tree (or git refuses it: another user's)
+    found: list[bytes] = []
+    prefix = os.fsencode(below + "/" if below else "")
+    for name in dict.fromkeys(proc.stdout.split(b"\0")):  # a conflicted file is listed once per stage
+        if not name:
+            continue
+        rel = prefix + name.rstrip(b"/")
+        path = os.path.join(os.fsencode(top), rel)
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            continue  # tracked, deleted here
+        if stat.S_ISDIR(mode):  # a submodule or an untracked repository
+            inner = _git_list(top, os.fsdecode(rel), depth + 1) if depth < 8 else None
+            found += inner or []
+        else:
+            found.append(rel)
+    return found
+
+
+def git_files(local_dir: str) -> bytes | None:
+    """The files to send as git says (its ignore rules: `!` lines, every directory's .gitignore,
+    .git/info/exclude, core.excludesFile), NUL-separated; None where git is not on PATH, local_dir is not
+    in a git work tree, or git lists nothing there."""
+    if not shutil.which("git"):
+        return None
+    names = _git_list(os.path.abspath(local_dir), "")
+    # none: not git's project (a repository above that ignores this directory, e.g. a home under git)
+    return b"".join(name + b"\0" for name in names) if names else None
+
+
+def negation_warning(local_dir: str) -> str | None:
+    """One line naming the first `!` line of a .gitignore under ``local_dir``, which the rsync filter reads
+    as an ordinary pattern: what git would send again stays here. None when there is none."""
+    found: list[tuple[str, int, str]] = []
+    for parent, dirs, files in os.walk(local_dir):
+        dirs[:] = sorted(d for d in dirs if d not in (".git", SHIPPED_DIR))
+        if ".gitignore" in files:
+            path = os.path.join(parent, ".gitignore")
+            with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as f:
+                found += [(path, n, line.rstrip("\n")) for n, line in enumerate(f, 1) if line.startswith("!")]
+    if not found:
+        return None
+    path, n, line = found[0]
+    more = f" (and {plural(len(found) - 1, 'other')})" if len(found) > 1 else ""
+    return (f"slurmlaunch: warning: {os.path.relpath(path, local_dir)}:{n}: {line!r}{more}: rsync's .gitignore "
+            f"filter reads no '!' line, so what it re-includes is not sent (git's meaning needs git on PATH and a "
+            f"git work tree here)")
+
+
+def _rsync(conn: Connection, argv: list[str], timeout: float, files: bytes | None = None) -> str:
     if not conn.shell_checked:  # rsync's own protocol error is all a chatty dotfile would otherwise leave
         conn.run("true", timeout=60, what="true")
     try:
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+        proc = subprocess.run(argv, input=files if files is not None else b"", capture_output=True,
+                              timeout=timeout)
     except FileNotFoundError:
         raise RemoteError("rsync is not on PATH here (install it, or --no-sync)") from None
     except subprocess.TimeoutExpired:
@@ -117,18 +200,27 @@ def _rsync(conn: Connection, argv: list[str], timeout: float) -> str:
 
 def sync(conn: Connection, local_dir: str, remote_dir: str, excludes: Sequence[str] = (),
          limit: int = DEFAULT_SYNC_LIMIT, timeout: float = 3600.0) -> SyncSummary:
-    """Send what changed in ``local_dir``. Counted first (a dry run): more than ``limit`` bytes to send is
-    refused with one line, before anything is sent."""
-    counted = _rsync(conn, sync_argv(conn, local_dir, remote_dir, excludes, dry_run=True), COMMAND_TIMEOUT_S)
+    """Send what changed in ``local_dir`` (the files git lists, in a git work tree; else what rsync's
+    .gitignore filter leaves, with a warning line on stderr for a `!` line it cannot read). Counted first (a
+    dry run, same argv): more than ``limit`` bytes to send is refused with one line, before anything is sent."""
+    files = git_files(local_dir)
+    rule = GIT_RULE if files is not None else FILTER_RULE
+    if files is None:
+        warning = negation_warning(local_dir)
+        if warning:
+            sys.stderr.write(warning + "\n")
+    listed = files is not None
+    counted = _rsync(conn, sync_argv(conn, local_dir, remote_dir, excludes, dry_run=True, listed=listed),
+                     COMMAND_TIMEOUT_S, files)
     to_send = _stat(counted, "Total transferred file size")
     if to_send > limit:
         raise SpecError(
-            f"sync of {local_dir!r} to {conn.dest.target}:{remote_dir} would send "
+            f"sync of {local_dir!r} to {conn.dest.path_target}:{remote_dir} would send "
             f"{plural(_stat(counted, 'Number of regular files transferred'), 'file')}, {_human(to_send)}, "
             f"more than the limit {_human(limit)}; leave out what is not code (.gitignore or --remote-exclude), raise "
             f"--sync-limit, or --no-sync")
     if not _stat(counted, "Number of regular files transferred"):
-        return SyncSummary(_regular_files(counted), 0, 0, _stat(counted, "Total bytes sent"))
-    done = _rsync(conn, sync_argv(conn, local_dir, remote_dir, excludes), timeout)
+        return SyncSummary(_regular_files(counted), 0, 0, _stat(counted, "Total bytes sent"), rule)
+    done = _rsync(conn, sync_argv(conn, local_dir, remote_dir, excludes, listed=listed), timeout, files)
     return SyncSummary(_regular_files(done), _stat(done, "Number of regular files transferred"),
-                       _stat(done, "Total transferred file size"), _stat(done, "Total bytes sent"))
+                       _stat(done, "Total transferred file size"), _stat(done, "Total bytes sent"), rule)
