@@ -155,7 +155,7 @@ def submit_remote(ns: Any, spec_from_args: Callable[[Any], JobSpec]) -> int:
         if ns.sync:
             summary = sync(conn, spec.workdir, remote_dir, excludes,
                            limit if limit is not None else parse_size(DEFAULT_SYNC_LIMIT_TEXT))
-            sys.stderr.write(summary.line(f"{dest.target}:{remote_dir}") + "\n")
+            sys.stderr.write(summary.line(f"{dest.path_target}:{remote_dir}") + "\n")
         ship_package(conn, remote_dir)
         full_id = _queue(conn, name, rspec, command, submit_line, script)
         sys.stderr.write(f"slurmlaunch: submitted job {full_id} on {dest.target} ({plural(rspec.world_size, 'rank')} "
