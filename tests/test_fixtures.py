@@ -3,6 +3,7 @@ environment is made per test (conftest.cluster_env / netns_cluster_env through h
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -33,3 +34,48 @@ def test_the_session_cluster_starts_its_job_ids_where_this_worker_says(slurm_clu
                            timeout=30, check=True).stdout
     value = next(line.split("=", 1)[1].strip() for line in shown.splitlines() if line.startswith("FirstJobId"))
     assert int(value) == first_job_id()
+
+
+@pytest.mark.slurm
+def test_two_loopback_clusters_started_at_the_same_moment_both_come_up(tmp_path: Path) -> None:
+    """pytest-xdist workers start their clusters together: without devcluster.port_lock they all chose the
+    first free block of ports, and all but one slurmd failed with "Address already in use"."""
+    import threading
+
+    from slurmlaunch.app import devcluster
+    from tests.helpers import skip_or_fail
+
+    why = devcluster.missing_requirements()
+    if why:
+        skip_or_fail(why)
+    roots = [tmp_path / "a", tmp_path / "b"]
+    results: dict[int, object] = {}
+
+    def start(i: int) -> None:
+        try:
+            results[i] = devcluster.up(roots[i], nodes=2, gpus=0, cpus=1, first_job_id=1 + 100 * i)
+        except Exception as e:  # reported below, with the other one's result
+            results[i] = e
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert all(isinstance(results.get(i), dict) for i in range(2)), results
+        ports = [{line for line in (root / "slurm.conf").read_text().splitlines() if "Port=" in line}
+                 for root in roots]
+        assert not ports[0] & ports[1]
+        for root in roots:  # each answers, through Slurm's own client
+            shown = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env={**os.environ,
+                                   "SLURM_CONF": str(root / "slurm.conf")}, capture_output=True, text=True,
+                                   timeout=30)
+            words = shown.stdout.split()  # node1 is in two partitions: listed twice
+            assert dict(zip(words[0::2], words[1::2], strict=True)) == {"node1": "idle", "node2": "idle"}, words
+    finally:
+        for t in threads:
+            t.join(300)
+        for root in roots:
+            if (root / "slurm.conf").exists():
+                devcluster.down(root)

@@ -29,6 +29,8 @@ Two network modes:
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import ipaddress
 import json
 import os
@@ -39,6 +41,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,9 +63,16 @@ def missing_requirements(netns: bool = False) -> str | None:
     return None
 
 
+# Below the MASTER_PORTs that jobs derive from their ids (core.envvars: 15000-31999) and the ephemeral range,
+# so that a job's rendezvous port is never a daemon's.
+PORT_SEARCH = range(10000, 15000, 97)
+PORT_LOCK = "/tmp/slurmlaunch-dev-cluster-ports.lock"
+
+
 def _free_port_block(count: int) -> int:
-    """A base port such that base..base+count are free now (checked by binding each)."""
-    for base in range(17000, 29000, 97):
+    """A base port such that base..base+count are free now (checked by binding each); call it holding
+    :func:`port_lock` until the daemons listen."""
+    for base in PORT_SEARCH:
         socks = []
         try:
             for port in range(base, base + count + 1):
@@ -446,17 +456,45 @@ def _wait_pidfile(path: Path, timeout: float) -> int:
     raise DevClusterError(f"{path} did not appear within {timeout:.0f}s")
 
 
+@contextlib.contextmanager
+def port_lock(timeout: float) -> Iterator[None]:
+    """This machine's loopback clusters choose their ports one at a time: held from the choice until the
+    daemons listen. Clusters started at the same moment (pytest-xdist workers) would otherwise all take the
+    first free block, and all but one slurmd fail with "Address already in use"."""
+    fd = os.open(PORT_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise DevClusterError(f"waited {timeout:.0f}s for another dev cluster to finish starting "
+                                          f"(it holds {PORT_LOCK})") from None
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def up(root: Path, nodes: int = 4, gpus: int = 4, cpus: int = 8, timeout: float = 30.0,
        accounting: bool = False, netns: bool = False, subnet: str | None = None,
        first_job_id: int = 1) -> dict[str, str]:
     """Start (MariaDB and slurmdbd with ``accounting``,) slurmctld and `nodes` slurmd, with ``netns`` each
     node on its own address of a private network (``subnet``, or a free /24 of 10.213.0.0/16); return the
     environment variables a client needs; job ids start at ``first_job_id`` (clusters side by side apart).
-    After a failure, `down(root)` removes what was started and made."""
+    After a failure, `down(root)` removes what was started and made. A loopback cluster holds
+    :func:`port_lock` while it starts (a netns one has its own addresses)."""
     why = missing_requirements(netns) or (accounting_missing() if accounting else None)
     if why:
         raise DevClusterError(why)
-    root = root.resolve()
+    with contextlib.nullcontext() if netns else port_lock(max(120.0, 6 * timeout)):
+        return _start(root.resolve(), nodes, gpus, cpus, timeout, accounting, netns, subnet, first_job_id)
+
+
+def _start(root: Path, nodes: int, gpus: int, cpus: int, timeout: float, accounting: bool, netns: bool,
+           subnet: str | None, first_job_id: int) -> dict[str, str]:
     net = make_network(root, nodes, subnet) if netns else None
     inside = net.enter(net.hub) if net else ()
     conf = write_config(root, nodes, gpus, cpus, accounting, net, first_job_id)
