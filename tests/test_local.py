@@ -84,3 +84,20 @@ def test_logs_are_not_world_writable(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     for f in (tmp_path / "slurmlaunch-logs").iterdir():
         assert f.stat().st_mode & 0o002 == 0, f
+
+
+def test_a_local_jobs_master_port_is_free_here_not_derived_from_its_id(tmp_path: Path) -> None:
+    """Local ids are unique per user and follow the clock: two users' jobs started in the same second had the
+    same id, derived the same MASTER_PORT and joined each other's rendezvous (seen under pytest-xdist)."""
+    from slurmlaunch.core.envvars import derive_port
+
+    (tmp_path / "port.py").write_text("import os\n"
+                                      "print('PORT', os.environ['MASTER_PORT'], os.environ['SLURM_JOB_ID'])\n")
+    for given in ([], ["--master-port", "23456"]):
+        r = run_cli("submit", "--scheduler", "local", "--nodes", "2", *given, "port.py", env=no_slurm_env(tmp_path),
+                    cwd=tmp_path, timeout=120)
+        assert r.returncode == 0, r.stderr
+        found = set(re.findall(r"PORT (\d+) (\d+)", r.stdout))
+        assert len(found) == 1, r.stdout  # every rank, the same port
+        port, job = found.pop()
+        assert port == "23456" if given else port != str(derive_port(int(job))), (port, job)

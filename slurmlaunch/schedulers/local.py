@@ -23,6 +23,7 @@ from typing import Final
 
 from ..allocation.gpus import dev_gpu_ids, visible_gpus
 from ..allocation.launch import RETURNED_DIR
+from ..allocation.net import free_port
 from ..allocation.reasons import REASONS_DIR, Reason, read_first
 from ..allocation.script_runner import recorded_exit
 from ..allocation.torchrun_mode import SIGABRT_CODE, aborted_workers, teardown_aborts, teardown_message
@@ -327,6 +328,11 @@ def _step_ranks(spec: JobSpec, environ: Mapping[str, str], tag: str, step_job: s
     shutil.rmtree(files.reasons, ignore_errors=True)
     os.makedirs(files.reasons, mode=0o700)
     step_env = {**extra, RETURNED_DIR: files.returned, REASONS_DIR: files.reasons}
+    if spec.master_port is None and "MASTER_PORT" not in environ:
+        # Every emulated node is this machine, so a port free here now, not one derived from the job id: local
+        # ids are unique per user and follow the clock, and two users' (or two state directories') jobs
+        # started in the same second would derive the same port and join each other's rendezvous.
+        step_env["MASTER_PORT"] = str(free_port())
     if restarts:
         step_env["SLURM_RESTART_COUNT"] = str(restarts)
     ranks = rank_processes(spec, step_job, environ, tag, step_env, point)
