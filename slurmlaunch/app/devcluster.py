@@ -149,7 +149,7 @@ def write_config(root: Path, nodes: int, gpus: int, cpus: int, accounting: bool 
                  net: Network | None = None, first_job_id: int = 1) -> Path:
     """slurm.conf, gres.conf (with /dev/null stand-ins for the fake GPUs) and the cluster's hosts file in
     ``root``; returns slurm.conf's path."""
-    for sub in ("state", "spool", "log", "dev"):
+    for sub in ("state", "spool", "log", "dev", *(f"tmp/node{i}" for i in range(1, nodes + 1))):
         (root / sub).mkdir(parents=True, exist_ok=True)
     # Loopback: every daemon shares this machine's ports, so find free ones. Netns: each has its own
     # address in namespaces nothing else uses, so Slurm's usual ports (ctld 6817, slurmd 6818, dbd 6819).
@@ -186,6 +186,9 @@ def _controller_lines(root: Path, host: str, base: int, accounting: bool, net: N
         "SlurmdUser=root",
         f"StateSaveLocation={root}/state",
         f"SlurmdSpoolDir={root}/spool/%n",
+        # Each node's own: Slurm's PMIx plugin makes its clients' directory there, named by job and step only,
+        # so nodes sharing one /tmp (this machine's) collide on it ("File exists"). TMPDIR stays Slurm's /tmp.
+        f"TmpFS={root}/tmp/%n",
         f"SlurmctldPidFile={root}/slurmctld.pid",
         f"SlurmdPidFile={root}/slurmd-%n.pid",
         f"SlurmctldLogFile={root}/log/slurmctld.log",
