@@ -77,7 +77,7 @@ CLIENT_PORTS: tuple[tuple[str, int, int, str], ...] = (
     ("torch, accelerate, DeepSpeed", 29500, 29500, "the default MASTER_PORT"),
 )
 EPHEMERAL_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
-PORT_STRIDE = 97  # bases tried this far apart: clusters of up to 95 nodes never overlap a neighbour's block
+PORT_STRIDE = 97  # bases tried this far apart (a block's size if larger): blocks never overlap
 PORT_LOCK = "/tmp/slurmlaunch-dev-cluster-ports.lock"
 
 
@@ -113,7 +113,8 @@ def daemon_port_regions(ephemeral: tuple[int, int]) -> list[range]:
 def _free_port_block(count: int, ephemeral: tuple[int, int] | None = None) -> int:
     """A base port such that base..base+count are free now (checked by binding each) and in
     :func:`daemon_port_regions`; call it holding :func:`port_lock` until the daemons listen."""
-    regions = daemon_port_regions(ephemeral or ephemeral_ports())
+    ephemeral = ephemeral or ephemeral_ports()
+    regions = daemon_port_regions(ephemeral)
     for region in regions:
         for base in range(region.start, region.stop - count, max(PORT_STRIDE, count + 1)):
             socks = []
@@ -130,7 +131,8 @@ def _free_port_block(count: int, ephemeral: tuple[int, int] | None = None) -> in
                     s.close()
     where = ", ".join(f"{r.start}-{r.stop - 1}" for r in regions) or "none"
     raise DevClusterError(f"no {count + 1} free ports in a row for the cluster's daemons where no client derives "
-                          f"a rendezvous port and outside the ephemeral range {EPHEMERAL_FILE} (ports left: {where})")
+                          f"a rendezvous port and outside the ephemeral range {ephemeral[0]}-{ephemeral[1]} "
+                          f"({EPHEMERAL_FILE}); ports left: {where}")
 
 
 ACCOUNTING_PACKAGES = ("slurmdbd", "slurm-wlm-mysql-plugin", "mariadb-server-core", "mariadb-client-core")
