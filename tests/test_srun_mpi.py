@@ -141,6 +141,22 @@ def test_mpi4py_across_two_nodes_with_pmix(netns_cluster_env: dict[str, str], tm
 
 
 @pytest.mark.slurm
+def test_without_mpi_the_ranks_are_no_world(netns_cluster_env: dict[str, str], tmp_path: Path) -> None:
+    """The control: the same program without --mpi (the cluster's MpiDefault=none) never gets its world of 4,
+    as the issue saw it under plain srun; what makes the difference above is --mpi pmix."""
+    _pmix_ready()
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "mpi_prog.py").write_text(MPI_PROGRAM)
+    r = run_cli("submit", "--scheduler", "slurm", "--nodes", "2", "--tasks-per-node", "2", "--time", "5", "--wait",
+                "--wait-timeout", "240", "mpi_prog.py", str(out), env=netns_cluster_env, cwd=tmp_path, timeout=300)
+    sizes = [json.loads(p.read_text())["size"] for p in out.glob("rank-*.json")]
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "slurmlaunch-logs").glob("*.log"))
+    assert r.returncode != 0 and sizes != [4] * 4 and "PMI" in logs + r.stdout + r.stderr, \
+        (r.returncode, sizes, logs[-2000:])
+
+
+@pytest.mark.slurm
 def test_srun_lists_the_pmix_plugin(netns_cluster_env: dict[str, str]) -> None:
     """The cluster's srun knows the plugin `--mpi pmix` asks for (what the submit-time value means here)."""
     r = subprocess.run(["srun", "--mpi=list"], env=netns_cluster_env, capture_output=True, text=True, timeout=60)
