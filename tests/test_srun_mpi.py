@@ -18,6 +18,7 @@ from slurmlaunch.core.errors import SpecError
 from slurmlaunch.core.spec import MPI_FLAVOURS, SRUN_MPI_TYPES
 from slurmlaunch.core.support import refuse_unsupported
 from slurmlaunch.render import pbs_script, slurm_script
+from slurmlaunch.schedulers import slurm
 from tests.helpers import golden_spec, run_cli, skip_or_fail
 
 # Where Debian's Slurm 22.05 build (--with-pmix=/usr/lib/x86_64-linux-gnu/pmix2) dlopens libpmix.so from: the
@@ -89,6 +90,22 @@ def test_cli_dry_run_shows_srun_mpi(tmp_path: Path) -> None:
     assert len(srun) == 1 and " --mpi=pmix " in srun[0], r.stdout
 
 
+# What Debian's Slurm 22.05 srun prints (captured from the dev cluster), and a site with two pmix versions.
+MPI_LIST = ("MPI plugin types are...\n\tpmix\n\tnone\n\tcray_shasta\n\tpmi2\n"
+            "specific pmix plugin versions available: pmix_v4\n")
+
+
+@pytest.mark.parametrize(("listing", "names"), [
+    (MPI_LIST, ["pmix", "none", "cray_shasta", "pmi2", "pmix_v4"]),
+    ("MPI plugin types are...\n\tnone\n\tpmix\nspecific pmix plugin versions available: pmix_v3,pmix_v4\n",
+     ["none", "pmix", "pmix_v3", "pmix_v4"]),
+    ("MPI plugin types are...\n\tnone\n\tpmi2\n", ["none", "pmi2"]),
+    ("", []),
+])
+def test_srun_mpi_list_is_read(listing: str, names: list[str]) -> None:
+    assert slurm.mpi_plugins(listing) == names
+
+
 # --- the real cluster: mpi4py across two nodes through `slurmlaunch submit` -----------------------------------
 
 MPI_PROGRAM = """
@@ -157,8 +174,21 @@ def test_without_mpi_the_ranks_are_no_world(netns_cluster_env: dict[str, str], t
 
 
 @pytest.mark.slurm
-def test_srun_lists_the_pmix_plugin(netns_cluster_env: dict[str, str]) -> None:
-    """The cluster's srun knows the plugin `--mpi pmix` asks for (what the submit-time value means here)."""
-    r = subprocess.run(["srun", "--mpi=list"], env=netns_cluster_env, capture_output=True, text=True, timeout=60)
-    listed = r.stdout + r.stderr
-    assert r.returncode == 0 and re.search(r"^\s*pmix$", listed, re.MULTILINE), listed
+def test_a_plugin_the_cluster_lacks_is_refused_before_sbatch(netns_cluster_env: dict[str, str],
+                                                              tmp_path: Path) -> None:
+    """Debian builds Slurm's pmix plugin for PMIx 4 only: pmix_v3 would wait in the queue and fail at its step.
+    Refused at submission instead, naming what `srun --mpi=list` offers here; nothing submitted."""
+    listed = subprocess.run(["srun", "--mpi=list"], env=netns_cluster_env, capture_output=True, text=True,
+                            timeout=60)
+    assert listed.returncode == 0 and slurm.mpi_plugins(listed.stdout + listed.stderr) == \
+        slurm.mpi_plugins(MPI_LIST), listed.stdout + listed.stderr
+    (tmp_path / "refused_mpi_probe.py").write_text("")
+    r = run_cli("submit", "--scheduler", "slurm", "--mpi", "pmix_v3", "refused_mpi_probe.py", env=netns_cluster_env,
+                cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "slurmlaunch: error: --mpi pmix_v3: this cluster's srun has no such mpi plugin (expected one of pmix, none, "
+        "cray_shasta, pmi2, pmix_v4, as `srun --mpi=list` shows)"], r.stderr
+    assert not list(tmp_path.glob("slurmlaunch-logs/*.sbatch")) and not list(tmp_path.glob("slurmlaunch-logs/*.json"))
+    jobs = subprocess.run(["sacct", "-n", "-X", "-o", "JobName%40", "-S", "now-1hour"], env=netns_cluster_env,
+                          capture_output=True, text=True, timeout=60)
+    assert jobs.returncode == 0 and "refused_mpi_probe" not in jobs.stdout, jobs.stdout + jobs.stderr
