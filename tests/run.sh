@@ -3,14 +3,16 @@
 #   - Debian's Slurm (slurmctld, slurmd, slurm-client) for the real multi-node cluster the tests start,
 #     with accounting (slurmdbd on MariaDB) so that sacct, which submitit polls, sees exact states,
 #     iproute2 (`ip`) for the networked cluster (each node its own network namespace and address),
-#     Open MPI (openmpi-bin) for a real mpirun, and OpenSSH (server and client) with rsync for --remote
-#     (the tests start their own sshd on 127.0.0.1, never the system service);
+#     Open MPI (openmpi-bin) for a real mpirun, PMIx's development files (libpmix-dev: its unversioned
+#     libpmix.so is what Slurm's mpi/pmix plugin loads, so that `srun --mpi=pmix` starts MPI ranks; mpi4py's
+#     wheel loads Open MPI's libmpi.so.40 itself, no compiler needed), and OpenSSH (server and client) with
+#     rsync for --remote (the tests start their own sshd on 127.0.0.1, never the system service);
 #   - a virtual environment .venv with torch==2.13.0 (the CPU build) and slurmlaunch with its test extras.
 # Usage: bash tests/run.sh [pytest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(slurmctld slurmd slurm-client openmpi-bin slurmdbd slurm-wlm-mysql-plugin mariadb-server-core
+packages=(slurmctld slurmd slurm-client openmpi-bin libpmix-dev slurmdbd slurm-wlm-mysql-plugin mariadb-server-core
           mariadb-client-core iproute2 openssh-server openssh-client rsync)
 missing=()
 for p in "${packages[@]}"; do

@@ -118,7 +118,8 @@ BAD: list[tuple[dict[str, object], str]] = [
     (dict(apptainer="x.sif", container_image="y"),
      "--container-image (pyxis) and --apptainer cannot be used together (give one of them)"),
     (dict(container_workdir="/w"), "--container-mount and --container-workdir need --container-image or --apptainer"),
-    (dict(mpi="intel"), "--mpi 'intel' is not valid (expected one of openmpi, mpich, pals)"),
+    (dict(mpi="intel"), "--mpi 'intel' is not valid (expected one of openmpi, mpich, pals under PBS, pmix, "
+                        "pmix_v2, pmix_v3, pmix_v4, pmix_v5, pmi2, cray_shasta, none under Slurm)"),
     (dict(pbs_flavour="x"), "--pbs-flavour 'x' is not valid (expected pro or torque)"),
     (dict(gpu_flag="gpu"), "--gpu-flag 'gpu' is not valid (expected gpus-per-node or gres)"),
     (dict(output_dir="a b\n"),

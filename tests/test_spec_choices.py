@@ -13,7 +13,9 @@ from slurmlaunch.core.spec import JobSpec, validate
 
 CHOICES = [("mode", "--mode", spec_module.MODES, ("srun", "torchrun")),
            ("gpu_flag", "--gpu-flag", spec_module.GPU_FLAGS, ("gpus-per-node", "gres")),
-           ("mpi", "--mpi", spec_module.MPI_FLAVOURS, ("openmpi", "mpich", "pals")),
+           ("mpi", "--mpi", (*spec_module.MPI_FLAVOURS, *spec_module.SRUN_MPI_TYPES),
+            ("openmpi", "mpich", "pals", "pmix", "pmix_v2", "pmix_v3", "pmix_v4", "pmix_v5", "pmi2", "cray_shasta",
+             "none")),
            ("pbs_flavour", "--pbs-flavour", spec_module.PBS_FLAVOURS, ("pro", "torque"))]
 
 

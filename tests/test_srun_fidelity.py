@@ -48,7 +48,6 @@ FREE_VALUES = {
     "TORCHELASTIC_RUN_ID": "job id (torchrun's run id)",
     "SLURM_TASK_PID": "pid (checked instead: the task's own pid, on both sides)",
     "MASTER_PORT": "port (derived from the job id)",
-    "MASTER_ADDR": "host: 127.0.0.1 locally, where the emulated node names do not resolve",
     "SLURM_CLUSTER_NAME": "the cluster's ClusterName",
     "TORCHELASTIC_ERROR_FILE": "a fresh temporary directory",
     "SLURMLAUNCH_RETURNED_DIR": "the job's own job-ID.returned directory (named by the job id)",
@@ -58,14 +57,16 @@ FREE_VALUES = {
 # emulated ones this machine's (possibly no GPU: then no SLURM_JOB_GPUS either).
 NODE_SIZE = ("SLURM_CPUS_ON_NODE", "SLURM_JOB_CPUS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0",
              "SLURM_JOB_GPUS")
-# Node names, compared by their place in the job's node list (node1 and local-node0 are both node 0):
-NODE_VALUED = ("SLURMD_NODENAME", "SLURM_TOPOLOGY_ADDR", "HOSTNAME")
+# Node names, compared by their place in the job's node list (node1 and 127.0.0.1 are both node 0; MASTER_ADDR
+# is node 0 on both sides, derived from the node list by the launcher):
+NODE_VALUED = ("SLURMD_NODENAME", "SLURM_TOPOLOGY_ADDR", "HOSTNAME", "MASTER_ADDR")
 NODE_LISTS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_STEP_NODELIST")
 # GPU ids, compared by number: each real node numbers its own GPUs from 0, the emulated nodes share one
 # machine's and each gets its own slice of them.
 GPU_IDS = (*stepenv.GPU_LISTS, "SLURM_JOB_GPUS", "SLURM_STEP_GPUS")
-# torchrun's elastic rendezvous numbers the nodes in arrival order, on a cluster as locally.
-RENDEZVOUS_ORDER = ("RANK", "GROUP_RANK", "ROLE_RANK")
+# torchrun's elastic rendezvous numbers the nodes in arrival order, on a cluster as locally, and its workers'
+# MASTER_ADDR is the host name of the agent that holds its store (this machine's own name locally).
+RENDEZVOUS_ORDER = ("RANK", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR")
 
 
 def normalise(env: Mapping[str, str], request: list[str], torchrun: bool) -> dict[str, str]:

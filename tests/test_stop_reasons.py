@@ -262,7 +262,7 @@ def test_local_rendezvous_timeout(tmp_path: Path) -> None:
     (tmp_path / "hang.py").write_text(NEVER_LISTENS)
     r, logs = _local(tmp_path, "--rdzv-timeout", "3", "hang.py")
     assert r.returncode == reasons.RDZV_TIMEOUT, r.stderr
-    m = re.search(r"local job (\d+): rank 1 on local-node1 failed first with exit code 69 \(stopped by "
+    m = re.search(r"local job (\d+): rank 1 on 127\.0\.0\.2 failed first with exit code 69 \(stopped by "
                   r"slurmlaunch: nothing listened at MASTER_ADDR:MASTER_PORT=127\.0\.0\.1:\d+ within 3s .*\); "
                   r"the other ranks were stopped\n", r.stderr)
     assert m, r.stderr
@@ -277,8 +277,8 @@ def test_local_preflight_refusal(tmp_path: Path, held_port: int) -> None:
     (tmp_path / "t.py").write_text(NEVER_LISTENS)
     r, _ = _local(tmp_path, "--master-port", str(held_port), "t.py")
     assert r.returncode == reasons.PREFLIGHT, r.stderr
-    assert re.search(r"local job \d+: rank 0 on local-node0 failed first with exit code 78 \(stopped by slurmlaunch: "
-                     rf"refused to start the rank: rank 0 cannot listen on MASTER_PORT={held_port} on local-node0 ",
+    assert re.search(r"local job \d+: rank 0 on 127\.0\.0\.1 failed first with exit code 78 \(stopped by slurmlaunch: "
+                     rf"refused to start the rank: rank 0 cannot listen on MASTER_PORT={held_port} on 127\.0\.0\.1 ",
                      r.stderr), r.stderr
 
 

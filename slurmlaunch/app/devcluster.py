@@ -45,6 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.envvars import PORT_BASE, PORT_SPAN
 from ..core.errors import DevClusterError
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client")
@@ -63,29 +64,75 @@ def missing_requirements(netns: bool = False) -> str | None:
     return None
 
 
-# Below the MASTER_PORTs that jobs derive from their ids (core.envvars: 15000-31999) and the ephemeral range,
-# so that a job's rendezvous port is never a daemon's.
-PORT_SEARCH = range(10000, 15000, 97)
+# Where clients put a job's rendezvous port (MASTER_PORT) by formula, never asking whether it is free: a daemon
+# of ours there fails their job with EADDRINUSE (seen: idr-torch's 10002 held by a dev cluster's slurmd).
+# (who, lowest, highest, how); README: Tests, "Ports".
+CLIENT_PORTS: tuple[tuple[str, int, int, str], ...] = (
+    ("slurmlaunch", PORT_BASE, PORT_BASE + PORT_SPAN - 1, f"{PORT_BASE} + (job id + 1009 x step id) mod {PORT_SPAN}"),
+    ("idr-torch", 10000, 29999, "10000 + job id mod 20000"),
+    ("Lightning, pytorch-ignite", 15000, 24999, "15000 + the job id's last 4 digits"),
+    ("Lightning outside Slurm", 12910, 12910, "its fixed default"),
+    ("submitit", 20000, 60000, "TorchDistributedEnvironment: random.Random(job id).randint(20000, 60000)"),
+    ("torchrun", 29400, 29400, "the default port of --rdzv-endpoint"),
+    ("torch, accelerate, DeepSpeed", 29500, 29500, "the default MASTER_PORT"),
+)
+EPHEMERAL_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+PORT_STRIDE = 97  # bases tried this far apart (a block's size if larger): blocks never overlap
 PORT_LOCK = "/tmp/slurmlaunch-dev-cluster-ports.lock"
 
 
-def _free_port_block(count: int) -> int:
-    """A base port such that base..base+count are free now (checked by binding each); call it holding
-    :func:`port_lock` until the daemons listen."""
-    for base in PORT_SEARCH:
-        socks = []
+def ephemeral_ports(text: str | None = None) -> tuple[int, int]:
+    """The kernel's range for outgoing connections (``text``: the file's content, else read from
+    EPHEMERAL_FILE; Linux's default 32768-60999 when unreadable)."""
+    if text is None:
         try:
-            for port in range(base, base + count + 1):
-                s = socket.socket()
-                s.bind(("127.0.0.1", port))
-                socks.append(s)
-            return base
+            with open(EPHEMERAL_FILE) as f:
+                text = f.read()
         except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise DevClusterError("no free block of ports for the test cluster")
+            text = ""
+    parts = text.split()
+    if len(parts) == 2 and all(p.isdigit() for p in parts):
+        return int(parts[0]), int(parts[1])
+    return 32768, 60999
+
+
+def daemon_port_regions(ephemeral: tuple[int, int]) -> list[range]:
+    """The ports a loopback cluster's daemons may take: above 1023, outside every range of CLIENT_PORTS and the
+    ephemeral range; the highest region first (below 10000 are other services' usual ports)."""
+    taken = sorted([(lo, hi) for _, lo, hi, _ in CLIENT_PORTS] + [ephemeral])
+    regions, start = [], 1024
+    for lo, hi in taken:
+        if lo > start:
+            regions.append(range(start, lo))
+        start = max(start, hi + 1)
+    if start <= 65535:
+        regions.append(range(start, 65536))
+    return sorted(regions, key=lambda r: r.start, reverse=True)
+
+
+def _free_port_block(count: int, ephemeral: tuple[int, int] | None = None) -> int:
+    """A base port such that base..base+count are free now (checked by binding each) and in
+    :func:`daemon_port_regions`; call it holding :func:`port_lock` until the daemons listen."""
+    ephemeral = ephemeral or ephemeral_ports()
+    regions = daemon_port_regions(ephemeral)
+    for region in regions:
+        for base in range(region.start, region.stop - count, max(PORT_STRIDE, count + 1)):
+            socks = []
+            try:
+                for port in range(base, base + count + 1):
+                    s = socket.socket()
+                    s.bind(("127.0.0.1", port))
+                    socks.append(s)
+                return base
+            except OSError:
+                continue
+            finally:
+                for s in socks:
+                    s.close()
+    where = ", ".join(f"{r.start}-{r.stop - 1}" for r in regions) or "none"
+    raise DevClusterError(f"no {count + 1} free ports in a row for the cluster's daemons where no client derives "
+                          f"a rendezvous port and outside the ephemeral range {ephemeral[0]}-{ephemeral[1]} "
+                          f"({EPHEMERAL_FILE}); ports left: {where}")
 
 
 ACCOUNTING_PACKAGES = ("slurmdbd", "slurm-wlm-mysql-plugin", "mariadb-server-core", "mariadb-client-core")
@@ -149,7 +196,7 @@ def write_config(root: Path, nodes: int, gpus: int, cpus: int, accounting: bool 
                  net: Network | None = None, first_job_id: int = 1) -> Path:
     """slurm.conf, gres.conf (with /dev/null stand-ins for the fake GPUs) and the cluster's hosts file in
     ``root``; returns slurm.conf's path."""
-    for sub in ("state", "spool", "log", "dev"):
+    for sub in ("state", "spool", "log", "dev", *(f"tmp/node{i}" for i in range(1, nodes + 1))):
         (root / sub).mkdir(parents=True, exist_ok=True)
     # Loopback: every daemon shares this machine's ports, so find free ones. Netns: each has its own
     # address in namespaces nothing else uses, so Slurm's usual ports (ctld 6817, slurmd 6818, dbd 6819).
@@ -186,6 +233,9 @@ def _controller_lines(root: Path, host: str, base: int, accounting: bool, net: N
         "SlurmdUser=root",
         f"StateSaveLocation={root}/state",
         f"SlurmdSpoolDir={root}/spool/%n",
+        # Each node's own: Slurm's PMIx plugin makes its clients' directory there, named by job and step only,
+        # so nodes sharing one /tmp (this machine's) collide on it ("File exists"). TMPDIR stays Slurm's /tmp.
+        f"TmpFS={root}/tmp/%n",
         f"SlurmctldPidFile={root}/slurmctld.pid",
         f"SlurmdPidFile={root}/slurmd-%n.pid",
         f"SlurmctldLogFile={root}/log/slurmctld.log",

@@ -123,8 +123,10 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
             "local"),
         Opt("--pbs-flavour", choices=("pro", "torque"), default="pro",
             help="PBS Pro/OpenPBS (-l select=...) or Torque (-l nodes=N:ppn=...)"),
-        Opt("--mpi", choices=("openmpi", "mpich", "pals"), default="openmpi",
-            help="under PBS: the MPI whose mpiexec starts the ranks (flags differ)"),
+        Opt("--mpi", choices=("openmpi", "mpich", "pals", "pmix", "pmix_v2", "pmix_v3", "pmix_v4", "pmix_v5", "pmi2",
+                             "cray_shasta", "none"),
+            help="under PBS: the MPI whose mpiexec starts the ranks (flags differ; default openmpi); under Slurm: "
+            "srun --mpi=TYPE, the PMI your MPI library talks to (e.g. pmix; default: the cluster's MpiDefault)"),
     )),
     ("PBS site resources (README: PBS; shipped profiles polaris, aurora, gadi, torque)", (
         Opt("--pbs-resource", action="append", default=(), metavar="KEY[=VALUE]",

@@ -47,10 +47,14 @@ SCHEDULERS = ("auto", "slurm", "pbs", "local")
 Mode = Literal["srun", "torchrun"]  # srun: one Slurm task per rank; torchrun: one task per node running torchrun
 GpuFlag = Literal["gpus-per-node", "gres"]  # gres: --gres=gpu:N for sites that refuse --gpus-per-node
 MpiFlavour = Literal["openmpi", "mpich", "pals"]  # how a PBS job starts its ranks
+# Under Slurm: srun --mpi=TYPE, the PMI an MPI library talks to (Slurm 22.05-24.x's mpi plugins; pmix_vN are the
+# versioned names of the pmix one, and which exist depends on the PMIx the site built Slurm with).
+SrunMpi = Literal["pmix", "pmix_v2", "pmix_v3", "pmix_v4", "pmix_v5", "pmi2", "cray_shasta", "none"]
 PbsFlavour = Literal["pro", "torque"]  # PBS Pro / OpenPBS (-l select=...) or Torque (-l nodes=...:ppn=...)
 MODES: tuple[Mode, ...] = get_args(Mode)
 GPU_FLAGS: tuple[GpuFlag, ...] = get_args(GpuFlag)
 MPI_FLAVOURS: tuple[MpiFlavour, ...] = get_args(MpiFlavour)
+SRUN_MPI_TYPES: tuple[SrunMpi, ...] = get_args(SrunMpi)
 PBS_FLAVOURS: tuple[PbsFlavour, ...] = get_args(PbsFlavour)
 # Signals a batch script may ask Slurm for before the time limit. USR2 is the default (submitit's too); USR1
 # is Lightning's, and NCCL only catches it when NCCL_PROXY_DUMP_SIGNAL asks it to (since NCCL 2.14).
@@ -99,7 +103,8 @@ class JobSpec:
     max_requeues: int = 3
     rdzv_timeout: float | None = None  # SLURMLAUNCH_RDZV_TIMEOUT for the ranks
     pbs_flavour: PbsFlavour = "pro"
-    mpi: MpiFlavour = "openmpi"  # the MPI whose mpiexec starts the ranks under PBS
+    # PBS: the MPI whose mpiexec starts the ranks (None: openmpi); Slurm: srun --mpi (None: the cluster's MpiDefault)
+    mpi: MpiFlavour | SrunMpi | None = None
     # PBS site resources (checked in schedulers/pbs.py): job-wide -l KEY[=VALUE], per-chunk KEY=VALUE in
     # select, the project (-P), how resources are requested, and the queue chosen by node count.
     pbs_resources: tuple[str, ...] = ()
@@ -365,8 +370,9 @@ def _validate_rendezvous_and_array(spec: JobSpec) -> None:
 
 def _validate_choices(spec: JobSpec) -> None:
     """The closed choices (their Literal types; a request built from options holds any string until here)."""
-    if spec.mpi not in MPI_FLAVOURS:
-        raise SpecError(f"--mpi {spec.mpi!r} is not valid (expected one of {', '.join(MPI_FLAVOURS)})")
+    if spec.mpi is not None and spec.mpi not in (*MPI_FLAVOURS, *SRUN_MPI_TYPES):
+        raise SpecError(f"--mpi {spec.mpi!r} is not valid (expected one of {', '.join(MPI_FLAVOURS)} under PBS, "
+                        f"{', '.join(SRUN_MPI_TYPES)} under Slurm)")
     if spec.pbs_flavour not in PBS_FLAVOURS:
         raise SpecError(f"--pbs-flavour {spec.pbs_flavour!r} is not valid (expected pro or torque)")
     if spec.gpu_flag not in GPU_FLAGS:

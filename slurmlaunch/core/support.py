@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .errors import SpecError
-from .spec import JobSpec
+from .spec import MPI_FLAVOURS, SRUN_MPI_TYPES, JobSpec
 
 # What the local scheduler shows the tasks as Slurm would (SLURM_MEM_PER_NODE, SLURM_JOB_PARTITION, ...) but
 # cannot reserve or enforce on one machine: said in one line at submission, never silently.
@@ -24,7 +24,8 @@ NOT_CARRIED_OUT: Mapping[str, Mapping[str, str]] = {
         "sbatch_args": "there is no batch script to add directives to (leave it out, or --scheduler slurm/pbs)",
         "container_image": "it uses Slurm's pyxis plugin through srun (use --apptainer IMAGE here)",
         "pbs_flavour": "it is for PBS (leave it out, or --scheduler pbs)",
-        "mpi": "it is for PBS, whose ranks mpiexec starts (leave it out, or --scheduler pbs)",
+        "mpi": "it chooses how PBS's mpiexec or Slurm's srun starts MPI ranks, and the local scheduler offers "
+               "MPI no PMI (leave it out, or --scheduler slurm/pbs)",
         "pbs_resources": "it is a PBS site resource (leave it out, or --scheduler pbs)",
         "pbs_chunk": "it is a PBS select-chunk resource (leave it out, or --scheduler pbs)",
         "project": "it is PBS's -P project (leave it out; --account is the account charged)",
@@ -34,7 +35,6 @@ NOT_CARRIED_OUT: Mapping[str, Mapping[str, str]] = {
     },
     "slurm": {
         "pbs_flavour": "it is for PBS (leave it out, or --scheduler pbs)",
-        "mpi": "under Slurm srun starts the ranks (leave it out, or --scheduler pbs)",
         "pbs_resources": "it is a PBS site resource (leave it out, or --scheduler pbs)",
         "pbs_chunk": "it is a PBS select-chunk resource (leave it out, or --scheduler pbs)",
         "project": "it is PBS's -P project (leave it out; --account is the account charged)",
@@ -54,6 +54,11 @@ NOT_CARRIED_OUT: Mapping[str, Mapping[str, str]] = {
                   "SIGTERM at the walltime, then SIGKILL after the server's kill_delay)",
         "mode": "under PBS mpiexec starts one launcher per rank (leave out --mode)",
     },
+}
+# Options whose values mean something under one scheduler only: (the values it takes, what they are).
+VALUES_BY_SCHEDULER: Mapping[str, Mapping[str, tuple[tuple[str, ...], str]]] = {
+    "slurm": {"mpi": (SRUN_MPI_TYPES, "srun's --mpi plugin type")},
+    "pbs": {"mpi": (MPI_FLAVOURS, "the MPI whose mpiexec starts the ranks")},
 }
 # Fields whose option name differs from the field's.
 FLAGS = {"sbatch_args": "--sbatch-arg", "container_mounts": "--container-mount", "pbs_resources": "--pbs-resource",
@@ -82,17 +87,27 @@ def shown_not_enforced(spec: JobSpec) -> list[str]:
     return out
 
 
+def _where(origin: str | None) -> str:
+    return f" (from {origin})" if origin and origin not in ("command line", "built-in default") else ""
+
+
 def refuse_unsupported(spec: JobSpec, scheduler: str, origins: Mapping[str, str] | None = None) -> None:
-    """SpecError for the first option ``scheduler`` cannot carry out (see NOT_CARRIED_OUT); ``origins`` (as
-    the profiles give them, by option dest) names where a value came from."""
+    """SpecError for the first option ``scheduler`` cannot carry out (see NOT_CARRIED_OUT) or whose value is
+    another scheduler's (VALUES_BY_SCHEDULER); ``origins`` (as the profiles give them, by option dest) names
+    where a value came from."""
     table = dict(NOT_CARRIED_OUT.get(scheduler, {}))
     if scheduler == "pbs" and spec.pbs_flavour == "torque":
         table.update(_TORQUE)
+    for name, (values, meaning) in VALUES_BY_SCHEDULER.get(scheduler, {}).items():
+        value = getattr(spec, name)
+        if value is not None and value not in values:
+            where = _where((origins or {}).get(name))
+            raise SpecError(f"{flag(name)} {value}{where}: not valid under {scheduler} (expected {meaning}: one of "
+                            f"{', '.join(values)})")
     for name, why in table.items():
         value = getattr(spec, name)
         if value == _default(name) or value in ((), None, False) or (name == "signal" and spec.warning is None):
             continue
-        origin = (origins or {}).get(name) or (origins or {}).get(name.rstrip("s"))
-        where = f" (from {origin})" if origin and origin not in ("command line", "built-in default") else ""
+        where = _where((origins or {}).get(name) or (origins or {}).get(name.rstrip("s")))
         shown = value if not isinstance(value, tuple) else " ".join(map(str, value))
         raise SpecError(f"{flag(name)} {shown!s}{where}: the {scheduler} scheduler cannot carry it out: {why}")

@@ -10,7 +10,7 @@ from typing import Any
 from ..core import __version__
 from ..core.errors import SpecError
 from ..core.jobfiles import JobFiles
-from ..core.spec import UNLIMITED, JobSpec, time_seconds
+from ..core.spec import MPI_FLAVOURS, UNLIMITED, JobSpec, time_seconds
 from .jinja import render
 from .launch import launch_command, script_env
 
@@ -238,11 +238,19 @@ def _setup_exports(setup: tuple[str, ...]) -> list[str]:
     return names
 
 
+def pbs_mpi(spec: JobSpec) -> str:
+    """The MPI whose mpiexec starts the ranks: --mpi, else Open MPI."""
+    if spec.mpi is not None and spec.mpi not in MPI_FLAVOURS:
+        raise SpecError(f"--mpi {spec.mpi} is not valid under PBS (expected one of {', '.join(MPI_FLAVOURS)}: the "
+                        f"MPI whose mpiexec starts the ranks)")
+    return spec.mpi or "openmpi"
+
+
 def mpiexec_args(spec: JobSpec, env: list[tuple[str, str]]) -> tuple[list[str], str | None]:
     """The flags of the site's MPI, and its hostfile flag (the hostfile itself is $PBS_NODEFILE)."""
     tpn = spec.ntasks_per_node
     extra = list(spec.mpiexec_args)
-    if spec.mpi == "openmpi":
+    if pbs_mpi(spec) == "openmpi":
         # Open MPI forwards only the variables named with -x (and warns about unset ones).
         # SLURMLAUNCH_REASONS_DIR: where a rank the launcher stops says why (the script reads it at the end).
         names = ["PBS_NODEFILE", "PBS_JOBID", "PATH", "SLURMLAUNCH_REASONS_DIR", *(k for k, _ in env),
@@ -252,7 +260,7 @@ def mpiexec_args(spec: JobSpec, env: list[tuple[str, str]]) -> tuple[list[str], 
         forwards = [a for n in dict.fromkeys(names) for a in ("-x", n)]
         return ["-np", str(spec.world_size), "--map-by", f"ppr:{tpn}:node", "--tag-output", *forwards,
                 *extra], "--hostfile"
-    if spec.mpi == "mpich":
+    if pbs_mpi(spec) == "mpich":
         return ["-n", str(spec.world_size), "-ppn", str(tpn), "-genvall", "-prepend-rank", *extra], "-f"
     depth = spec.per_task_cpus or 1  # Cray PALS places by its own node list
     bind = [] if any(a.startswith("--cpu-bind") for a in extra) else ["--depth", str(depth), "--cpu-bind", "depth"]
@@ -264,7 +272,7 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
     env = script_env(spec)
     args, hostfile_flag = mpiexec_args(spec, env)
     return {
-        "version": __version__, "flavour": f"PBS {spec.pbs_flavour}", "mpi": spec.mpi,
+        "version": __version__, "flavour": f"PBS {spec.pbs_flavour}", "mpi": pbs_mpi(spec),
         "world_size": spec.world_size, "nodes": spec.nodes, "tasks_per_node": spec.ntasks_per_node,
         "directives": directives(spec), "setup": list(spec.setup), "env": env, "log_dir": spec.log_dir,
         "workdir": spec.workdir, "mpiexec_args": args, "hostfile_flag": hostfile_flag,

@@ -7,8 +7,9 @@ from signal import Signals, strsignal
 from typing import Any
 
 from ..core import __version__
+from ..core.errors import SpecError
 from ..core.jobfiles import JobFiles
-from ..core.spec import JobSpec
+from ..core.spec import SRUN_MPI_TYPES, JobSpec
 from .jinja import render
 from .launch import container_mounts, launch_command, script_env
 
@@ -54,6 +55,11 @@ def srun_args(spec: JobSpec) -> list[str]:
     if spec.slurm_cpus_per_task is not None:
         # Since Slurm 22.05 srun no longer inherits --cpus-per-task from the batch allocation.
         args.append(f"--cpus-per-task={spec.slurm_cpus_per_task}")
+    if spec.mpi is not None:  # the PMI the ranks' MPI library talks to (one of srun's own mpi plugins)
+        if spec.mpi not in SRUN_MPI_TYPES:
+            raise SpecError(f"--mpi {spec.mpi} is not valid under Slurm (expected one of "
+                            f"{', '.join(SRUN_MPI_TYPES)}: srun's --mpi plugin type)")
+        args.append(f"--mpi={spec.mpi}")
     args += ["--open-mode=append", "--output", JobFiles(spec.log_dir, file_tag(spec), spec.log_unit).log("%t")]
     if spec.container_image:  # pyxis: every task of the step runs in the image
         args += [f"--container-image={spec.container_image}",

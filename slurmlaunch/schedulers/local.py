@@ -2,13 +2,16 @@
 
 It starts nodes x tasks-per-node processes with the variables a real srun step sets (SLURM_PROCID,
 SLURM_LOCALID, SLURM_NODEID, the step's node list and task counts, SLURMD_NODENAME, ...), so each rank
-goes through exactly the launcher path it takes on a cluster. The emulated node names do not resolve,
-so MASTER_ADDR is 127.0.0.1 unless the user set one. It runs in the foreground (as if --wait).
+goes through exactly the launcher path it takes on a cluster. The emulated nodes are named by loopback
+addresses (see :func:`node_names`), so every client resolves them and MASTER_ADDR is the first node's, as on a
+cluster. It runs in the foreground (as if --wait).
 """
 
 from __future__ import annotations
 
 import functools
+import ipaddress
+import itertools
 import os
 import pwd
 import shlex
@@ -36,11 +39,30 @@ from ..render.launch import launch_command, script_env
 from . import JobStatus, Submission, current_umask, make_log_dir, rank_log, write_private, write_record
 from .supervisor import Outcome, RankProcess, supervise
 
-NODE_PREFIX = "local-node"
+# Emulated node I is named 127.0.0.1 + I: an address is its own name to every resolver (getaddrinfo, gloo,
+# NCCL, `getent hosts`: no /etc/hosts entry or DNS needed, and no root to add one), and on Linux the whole of
+# 127.0.0.0/8 is this machine. A client that takes MASTER_ADDR from SLURM_NODELIST itself (idr-torch,
+# ignite, Lightning's first-host regex, `scontrol show hostnames`) thus reaches rank 0 here, while the nodes
+# keep distinct names; names that resolve nowhere (the former local-node0) hung such clients until the
+# rendezvous watchdog stopped them.
+FIRST_NODE = 0x7F000001  # 127.0.0.1
 
 
+@functools.lru_cache(maxsize=4)  # every rank of a step asks
+def node_names(nodes: int) -> tuple[str, ...]:
+    """The emulated nodes' names, in node order: 127.0.0.1, 127.0.0.2, ... (127.0.1.0 follows 127.0.0.255)."""
+    return tuple(str(ipaddress.IPv4Address(FIRST_NODE + i)) for i in range(nodes))
+
+
+@functools.lru_cache(maxsize=4)
 def node_list(nodes: int) -> str:
-    return f"{NODE_PREFIX}0" if nodes == 1 else f"{NODE_PREFIX}[0-{nodes - 1}]"
+    """The emulated nodes as Slurm writes a node list: one bracket per /24 (``127.0.0.[1-255],127.0.1.[0-3]``),
+    as `scontrol show hostlist` compresses them."""
+    terms = []
+    for prefix, group in itertools.groupby(node_names(nodes), key=lambda name: name.rsplit(".", 1)[0]):
+        last = [name.rsplit(".", 1)[1] for name in group]
+        terms.append(f"{prefix}.{last[0]}" if len(last) == 1 else f"{prefix}.[{last[0]}-{last[-1]}]")
+    return ",".join(terms)
 
 
 def gpu_plan(spec: JobSpec, environ: Mapping[str, str]) -> tuple[list[str] | None, str | None]:
@@ -87,8 +109,7 @@ def rank_env(spec: JobSpec, job_id: str, rank: int, environ: Mapping[str, str],
     # The emulated step must not mix with a real Slurm job's variables we might be running inside.
     env = {k: v for k, v in environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
     env.update(script_env(spec))  # --env, --master-port, --rdzv-timeout: what a batch script exports
-    env.setdefault("MASTER_ADDR", "127.0.0.1")
-    env.setdefault("SLURMLAUNCH_ALLOW_LOOPBACK", "1")  # every emulated node is this machine
+    env.setdefault("SLURMLAUNCH_ALLOW_LOOPBACK", "1")  # every emulated node is this machine, a loopback address
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TMPDIR", "/tmp")  # slurmd's TmpFS default, unless the submitter had one
     env["PWD"] = spec.workdir  # the batch script's `cd` exported it; the caller's may be another directory
@@ -102,7 +123,7 @@ def rank_env(spec: JobSpec, job_id: str, rank: int, environ: Mapping[str, str],
         if machine or here:
             # stands in for the device cgroup of a real node: a step without GPUs cannot use this machine's
             env["CUDA_VISIBLE_DEVICES"] = ""
-    nodes = [f"{NODE_PREFIX}{i}" for i in range(spec.nodes)]
+    nodes = list(node_names(spec.nodes))
     env.update(step_env(spec, job_id, rank, nodes, node_list(spec.nodes), submitter(), gpus))
     if spec.exclusive and machine:
         # an --exclusive job holds every GPU of its node even when its step asked for none (the step sees none)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 
-from ..core.errors import SchedulerError
+from ..core.errors import SchedulerError, SpecError
 from ..core.jobfiles import JobFiles
 from ..core.spec import JobSpec
 from ..render.slurm_script import file_tag
@@ -45,8 +45,36 @@ def parse_job_id(out: str) -> str | None:
     return job_id if job_id.isdigit() else None
 
 
+def mpi_plugins(listing: str) -> list[str]:
+    """The --mpi types in what `srun --mpi=list` printed: the plugin names (one per indented line) and the
+    versioned ones of its "specific pmix plugin versions available: pmix_v4,..." line."""
+    names = []
+    for line in listing.splitlines():
+        if line[:1] in (" ", "\t") and line.strip():
+            names.append(line.strip())
+        elif "versions available:" in line:
+            names += [v.strip() for v in re.split(r"[,\s]+", line.split("available:", 1)[1]) if v.strip()]
+    return names
+
+
+def check_mpi_plugin(mpi: str) -> None:
+    """SpecError when this cluster's srun has no mpi plugin ``mpi`` (else the job would wait in the queue to fail
+    at its step); when `srun --mpi=list` itself fails, the step decides."""
+    try:
+        listing = run_command(["srun", "--mpi=list"], timeout=30)
+    except SchedulerError:
+        return
+    found = mpi_plugins(listing.stdout + listing.stderr)
+    if found and mpi not in found:
+        raise SpecError(f"--mpi {mpi}: this cluster's srun has no such mpi plugin (expected one of "
+                        f"{', '.join(found)}, as `srun --mpi=list` shows)")
+
+
 def submit(spec: JobSpec, script_text: str) -> Submission:
-    """Save the script beside the logs, sbatch it, and keep a record; SchedulerError when Slurm refuses."""
+    """Save the script beside the logs, sbatch it, and keep a record; SchedulerError when Slurm refuses,
+    SpecError (nothing submitted) when --mpi names a plugin this cluster's srun lacks."""
+    if spec.mpi is not None:
+        check_mpi_plugin(spec.mpi)
     return submit_with(spec, script_text, "slurm", "sbatch", sbatch_command, parse_job_id)
 
 
