@@ -328,11 +328,14 @@ def test_works_with_table_matches_the_pins_and_what_runs() -> None:
     readme = (ROOT / "README.md").read_text()
     table = readme.split("## Works with", 1)[1].split("\n## ", 1)[0]
     rows = {row.split("|")[1].strip().split()[0]: row for row in table.splitlines() if row.startswith("| ")}
-    for package, row_name in (("lightning", "Lightning"), ("accelerate", "Hugging")):
+    for package, row_name in (("lightning", "Lightning"), ("accelerate", "Hugging"),
+                              ("pytorch-ignite", "pytorch-ignite"), ("idr-torch", "idr-torch")):
         assert f"| {pins[package]} |" in rows[row_name], (package, pins[package], rows[row_name])
         assert version(package) == pins[package], f"{package} {version(package)} installed, {pins[package]} pinned"
     for env in set(LIGHTNING_ENV.values()):
         assert f"`{env}`" in rows["Lightning"], env
+    for env in set(IDR_ENV.values()):
+        assert f"`{env}`" in rows["idr-torch"], env
     for name, settings in SETTINGS.items():
         for key, value in settings.items():
             assert f"{key}={value}" in table, (name, key)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_clients import CLIENTS, free_port, job_text, run_together, submit, succeeded, workdir_for
 from tests.helpers import no_slurm_env, skip_or_fail
+from tests.test_clients import CLIENTS, free_port, job_text, run_together, submit, succeeded, workdir_for
 
 STYLES = ("port", "tcp", "file")
 BOUND = 30  # --rdzv-timeout, seconds
@@ -32,7 +32,10 @@ def torch_installed() -> None:
         skip_or_fail("torch is not installed")
 
 
-def commands(tmp_path: Path, env: dict[str, str], extra: list[str]) -> dict[str, tuple[list[str], dict[str, str], Path]]:
+Commands = dict[str, tuple[list[str], dict[str, str], Path]]
+
+
+def commands(tmp_path: Path, env: dict[str, str], extra: list[str]) -> Commands:
     out = {}
     for style in STYLES:
         d = workdir_for(tmp_path, style)

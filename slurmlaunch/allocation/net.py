@@ -1,6 +1,6 @@
 """The network checks, defined once: resolve a name, tell loopback, test a port, pick a free one, wait for a
-listener, tell whether a process tree holds a TCP connection. Used by the launcher's pre-flight and watchdog, `slurmlaunch run`, doctor's probe and
-init_process_group.
+listener, tell whether a process tree holds a TCP connection. Used by the launcher's pre-flight and
+watchdog, `slurmlaunch run`, doctor's probe and init_process_group.
 
 On the launcher's path, which runs once per rank: only the C module `_socket` at import (`socket` drags in
 selectors, enum tables and more); `socket` itself is imported by wait_listening alone, which runs in the
@@ -109,7 +109,8 @@ def _established_inodes(pid: int) -> set[str]:
 
 def _process_tree(pid: int, exclude: int) -> list[int]:
     """``pid`` and its descendants (by /proc/PID/task/TID/children), without ``exclude`` and its own."""
-    tree, todo = [], [pid]
+    tree: list[int] = []
+    todo = [pid]
     while todo and len(tree) < 4096:
         current = todo.pop()
         if current == exclude:
