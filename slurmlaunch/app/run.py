@@ -248,6 +248,9 @@ def _check_arguments(ns: Any, nnodes: int) -> None:
     if not ns.master_addr or any(c.isspace() or not c.isprintable() for c in ns.master_addr):
         raise SpecError(f"--master-addr {shown(ns.master_addr)} is not valid (expected a host name or address, "
                         f"without spaces or control characters)")
+    if not ns.rdzv_id or any(c.isspace() or not c.isprintable() for c in ns.rdzv_id):
+        raise SpecError(f"--rdzv-id {shown(ns.rdzv_id)} is not valid (expected an id without spaces or control "
+                        f"characters; it becomes TORCHELASTIC_RUN_ID)")
     if ns.log_dir is not None and (not ns.log_dir or not ns.log_dir.isprintable()):
         raise SpecError(f"--log-dir {shown(ns.log_dir)} is not valid (expected a directory name without control "
                         f"characters such as newlines)")
