@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurmlaunch.allocation.torchrun_mode import RELAY, omp_note, parse, torchrun_command
+from slurmlaunch.allocation.torchrun_worker import AS_WORKER
 from slurmlaunch.core.distenv import DistEnv
 from slurmlaunch.core.spec import JobSpec, validate
 from slurmlaunch.render.launch import launch_command
@@ -72,7 +73,8 @@ def test_submit_puts_the_option_in_every_schedulers_command(mode: str, tmp_path:
 
 def test_torchrun_node_passes_the_local_rank_right_after_the_script() -> None:
     env = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n1", "SLURMD_NODENAME": "n1"}
-    for nproc, expect in (("1", ["--max-restarts=0", "t.py", "--local-rank=${local_rank}", "--lr", "1"]),
+    for nproc, expect in (("1", ["--max-restarts=0", "--no-python", "/py", "-c", AS_WORKER, "-u", "t.py",
+                                 "--local-rank=${local_rank}", "--lr", "1"]),
                           ("2", ["--max-restarts=0", "--no-python", "/py", "-c", RELAY, "-u", "t.py",
                                  "--local-rank=${local_rank}", "--lr", "1"])):
         values, flags, script = parse([f"--nproc-per-node={nproc}", "--legacy-local-rank-arg", "t.py", "--lr", "1"])

@@ -32,22 +32,27 @@ CLIENTS = Path(__file__).resolve().parent / "clients"
 ROOT = CLIENTS.parent.parent
 NODES = 2
 PER_NODE = {"local": 1, "srun": 1, "torchrun": 1, "run": 1, "api": 1}  # ranks per node, by way
-NAMES = ("lightning", "accelerate", "ddp")
+NAMES = ("lightning", "accelerate", "ddp", "ignite-parallel", "ignite-initialize", "idr")
 # What each library says it detected, by the way the world was started. Lightning reads Slurm's variables
 # when a Slurm step (real or emulated) started the task, torchrun's when its agent did, and otherwise its own
 # (LOCAL_RANK/NODE_RANK/WORLD_SIZE); accelerate and the tutorial read only torch's variables.
 LIGHTNING_ENV = {"local": "SLURMEnvironment", "srun": "SLURMEnvironment", "torchrun": "TorchElasticEnvironment",
-                 "run": "LightningEnvironment", "api": "SLURMEnvironment"}
+                 "run": "TorchElasticEnvironment", "api": "SLURMEnvironment"}
+# idr-torch picks Slurm's variables where a Slurm step (real or emulated) started the task, torchrun's where
+# torchrun's agent did (--mode torchrun: its workers are no tasks of the step) or `run` says it is torchrun.
+IDR_ENV = {"local": "Slurm", "srun": "Slurm", "torchrun": "TorchElastic", "run": "TorchElastic", "api": "Slurm"}
+# The ways whose ranks are told torchrun started them (TORCHELASTIC_RUN_ID): torch.distributed's view
+ELASTIC = ("torchrun", "run")
 # What a user sets, per library, for CPU-only nodes (README: Works with): accelerate's Accelerator() joins a
 # world only on an accelerator, or on the CPU when told so (`accelerate launch --cpu` exports the same variable);
 # under plain torchrun on a CPU-only machine it stays one process per rank just the same.
 SETTINGS = {"accelerate": {"ACCELERATE_USE_CPU": "1"}}
-RECORD = re.compile(r"CLIENT (\w+) (.*)$", re.M)
+RECORD = re.compile(r"CLIENT ([\w-]+) (.*)$", re.M)
 
 
 @pytest.fixture(scope="module")
 def clients_installed() -> None:
-    for module in ("torch", "lightning", "accelerate"):
+    for module in ("torch", "lightning", "accelerate", "ignite", "idr_torch"):
         try:
             __import__(module)
         except ImportError:
@@ -60,6 +65,10 @@ def argv(name: str, workdir: Path, per_node: int, epochs: int = 2) -> list[str]:
         return [str(CLIENTS / "lightning_fit.py"), "--devices", str(per_node), "--num-nodes", str(NODES)]
     if name == "accelerate":
         return [str(CLIENTS / "accelerate_loop.py"), "--steps", "2"]
+    if name.startswith("ignite-"):
+        return [str(CLIENTS / "ignite_train.py"), "--style", name.split("-", 1)[1], "--epochs", "2"]
+    if name == "idr":
+        return [str(CLIENTS / "idr_torch_train.py"), "--epochs", "2"]
     return [str(CLIENTS / "ddp_snapshot.py"), str(epochs), "1", "--snapshot", str(workdir / "snapshot.pt")]
 
 
@@ -97,8 +106,16 @@ def check(text: str, name: str, way: str) -> list[dict[str, str]]:
     elif name == "accelerate":
         assert {(r["env"], r["backend"]) for r in got} == {("DistributedType.MULTI_CPU", "gloo")}, got
         assert {r["steps"] for r in got} == {"2"}, got
-    else:  # torchrun's workers are told to use its agent's store; every other way is a plain env:// start
-        expected = "torchelastic" if way == "torchrun" else "env://"
+    elif name.startswith("ignite-"):
+        assert {(r["env"], r["backend"], r["nodes"], r["epochs"]) for r in got} == {
+            ("native-dist", "gloo", str(NODES), "2")}, got
+        assert sorted(int(r["node"]) for r in got) == sorted(list(range(NODES)) * per_node), got
+    elif name == "idr":
+        assert {r["env"] for r in got} == {IDR_ENV[way.split("-")[0]]}, got
+        assert all(r["torch_rank"] == r["rank"] and r["torch_world"] == str(world) for r in got), got
+        assert {r["nodes"] for r in got} == {str(NODES)}, got
+    else:  # the ranks of torchrun and of `run` are told torchrun started them; every other way is env:// alone
+        expected = "torchelastic" if way in ELASTIC else "env://"
         assert {r["env"] for r in got} == {f"torch.distributed:{expected}"}, got
     return got
 
@@ -153,6 +170,7 @@ def submit(*options: str) -> list[str]:
 def test_local_default(tmp_path: Path, clients_installed: None) -> None:
     per_node = PER_NODE["local"]
     shape = ["--nodes", str(NODES), "--tasks-per-node", str(per_node)]
+    # idr-torch takes MASTER_ADDR from the node list itself: the local nodes' names resolve (127.0.0.1 + I)
     dirs = {name: workdir_for(tmp_path, name) for name in NAMES}
     # no sbatch on PATH: --scheduler auto picks the local scheduler, as on a laptop
     done = run_together({name: (submit(*shape, *env_options(name), *argv(name, d, per_node)), no_slurm_env(d), d)
@@ -295,11 +313,14 @@ def test_works_with_table_matches_the_pins_and_what_runs() -> None:
     readme = (ROOT / "README.md").read_text()
     table = readme.split("## Works with", 1)[1].split("\n## ", 1)[0]
     rows = {row.split("|")[1].strip().split()[0]: row for row in table.splitlines() if row.startswith("| ")}
-    for package, row_name in (("lightning", "Lightning"), ("accelerate", "Hugging")):
+    for package, row_name in (("lightning", "Lightning"), ("accelerate", "Hugging"),
+                              ("pytorch-ignite", "pytorch-ignite"), ("idr-torch", "idr-torch")):
         assert f"| {pins[package]} |" in rows[row_name], (package, pins[package], rows[row_name])
         assert version(package) == pins[package], f"{package} {version(package)} installed, {pins[package]} pinned"
     for env in set(LIGHTNING_ENV.values()):
         assert f"`{env}`" in rows["Lightning"], env
+    for env in set(IDR_ENV.values()):
+        assert f"`{env}`" in rows["idr-torch"], env
     for name, settings in SETTINGS.items():
         for key, value in settings.items():
             assert f"{key}={value}" in table, (name, key)

@@ -321,9 +321,9 @@ def test_trailing_newline_on_every_submit_option(project: tuple[Path, dict[str, 
 RUN_VALID: dict[str, tuple[str, list[str]]] = {
     "nnodes": ("1", []), "node_rank": ("0", []), "master_addr": ("127.0.0.1", []),
     "master_port": ("0", []), "rdzv_endpoint": ("127.0.0.1:0", []), "nproc": ("1", []),
-    "master_timeout": ("5", []), "log_dir": ("rl", []), "shutdown_timeout": ("5", []),
+    "master_timeout": ("5", []), "log_dir": ("rl", []), "shutdown_timeout": ("5", []), "rdzv_id": ("job-1", []),
 }
-# --rdzv-backend/--rdzv-id/--monitor-interval/--start-method: accepted for torchrun compatibility, never used;
+# --rdzv-backend/--monitor-interval/--start-method: accepted for torchrun compatibility, never used;
 # refused: torchrun's flags that `run` refuses whatever the value (tests/test_everyday.py walks them)
 RUN_IGNORED = {"ignored", "refused"}
 

@@ -209,6 +209,58 @@ def test_watchdog_is_quiet_when_the_master_answers(tmp_path: Path) -> None:
     assert p.returncode == 0 and out.strip() == "ok" and "slurmlaunch" not in err
 
 
+OWN_RENDEZVOUS = """
+import socket, sys, time
+# rank 1 of a script that rendezvous its own way: it reaches its peer at a port of its own, never MASTER_PORT
+peer = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+time.sleep(float(sys.argv[2]))
+print("ok", flush=True)
+"""
+
+
+def test_watchdog_stands_down_for_a_rank_that_rendezvoused_elsewhere(tmp_path: Path) -> None:
+    """Nothing ever listens at MASTER_PORT; the rank holds a connection to its own peer and outlives the bound
+    by far (the watchdog polls every 0.25 s: 5 s are 20 looks)."""
+    script = tmp_path / "own.py"
+    script.write_text(OWN_RENDEZVOUS)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        master_port = s.getsockname()[1]  # bound, never listening: connections to it are refused
+        with socket.socket() as own:
+            own.bind(("127.0.0.1", 0))
+            own.listen(1)
+            env = clean_env(**step_env("localhost,localhost", [1, 1], 1, MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=str(master_port)), SLURMLAUNCH_RDZV_TIMEOUT="1")
+            p = launch(str(script), str(own.getsockname()[1]), "5", env=env)
+            conn, _ = own.accept()
+            out, err = p.communicate(timeout=60)
+            conn.close()
+    assert p.returncode == 0 and out.strip() == "ok" and "slurmlaunch" not in err, err
+
+
+def test_a_connection_in_a_child_counts_and_the_watchdog_own_does_not(tmp_path: Path) -> None:
+    from slurmlaunch.allocation.net import holds_connection
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        code = (f"import socket, sys, time\ns = socket.create_connection(('127.0.0.1', {server.getsockname()[1]}))\n"
+                "print('in', flush=True)\ntime.sleep(60)\n")
+        parent = subprocess.Popen(["/bin/sh", "-c", '"$0" -c "$1"; :', sys.executable, code],
+                                  stdout=subprocess.PIPE, text=True)  # the shell stays the parent
+        try:
+            conn, _ = server.accept()
+            assert parent.stdout is not None and parent.stdout.readline() == "in\n"
+            assert holds_connection(parent.pid)  # the shell's child holds it
+            children = open(f"/proc/{parent.pid}/task/{parent.pid}/children").read().split()
+            assert not holds_connection(parent.pid, exclude=int(children[0]))
+            conn.close()
+        finally:
+            parent.kill()
+            parent.wait()
+    assert not holds_connection(2**22 + 12345)  # no such process: False, no error
+
+
 def test_bad_options_refused(marker_script: tuple[Path, Path]) -> None:
     script, marker = marker_script
     _refused(["--bogus", str(script)], clean_env(), marker, "'--bogus'", 2)

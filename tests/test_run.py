@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
@@ -167,3 +168,57 @@ def test_legacy_example_under_torch_distributed_launch(torch_available: None, tm
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(re.findall(r"--local-rank=(\d)", r.stdout)) == ["0", "1"]
+
+
+NAMES = """
+import json, os, sys
+json.dump(sorted(os.environ), open(os.path.join(sys.argv[1], os.environ["RANK"] + ".json"), "w"))
+"""
+
+
+def test_a_worker_sees_the_variable_names_a_torchrun_worker_sees(torch_available: None, tmp_path: Path) -> None:
+    """The oracle is torch's own torchrun: the names its workers get that the caller did not set, against the
+    names `run` gives its ranks. Clients ask them whether torchrun started them (idr-torch and Lightning read
+    TORCHELASTIC_RUN_ID; without it, idr-torch trained each node's ranks alone, silently)."""
+    script = tmp_path / "names.py"
+    script.write_text(NAMES)
+    seen = {}
+    for how, launcher in (("torchrun", [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d"]),
+                          ("run", [sys.executable, "-m", "slurmlaunch", "run", "--allow-loopback"])):
+        out = tmp_path / how
+        out.mkdir()
+        port = str(free_port())
+        r = subprocess.run([*launcher, "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-endpoint",
+                            f"127.0.0.1:{port}", str(script), str(out)], env=clean_env(), cwd=tmp_path,
+                           capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stderr
+        names = [set(json.loads((out / f"{rank}.json").read_text())) for rank in (0, 1)]
+        assert names[0] == names[1], (how, names[0] ^ names[1])
+        seen[how] = names[0] - set(clean_env())
+    print(sorted(seen["torchrun"]), sorted(seen["run"]), sep="\n")
+    assert seen["torchrun"] - seen["run"] == set(), "torchrun gives these, run does not"
+    # run's own, documented (README: slurmlaunch run): NODE_RANK (torch.distributed.launch's) and its own
+    assert {n for n in seen["run"] - seen["torchrun"] if not n.startswith("SLURMLAUNCH_")} == {"NODE_RANK"}
+
+
+def test_torchelastic_values_say_what_run_is(tmp_path: Path) -> None:
+    script = tmp_path / "values.py"
+    script.write_text("import os\nprint(' '.join(f'{k}={v}' for k, v in sorted(os.environ.items()) "
+                      "if k.startswith('TORCHELASTIC_')), flush=True)\n")
+    r = run_cli("run", "--nproc-per-node", "2", "--master-port", str(free_port()), "--rdzv-id", "job-7",
+                str(script), env=clean_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = [line.split("] ", 1)[1] for line in r.stdout.splitlines() if "TORCHELASTIC_RUN_ID" in line]
+    assert len(lines) == 2, r.stdout
+    error_files = set()
+    for line in lines:
+        values = dict(item.split("=", 1) for item in line.split())
+        error_file = values.pop("TORCHELASTIC_ERROR_FILE")
+        error_files.add(error_file)
+        assert error_file.endswith("/error.json"), error_file  # one per rank, as torchrun's
+        assert values == {"TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RESTART_COUNT": "0",
+                          "TORCHELASTIC_RUN_ID": "job-7",
+                          "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGINT,SIGTERM,SIGHUP,SIGUSR1,SIGUSR2",
+                          "TORCHELASTIC_USE_AGENT_STORE": "False"}, values
+    assert len(error_files) == 2 and len({Path(f).parent.parent for f in error_files}) == 1, error_files
+    assert not Path(error_file).parent.parent.exists()  # the directory of error files goes with the run

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -224,3 +225,87 @@ def test_elastic_range_on_the_real_cluster(cluster_env: dict[str, str], tmp_path
     text = "".join(p.read_text() for p in node_logs)
     # torchrun ran on what came: one world of every rank of every node the allocation got
     assert 1 <= got <= 2 and text.count(f"world {2 * got} nodes {got}") == 2 * got, text
+
+
+# --- what a worker sees of Slurm (issue 27 part 2) ------------------------------------------------------------
+
+NODE_TASK = dict(STEP, SLURM_PROCID="1", SLURM_LOCALID="0", SLURM_NTASKS="2", SLURM_NPROCS="2",
+                 SLURM_STEP_NUM_TASKS="2", SLURM_NTASKS_PER_NODE="1", SLURM_TASKS_PER_NODE="1(x2)",
+                 SLURM_STEP_TASKS_PER_NODE="1(x2)", SLURM_GTIDS="1", SLURM_STEPID="0", SLURM_JOB_NODELIST="gpu[07-08]",
+                 SLURM_JOB_NUM_NODES="2")
+WORKER = {"TORCHELASTIC_RUN_ID": "4242", "RANK": "5", "LOCAL_RANK": "1", "GROUP_RANK": "1", "WORLD_SIZE": "8",
+          "LOCAL_WORLD_SIZE": "4", "GROUP_WORLD_SIZE": "2"}
+
+
+def test_a_worker_sees_the_task_srun_would_have_started() -> None:
+    from slurmlaunch.core.workerenv import torchrun_worker_slurm
+
+    assert torchrun_worker_slurm(dict(NODE_TASK, **WORKER)) == {
+        "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_NTASKS": "8", "SLURM_NPROCS": "8",
+        "SLURM_STEP_NUM_TASKS": "8", "SLURM_NTASKS_PER_NODE": "4", "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_GTIDS": "4,5,6,7",
+        "SLURM_STEP_ID": None, "SLURM_STEPID": None}
+    one = torchrun_worker_slurm(dict(NODE_TASK, **dict(WORKER, RANK="0", LOCAL_RANK="0", GROUP_RANK="0",
+                                                         WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_WORLD_SIZE="1")))
+    assert one["SLURM_TASKS_PER_NODE"] == "1" and one["SLURM_GTIDS"] == "0"
+
+
+@pytest.mark.parametrize("change", [
+    {"TORCHELASTIC_RUN_ID": None}, {"SLURM_JOB_ID": None}, {"RANK": "x"}, {"WORLD_SIZE": ""}, {"GROUP_RANK": None},
+    {"LOCAL_RANK": "6"},  # more than RANK: not torchrun's numbering
+])
+def test_outside_torchrun_or_slurm_nothing_changes(change: dict[str, str | None]) -> None:
+    from slurmlaunch.core.workerenv import torchrun_worker_slurm
+
+    env = dict(NODE_TASK, **WORKER)
+    for k, v in change.items():
+        if v is None:
+            env.pop(k)
+        else:
+            env[k] = v
+    assert torchrun_worker_slurm(env) == {}
+
+
+def test_one_worker_per_node_goes_through_the_same_start() -> None:
+    from slurmlaunch.allocation.torchrun_worker import AS_WORKER
+
+    cmd, _ = command(STEP, "--nproc-per-node=1", "-m", "pkg.train", "--x")
+    assert cmd[cmd.index("--no-python"):] == ["--no-python", "/py", "-c", AS_WORKER, "-u", "-m", "pkg.train", "--x"]
+    cmd, _ = command(STEP, "--nproc-per-node=1", "--no-python", "./prog", "--x")
+    assert cmd[cmd.index("--no-python"):] == ["--no-python", "/py", "-c", AS_WORKER, "./prog", "--x"]
+
+
+WORKER_VIEW = """
+import json, os, sys
+keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NODEID",
+        "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_ID", "SLURM_JOB_ID")
+json.dump({k: os.environ.get(k) for k in keys}, open(os.path.join(sys.argv[1], os.environ["RANK"]), "w"))
+"""
+
+
+@pytest.mark.parametrize("nproc", ["1", "2"])
+def test_real_torchrun_workers_see_their_own_task_variables(nproc: str, tmp_path: Path, torch_available: None) -> None:
+    """The command torchrun-node builds, run by the real torchrun on this machine in a Slurm-like node task:
+    every worker's Slurm variables agree with torch's (alone, through AS_WORKER; several, through RELAY)."""
+    import socket
+    import subprocess
+    import sys
+
+    from slurmlaunch.allocation.torchrun_mode import torchrun_command
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    (tmp_path / "view.py").write_text(WORKER_VIEW)
+    env = dict(no_slurm_env(tmp_path), **NODE_TASK)
+    env.update(SLURM_PROCID="0", SLURM_STEP_NUM_NODES="1", SLURM_STEP_NODELIST="gpu07", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=port)
+    values, flags, script = parse([f"--nproc-per-node={nproc}", "view.py", str(tmp_path)])
+    cmd, extra = torchrun_command(env, values, flags, script, sys.executable)
+    r = subprocess.run(cmd, env=dict(env, **extra), cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for rank in range(int(nproc)):
+        seen = json.loads((tmp_path / str(rank)).read_text())
+        assert seen == {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": nproc, "SLURM_PROCID": str(rank),
+                        "SLURM_LOCALID": str(rank), "SLURM_NTASKS": nproc, "SLURM_NODEID": "0",
+                        "SLURM_STEP_TASKS_PER_NODE": nproc, "SLURM_STEP_ID": None, "SLURM_JOB_ID": "4242"}, seen

@@ -17,7 +17,7 @@ from ..core.distenv import DistEnv, check_master_addr, mask
 from ..core.errors import EnvironmentMappingError, HostlistError, PreflightError, SlurmLaunchError
 from ..core.rdzv import RDZV_TIMEOUT_VAR, parse_rendezvous_timeout
 from .gpus import device_count
-from .net import all_loopback, bindable, free_port, wait_listening
+from .net import all_loopback, bindable, free_port, holds_connection, wait_listening
 from .net import resolve as resolve_addresses
 from .reasons import BAD_LAUNCH, MAPPING, PREFLIGHT, RDZV_TIMEOUT, record
 from .script_runner import RETURNED_DIR as RETURNED_DIR  # torchrun_mode's too
@@ -41,7 +41,8 @@ options:
                             and the rendezvous watchdog (also: SLURMLAUNCH_NO_PREFLIGHT=1)
 environment:
   SLURMLAUNCH_RDZV_TIMEOUT  seconds a rank other than 0 waits for MASTER_ADDR:MASTER_PORT to listen
-                            before it is stopped with a message (default 900; 0: no bound)
+                            before it is stopped with a message, unless it connected elsewhere (a
+                            rendezvous of its own) (default 900; 0: no bound)
   SLURMLAUNCH_ALLOW_LOOPBACK=1  accept a loopback MASTER_ADDR for a job on several "nodes" of one machine
   SLURMLAUNCH_DEVICE=cpu    run on the CPU even when GPUs are visible
   SLURMLAUNCH_REASONS_DIR   when this launcher stops the rank itself, it leaves one line here saying
@@ -56,8 +57,9 @@ Everything after SCRIPT is passed to it unchanged.
 exit codes when this launcher stops the rank itself (otherwise the rank's code is SCRIPT's):
   2   bad use of `slurmlaunch launch` (unknown option, SCRIPT missing)
   65  the scheduler's variables are malformed or inconsistent (SLURM_PROCID='abc', ...)
-  69  nothing listened at MASTER_ADDR:MASTER_PORT within SLURMLAUNCH_RDZV_TIMEOUT (the batch script
-      reports 69 for the rank; the process itself ends by SIGTERM)
+  69  nothing listened at MASTER_ADDR:MASTER_PORT within SLURMLAUNCH_RDZV_TIMEOUT and the rank holds
+      no TCP connection at all (the batch script reports 69 for the rank; the process itself ends by
+      SIGTERM)
   78  a pre-flight check refused (MASTER_ADDR, MASTER_PORT, rank 0's host, GPUs per node)
 
 example (what `slurmlaunch submit` writes into the batch script):
@@ -170,11 +172,18 @@ def rendezvous_timeout(environ: Mapping[str, str]) -> float:
 
 
 def start_watchdog(dist: DistEnv, timeout: float) -> None:
-    """A rank other than 0 must reach MASTER_ADDR:MASTER_PORT within ``timeout`` seconds, or it is stopped
-    with a message naming what it waited for, instead of hanging in init_process_group until the job's
-    time limit. The check runs in a forked child (it stays in the task's process tree, where Slurm tracks
-    it), so the training process starts at once; the child exits as soon as the master answers or the
-    rank ends, and holds none of the rank's output streams (it would delay the end of the task's output)."""
+    """A rank other than 0 that neither reached MASTER_ADDR:MASTER_PORT nor made any TCP connection within
+    ``timeout`` seconds is stopped with a message naming what it waited for, instead of hanging in
+    init_process_group until the job's time limit. Why both: a script may rendezvous its own way (its own
+    MASTER_PORT, init_method="tcp://host:PORT" or "file://..."), and then nothing ever listens at the port
+    slurmlaunch chose; but every rendezvous torch offers ends with the rank holding a TCP connection (to a
+    TCPStore, or gloo's and NCCL's links between ranks), so a rank (or a process it started) that holds
+    one may have joined its world and is never stopped (net.holds_connection). Stopped is only a rank that
+    reached nobody: its rendezvous has certainly not happened.
+    The check runs in a forked child (it stays in the task's process tree, where Slurm tracks it), so the
+    training process starts at once; the child exits as soon as the master answers, the rank holds a
+    connection or ends, and holds none of the rank's output streams (it would delay the end of the task's
+    output)."""
     if timeout <= 0 or dist.rank == 0 or dist.world_size == 1 or dist.owned_by_torchrun:
         return
     target = os.getpid()
@@ -191,13 +200,16 @@ def start_watchdog(dist: DistEnv, timeout: float) -> None:
             ctypes.CDLL(None).prctl(1, signal.SIGKILL)
         except (OSError, AttributeError):
             pass
+        me = os.getpid()
+        # gives up when the rank has ended, or holds a connection (it rendezvoused, maybe its own way)
         last = wait_listening(dist.master_addr, dist.master_port, time.monotonic() + timeout, 0.25,
-                              give_up=lambda: os.getppid() != target)  # the rank has ended
-        if last is None or os.getppid() != target:
+                              give_up=lambda: os.getppid() != target or holds_connection(target, me))
+        if last is None or os.getppid() != target or holds_connection(target, me):
             os._exit(0)
         reason = (
             f"nothing listened at MASTER_ADDR:MASTER_PORT={dist.master_addr}:{dist.master_port} within "
-            f"{timeout:.0f}s ({last}); rank 0 ({dist.rank0_host or 'the master'}) never started its rendezvous "
+            f"{timeout:.0f}s ({last}) and this rank connected to nothing else: its rendezvous never happened; "
+            f"rank 0 ({dist.rank0_host or 'the master'}) never started it "
             f"(SLURMLAUNCH_RDZV_TIMEOUT sets the bound)")
         message = f"slurmlaunch: rank {dist.rank} on {dist.this_host}: {reason}. Stopping this rank.\n"
         # Before the SIGTERM: the batch script reads the reason once the step has ended, and the rank,

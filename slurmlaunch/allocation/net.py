@@ -1,6 +1,6 @@
 """The network checks, defined once: resolve a name, tell loopback, test a port, pick a free one, wait for a
-listener. Used by the launcher's pre-flight and watchdog, `slurmlaunch run`, doctor's probe and
-init_process_group.
+listener, tell whether a process tree holds a TCP connection. Used by the launcher's pre-flight and
+watchdog, `slurmlaunch run`, doctor's probe and init_process_group.
 
 On the launcher's path, which runs once per rank: only the C module `_socket` at import (`socket` drags in
 selectors, enum tables and more); `socket` itself is imported by wait_listening alone, which runs in the
@@ -10,6 +10,7 @@ watchdog's forked child or outside the launcher.
 from __future__ import annotations
 
 import _socket
+import os
 import time
 from collections.abc import Callable
 
@@ -85,3 +86,67 @@ def wait_listening(addr: str, port: int, deadline: float, poll: float,
         if time.monotonic() >= deadline:
             return last
         time.sleep(poll)
+
+
+_ESTABLISHED = "01"  # the state column of /proc/net/tcp{,6} (include/net/tcp_states.h: TCP_ESTABLISHED)
+
+
+def _established_inodes(pid: int) -> set[str]:
+    """The socket inodes of every established TCP connection in ``pid``'s network namespace."""
+    inodes: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}", encoding="ascii", errors="replace") as f:
+                next(f, None)  # the header
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 9 and fields[3] == _ESTABLISHED:
+                        inodes.add(fields[9])
+        except OSError:
+            continue
+    return inodes
+
+
+def _process_tree(pid: int, exclude: int) -> list[int]:
+    """``pid`` and its descendants (by /proc/PID/task/TID/children), without ``exclude`` and its own."""
+    tree: list[int] = []
+    todo = [pid]
+    while todo and len(tree) < 4096:
+        current = todo.pop()
+        if current == exclude:
+            continue
+        tree.append(current)
+        try:
+            tids = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{current}/task/{tid}/children", encoding="ascii") as f:
+                    todo.extend(int(child) for child in f.read().split())
+            except (OSError, ValueError):
+                continue
+    return tree
+
+
+def holds_connection(pid: int, exclude: int = -1) -> bool:
+    """Whether ``pid`` or one of its descendants (``exclude`` and its own left out) holds an established TCP
+    connection. Every rendezvous torch offers ends in one: env:// and tcp:// connect to a TCPStore, and a
+    world of several processes joined by gloo or NCCL, whatever its init_method (file:// too), keeps TCP
+    connections between its ranks. Reads /proc (Linux); False where it cannot."""
+    inodes = _established_inodes(pid)
+    if not inodes:
+        return False
+    for member in _process_tree(pid, exclude):
+        try:
+            fds = os.listdir(f"/proc/{member}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{member}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                return True
+    return False

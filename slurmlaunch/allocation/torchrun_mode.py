@@ -24,6 +24,7 @@ from ..core.hostlist import first_host
 from ..core.limits import MAX_JOB_ID, bounded_int
 from ..core.rdzv import RDZV_TIMEOUT_VAR, parse_rendezvous_timeout
 from .launch import RETURNED_DIR, python_argv
+from .torchrun_worker import AS_WORKER
 
 USAGE = """usage: slurmlaunch torchrun-node --nproc-per-node N [--nnodes N|MIN:MAX] [--max-restarts N]
                               [--forward-signal NAME] [-m|--no-python] [--legacy-local-rank-arg]
@@ -53,9 +54,9 @@ SIGABRT_CODE = 128 + 6  # the shell's and the supervisor's code for a process ki
 RELAY = """-0  # torchrun names a failed worker by its first argument without a leading "-": the script, not this
 def _slurmlaunch_relay():
     import os, select, signal, sys, time
-    argv = sys.argv[1:]
-    if argv[0].startswith("-"):
-        argv = [sys.executable, *argv]
+    from slurmlaunch.allocation.torchrun_worker import as_worker, worker_argv
+    as_worker(os.environ)  # the worker's Slurm task variables (see AS_WORKER)
+    argv = worker_argv(sys.argv[1:])
     def ident(fd):
         try:
             st = os.fstat(fd)
@@ -212,7 +213,8 @@ def _endpoint(env: Mapping[str, str]) -> tuple[str, str, str, int]:
 def _worker_command(env: Mapping[str, str], nproc: str, flags: Sequence[str], script: Sequence[str],
                     python: str) -> tuple[list[str], list[str]]:
     """(flags, script) as torchrun should start each worker: the legacy --local-rank argument, the launcher's
-    RUNNER (marks "the script returned"), the line relay when several workers share the node."""
+    RUNNER (marks "the script returned"), the worker's Slurm variables (AS_WORKER) or, when several workers
+    share the node, the line relay, which sets them too."""
     if "--legacy-local-rank-arg" in flags:
         # right after SCRIPT, where torch.distributed.launch put it; torchrun puts each worker's local rank
         # in place of the macro (torch.distributed.elastic.utils.macros)
@@ -223,16 +225,15 @@ def _worker_command(env: Mapping[str, str], nproc: str, flags: Sequence[str], sc
         # itself only when it runs Python)
         script = [*python_argv(python, "-m" in flags, script[0], env), *script[1:]]
         flags = ["--no-python"]
-    if (bounded_int(nproc, MAX_JOB_ID) or 0) > 1:
-        # several workers share this node's output: each through the line relay (see RELAY)
-        if "--no-python" in flags:
-            # the interpreter's options first (RUNNER's command): RELAY puts the interpreter back in front
-            inner = script[1:] if script[0] == python and script[1:2] and script[1].startswith("-") else script
-        else:
-            inner = [*python_argv(python, "-m" in flags, script[0], {})[1:], *script[1:]]
-        script = [python, "-c", RELAY, *inner]
-        flags = ["--no-python"]
-    return list(flags), list(script)
+    # Every worker starts with its Slurm task variables made torchrun's (AS_WORKER, core.workerenv); when
+    # several workers share this node's output, through the line relay, which does the same (see RELAY).
+    if "--no-python" in flags:
+        # the interpreter's options first (RUNNER's command): the wrapper puts the interpreter back in front
+        inner = script[1:] if script[0] == python and script[1:2] and script[1].startswith("-") else script
+    else:
+        inner = [*python_argv(python, "-m" in flags, script[0], {})[1:], *script[1:]]
+    wrapper = RELAY if (bounded_int(nproc, MAX_JOB_ID) or 0) > 1 else AS_WORKER
+    return ["--no-python"], [python, "-c", wrapper, *inner]
 
 
 def _extra_env(env: Mapping[str, str], values: Mapping[str, str]) -> dict[str, str]:

@@ -91,8 +91,10 @@ def add_run_options(p: Any, environ: Mapping[str, str]) -> None:
                    default=pet("MASTER_PORT", str(DEFAULT_PORT)))
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default=pet("RDZV_ENDPOINT", None),
                    help="HOST:PORT, the same as --master-addr HOST --master-port PORT")
-    p.add_argument("--rdzv-backend", "--rdzv_backend", "--rdzv-id", "--rdzv_id", dest="ignored", default=None,
+    p.add_argument("--rdzv-backend", "--rdzv_backend", dest="ignored", default=None,
                    help="accepted for torchrun compatibility; the rendezvous is always static (env://)")
+    p.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", default=pet("RDZV_ID", "none"),
+                   help="the job's id, exported as TORCHELASTIC_RUN_ID (default: torchrun's, none)")
     p.add_argument("--monitor-interval", "--monitor_interval", dest="ignored", default=None,
                    help="accepted for torchrun compatibility; a rank's exit is noticed at once")
     p.add_argument("--start-method", "--start_method", dest="ignored", choices=["spawn", "fork", "forkserver"],
@@ -246,6 +248,9 @@ def _check_arguments(ns: Any, nnodes: int) -> None:
     if not ns.master_addr or any(c.isspace() or not c.isprintable() for c in ns.master_addr):
         raise SpecError(f"--master-addr {shown(ns.master_addr)} is not valid (expected a host name or address, "
                         f"without spaces or control characters)")
+    if not ns.rdzv_id or any(c.isspace() or not c.isprintable() for c in ns.rdzv_id):
+        raise SpecError(f"--rdzv-id {shown(ns.rdzv_id)} is not valid (expected an id without spaces or control "
+                        f"characters; it becomes TORCHELASTIC_RUN_ID)")
     if ns.log_dir is not None and (not ns.log_dir or not ns.log_dir.isprintable()):
         raise SpecError(f"--log-dir {shown(ns.log_dir)} is not valid (expected a directory name without control "
                         f"characters such as newlines)")
@@ -267,7 +272,27 @@ def _check_master(ns: Any, nnodes: int) -> None:
                         f"choose a free port, or --standalone for a single node")
 
 
+def torchelastic_env(run_id: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables torchrun's agent gives every worker beyond torch's own (torch 2.13; tests/test_run.py
+    compares the names with a real torchrun's), with values true of `run`: clients ask them whether torchrun
+    started them (idr-torch, Lightning, torch.distributed.is_torchelastic_launched() read TORCHELASTIC_RUN_ID).
+    No restarts; no agent store (USE_AGENT_STORE=False: rank 0 hosts the env:// store, as without torchrun);
+    the signals the supervisor forwards. TORCHELASTIC_ERROR_FILE is per rank (start_ranks)."""
+    from ..schedulers.supervisor import FORWARDED
+
+    out = {"TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+           "TORCHELASTIC_USE_AGENT_STORE": "False",
+           "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(signal.Signals(s).name for s in FORWARDED)}
+    # torchrun sets it unless the user did: NCCL errors end the process instead of hanging it
+    out["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    return out
+
+
 def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping[str, str]) -> int:
+    import shutil
+    import tempfile
+    import uuid
+
     from ..schedulers.supervisor import RankProcess, supervise
 
     launch = [sys.executable, "-m", "slurmlaunch", "launch"]
@@ -279,6 +304,8 @@ def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping
     base = {k: v for k, v in environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
     base.update(SLURMLAUNCH_RUN="1", SLURMLAUNCH_NNODES=str(nnodes), SLURMLAUNCH_NODE_RANK=str(ns.node_rank),
                 SLURMLAUNCH_NPROC_PER_NODE=str(nproc), MASTER_ADDR=ns.master_addr, MASTER_PORT=str(ns.master_port))
+    run_id = str(uuid.uuid4()) if ns.standalone else str(ns.rdzv_id)  # torchrun's choice of id
+    base.update(torchelastic_env(run_id, environ))
     if on_cpu:
         base["SLURMLAUNCH_DEVICE"] = "cpu"
     if ns.allow_loopback:
@@ -286,13 +313,20 @@ def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping
     if ns.log_dir:
         os.makedirs(ns.log_dir, mode=0o750, exist_ok=True)
     ranks = []
+    errors = tempfile.mkdtemp(prefix="slurmlaunch-run-")  # torchrun's per-run directory of error files
     for local in range(nproc):
         rank = ns.node_rank * nproc + local
         log = os.path.join(ns.log_dir, f"rank-{rank}.log") if ns.log_dir else None
         if log and os.path.lexists(log):  # a new run, a new log (made afresh: never through a planted link)
             os.unlink(log)
-        ranks.append(RankProcess(rank, argv, dict(base, SLURMLAUNCH_LOCAL_RANK=str(local)), log))
-    outcome = supervise(ranks, grace=ns.shutdown_timeout)
+        os.makedirs(os.path.join(errors, str(local)))
+        ranks.append(RankProcess(rank, argv, dict(base, SLURMLAUNCH_LOCAL_RANK=str(local),
+                                                  TORCHELASTIC_ERROR_FILE=os.path.join(errors, str(local),
+                                                                                       "error.json")), log))
+    try:
+        outcome = supervise(ranks, grace=ns.shutdown_timeout)
+    finally:
+        shutil.rmtree(errors, ignore_errors=True)
     if outcome.interrupted_by is not None:
         sys.stderr.write(f"slurmlaunch: stopped by {signal.Signals(outcome.interrupted_by).name}; every rank "
                          f"was stopped (exit code {outcome.exit_code})\n")

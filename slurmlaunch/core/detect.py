@@ -4,8 +4,9 @@ Pure: every reader takes a plain mapping of variables plus a :class:`Context` (h
 GPU device count) and returns a :class:`DistEnv`, or None when the environment is not its own.
 Detection order (first match wins), see :data:`READERS`:
 
-1. torchrun owns the process (TORCHELASTIC_RUN_ID set): its variables are left alone;
-2. `slurmlaunch run` started it (SLURMLAUNCH_RUN=1), even inside a Slurm allocation;
+1. torchrun owns the process (TORCHELASTIC_RUN_ID set, SLURMLAUNCH_RUN not): its variables are left alone;
+2. `slurmlaunch run` started it (SLURMLAUNCH_RUN=1, with torchrun's TORCHELASTIC_* variables, which `run`
+   exports as torchrun does), even inside a Slurm allocation;
 3. an MPI launcher started it (Open MPI, MVAPICH, Cray PALS, MPICH/Hydra, PMIx: detect_mpi.py);
 4. a Slurm step (SLURM_JOB_ID and SLURM_STEP_ID set); the batch step of a multi-task job is refused;
 5. a PBS job script with several slots (refused: start ranks with mpiexec);
@@ -32,8 +33,9 @@ from .limits import MAX_JOB_ID, bounded_int, shown
 
 
 def read_torchrun(env: Env, ctx: Context) -> DistEnv | None:
-    """torchrun (torch.distributed.elastic) already set everything: report it, change nothing."""
-    if "TORCHELASTIC_RUN_ID" not in env:
+    """torchrun (torch.distributed.elastic) already set everything: report it, change nothing. Not a rank
+    of `slurmlaunch run` (SLURMLAUNCH_RUN=1), which exports torchrun's TORCHELASTIC_* variables too."""
+    if "TORCHELASTIC_RUN_ID" not in env or env.get("SLURMLAUNCH_RUN") == "1":
         return None
     vals = {}
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE"):
