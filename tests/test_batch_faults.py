@@ -81,7 +81,8 @@ def _summary_of(tmp_path: Path, srun_log: str, **kw: object) -> str:
 
 
 @pytest.mark.parametrize(("log", "first"), [
-    ("srun: error: node2: task 2: Killed\nsrun: error: node1: tasks 0-1: Terminated\n", "node2 2 137 killed by SIGKILL"),
+    ("srun: error: node2: task 2: Killed\nsrun: error: node1: tasks 0-1: Terminated\n",
+     "node2 2 137 killed by SIGKILL"),
     ("srun: error: node2: task 3: Segmentation fault (core dumped)\n", "node2 3 139 killed by SIGSEGV"),
     ("srun: error: node1: tasks 0,2: Exited with exit code 7\nsrun: error: node2: task 1: Killed\n", "node1 0,2 7"),
     ("srun: launch/slurm: _step_signal: Terminating StepId=1.0\nsrun: error: node2: task 1: Out Of Memory\n",
@@ -110,6 +111,17 @@ def test_slurm_names_a_rank_killed_by_sigkill(cluster_env: dict[str, str], tmp_p
     assert (logs / f"job-{job}.exitcode").read_text() == "137\n"
 
 
+def test_local_names_a_rank_killed_by_sigkill(tmp_path: Path) -> None:
+    """The local scheduler's line says the signal as the Slurm script's does."""
+    (tmp_path / "k.py").write_text("import os, signal, time\nif os.environ['RANK'] == '1':\n"
+                                   "    os.kill(os.getpid(), signal.SIGKILL)\ntime.sleep(60)\n")
+    r = run_cli("submit", "--scheduler", "local", "--nodes", "1", "--tasks-per-node", "2", "k.py",
+                env=no_slurm_env(tmp_path), cwd=tmp_path, timeout=120)
+    assert r.returncode == 137, r.stdout + r.stderr
+    assert re.search(r"^slurmlaunch: local job \d+: rank 1 failed first with exit code 137 \(killed by SIGKILL\); "
+                     r"the other ranks were stopped$", r.stderr, re.M), r.stderr
+
+
 @contextlib.contextmanager
 def memory_cgroup(limit: int, tag: str) -> Iterator[Path]:
     """A new memory cgroup of ``limit`` bytes (v1's memory controller, or v2's), removed afterwards; yields
@@ -117,7 +129,8 @@ def memory_cgroup(limit: int, tag: str) -> Iterator[Path]:
     lines = Path("/proc/self/cgroup").read_text().splitlines()
     v1 = next((line.split(":", 2)[2] for line in lines if ":memory:" in line), None)
     if v1 is not None and Path("/sys/fs/cgroup/memory").is_dir():
-        where, files = Path("/sys/fs/cgroup/memory" + v1) / tag, ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
+        where = Path("/sys/fs/cgroup/memory" + v1) / tag
+        files = ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
     else:
         v2 = next((line[3:] for line in lines if line.startswith("0::")), "/")
         where, files = Path("/sys/fs/cgroup" + v2) / tag, ("memory.max", "memory.swap.max")
@@ -322,7 +335,9 @@ def test_slurm_script_never_writes_through_a_planted_link(cluster_env: dict[str,
     (tmp_path / "fails.py").write_text(
         "import os, sys, time\nprint('rank', os.environ['RANK'])\n"
         "other = f\"slurmlaunch-logs/job-{os.environ['SLURM_JOB_ID']}.rank-1.log\"\n"
-        "for _ in range(600):\n    if os.environ['RANK'] == '0' and os.path.exists(other) and os.path.getsize(other):\n        sys.exit(3)\n"
+        "for _ in range(600):\n"
+        "    if os.environ['RANK'] == '0' and os.path.exists(other) and os.path.getsize(other):\n"
+        "        sys.exit(3)\n"
         "    time.sleep(0.1)\nsys.exit(4)\n")
     logs = tmp_path / "slurmlaunch-logs"
     job, _ = _held(cluster_env, tmp_path, "--nodes", "2", "--tasks-per-node", "1", "fails.py")
