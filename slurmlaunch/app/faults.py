@@ -3,7 +3,7 @@
 Two exit codes mean the job's own words could not be kept: the batch script's pre-flight write test refused
 (WRITE_FAILED, 74: nothing the script said could be written either), and Slurm's 181 (sacct ExitCode 0:53),
 a batch step Slurm could not start, most often because slurmd could not open the batch log (the cause then
-is only in slurmd's log on the node: "Could not open stdout file ...: Permission denied"). For both,
+is only in slurmd's log on the node: "Could not open stdout file ...: Read-only file system"). For both,
 `--wait` and `status` add one line with what a write test of the directory says from here, on the shared
 file system the logs live on ("No space left on device", "Read-only file system").
 """
