@@ -318,8 +318,24 @@ def test_slurm_output_directory_read_only_before_the_start_is_181(cluster_env: d
             f"a write test there from this host says: Read-only file system") in r.stderr.splitlines(), r.stderr
 
 
+@pytest.mark.slurm
+def test_slurm_output_directory_filled_during_the_run_is_named(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    """The ranks' own output fills the file system: their writes fail (srun's log and the batch log stay
+    empty, the failure line cannot be written); --wait says what a write test finds."""
+    (tmp_path / "chatty.py").write_text("for _ in range(40000):\n    print('x' * 200, flush=True)\n")
+    fs = tmp_path / "fs"
+    with shared_ext4(cluster_env, tmp_path / "fs.img", fs):
+        r, job = _submit_wait(cluster_env, tmp_path, "--nodes", "2", "--tasks-per-node", "1", "-o",
+                              str(fs / "logs"), "chatty.py")
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert (f"slurmlaunch: job {job}: the output directory {fs / 'logs'} takes no write now (a write test there "
+            f"from this host says: No space left on device): the job's logs and its failure line may be cut short "
+            f"or missing") in r.stderr.splitlines(), r.stderr
+
+
 def test_explain_only_the_output_directory_codes(tmp_path: Path) -> None:
     assert faults.explain(1, str(tmp_path)) is None and faults.explain(137, str(tmp_path)) is None
+    assert faults.explain(0, str(tmp_path)) is None and faults.explain(1, str(tmp_path / "gone")) is None
     assert faults.explain(74, str(tmp_path)) == (
         f"exit code 74: the batch script could not write in the output directory {tmp_path}, so no rank was "
         f"started; it takes a write from this host now (the fault was on the nodes only, or has passed)")

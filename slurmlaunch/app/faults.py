@@ -4,8 +4,9 @@ Two exit codes mean the job's own words could not be kept: the batch script's pr
 (WRITE_FAILED, 74: nothing the script said could be written either), and Slurm's 181 (sacct ExitCode 0:53),
 a batch step Slurm could not start, most often because slurmd could not open the batch log (the cause then
 is only in slurmd's log on the node: "Could not open stdout file ...: Read-only file system"). For both,
-`--wait` and `status` add one line with what a write test of the directory says from here, on the shared
-file system the logs live on ("No space left on device", "Read-only file system").
+`--wait` adds one line with what a write test of the directory says from here, on the shared
+file system the logs live on ("No space left on device", "Read-only file system"). A job that failed
+otherwise gets the line only when that test fails: its file system filled up during the run.
 """
 
 from __future__ import annotations
@@ -42,9 +43,19 @@ def write_test(log_dir: str) -> str | None:
 
 
 def explain(code: int, log_dir: str) -> str | None:
-    """One line for an exit code that says the output directory failed the job, or None for other codes."""
-    if code not in (WRITE_FAILED, BATCH_NOT_STARTED):
+    """One line when the output directory failed the job: for the codes that say so (74, 181), with what a
+    write test there says now; for any other failure, only when that write test fails (the file system filled
+    up during the run: the ranks' output, srun's words and the failure line were cut short or lost, and a
+    rank whose output could not be written may itself have died of it). None otherwise."""
+    if code == 0:
         return None
+    if code not in (WRITE_FAILED, BATCH_NOT_STARTED):
+        if not os.path.isdir(log_dir):  # not here (another host's job): nothing to test
+            return None
+        error = write_test(log_dir)
+        return None if error is None else (
+            f"the output directory {log_dir} takes no write now (a write test there from this host says: "
+            f"{error}): the job's logs and its failure line may be cut short or missing")
     error = write_test(log_dir)
     now = (f"a write test there from this host says: {error}" if error else
            "it takes a write from this host now (the fault was on the nodes only, or has passed)")
