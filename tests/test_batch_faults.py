@@ -15,7 +15,6 @@ slurmds each run in one) and in the test's, a kernel memory cgroup whose limit t
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 import subprocess
@@ -220,10 +219,12 @@ def _slurmd_pids(cluster_env: dict[str, str]) -> list[int]:
 
 
 @contextlib.contextmanager
-def shared_ext4(cluster_env: dict[str, str], image: Path, mountpoint: Path, size_mb: int = 4) -> Iterator[None]:
+def shared_ext4(cluster_env: dict[str, str], image: Path, mountpoint: Path, size_mb: int = 4) -> Iterator[list[str]]:
     """A small ext4 file system (no blocks reserved for root: the jobs run as root here) on one loop device,
-    mounted at ``mountpoint`` here and in every node's mount namespace: one superblock, so all see the same
-    files, as on a shared file system."""
+    mounted at ``mountpoint`` in every node's mount namespace (one superblock: all see the same files, as on
+    a shared file system), and not in the test's own: a cluster another test starts meanwhile copies the
+    mounts of the namespace it starts from, and would keep this one. Yields the command prefix that runs a
+    command in node1's namespace, where the test submits and looks, as from a login node."""
     for tool in ("losetup", "mkfs.ext4", "nsenter", "mount", "umount"):
         if not any(os.access(os.path.join(d, tool), os.X_OK) for d in ("/usr/sbin", "/sbin", "/usr/bin", "/bin")):
             skip_or_fail(f"{tool} is not installed (util-linux, e2fsprogs)")
@@ -235,66 +236,79 @@ def shared_ext4(cluster_env: dict[str, str], image: Path, mountpoint: Path, size
         skip_or_fail(f"no loop device: {made.stderr.strip()}")
     device = made.stdout.strip()
     mountpoint.mkdir()
-    mounted: list[int | None] = []
+    entered = [["nsenter", f"--mount=/proc/{pid}/ns/mnt"] for pid in _slurmd_pids(cluster_env)]
+    mounted: list[list[str]] = []
     try:
-        subprocess.run(["mount", device, str(mountpoint)], check=True, capture_output=True)
-        mounted.append(None)
-        for pid in _slurmd_pids(cluster_env):
-            subprocess.run(["nsenter", f"--mount=/proc/{pid}/ns/mnt", "mount", device, str(mountpoint)],
-                           check=True, capture_output=True)
-            mounted.append(pid)
-        yield
+        for enter in entered:
+            subprocess.run([*enter, "mount", device, str(mountpoint)], check=True, capture_output=True)
+            mounted.append(enter)
+        yield entered[0]
     finally:
-        for pid in reversed(mounted):
-            enter = [] if pid is None else ["nsenter", f"--mount=/proc/{pid}/ns/mnt"]
-            subprocess.run([*enter, "umount", "-l", str(mountpoint)], capture_output=True)
+        for enter in reversed(mounted):
+            subprocess.run([*enter, "umount", str(mountpoint)], capture_output=True)
         subprocess.run(["losetup", "-d", device], capture_output=True)
 
 
-def _fill(directory: Path) -> None:
-    """Write until the file system says it is full: big pieces, then what is left a page and a byte at a time."""
-    fd = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+# Writes until the file system says it is full: big pieces, then what is left a page and a byte at a time.
+FILL = """
+import errno, os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+for size in (1 << 16, 1 << 12, 1):
     try:
-        for size in (1 << 16, 1 << 12, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-                    os.fsync(fd)
-            except OSError as e:
-                assert e.errno == errno.ENOSPC, e
-    finally:
-        os.close(fd)
+        while True:
+            os.write(fd, bytes(size))
+            os.fsync(fd)
+    except OSError as e:
+        assert e.errno == errno.ENOSPC, e
+"""
 
 
-def _held(env: dict[str, str], cwd: Path, *args: str) -> tuple[str, Path]:
+def _fill(file: Path, enter: list[str]) -> None:
+    subprocess.run([*enter, sys.executable, "-c", FILL, str(file)], check=True, timeout=120)
+
+
+def _cli(enter: list[str], *args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """slurmlaunch run in the mount namespace ``enter`` leads into ([]: the test's own)."""
+    wd = [f"--wd={cwd}"] if enter else []  # nsenter starts in / otherwise
+    return subprocess.run([*enter, *wd, sys.executable, "-m", "slurmlaunch", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=200)
+
+
+def _held(env: dict[str, str], cwd: Path, *args: str, enter: list[str] | None = None) -> str:
     """A job submitted on hold (--sbatch-arg=--hold): its id is known, and the fault comes before it starts."""
-    r = run_cli("submit", "--sbatch-arg=--hold", *args, env=env, cwd=cwd, timeout=120)
+    r = _cli(enter or [], "submit", "--sbatch-arg=--hold", *args, env=env, cwd=cwd)
     assert r.returncode == 0, r.stdout + r.stderr
-    return r.stdout.split()[0], cwd
+    return r.stdout.split()[0]
 
 
-def _release_and_follow(env: dict[str, str], cwd: Path, job: str) -> subprocess.CompletedProcess[str]:
+def _release_and_follow(env: dict[str, str], cwd: Path, job: str,
+                        enter: list[str] | None = None) -> subprocess.CompletedProcess[str]:
     subprocess.run(["scontrol", "release", job], env=env, check=True, capture_output=True, timeout=60)
-    return run_cli("logs", "--follow", job, env=env, cwd=cwd, timeout=200)
+    return _cli(enter or [], "logs", "--follow", job, env=env, cwd=cwd)
+
+
+def _read(enter: list[str], path: Path) -> str | None:
+    r = subprocess.run([*enter, "cat", str(path)], capture_output=True, text=True, timeout=60)
+    return r.stdout if r.returncode == 0 else None
 
 
 @pytest.mark.slurm
 def test_slurm_full_output_directory_is_named(cluster_env: dict[str, str], tmp_path: Path) -> None:
     (tmp_path / "ok.py").write_text("print('RANK-STARTED')\n")
     fs = tmp_path / "fs"
-    with shared_ext4(cluster_env, tmp_path / "fs.img", fs):
-        job, _ = _held(cluster_env, tmp_path, "--nodes", "2", "-o", str(fs / "logs"), "ok.py")
-        _fill(fs)
-        r = _release_and_follow(cluster_env, tmp_path, job)
-        batch = fs / "logs" / f"job-{job}.batch.log"
-        batch_text = batch.read_text() if batch.exists() else ""
+    with shared_ext4(cluster_env, tmp_path / "fs.img", fs) as enter:
+        job = _held(cluster_env, tmp_path, "--nodes", "2", "-o", str(fs / "logs"), "ok.py", enter=enter)
+        _fill(fs / "filler", enter)
+        r = _release_and_follow(cluster_env, tmp_path, job, enter)
+        batch = _read(enter, fs / "logs" / f"job-{job}.batch.log")
     assert r.returncode == WRITE_FAILED, r.stdout + r.stderr
     assert (f"slurmlaunch: job {job}: exit code 74: the batch script could not write in the output directory "
             f"{fs / 'logs'}, so no rank was started; a write test there from this host says: No space left on "
             f"device") in r.stderr.splitlines(), r.stderr
     assert "RANK-STARTED" not in r.stdout  # no rank started
     # Whether the batch log could still take the script's line depends on the blocks ext4 had left for it.
-    assert not batch_text or "No space left on device; no rank was started (exit code 74)" in batch_text
+    assert batch is not None, "slurmd could create the batch log: the fault is the script's to name"
+    assert not batch or "No space left on device; no rank was started (exit code 74)" in batch, batch
 
 
 @pytest.mark.slurm
@@ -302,17 +316,17 @@ def test_slurm_output_directory_read_only_before_the_start_is_181(cluster_env: d
                                                                   tmp_path: Path) -> None:
     (tmp_path / "ok.py").write_text("print('RANK-STARTED')\n")
     fs = tmp_path / "fs"
-    with shared_ext4(cluster_env, tmp_path / "fs.img", fs):
-        job, _ = _held(cluster_env, tmp_path, "--nodes", "2", "-o", str(fs / "logs"), "ok.py")
+    with shared_ext4(cluster_env, tmp_path / "fs.img", fs) as enter:
+        job = _held(cluster_env, tmp_path, "--nodes", "2", "-o", str(fs / "logs"), "ok.py", enter=enter)
         # one superblock: read-only for every node at once
-        subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True, capture_output=True)
-        r = _release_and_follow(cluster_env, tmp_path, job)
-        sacct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "ExitCode"], env=cluster_env,
-                               capture_output=True, text=True, timeout=60).stdout.strip()
-        exists = (fs / "logs" / f"job-{job}.batch.log").exists()
+        subprocess.run([*enter, "mount", "-o", "remount,ro", str(fs)], check=True, capture_output=True)
+        r = _release_and_follow(cluster_env, tmp_path, job, enter)
+        batch = _read(enter, fs / "logs" / f"job-{job}.batch.log")
+    sacct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "ExitCode"], env=cluster_env,
+                           capture_output=True, text=True, timeout=60).stdout.strip()
     assert r.returncode == faults.BATCH_NOT_STARTED == 181, r.stdout + r.stderr
     assert sacct == "0:53", sacct
-    assert not exists  # Slurm could not open the batch log: the script never ran
+    assert batch is None  # Slurm could not open the batch log: the script never ran
     assert (f"slurmlaunch: job {job}: exit code 181 (sacct: 0:53): Slurm could not start the batch script, most "
             f"often because it could not open the batch log in {fs / 'logs'} (slurmd's log on the node says why); "
             f"a write test there from this host says: Read-only file system") in r.stderr.splitlines(), r.stderr
@@ -324,13 +338,14 @@ def test_slurm_output_directory_filled_during_the_run_is_named(cluster_env: dict
     empty, the failure line cannot be written); --wait says what a write test finds."""
     (tmp_path / "chatty.py").write_text("for _ in range(40000):\n    print('x' * 200, flush=True)\n")
     fs = tmp_path / "fs"
-    with shared_ext4(cluster_env, tmp_path / "fs.img", fs):
-        r, job = _submit_wait(cluster_env, tmp_path, "--nodes", "2", "--tasks-per-node", "1", "-o",
-                              str(fs / "logs"), "chatty.py")
-    assert r.returncode != 0, r.stdout + r.stderr
-    assert (f"slurmlaunch: job {job}: the output directory {fs / 'logs'} takes no write now (a write test there "
-            f"from this host says: No space left on device): the job's logs and its failure line may be cut short "
-            f"or missing") in r.stderr.splitlines(), r.stderr
+    with shared_ext4(cluster_env, tmp_path / "fs.img", fs) as enter:
+        r = _cli(enter, "submit", "--wait", "--wait-timeout", "150", "--nodes", "2", "--tasks-per-node", "1",
+                 "-o", str(fs / "logs"), "chatty.py", env=cluster_env, cwd=tmp_path)
+    m = re.search(r"submitted job (\d+)", r.stderr)
+    assert m and r.returncode != 0, r.stdout + r.stderr
+    assert (f"slurmlaunch: job {m.group(1)}: the output directory {fs / 'logs'} takes no write now (a write test "
+            f"there from this host says: No space left on device): the job's logs and its failure line may be cut "
+            f"short or missing") in r.stderr.splitlines(), r.stderr
 
 
 def test_explain_only_the_output_directory_codes(tmp_path: Path) -> None:
@@ -356,7 +371,7 @@ def test_slurm_script_never_writes_through_a_planted_link(cluster_env: dict[str,
         "        sys.exit(3)\n"
         "    time.sleep(0.1)\nsys.exit(4)\n")
     logs = tmp_path / "slurmlaunch-logs"
-    job, _ = _held(cluster_env, tmp_path, "--nodes", "2", "--tasks-per-node", "1", "fails.py")
+    job = _held(cluster_env, tmp_path, "--nodes", "2", "--tasks-per-node", "1", "fails.py")
     victims = tmp_path / "victims"
     victims.mkdir()
     planted = {}
@@ -422,15 +437,15 @@ def test_pbs_script_full_output_directory_starts_no_rank(tmp_path: Path) -> None
     bin_dir.mkdir()
     (bin_dir / "mpiexec").write_text(f"#!/bin/sh\ntouch {tmp_path}/ran\n")
     (bin_dir / "mpiexec").chmod(0o755)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(logs)], capture_output=True).returncode:
-        skip_or_fail("cannot mount a tmpfs (needs root)")
-    try:
-        _fill(logs)
-        env = no_slurm_env(tmp_path)
-        env.update(PATH=f"{bin_dir}:{env['PATH']}:/usr/bin:/bin", PBS_JOBID="44.server", PBS_NODEFILE="/dev/null")
-        r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
-    finally:
-        subprocess.run(["umount", str(logs)], capture_output=True)
+    env = no_slurm_env(tmp_path)
+    env.update(PATH=f"{bin_dir}:{env['PATH']}:/usr/bin:/bin", PBS_JOBID="44.server", PBS_NODEFILE="/dev/null")
+    # In a mount namespace of its own (gone with the command): the tmpfs shows in no other.
+    inside = ('mount -t tmpfs -o size=64k tmpfs "$1" || exit 99\n'
+              '"$3" -c "$4" "$1/filler" && exec bash "$2"')
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", inside, "sh", str(logs),
+                        str(script), sys.executable, FILL], env=env, capture_output=True, text=True, timeout=120)
+    if r.returncode == 99 or "unshare failed" in r.stderr:
+        skip_or_fail(f"cannot mount a tmpfs in a mount namespace of its own (needs root): {r.stderr.strip()}")
     assert r.returncode == WRITE_FAILED, r.stderr
     assert (f"slurmlaunch: cannot write in the output directory {logs}: No space left on device; no rank was "
             f"started (exit code 74)") in r.stderr.splitlines(), r.stderr
