@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+import slurmlaunch
 from slurmlaunch.app import faults
 from slurmlaunch.core.jobfiles import WRITE_FAILED
 from slurmlaunch.core.spec import JobSpec
@@ -196,6 +197,19 @@ def test_short_time_limit_locally_is_not_killed_at_start(tmp_path: Path) -> None
     assert r.stdout.count("finished") == 2, r.stdout
     assert "--time 0:30 is too short for the warning SIGUSR2 90s before the limit" in r.stderr, r.stderr
     assert "it comes 15s before instead, half-way" in r.stderr
+
+
+def rank_after_a_while() -> int:
+    time.sleep(3)
+    return int(os.environ["RANK"])
+
+
+def test_api_short_time_limit_says_the_same(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    job = slurmlaunch.submit(rank_after_a_while, scheduler="local", nodes=1, tasks_per_node=2, time="0:30",
+                             output_dir=str(tmp_path / "logs"))
+    assert job.results() == [0, 1]
+    note = "slurmlaunch: --time 0:30 is too short for the warning SIGUSR2 90s before the limit"
+    assert note in capfd.readouterr().err
 
 
 @pytest.mark.slurm
