@@ -14,6 +14,8 @@ cd "$(dirname "$0")/.."
 
 packages=(slurmctld slurmd slurm-client openmpi-bin libpmix-dev slurmdbd slurm-wlm-mysql-plugin mariadb-server-core
           mariadb-client-core iproute2 openssh-server openssh-client rsync)
+# mkfs.ext4: the output-directory fault tests build a small shared file system (tests/test_batch_faults.py)
+packages+=(e2fsprogs)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

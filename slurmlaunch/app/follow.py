@@ -12,6 +12,7 @@ from ..allocation.smallfile import read_small
 from ..core.errors import SchedulerError, WaitTimeout
 from ..core.jobfiles import JobFiles
 from ..schedulers import JobStatus
+from .faults import explain as explain_fault
 
 LOST_CONTACT_S = 120.0
 
@@ -110,6 +111,9 @@ def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, 
             if code != 0 and log_dir:
                 for line in failure_lines(log_dir, job_id):
                     err.write(line + "\n")
+                fault = explain_fault(code, log_dir)  # the output directory failed the job (74, 181)
+                if fault:
+                    err.write(f"slurmlaunch: job {job_id}: {fault}\n")
             where = f" (logs: {log_dir})" if log_dir else ""
             err.write(f"slurmlaunch: job {job_id} ended {st.state}, exit code {code}{where}\n")
             return code

@@ -102,7 +102,7 @@ def adapt_to_client(spec: JobSpec, origins: dict[str, str], scheduler: str) -> J
         if spec.warning is None or spec.warning[0] != found.signal:
             return spec
     else:
-        spec = replace(spec, signal=f"{found.signal}@{spec.warning[1] if spec.warning else 90}")
+        spec = replace(spec, signal=f"{found.signal}@{spec.asked_warning[1] if spec.asked_warning else 90}")
     if scheduler == "slurm":
         spec = replace(spec, requeued_by="script")
         how = (f"{found.client} saves a checkpoint on it and requeues the job itself, so the batch script will "
@@ -130,6 +130,8 @@ def cmd_submit(ns: Any) -> int:
 
     refuse_unsupported(spec, scheduler, getattr(ns, "option_origins", {}))
     spec = adapt_to_client(spec, getattr(ns, "option_origins", {}), scheduler)
+    if spec.warning_note:
+        sys.stderr.write(f"slurmlaunch: {spec.warning_note}\n")
     if scheduler == "local":
         return submit_local(spec, ns)
     if scheduler == "slurm":

@@ -59,6 +59,7 @@ PBS_FLAVOURS: tuple[PbsFlavour, ...] = get_args(PbsFlavour)
 # Signals a batch script may ask Slurm for before the time limit. USR2 is the default (submitit's too); USR1
 # is Lightning's, and NCCL only catches it when NCCL_PROXY_DUMP_SIGNAL asks it to (since NCCL 2.14).
 REQUEUED_BY = ("slurmlaunch", "script")
+DEFAULT_WARNING_SECONDS = 90  # how long before the time limit the warning comes when --signal names no time
 WARNING_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP", "ALRM", "URG", "XCPU", "CONT")
 
 _MEM = re.compile(r"([0-9]+)([KMGT]?)", re.IGNORECASE)  # fullmatch and [0-9]: see core/parse.py
@@ -177,12 +178,42 @@ class JobSpec:
         return points if self.sweep else []
 
     @property
-    def warning(self) -> tuple[str, int] | None:
-        """(signal name without SIG, seconds before the time limit), or None for no warning signal."""
+    def asked_warning(self) -> tuple[str, int] | None:
+        """The warning as --signal asks for it: (signal name without SIG, seconds before the time limit), or
+        None for no warning signal. What the job gets is ``warning``."""
         if not self.signal or self.signal.lower() == "none":
             return None
         name, _, when = self.signal.partition("@")
-        return name.upper().removeprefix("SIG"), bounded_int(when, 65535) or 0 if when else 90
+        return name.upper().removeprefix("SIG"), bounded_int(when, 65535) or 0 if when else DEFAULT_WARNING_SECONDS
+
+    @property
+    def warning(self) -> tuple[str, int] | None:
+        """The warning every scheduler gives (Slurm's --signal, PBS and the local scheduler, the API): as asked,
+        except where it would come too early. Slurm sends a warning longer than the time limit at once, which
+        stops every rank before its script could install a handler (the default action of USR2 is to end the
+        process). So a warning not shorter than --time, or the default 90 s with a limit under 180 s, comes
+        half-way through the run instead; None when that leaves no whole second (--time of 1 s). A warning
+        time chosen below the limit is kept: tests of preemption ask for an early one on purpose."""
+        asked = self.asked_warning
+        limit = self.time_limit_seconds
+        if asked is None or limit is None:
+            return asked
+        name, seconds = asked
+        half = limit // 2
+        if seconds >= limit or (seconds == DEFAULT_WARNING_SECONDS and seconds > half):
+            return (name, half) if half > 0 else None
+        return asked
+
+    @property
+    def warning_note(self) -> str | None:
+        """One line saying how the warning was moved (``warning``), or None when it is as asked."""
+        asked, given = self.asked_warning, self.warning
+        if asked is None or given == asked:
+            return None
+        now = f"it comes {given[1]}s before instead, half-way" if given else "no warning signal is sent"
+        return (f"--time {self.time} is too short for the warning SIG{asked[0]} {asked[1]}s before the limit "
+                f"(Slurm would send it at or near the start, before the script could handle it): {now} "
+                f"(--signal NAME@SECONDS chooses, --signal none for none)")
 
     @property
     def time_limit_seconds(self) -> int | None:

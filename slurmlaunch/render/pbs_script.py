@@ -9,7 +9,7 @@ from typing import Any
 
 from ..core import __version__
 from ..core.errors import SpecError
-from ..core.jobfiles import JobFiles
+from ..core.jobfiles import WRITE_FAILED, JobFiles
 from ..core.spec import MPI_FLAVOURS, UNLIMITED, JobSpec, time_seconds
 from .jinja import render
 from .launch import launch_command, script_env
@@ -278,6 +278,7 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
         "workdir": spec.workdir, "mpiexec_args": args, "hostfile_flag": hostfile_flag,
         "launch_cmd": launch_command(spec), "array_index": ARRAY_INDEX[spec.pbs_flavour] if spec.is_array else None,
         "sweep_points": list(enumerate(spec.sweep_points)),
+        "write_failed": WRITE_FAILED,
         "files": JobFiles("$log_dir", "$job_id"),  # the job's file names, spelled with the script's variables
     }
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..core import __version__
 from ..core.errors import SpecError
-from ..core.jobfiles import JobFiles
+from ..core.jobfiles import WRITE_FAILED, JobFiles
 from ..core.spec import SRUN_MPI_TYPES, JobSpec
 from .jinja import render
 from .launch import container_mounts, launch_command, script_env
@@ -85,6 +85,22 @@ def node_logs(files: JobFiles) -> str:
     return f'"{pattern[:cut]}"{pattern[cut:]}'
 
 
+# The signals whose default action ends a process (signal(7): Term or Core), each as srun words it.
+KILLING = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGKILL", "SIGUSR1",
+           "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGXCPU", "SIGXFSZ", "SIGSYS")
+# Slurm's own word for a task killed by the cgroup's OOM killer (with task/cgroup), besides strsignal's "Killed".
+OUT_OF_MEMORY = "Out Of Memory"
+
+
+def signal_words() -> str:
+    """How srun words a task killed by a signal (strsignal's description: "Killed", "Segmentation fault"),
+    one row per signal: DESCRIPTION, the exit code it counts as (128 + N), and what the failure line says.
+    The batch script's failure summary looks srun's lines up here."""
+    rows = [f"{strsignal(s)}\t{128 + s.value}\tkilled by {s.name}" for s in map(Signals.__getitem__, KILLING)]
+    rows.append(f"{OUT_OF_MEMORY}\t{128 + Signals.SIGKILL.value}\tkilled by SIGKILL: out of memory")
+    return "\n".join(sorted(set(rows)))
+
+
 def script_context(spec: JobSpec) -> dict[str, Any]:
     env = script_env(spec)
     files = shell_files(spec)
@@ -113,6 +129,8 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
         "sweep_points": list(enumerate(spec.sweep_points)),
         "files": files,
         "node_logs": node_logs(files),
+        "signal_words": signal_words(),
+        "write_failed": WRITE_FAILED,
     }
 
 

@@ -314,6 +314,13 @@ def asked_before_abort(what: str, spec: JobSpec, result: Outcome, stopped: Reaso
                    signaled={r: n for r, n in result.signaled.items() if r != rank})
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal has no name of its own
+        return f"signal {number}"
+
+
 def _report(what: str, spec: JobSpec, result: Outcome, stopped: Reason | None = None) -> str | None:
     """Say how the run ended; returns the first-failure line, if a rank failed."""
     failure = None
@@ -329,9 +336,12 @@ def _report(what: str, spec: JobSpec, result: Outcome, stopped: Reason | None = 
                    f"(stopped by slurmlaunch: {stopped.text}){others}")
     elif result.first_failed_rank is not None:
         others = "; the other ranks were stopped" if len(result.codes) > 1 else ""
-        failure = (f"{what}: {spec.log_unit} {result.first_failed_rank} failed with exit code {result.exit_code}"
+        # as the batch script says it under Slurm: a signal that ended the rank is named
+        number = result.signaled.get(result.first_failed_rank)
+        how = f" (killed by {_signal_name(number)})" if number and result.exit_code == 128 + number else ""
+        failure = (f"{what}: {spec.log_unit} {result.first_failed_rank} failed with exit code {result.exit_code}{how}"
                    if not others else f"{what}: {spec.log_unit} {result.first_failed_rank} failed first with "
-                   f"exit code {result.exit_code}{others}")
+                   f"exit code {result.exit_code}{how}{others}")
     if failure:
         _say(failure)
     if result.console_lost:

@@ -4,6 +4,7 @@ signal plan (its batch lines) and private folders."""
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,8 @@ def _executor(spec: JobSpec, scheduler: str) -> Any:
 
     folder = _private_folder(spec)
     tpn = spec.ntasks_per_node
+    if spec.warning_note:  # the CLI's line: the warning moved half-way (a time limit too short for it)
+        sys.stderr.write(f"slurmlaunch: {spec.warning_note}\n")
     if scheduler == "local":
         local = _local_executor(str(folder), spec.python)
         local.update_parameters(tasks_per_node=spec.world_size, nodes=1, timeout_min=_minutes(spec.time),
