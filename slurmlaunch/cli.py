@@ -58,6 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .allocation.torchrun_mode import main as torchrun_node_main
 
             return torchrun_node_main(args[1:])
+        if args and args[0] == "stacks-node":
+            from .allocation.stacks import node_main
+
+            return node_main(args[1:])
         try:
             code = _dispatch(args)
         except SystemExit:  # argparse's --help and usage errors: their output is flushed below too
