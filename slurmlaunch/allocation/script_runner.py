@@ -51,7 +51,8 @@ def _slurmlaunch_main():
                     os.unlink(path)
                 except OSError:
                     pass
-                return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC, 0o600)
+                how = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
+                return os.open(path, how, 0o600)
             armed = [signal.SIGWINCH, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2]
             faulthandler.register(armed[0], fresh(base + STACKS_DUMP_SUFFIX), all_threads=True)
             stop = fresh(base + STACKS_STOP_SUFFIX)
@@ -115,9 +116,10 @@ def _slurmlaunch_main():
     returned()
 _slurmlaunch_main()
 """
-RUNNER = (_RUNNER.replace("EXIT_MARK_SUFFIX", repr(EXIT_MARK_SUFFIX))  # the names JobFiles spells
-          .replace("STACKS_DUMP_SUFFIX", repr(STACKS_DUMP_SUFFIX)).replace("STACKS_STOP_SUFFIX", repr(STACKS_STOP_SUFFIX))
-          .replace("STACKS_PID_SUFFIX", repr(STACKS_PID_SUFFIX)))
+RUNNER = _RUNNER  # with the names JobFiles spells
+for _name, _value in (("EXIT_MARK_SUFFIX", EXIT_MARK_SUFFIX), ("STACKS_DUMP_SUFFIX", STACKS_DUMP_SUFFIX),
+                      ("STACKS_STOP_SUFFIX", STACKS_STOP_SUFFIX), ("STACKS_PID_SUFFIX", STACKS_PID_SUFFIX)):
+    RUNNER = RUNNER.replace(_name, repr(_value))
 
 
 def recorded_exit(path: str) -> int | None:

@@ -9,6 +9,7 @@ Standard library only; not on the launcher's path (the RUNNER spells the file na
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,8 +17,8 @@ import sys
 import time
 from collections.abc import Collection, Sequence
 
-from ..core import STACKS_DUMP_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX
-from ..core.stacks import complete
+from ..core import STACKS_DUMP_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX, STACKS_SUMMARY_NAME
+from ..core.stacks import RankStacks, complete, group, parse
 from .smallfile import read_small
 
 DUMP_SIGNAL = signal.SIGWINCH  # why this one: script_runner's comment on the RUNNER
@@ -187,3 +188,71 @@ def node_main(argv: Sequence[str]) -> int:
         sys.stdout.write(json.dumps(entry) + "\n")
     sys.stdout.flush()
     return 0
+
+
+def source_line(path: str, line: int) -> str | None:
+    """Line ``line`` of the file ``path`` when it is readable here (the job's code, on a shared file system)."""
+    import linecache
+
+    if not path.startswith("/") or not line:
+        return None
+    try:
+        if os.path.getsize(path) > (8 << 20):
+            return None
+    except OSError:
+        return None
+    return linecache.getline(path, line) or None
+
+
+def answers(entries: Sequence[dict[str, object]], timeout: float) -> list[RankStacks]:
+    """The collectors' entries as ranks' answers: the parsed threads, or why there are none."""
+    out: list[RankStacks] = []
+    for e in entries:
+        rank, host, state = int(str(e["rank"])), str(e.get("host", "")), e.get("state")
+        if state == "ok":
+            threads = tuple(parse(str(e.get("text", ""))))
+            out.append(RankStacks(rank, host, threads, None if threads else "its dump holds no stack"))
+        elif state == "ended":
+            out.append(RankStacks(rank, host, (), "its process has ended"))
+        else:
+            out.append(RankStacks(rank, host, (), f"no dump within {timeout:g}s (its process is stopped, or "
+                                                  f"the script installed its own {DUMP_SIGNAL.name} handler)"))
+    return out
+
+
+def saved_summary(directory: str) -> list[str]:
+    """One line per group of the stacks the ranks saved when a stop signal reached them ([] when none did),
+    also written to ``directory``/summary for `slurmlaunch stacks` and --wait."""
+    ranks = answers(saved(directory), 0)
+    if not ranks:
+        return []
+    lines = group(ranks, source_line).lines()
+    try:
+        path = os.path.join(directory, STACKS_SUMMARY_NAME)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("".join(line + "\n" for line in lines))
+    except OSError:
+        pass
+    return lines
+
+
+SUMMARY_USAGE = "usage: slurmlaunch stacks-summary DIR"
+
+
+def summary_main(argv: Sequence[str]) -> int:
+    """`slurmlaunch stacks-summary DIR` (the batch script, after the ranks ended): the grouped stacks the
+    ranks saved when they were stopped, on stderr, prefixed as the batch log's other lines."""
+    if len(argv) != 1 or argv[0].startswith("-"):
+        sys.stderr.write(f"slurmlaunch: error: {SUMMARY_USAGE}\n")
+        return 2
+    lines = saved_summary(argv[0])
+    if lines:
+        sys.stderr.write(f"slurmlaunch: {STOPPED_HEADER} ({len(lines)} group(s); every thread in {argv[0]}):\n")
+        sys.stderr.write("".join(f"slurmlaunch:   {line}\n" for line in lines))
+    return 0
+
+
+STOPPED_HEADER = "where the ranks were when they were stopped"

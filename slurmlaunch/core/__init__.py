@@ -16,3 +16,4 @@ EXIT_MARK_SUFFIX = ".exit"
 STACKS_PID_SUFFIX = ".pid"
 STACKS_DUMP_SUFFIX = ".dump"
 STACKS_STOP_SUFFIX = ".stopped"
+STACKS_SUMMARY_NAME = "summary"  # the grouped stacks saved at the stop, one line per group

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from . import EXIT_MARK_SUFFIX, STACKS_DUMP_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX
+from . import EXIT_MARK_SUFFIX, STACKS_DUMP_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX, STACKS_SUMMARY_NAME
 
 # The batch script's own exit code when the output directory takes no write before any rank starts (a full
 # file system, one gone read-only): sysexits' EX_IOERR, below 128 and apart from every code README: Exit codes
@@ -115,7 +115,7 @@ class JobFiles:
     @property
     def stacks_summary(self) -> str:
         """The grouped summary of the stacks saved when the job was stopped (one line per group)."""
-        return os.path.join(self.stacks, "summary")
+        return os.path.join(self.stacks, STACKS_SUMMARY_NAME)
 
     def element(self, index: int | str) -> JobFiles:
         """The files of element ``index`` of an array job (tagged ``ID_INDEX``)."""

@@ -57,7 +57,8 @@ def parse(text: str) -> list[Thread]:
     """The threads of the last dump in ``text`` (a file may hold several, one after another: a thread id seen
     twice starts the next dump); lines that are not faulthandler's are skipped."""
     dumps: list[list[Thread]] = [[]]
-    ident, current, frames, truncated, open_block = "", False, [], False, False
+    frames: list[Frame] = []
+    ident, current, truncated, open_block = "", False, False, False
 
     def close() -> None:
         if open_block:
