@@ -1,0 +1,184 @@
+"""`slurmlaunch stacks`: faulthandler dumps parsed and grouped (tables through the pure core), the RUNNER's
+arming (a real process, its files), and a hung 2x2 gloo job on the local scheduler and on the real Slurm
+cluster: one rank sleeps in a function of its own while the others wait in all_reduce; `stacks` names that
+rank, its node and its function, groups the others; stopping the job leaves the grouped summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmlaunch.allocation.script_runner import STACKS_DIR, python_argv
+from slurmlaunch.allocation.stacks import collect, saved
+from slurmlaunch.core.stacks import Frame, RankStacks, complete, group, parse, ranges, summary
+from tests.helpers import no_slurm_env, run_cli, wait_for_files
+
+DUMP = '''Thread 0x00007f3c8e7fc640 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 324 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f3c9a4b3740 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2801 in all_reduce
+  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 81 in wrapper
+  File "/home/u/train.py", line 57 in step
+  File "/home/u/train.py", line 80 in <module>
+  File "<string>", line 71 in _slurmlaunch_main
+  File "<string>", line 79 in <module>
+'''
+
+SLEEPING = '''Current thread 0x00007f3c9a4b3740 (most recent call first):
+  File "/home/u/train.py", line 41 in load_batch
+  File "/home/u/train.py", line 78 in <module>
+  File "<string>", line 71 in _slurmlaunch_main
+  File "<string>", line 79 in <module>
+'''
+
+
+def test_a_dump_is_parsed_main_thread_last() -> None:
+    threads = parse(DUMP)
+    assert [t.ident for t in threads] == ["0x00007f3c8e7fc640", "0x00007f3c9a4b3740"]
+    assert threads[-1].current and threads[-1].frames[2] == Frame("/home/u/train.py", 57, "step")
+    assert complete(DUMP) and not complete(DUMP[:-30])
+    # two dumps one after the other: the last one counts (a thread id seen again starts it)
+    assert len(parse(DUMP + SLEEPING)) == 1 and parse(DUMP + SLEEPING)[0].frames[0].function == "load_batch"
+    assert parse("garbage\n\x00") == []
+
+
+@pytest.mark.parametrize(("numbers", "text"), [([0, 1, 2, 4, 6, 7], "0-2,4,6-7"), ([3], "3"), ([], ""),
+                                                ([5, 1, 2, 2], "1-2,5")])
+def test_ranges(numbers: list[int], text: str) -> None:
+    assert ranges(numbers) == text
+
+
+def test_summary_names_the_own_frame_and_the_library_call() -> None:
+    frames = parse(DUMP)[-1].frames
+    assert summary(frames) == "train.py:57 in step -> all_reduce (distributed_c10d.py:2801)"
+    assert summary(frames, lambda f, n: "    dist.all_reduce(t)\n") == \
+        "train.py:57 in step: dist.all_reduce(t) -> all_reduce (distributed_c10d.py:2801)"
+    assert summary(parse(SLEEPING)[-1].frames) == "train.py:41 in load_batch"
+
+
+def test_odd_ranks_first_with_their_node_the_rest_grouped() -> None:
+    answers = [RankStacks(r, f"node{1 + r // 4}", tuple(parse(SLEEPING if r == 3 else DUMP))) for r in range(8)]
+    answers[6] = RankStacks(6, "node2", (), "not reached: node2 did not answer within 40s")
+    lines = group(answers).lines()
+    assert lines == ["rank 6 on node2: not reached: node2 did not answer within 40s",
+                     "rank 3 on node1: train.py:41 in load_batch",
+                     "ranks 0-2,4-5,7: train.py:57 in step -> all_reduce (distributed_c10d.py:2801)"]
+
+
+SCRIPT = """
+import os, sys, threading, time
+def load_batch():
+    open(os.path.join(sys.argv[1], "sleeping-" + os.environ["RANK"]), "w").close()
+    time.sleep(300)
+threading.Thread(target=time.sleep, args=(300,), daemon=True).start()
+load_batch()
+"""
+
+
+def _runner(tmp_path: Path, rank: int) -> subprocess.Popen[bytes]:
+    (tmp_path / "job.py").write_text(SCRIPT)
+    env = {**os.environ, "RANK": str(rank), "SLURMD_NODENAME": "nodeA", STACKS_DIR: str(tmp_path / "st"),
+           "SLURMLAUNCH_RETURNED_DIR": str(tmp_path / "returned")}
+    return subprocess.Popen(python_argv(sys.executable, False, str(tmp_path / "job.py"), env) + [str(tmp_path)],
+                            env=env)
+
+
+def test_the_runner_arms_a_dump_on_demand_and_at_a_stop(tmp_path: Path) -> None:
+    (tmp_path / "st").mkdir(mode=0o700)
+    (tmp_path / "returned").mkdir()
+    (tmp_path / "st" / "5.dump").symlink_to(tmp_path / "victim")  # a planted link is replaced, not followed
+    proc = _runner(tmp_path, 5)
+    try:
+        wait_for_files(tmp_path, "sleeping-5", 1)
+        got = collect(str(tmp_path / "st"), "nodeA", 30)
+        assert [(e["rank"], e["host"], e["state"]) for e in got] == [(5, "nodeA", "ok")]
+        assert parse(str(got[0]["text"]))[-1].frames[0].function == "load_batch"
+        assert collect(str(tmp_path / "st"), "nodeB", 30) == []  # another node's collector leaves it alone
+        assert not (tmp_path / "victim").exists()
+        for name in ("5.pid", "5.dump", "5.stopped"):
+            st = (tmp_path / "st" / name).lstat()
+            assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600, name
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == -signal.SIGTERM  # the rank still dies of it, after the dump
+    finally:
+        proc.kill()
+        proc.wait()
+    kept = saved(str(tmp_path / "st"))
+    assert [e["rank"] for e in kept] == [5] and "load_batch" in str(kept[0]["text"])
+    assert collect(str(tmp_path / "st"), None, 30)[0]["state"] == "ended"
+
+
+HUNG = """
+import os, sys, time
+import torch, torch.distributed as dist
+def load_batch():
+    open(os.path.join(sys.argv[1], "sleeping"), "w").close()
+    time.sleep(600)
+def step(t):
+    dist.all_reduce(t)
+dist.init_process_group("gloo")
+t = torch.ones(1)
+if dist.get_rank() == 3:
+    load_batch()
+step(t)
+"""
+
+
+def _check_hung(data: dict[str, object], odd_node: str) -> None:
+    groups = data["groups"]
+    assert isinstance(groups, list) and len(groups) == 2, groups
+    odd, rest = groups
+    assert odd["ranks"] == [3] and odd["hosts"] == [odd_node] and odd["odd"], odd
+    assert odd["line"].startswith(f"rank 3 on {odd_node}: hung.py:6 in load_batch: time.sleep(600)"), odd["line"]
+    assert rest["ranks"] == [0, 1, 2] and "in step: dist.all_reduce(t) -> " in rest["line"], rest["line"]
+
+
+def test_local_hung_job_stacks_and_the_summary_at_the_stop(tmp_path: Path, torch_available: None) -> None:
+    (tmp_path / "hung.py").write_text(HUNG)
+    env = no_slurm_env(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "submit", "--scheduler", "local", "--nodes", "2",
+                             "--tasks-per-node", "2", "-o", str(tmp_path / "logs"), "hung.py", str(tmp_path)],
+                            env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for_files(tmp_path, "sleeping", 1, timeout=120)
+        job = next((tmp_path / "logs").glob("job-*.json")).name.split("-")[1].split(".")[0]
+        deadline = time.monotonic() + 120
+        while True:  # ranks 0-2 reach all_reduce soon after rank 3 sleeps; their stack says when
+            r = run_cli("stacks", job, "--json", env=env, cwd=tmp_path)
+            assert r.returncode == 0, r.stderr
+            data = json.loads(r.stdout)
+            if len(data["groups"]) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert data["live"] is True
+        _check_hung(data, "local-node1")
+        text = run_cli("stacks", job, env=env, cwd=tmp_path).stdout
+        assert "rank 3 on local-node1: hung.py:6 in load_batch" in text.splitlines()[1], text
+        one = run_cli("stacks", job, "--rank", "3", env=env, cwd=tmp_path)
+        assert "main thread" in one.stdout and 'hung.py", line 6 in load_batch' in one.stdout, one.stdout
+        bad = run_cli("stacks", job, "--rank", "9", env=env, cwd=tmp_path)
+        assert bad.returncode == 2 and "has ranks 0-3" in bad.stderr
+        proc.send_signal(signal.SIGTERM)  # the local job's cancel
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    text = err.decode()
+    assert "where the ranks were when they were stopped" in text, text
+    assert "rank 3 on local-node1: hung.py:6 in load_batch: time.sleep(600)" in text, text
+    assert "ranks 0-2: hung.py:8 in step: dist.all_reduce(t)" in text, text
+    after = run_cli("stacks", job, "--json", env=env, cwd=tmp_path)  # the job has ended: what was saved
+    assert after.returncode == 0, after.stderr
+    data = json.loads(after.stdout)
+    assert data["live"] is False
+    _check_hung(data, "local-node1")
