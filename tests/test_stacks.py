@@ -182,3 +182,41 @@ def test_local_hung_job_stacks_and_the_summary_at_the_stop(tmp_path: Path, torch
     data = json.loads(after.stdout)
     assert data["live"] is False
     _check_hung(data, "local-node1")
+
+
+@pytest.mark.slurm
+def test_slurm_hung_job_stacks_then_cancel_leaves_the_summary(netns_cluster_env: dict[str, str], tmp_path: Path,
+                                                               torch_available: None) -> None:
+    (tmp_path / "hung.py").write_text(HUNG)
+    env = netns_cluster_env
+    r = run_cli("submit", "--nodes", "2", "--tasks-per-node", "2", "--cpus-per-task", "1", "hung.py", str(tmp_path),
+                env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    job = r.stderr.split("submitted job ", 1)[1].split()[0]
+    try:
+        wait_for_files(tmp_path, "sleeping", 1, timeout=180)
+        deadline = time.monotonic() + 120
+        while True:
+            start = time.monotonic()
+            s = run_cli("stacks", job, "--json", env=env, cwd=tmp_path, timeout=180)
+            took = time.monotonic() - start
+            assert s.returncode == 0, s.stderr
+            data = json.loads(s.stdout)
+            if len(data["groups"]) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        print(f"stacks at 2x2 on the dev cluster: {took:.2f}s (collection {data['seconds']}s)")
+        assert data["live"] is True
+        _check_hung(data, "node2")
+        c = run_cli("cancel", "--stacks", job, env=env, cwd=tmp_path, timeout=180)
+        assert c.returncode == 0, c.stderr
+        assert "rank 3 on node2: hung.py:6 in load_batch" in c.stdout, c.stdout
+    finally:
+        subprocess.run(["scancel", job], env=env, capture_output=True)
+    batch_log = next((tmp_path / "slurmlaunch-logs").glob("*.batch.log"))
+    deadline = time.monotonic() + 60
+    while "where the ranks were" not in batch_log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    text = batch_log.read_text()
+    assert "rank 3 on node2: hung.py:6 in load_batch: time.sleep(600)" in text, text
+    assert "ranks 0-2 on node1,node2: hung.py:8 in step" in text or "ranks 0-2: hung.py:8 in step" in text, text

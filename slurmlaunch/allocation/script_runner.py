@@ -135,7 +135,8 @@ def recorded_exit(path: str) -> int | None:
 
 
 def python_argv(python: str, module: bool, script: str, environ: Mapping[str, str]) -> list[str]:
-    """``python -u [-m] SCRIPT``, through RUNNER when $SLURMLAUNCH_RETURNED_DIR asks for the returned-marker."""
-    if environ.get(RETURNED_DIR):
+    """``python -u [-m] SCRIPT``, through RUNNER when $SLURMLAUNCH_RETURNED_DIR asks for the returned-marker or
+    $SLURMLAUNCH_STACKS_DIR for the stacks."""
+    if environ.get(RETURNED_DIR) or environ.get(STACKS_DIR):
         return [python, "-u", "-c", RUNNER, *(["-m"] if module else []), script]
     return [python, "-u", *(["-m"] if module else []), script]

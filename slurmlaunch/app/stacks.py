@@ -177,17 +177,6 @@ def cmd_stacks(job_id: str, rank: int | None, as_json: bool, timeout: float) -> 
     return 0
 
 
-def stopped_summary(log_dir: str, job_id: str) -> list[str]:
-    """The grouped summary the batch script (or the local scheduler) left of the stacks saved at the stop."""
-    from ..allocation.smallfile import read_small
-
-    try:
-        text = read_small(JobFiles(log_dir, job_id).stacks_summary, 64 << 10).decode("utf-8", errors="replace")
-    except OSError:
-        return []
-    return [line for line in text.splitlines() if line.strip()][:50]
-
-
 def print_before_cancel(job_id: str, timeout: float) -> None:
     """`cancel --stacks`: the live stacks, grouped, before the job is cancelled (kept in the stacks directory
     too: the ranks write them again at the SIGTERM that follows)."""
