@@ -220,3 +220,45 @@ def test_slurm_hung_job_stacks_then_cancel_leaves_the_summary(netns_cluster_env:
     text = batch_log.read_text()
     assert "rank 3 on node2: hung.py:6 in load_batch: time.sleep(600)" in text, text
     assert "ranks 0-2 on node1,node2: hung.py:8 in step" in text or "ranks 0-2: hung.py:8 in step" in text, text
+
+
+def api_hung(marker: str) -> int:
+    """Rank 1 sleeps in load_batch; rank 0 waits for it in wait_for_peer (no torch needed)."""
+    rank = int(os.environ["RANK"])
+    if rank == 1:
+        return api_load_batch(marker)
+    return api_wait_for_peer()
+
+
+def api_load_batch(marker: str) -> int:
+    Path(marker).touch()
+    time.sleep(300)
+    return 1
+
+
+def api_wait_for_peer() -> int:
+    time.sleep(300)
+    return 0
+
+
+def test_api_job_stacks_groups_as_data(tmp_path: Path) -> None:
+    import slurmlaunch
+
+    marker = tmp_path / "sleeping"
+    job = slurmlaunch.submit(api_hung, str(marker), scheduler="local", nodes=1, tasks_per_node=2,
+                             output_dir=str(tmp_path / "logs"))
+    try:
+        wait_for_files(tmp_path, "sleeping", 1, timeout=120)
+        deadline = time.monotonic() + 60
+        while True:
+            stacks = job.stacks()
+            if len(stacks.grouping.groups) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert stacks.live
+        odd, rest = stacks.grouping.groups
+        assert odd.ranks == (1,) and odd.frames[0].function == "api_load_batch", odd
+        assert rest.ranks == (0,) and rest.frames[0].function == "api_wait_for_peer", rest
+        assert stacks.data()["groups"][0]["ranks"] == [1]
+    finally:
+        job.cancel()

@@ -36,40 +36,15 @@ STACKS_DIR = "SLURMLAUNCH_STACKS_DIR"
 # The status matters when torch then aborts: the batch script (and the local scheduler) count a rank that
 # aborted after asking for 128 + the warning signal as having exited so, and the requeue is not lost.
 _RUNNER = """-0  # torchrun names a failed worker by its first argument without a leading "-": the script, not this
-def _slurmlaunch_main():
+ARM_DEFINITIONdef _slurmlaunch_main():
     import os, sys
     where, argv = os.environ.get("SLURMLAUNCH_RETURNED_DIR", ""), sys.argv[1:]
     main = sys.modules["__main__"].__dict__
     del main["_slurmlaunch_main"]
     stacks = os.environ.get("SLURMLAUNCH_STACKS_DIR", "")
     if stacks:
-        try:
-            import faulthandler, signal
-            base = os.path.join(stacks, os.environ.get("RANK", "rank"))
-            def fresh(path):
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
-                how = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
-                return os.open(path, how, 0o600)
-            armed = [signal.SIGWINCH, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2]
-            faulthandler.register(armed[0], fresh(base + STACKS_DUMP_SUFFIX), all_threads=True)
-            stop = fresh(base + STACKS_STOP_SUFFIX)
-            for s in armed[1:]:
-                faulthandler.register(s, stop, all_threads=True, chain=True)
-            def forked():
-                for s in armed:
-                    faulthandler.unregister(s)
-            os.register_at_fork(after_in_child=forked)
-            with open("/proc/self/stat", "rb") as f:
-                start = f.read().rsplit(b")", 1)[1].split()[19].decode()
-            host = "".join((os.environ.get("SLURMD_NODENAME") or os.uname().nodename).split()) or "?"
-            fd = fresh(base + STACKS_PID_SUFFIX)
-            os.write(fd, f"{os.getpid()} {start} {host}\\n".encode())
-            os.close(fd)
-        except (OSError, ValueError, IndexError, RuntimeError, AttributeError):
-            pass
+        _slurmlaunch_arm(stacks)
+    del main["_slurmlaunch_arm"]
     hook = sys.excepthook
     def excepthook(kind, value, tb):
         while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
@@ -116,10 +91,52 @@ def _slurmlaunch_main():
     returned()
 _slurmlaunch_main()
 """
-RUNNER = _RUNNER  # with the names JobFiles spells
+# The stacks' arming (the comment above), one definition for the RUNNER and for arm_stacks (the Python API's ranks).
+_ARM = """def _slurmlaunch_arm(stacks):
+    import os
+    try:
+        import faulthandler, signal
+        base = os.path.join(stacks, os.environ.get("RANK", "rank"))
+        def fresh(path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            how = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
+            return os.open(path, how, 0o600)
+        armed = [signal.SIGWINCH, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2]
+        faulthandler.register(armed[0], fresh(base + STACKS_DUMP_SUFFIX), all_threads=True)
+        stop = fresh(base + STACKS_STOP_SUFFIX)
+        for s in armed[1:]:
+            faulthandler.register(s, stop, all_threads=True, chain=True)
+        def forked():
+            for s in armed:
+                faulthandler.unregister(s)
+        os.register_at_fork(after_in_child=forked)
+        with open("/proc/self/stat", "rb") as f:
+            start = f.read().rsplit(b")", 1)[1].split()[19].decode()
+        host = "".join((os.environ.get("SLURMD_NODENAME") or os.uname().nodename).split()) or "?"
+        fd = fresh(base + STACKS_PID_SUFFIX)
+        os.write(fd, f"{os.getpid()} {start} {host}\\n".encode())
+        os.close(fd)
+    except (OSError, ValueError, IndexError, RuntimeError, AttributeError):
+        pass
+"""
+RUNNER = _RUNNER.replace("ARM_DEFINITION", _ARM)  # with the names JobFiles spells
 for _name, _value in (("EXIT_MARK_SUFFIX", EXIT_MARK_SUFFIX), ("STACKS_DUMP_SUFFIX", STACKS_DUMP_SUFFIX),
                       ("STACKS_STOP_SUFFIX", STACKS_STOP_SUFFIX), ("STACKS_PID_SUFFIX", STACKS_PID_SUFFIX)):
     RUNNER = RUNNER.replace(_name, repr(_value))
+    _ARM = _ARM.replace(_name, repr(_value))
+
+
+def arm_stacks(directory: str) -> None:
+    """In this process (a rank the RUNNER does not start: the Python API's), what the RUNNER arms: the dumps
+    into ``directory`` on SIGWINCH and at a stop signal, and RANK.pid ($RANK, $SLURMD_NODENAME)."""
+    namespace: dict[str, object] = {}
+    exec(_ARM, namespace)
+    arm = namespace["_slurmlaunch_arm"]
+    assert callable(arm)
+    arm(directory)
 
 
 def recorded_exit(path: str) -> int | None:

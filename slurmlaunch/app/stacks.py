@@ -112,30 +112,40 @@ def job_stacks(record: JobRecord, timeout: float = 10.0, ranks: Collection[int] 
     if spec.is_array and record.element is None:
         raise SpecError(f"stacks: job {record.tag} is an array: name one element, e.g. {record.tag}_"
                         f"{spec.array_indices[0]}")
-    files = JobFiles(record.log_dir, record.tag)
-    started = time.monotonic()
     live, nodes = _running(record)
+    python = str(record.data.get("spec", {}).get("python") or "python3")
+    return collect_stacks(record.scheduler, record.full_id, JobFiles(record.log_dir, record.tag), spec.world_size,
+                          python, live, nodes, timeout, ranks)
+
+
+def collect_stacks(scheduler_name: str, job_id: str, files: JobFiles, world: int, python: str, live: bool,
+                   nodes: str | None, timeout: float = 10.0, ranks: Collection[int] | None = None) -> Stacks:
+    """The stacks of a job of ``scheduler_name`` (``job_id`` as the scheduler knows it; its files): live
+    when it runs (on ``nodes``, the scheduler's words), else what its ranks saved when they were stopped."""
+    from ..schedulers.choice import scheduler
+
+    started = time.monotonic()
     unreached: dict[str, str] = {}
+    record_tag = files.job
     if not live:
         entries = [e for e in saved(files.stacks) if ranks is None or e["rank"] in ranks]
         if not entries:
-            raise JobStateError(f"job {record.tag} is not running and its ranks saved no stacks when they ended "
+            raise JobStateError(f"job {record_tag} is not running and its ranks saved no stacks when they ended "
                                 f"(in {files.stacks})")
-    elif record.scheduler == "local":
+    elif scheduler_name == "local":
         entries = collect(files.stacks, None, timeout, ranks)
     else:
-        python = str(record.data.get("spec", {}).get("python") or "python3")
         argv = [python, "-m", "slurmlaunch", "stacks-node", files.stacks, "--timeout", f"{timeout:g}"]
-        commands = _edge(record).node_commands(record.full_id, nodes or "", argv)
+        commands = scheduler(scheduler_name).node_commands(job_id, nodes or "", argv)
         if not commands:
-            raise JobStateError(f"stacks: job {record.tag} runs on no node the scheduler names ({nodes!r})")
+            raise JobStateError(f"stacks: job {record_tag} runs on no node the scheduler names ({nodes!r})")
         entries, unreached = _on_nodes(commands, timeout)
         if ranks is not None:
             entries = [e for e in entries if e["rank"] in ranks]
     answers = to_answers(entries, timeout)
     if live:
-        answers += _missing(files, spec.world_size, {a.rank for a in answers}, unreached, ranks)
-    return Stacks(record.tag, tuple(sorted(answers, key=lambda a: a.rank)), group(answers, source_line), live,
+        answers += _missing(files, world, {a.rank for a in answers}, unreached, ranks)
+    return Stacks(record_tag, tuple(sorted(answers, key=lambda a: a.rank)), group(answers, source_line), live,
                   time.monotonic() - started, files.stacks)
 
 
