@@ -5,6 +5,7 @@ standard library basics only."""
 
 from __future__ import annotations
 
+import signal  # the launcher has imported it already
 from collections.abc import Mapping
 
 from ..core import EXIT_MARK_SUFFIX, STACKS_DUMP_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX
@@ -95,7 +96,7 @@ _slurmlaunch_main()
 _ARM = """def _slurmlaunch_arm(stacks):
     import os
     try:
-        import faulthandler, signal
+        import faulthandler  # not `signal`: its enums cost ~10 ms at start-up; the numbers are filled in below
         base = os.path.join(stacks, os.environ.get("RANK", "rank"))
         def fresh(path):
             try:
@@ -104,7 +105,7 @@ _ARM = """def _slurmlaunch_arm(stacks):
                 pass
             how = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
             return os.open(path, how, 0o600)
-        armed = [signal.SIGWINCH, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2]
+        armed = [SIGNAL_WINCH, SIGNAL_TERM, SIGNAL_HUP, SIGNAL_USR1, SIGNAL_USR2]
         faulthandler.register(armed[0], fresh(base + STACKS_DUMP_SUFFIX), all_threads=True)
         stop = fresh(base + STACKS_STOP_SUFFIX)
         for s in armed[1:]:
@@ -124,7 +125,9 @@ _ARM = """def _slurmlaunch_arm(stacks):
 """
 RUNNER = _RUNNER.replace("ARM_DEFINITION", _ARM)  # with the names JobFiles spells
 for _name, _value in (("EXIT_MARK_SUFFIX", EXIT_MARK_SUFFIX), ("STACKS_DUMP_SUFFIX", STACKS_DUMP_SUFFIX),
-                      ("STACKS_STOP_SUFFIX", STACKS_STOP_SUFFIX), ("STACKS_PID_SUFFIX", STACKS_PID_SUFFIX)):
+                      ("STACKS_STOP_SUFFIX", STACKS_STOP_SUFFIX), ("STACKS_PID_SUFFIX", STACKS_PID_SUFFIX),
+                      *((f"SIGNAL_{s.name[3:]}", int(s)) for s in (signal.SIGWINCH, signal.SIGTERM, signal.SIGHUP,
+                                                                   signal.SIGUSR1, signal.SIGUSR2))):
     RUNNER = RUNNER.replace(_name, repr(_value))
     _ARM = _ARM.replace(_name, repr(_value))
 
