@@ -262,3 +262,137 @@ def test_api_job_stacks_groups_as_data(tmp_path: Path) -> None:
         assert stacks.data()["groups"][0]["ranks"] == [1]
     finally:
         job.cancel()
+
+
+# A job without torch: rank argv[2] sleeps in load_batch (or, with a code in argv[3], exits with it once every
+# rank is in its function), the others in wait_for_peer; each leaves ready-RANK first.
+SLEEPY = """
+import os, sys, time
+rank, world, d = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), sys.argv[1]
+def load_batch(code):
+    open(os.path.join(d, f"ready-{rank}"), "w").close()
+    deadline = time.monotonic() + 120
+    while code and sum(n.startswith("ready-") for n in os.listdir(d)) < world and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if code:
+        sys.exit(code)
+    time.sleep(600)
+def wait_for_peer():
+    open(os.path.join(d, f"ready-{rank}"), "w").close()
+    time.sleep(600)
+load_batch(int(sys.argv[3])) if rank == int(sys.argv[2]) else wait_for_peer()
+"""
+
+
+def _sleepy(tmp_path: Path, env: dict[str, str], *args: str, odd: int = 3, code: int = 0) -> str:
+    (tmp_path / "sleepy.py").write_text(SLEEPY)
+    r = run_cli("submit", "--cpus-per-task", "1", *args, "sleepy.py", str(tmp_path), str(odd), str(code),
+                env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stderr.split("submitted job ", 1)[1].split()[0]
+
+
+def _batch_log_with(tmp_path: Path, text: str, timeout: float = 240) -> str:
+    deadline = time.monotonic() + timeout
+    log = ""
+    while time.monotonic() < deadline:
+        logs = list((tmp_path / "slurmlaunch-logs").glob("*.batch.log"))
+        log = logs[0].read_text() if logs else ""
+        if text in log:
+            return log
+        time.sleep(1)
+    raise AssertionError(f"{text!r} not in the batch log within {timeout}s:\n{log}")
+
+
+@pytest.mark.slurm
+def test_slurm_time_limit_leaves_the_summary_in_the_batch_log(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    job = _sleepy(tmp_path, cluster_env, "--nodes", "2", "--tasks-per-node", "2", "--time", "1", "--signal", "none")
+    try:
+        log = _batch_log_with(tmp_path, "where the ranks were when they were stopped")
+    finally:
+        subprocess.run(["scancel", job], env=cluster_env, capture_output=True)
+    log = _batch_log_with(tmp_path, "ranks 0-2: sleepy.py:14 in wait_for_peer", 30)
+    assert "rank 3 on node2: sleepy.py:11 in load_batch: time.sleep(600)" in log, log
+    assert "DUE TO TIME LIMIT" in log or "TIMEOUT" in run_cli("status", job, env=cluster_env).stdout, log
+
+
+@pytest.mark.slurm
+def test_slurm_fail_fast_survivors_leave_their_stacks(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    job = _sleepy(tmp_path, cluster_env, "--nodes", "2", "--tasks-per-node", "2", odd=3, code=7)
+    try:
+        log = _batch_log_with(tmp_path, "failed first with exit code 7")
+        log = _batch_log_with(tmp_path, "where the ranks were when they were stopped", 30)
+    finally:
+        subprocess.run(["scancel", job], env=cluster_env, capture_output=True)
+    assert "ranks 0-2" in log and "sleepy.py:14 in wait_for_peer: time.sleep(600)" in log, log
+
+
+@pytest.mark.slurm
+def test_slurm_a_node_that_does_not_answer_is_named_in_bounded_time(cluster_env: dict[str, str],
+                                                                    tmp_path: Path) -> None:
+    job = _sleepy(tmp_path, cluster_env, "--nodes", "2", "--tasks-per-node", "2")
+    slurmd = Path(cluster_env["SLURMLAUNCH_TEST_CLUSTER_DIR"]) / "slurmd-node2.pid"
+    pid = int(slurmd.read_text())
+    try:
+        wait_for_files(tmp_path, "ready-*", 4, timeout=180)
+        os.kill(pid, signal.SIGSTOP)  # node2's slurmd answers nothing (as a node that is gone)
+        start = time.monotonic()
+        r = run_cli("stacks", job, "--timeout", "2", "--json", env=cluster_env, cwd=tmp_path, timeout=120)
+        took = time.monotonic() - start
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        subprocess.run(["scancel", job], env=cluster_env, capture_output=True)
+    assert r.returncode == 0, r.stderr
+    groups = json.loads(r.stdout)["groups"]
+    print(f"stacks with node2 not answering: {took:.1f}s")
+    assert groups[0]["ranks"] == [2, 3] and groups[0]["line"].startswith("ranks 2-3 on node2: not reached: node2 "
+                                                                         "did not answer within 32s"), groups
+    assert groups[-1]["ranks"] == [0, 1] and "wait_for_peer" in groups[-1]["line"], groups
+
+
+@pytest.mark.slurm
+def test_slurm_stacks_at_64_ranks(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    job = _sleepy(tmp_path, cluster_env, "--nodes", "4", "--tasks-per-node", "16", "--sbatch-arg=--overcommit",
+                  odd=37)
+    try:
+        wait_for_files(tmp_path, "ready-*", 64, timeout=300)
+        start = time.monotonic()
+        r = run_cli("stacks", job, env=cluster_env, cwd=tmp_path, timeout=300)
+        took = time.monotonic() - start
+    finally:
+        subprocess.run(["scancel", job], env=cluster_env, capture_output=True)
+    assert r.returncode == 0, r.stderr
+    print(f"stacks at 64 ranks (4 nodes x 16) on the dev cluster: {took:.2f}s\n{r.stdout[:600]}")
+    lines = r.stdout.splitlines()
+    assert lines[1].startswith("rank 37 on node3: sleepy.py:11 in load_batch"), r.stdout
+    assert any(line.startswith("ranks 0-36,38-63: sleepy.py:14 in wait_for_peer") for line in lines), r.stdout
+
+
+def test_torchrun_mode_workers_have_stacks(tmp_path: Path, torch_available: None) -> None:
+    # torchrun's workers, not its agent: each worker runs through the RUNNER with its own RANK
+    (tmp_path / "sleepy.py").write_text(SLEEPY)
+    env = no_slurm_env(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "submit", "--scheduler", "local", "--mode",
+                             "torchrun", "--nodes", "2", "--nproc-per-node", "2", "-o", str(tmp_path / "logs"),
+                             "sleepy.py", str(tmp_path), "3", "0"],
+                            env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for_files(tmp_path, "ready-*", 4, timeout=180)
+        job = next((tmp_path / "logs").glob("job-*.json")).name.split("-")[1].split(".")[0]
+        deadline = time.monotonic() + 60
+        while True:
+            r = run_cli("stacks", job, "--json", env=env, cwd=tmp_path)
+            assert r.returncode == 0, r.stderr
+            groups = json.loads(r.stdout)["groups"]
+            if len(groups) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert groups[0]["ranks"] == [3] and groups[0]["hosts"][0] in ("local-node0", "local-node1"), groups
+        assert groups[0]["frames"][0]["function"] == "load_batch", groups
+        assert groups[1]["ranks"] == [0, 1, 2] and groups[1]["frames"][0]["function"] == "wait_for_peer", groups
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "sleepy.py:11 in load_batch" in err.decode() and "where the ranks were" in err.decode(), err.decode()
