@@ -351,9 +351,23 @@ def test_slurm_a_node_that_does_not_answer_is_named_in_bounded_time(cluster_env:
 
 
 @pytest.mark.slurm
-def test_slurm_stacks_at_64_ranks(cluster_env: dict[str, str], tmp_path: Path) -> None:
-    job = _sleepy(tmp_path, cluster_env, "--nodes", "4", "--tasks-per-node", "16", "--sbatch-arg=--overcommit",
-                  odd=37)
+def test_slurm_stacks_at_64_ranks(slurm_cluster: dict[str, str], tmp_path: Path) -> None:
+    # 4 nodes x 16 ranks: Slurm refuses more tasks per node than CPUs even with --overcommit, so a cluster of
+    # its own whose nodes claim 16 (the session's claim 8), with job ids apart from the session cluster's
+    from slurmlaunch.app import devcluster
+    from tests.helpers import first_job_id, per_test_env
+
+    root = tmp_path / "cluster"
+    root.mkdir()
+    env = {**slurm_cluster, **devcluster.up(root, nodes=4, gpus=0, cpus=16, first_job_id=first_job_id() + 2000)}
+    try:
+        _stacks_at_64(per_test_env(env, tmp_path), tmp_path)
+    finally:
+        devcluster.down(root)
+
+
+def _stacks_at_64(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    job = _sleepy(tmp_path, cluster_env, "--nodes", "4", "--tasks-per-node", "16", odd=37)
     try:
         wait_for_files(tmp_path, "ready-*", 64, timeout=300)
         start = time.monotonic()
