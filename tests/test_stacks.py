@@ -410,3 +410,33 @@ def test_torchrun_mode_workers_have_stacks(tmp_path: Path, torch_available: None
         proc.kill()
         proc.wait()
     assert "sleepy.py:11 in load_batch" in err.decode() and "where the ranks were" in err.decode(), err.decode()
+
+
+RDZV = """
+import os, sys, time
+import torch.distributed as dist
+def load_data():
+    open(os.path.join(sys.argv[1], "loading"), "w").close()
+    time.sleep(600)
+if int(os.environ["RANK"]) == 0:
+    load_data()
+dist.init_process_group("gloo")
+"""
+
+
+def test_rendezvous_timeout_leaves_where_rank_0_was(tmp_path: Path, torch_available: None) -> None:
+    # rank 0 never starts its rendezvous: the watchdog stops rank 1, fail-fast stops rank 0; both leave stacks
+    (tmp_path / "rdzv.py").write_text(RDZV)
+    r = run_cli("submit", "--scheduler", "local", "--tasks-per-node", "2", "--rdzv-timeout", "20", "-o",
+                str(tmp_path / "logs"), "rdzv.py", str(tmp_path), env=no_slurm_env(tmp_path), cwd=tmp_path,
+                timeout=300)
+    assert r.returncode == 69, r.stderr
+    assert "where the ranks were when they were stopped" in r.stderr, r.stderr
+    assert "rank 0 on local-node0: rdzv.py:6 in load_data: time.sleep(600)" in r.stderr, r.stderr
+    assert "rank 1 on local-node0: " in r.stderr, r.stderr
+
+
+def test_groups_of_equal_size_all_name_their_nodes() -> None:
+    lines = group([RankStacks(0, "n1", tuple(parse(SLEEPING))), RankStacks(1, "n2", tuple(parse(DUMP)))]).lines()
+    assert lines == ["rank 0 on n1: train.py:41 in load_batch",
+                     "rank 1 on n2: train.py:57 in step -> all_reduce (distributed_c10d.py:2801)"]

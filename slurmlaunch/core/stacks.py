@@ -173,7 +173,8 @@ class Grouping:
 def group(answers: Sequence[RankStacks], source: Callable[[str, int], str | None] | None = None) -> Grouping:
     """The ranks grouped by their main thread's stack (as shown) or their problem. Order: problems first,
     then the smaller groups (the odd ones out, with their nodes), the largest group last; ties by lowest
-    rank. The largest group is named without nodes (it is most of the job); every other one with them."""
+    rank. A group larger than every other is named without nodes (it is most of the job); every other one
+    with them."""
     buckets: dict[object, list[RankStacks]] = {}
     for a in sorted(answers, key=lambda a: a.rank):
         main = a.main
@@ -181,7 +182,10 @@ def group(answers: Sequence[RankStacks], source: Callable[[str, int], str | None
             ("stack", shown_frames(main.frames))
         buckets.setdefault(key, []).append(a)
     stacks = [k for k in buckets if k[0] == "stack"]  # type: ignore[index]
-    largest = max(stacks, key=lambda k: (len(buckets[k]), -buckets[k][0].rank), default=None)
+    sizes = sorted((len(buckets[k]) for k in stacks), reverse=True)
+    # the largest group is "the rest" only when it is larger than every other: among equals none is odd-free
+    largest = next((k for k in stacks if len(buckets[k]) == sizes[0]), None) \
+        if sizes and (len(sizes) == 1 or sizes[0] > sizes[1]) else None
     groups: list[tuple[tuple[int, int, int], Group]] = []
     for key, members in buckets.items():
         ranks = tuple(a.rank for a in members)
