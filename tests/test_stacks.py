@@ -318,13 +318,17 @@ def test_slurm_time_limit_leaves_the_summary_in_the_batch_log(cluster_env: dict[
 
 @pytest.mark.slurm
 def test_slurm_fail_fast_survivors_leave_their_stacks(cluster_env: dict[str, str], tmp_path: Path) -> None:
-    job = _sleepy(tmp_path, cluster_env, "--nodes", "2", "--tasks-per-node", "2", odd=3, code=7)
-    try:
-        log = _batch_log_with(tmp_path, "failed first with exit code 7")
-        log = _batch_log_with(tmp_path, "where the ranks were when they were stopped", 30)
-    finally:
-        subprocess.run(["scancel", job], env=cluster_env, capture_output=True)
+    (tmp_path / "sleepy.py").write_text(SLEEPY)
+    r = run_cli("submit", "--cpus-per-task", "1", "--nodes", "2", "--tasks-per-node", "2", "--wait",
+                "--wait-timeout", "200", "sleepy.py", str(tmp_path), "3", "7", env=cluster_env, cwd=tmp_path,
+                timeout=240)
+    assert r.returncode == 7, r.stderr
+    log = _batch_log_with(tmp_path, "failed first with exit code 7", 30)
+    assert "where the ranks were when they were stopped" in log, log
     assert "ranks 0-2" in log and "sleepy.py:14 in wait_for_peer: time.sleep(600)" in log, log
+    # --wait says it too, after the first failure's line
+    assert "where the ranks were when they were stopped" in r.stderr, r.stderr
+    assert "slurmlaunch:   ranks 0-2" in r.stderr and "in wait_for_peer" in r.stderr, r.stderr
 
 
 @pytest.mark.slurm
