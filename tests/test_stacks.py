@@ -223,7 +223,7 @@ def test_slurm_hung_job_stacks_then_cancel_leaves_the_summary(netns_cluster_env:
 
 
 def api_hung(marker: str) -> int:
-    """Rank 1 sleeps in load_batch; rank 0 waits for it in wait_for_peer (no torch needed)."""
+    """Rank 1 sleeps in api_load_batch; the others wait for it in api_wait_for_peer (no torch needed)."""
     rank = int(os.environ["RANK"])
     if rank == 1:
         return api_load_batch(marker)
@@ -245,7 +245,7 @@ def test_api_job_stacks_groups_as_data(tmp_path: Path) -> None:
     import slurmlaunch
 
     marker = tmp_path / "sleeping"
-    job = slurmlaunch.submit(api_hung, str(marker), scheduler="local", nodes=1, tasks_per_node=2,
+    job = slurmlaunch.submit(api_hung, str(marker), scheduler="local", nodes=1, tasks_per_node=3,
                              output_dir=str(tmp_path / "logs"))
     try:
         wait_for_files(tmp_path, "sleeping", 1, timeout=120)
@@ -258,7 +258,7 @@ def test_api_job_stacks_groups_as_data(tmp_path: Path) -> None:
         assert stacks.live
         odd, rest = stacks.grouping.groups
         assert odd.ranks == (1,) and odd.frames[0].function == "api_load_batch", odd
-        assert rest.ranks == (0,) and rest.frames[0].function == "api_wait_for_peer", rest
+        assert rest.ranks == (0, 2) and rest.frames[0].function == "api_wait_for_peer", rest
         assert stacks.data()["groups"][0]["ranks"] == [1]
     finally:
         job.cancel()
@@ -444,3 +444,32 @@ def test_groups_of_equal_size_all_name_their_nodes() -> None:
     lines = group([RankStacks(0, "n1", tuple(parse(SLEEPING))), RankStacks(1, "n2", tuple(parse(DUMP)))]).lines()
     assert lines == ["rank 0 on n1: train.py:41 in load_batch",
                      "rank 1 on n2: train.py:57 in step -> all_reduce (distributed_c10d.py:2801)"]
+
+
+@pytest.mark.slurm
+def test_api_job_stacks_on_the_real_cluster(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    code = (
+        "import json, time, slurmlaunch\nfrom pathlib import Path\nfrom tests.test_stacks import api_hung\n"
+        f"marker = {str(tmp_path / 'sleeping')!r}\n"
+        f"job = slurmlaunch.submit(api_hung, marker, scheduler='slurm', nodes=3, tasks_per_node=1, "
+        f"output_dir={str(tmp_path / 'logs')!r})\n"
+        "try:\n"
+        "    deadline = time.monotonic() + 180\n"
+        "    while not Path(marker).exists() and time.monotonic() < deadline:\n"
+        "        time.sleep(0.2)\n"
+        "    while True:\n"
+        "        stacks = job.stacks()\n"
+        "        if len(stacks.grouping.groups) == 2 or time.monotonic() > deadline:\n"
+        "            break\n"
+        "        time.sleep(0.5)\n"
+        "    print('OUT ' + json.dumps(stacks.data()))\n"
+        "finally:\n"
+        "    job.cancel()\n")
+    r = subprocess.run([sys.executable, "-c", code], env=dict(cluster_env, PYTHONPATH=str(root)), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    data = json.loads(r.stdout.split("OUT ", 1)[1])
+    odd, rest = data["groups"]
+    assert odd["ranks"] == [1] and odd["hosts"] == ["node2"] and odd["frames"][0]["function"] == "api_load_batch"
+    assert rest["ranks"] == [0, 2] and rest["frames"][0]["function"] == "api_wait_for_peer", data
