@@ -359,7 +359,8 @@ def _step_ranks(spec: JobSpec, environ: Mapping[str, str], tag: str, step_job: s
     os.makedirs(files.returned, mode=0o750, exist_ok=True)
     shutil.rmtree(files.reasons, ignore_errors=True)
     os.makedirs(files.reasons, mode=0o700)
-    os.makedirs(files.stacks, mode=0o700, exist_ok=True)  # kept after the job: the stacks saved at a stop
+    shutil.rmtree(files.stacks, ignore_errors=True)  # kept after the job (the stacks saved at a stop), not a run
+    os.makedirs(files.stacks, mode=0o700)
     step_env = {**extra, RETURNED_DIR: files.returned, REASONS_DIR: files.reasons, STACKS_DIR: files.stacks}
     if spec.master_port is None and "MASTER_PORT" not in environ:
         # Every emulated node is this machine, so a port free here now, not one derived from the job id: local
