@@ -19,7 +19,9 @@ import pytest
 from slurmlaunch.allocation.script_runner import STACKS_DIR, python_argv
 from slurmlaunch.allocation.stacks import collect, saved
 from slurmlaunch.core.stacks import Frame, RankStacks, complete, group, parse, ranges, summary
+from tests import sshd
 from tests.helpers import no_slurm_env, run_cli, wait_for_files
+from tests.sshd import on_laptop, setup_for
 
 DUMP = '''Thread 0x00007f3c8e7fc640 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 324 in wait
@@ -473,3 +475,28 @@ def test_api_job_stacks_on_the_real_cluster(cluster_env: dict[str, str], tmp_pat
     odd, rest = data["groups"]
     assert odd["ranks"] == [1] and odd["hosts"] == ["node2"] and odd["frames"][0]["function"] == "api_load_batch"
     assert rest["ranks"] == [0, 2] and rest["frames"][0]["function"] == "api_wait_for_peer", data
+
+
+@pytest.mark.slurm
+def test_stacks_from_the_laptop_for_a_remote_job(laptop: sshd.Laptop, cluster_env: dict[str, str],
+                                                 tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "sleepy.py").write_text(SLEEPY)
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    r = on_laptop(laptop, "submit", "--remote", f"login:{tmp_path / 'remote'}",
+                  *setup_for(cluster_env), "--python", sys.executable, "--nodes", "3", "sleepy.py", str(ready), "1",
+                  "0", cwd=project)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
+    try:
+        wait_for_files(ready, "ready-*", 3, timeout=180)
+        s = on_laptop(laptop, "stacks", job, "--json", cwd=project)
+    finally:
+        on_laptop(laptop, "cancel", job, cwd=project)
+    assert s.returncode == 0, s.stderr
+    groups = json.loads(s.stdout)["groups"]
+    assert groups[0]["ranks"] == [1] and groups[0]["hosts"] == ["node2"], groups
+    assert groups[0]["frames"][0]["function"] == "load_batch", groups
+    assert groups[1]["ranks"] == [0, 2] and groups[1]["frames"][0]["function"] == "wait_for_peer", groups

@@ -64,8 +64,10 @@ def _missing(files: JobFiles, world: int, have: Collection[int], unreached: dict
     return out
 
 
-def _on_nodes(commands: dict[str, list[str]], timeout: float) -> tuple[list[dict[str, object]], dict[str, str]]:
-    """Run each node's collector at once; (the JSON entries they printed, node -> why it did not answer)."""
+def _on_nodes(commands: dict[str, list[str]], timeout: float,
+              parallel: bool = True) -> tuple[list[dict[str, object]], dict[str, str]]:
+    """Run each node's collector (at once, unless not ``parallel``); (the JSON entries they printed, node -> why
+    it did not answer)."""
     from ..schedulers.runner import run_command
 
     def one(node: str, argv: list[str]) -> tuple[str, list[dict[str, object]], str | None]:
@@ -85,12 +87,41 @@ def _on_nodes(commands: dict[str, list[str]], timeout: float) -> tuple[list[dict
 
     entries: list[dict[str, object]] = []
     unreached: dict[str, str] = {}
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(commands)))) as pool:
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(commands))) if parallel else 1) as pool:
         for node, got, error in pool.map(lambda item: one(*item), commands.items()):
             entries += got
             if error is not None:
                 unreached[node] = f"{node} did not answer within {timeout + NODE_START_S:g}s ({error[:300]})"
     return entries, unreached
+
+
+def _remote(record: JobRecord, world: int, timeout: float, ranks: Collection[int] | None) -> Stacks:
+    """A job of a remote cluster, from the laptop: its edge over ssh (remote_jobs), the node collectors run
+    from the login node one after another (one ssh connection), each in the environment the ranks got (the
+    job's setup lines: the shipped package on PYTHONPATH, module loads)."""
+    from .remote_jobs import login_node
+
+    saved = record.data.get("spec", {})
+    python = str(saved.get("python") or "python3")
+    setup = [str(line) for line in saved.get("setup", ())]
+    files = JobFiles(record.log_dir, record.tag)
+    started = time.monotonic()
+    with login_node(record) as (_, edge):
+        st = edge.status(record.full_id, record.log_dir)
+        if st.state != "RUNNING":
+            raise JobStateError(f"job {record.tag} on {record.remote} is {st.state}: from here, stacks are of a "
+                                f"running job (what its ranks saved when stopped is in {files.stacks} there)")
+        argv = [python, "-m", "slurmlaunch", "stacks-node", files.stacks, "--timeout", f"{timeout:g}"]
+        if setup:
+            argv = ["bash", "-c", "\n".join(setup) + '\nexec "$@"', "slurmlaunch-stacks", *argv]
+        entries, unreached = _on_nodes(edge.node_commands(record.full_id, st.nodes or "", argv), timeout, False)
+    answers = to_answers([e for e in entries if ranks is None or e["rank"] in ranks], timeout)
+    have = {a.rank for a in answers}
+    why = "; ".join(unreached.values())[:400]
+    answers += [RankStacks(r, "", (), f"not reached: {why}" if why else "not reported (not started yet, or "
+                           "--no-python)") for r in range(world) if r not in have and (ranks is None or r in ranks)]
+    return Stacks(record.tag, tuple(sorted(answers, key=lambda a: a.rank)), group(answers, source_line), True,
+                  time.monotonic() - started, files.stacks)
 
 
 def _running(record: JobRecord) -> tuple[bool, str | None]:
@@ -105,13 +136,12 @@ def job_stacks(record: JobRecord, timeout: float = 10.0, ranks: Collection[int] 
     """The stacks of every rank (only ``ranks`` when given) of the job ``record`` names: live while it runs,
     else those its ranks saved when they were stopped. Each node answers within ``timeout`` seconds (plus
     NODE_START_S for its collector to start) or its ranks are named as not reached."""
-    if record.remote:
-        raise SpecError(f"stacks: job {record.tag} runs on {record.remote}: run `slurmlaunch stacks {record.tag}` "
-                        f"there (from the laptop: not yet)")
     spec = recorded_spec(record)
     if spec.is_array and record.element is None:
         raise SpecError(f"stacks: job {record.tag} is an array: name one element, e.g. {record.tag}_"
                         f"{spec.array_indices[0]}")
+    if record.remote:
+        return _remote(record, spec.world_size, timeout, ranks)
     live, nodes = _running(record)
     python = str(record.data.get("spec", {}).get("python") or "python3")
     return collect_stacks(record.scheduler, record.full_id, JobFiles(record.log_dir, record.tag), spec.world_size,
