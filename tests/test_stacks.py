@@ -163,9 +163,9 @@ def test_local_hung_job_stacks_and_the_summary_at_the_stop(tmp_path: Path, torch
                 break
             time.sleep(0.5)
         assert data["live"] is True
-        _check_hung(data, "local-node1")
+        _check_hung(data, "127.0.0.2")
         text = run_cli("stacks", job, env=env, cwd=tmp_path).stdout
-        assert "rank 3 on local-node1: hung.py:6 in load_batch" in text.splitlines()[1], text
+        assert "rank 3 on 127.0.0.2: hung.py:6 in load_batch" in text.splitlines()[1], text
         one = run_cli("stacks", job, "--rank", "3", env=env, cwd=tmp_path)
         assert "main thread" in one.stdout and 'hung.py", line 6 in load_batch' in one.stdout, one.stdout
         bad = run_cli("stacks", job, "--rank", "9", env=env, cwd=tmp_path)
@@ -177,13 +177,13 @@ def test_local_hung_job_stacks_and_the_summary_at_the_stop(tmp_path: Path, torch
         proc.wait()
     text = err.decode()
     assert "where the ranks were when they were stopped" in text, text
-    assert "rank 3 on local-node1: hung.py:6 in load_batch: time.sleep(600)" in text, text
+    assert "rank 3 on 127.0.0.2: hung.py:6 in load_batch: time.sleep(600)" in text, text
     assert "ranks 0-2: hung.py:8 in step: dist.all_reduce(t)" in text, text
     after = run_cli("stacks", job, "--json", env=env, cwd=tmp_path)  # the job has ended: what was saved
     assert after.returncode == 0, after.stderr
     data = json.loads(after.stdout)
     assert data["live"] is False
-    _check_hung(data, "local-node1")
+    _check_hung(data, "127.0.0.2")
 
 
 @pytest.mark.slurm
@@ -407,7 +407,7 @@ def test_torchrun_mode_workers_have_stacks(tmp_path: Path, torch_available: None
             if len(groups) == 2 or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-        assert groups[0]["ranks"] == [3] and groups[0]["hosts"][0] in ("local-node0", "local-node1"), groups
+        assert groups[0]["ranks"] == [3] and groups[0]["hosts"][0] in ("127.0.0.1", "127.0.0.2"), groups
         assert groups[0]["frames"][0]["function"] == "load_batch", groups
         assert groups[1]["ranks"] == [0, 1, 2] and groups[1]["frames"][0]["function"] == "wait_for_peer", groups
         proc.send_signal(signal.SIGTERM)
@@ -438,8 +438,8 @@ def test_rendezvous_timeout_leaves_where_rank_0_was(tmp_path: Path, torch_availa
                 timeout=300)
     assert r.returncode == 69, r.stderr
     assert "where the ranks were when they were stopped" in r.stderr, r.stderr
-    assert "rank 0 on local-node0: rdzv.py:6 in load_data: time.sleep(600)" in r.stderr, r.stderr
-    assert "rank 1 on local-node0: " in r.stderr, r.stderr
+    assert "rank 0 on 127.0.0.1: rdzv.py:6 in load_data: time.sleep(600)" in r.stderr, r.stderr
+    assert "rank 1 on 127.0.0.1: " in r.stderr, r.stderr
 
 
 def test_groups_of_equal_size_all_name_their_nodes() -> None:
