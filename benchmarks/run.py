@@ -115,6 +115,10 @@ def bench_startup(pairs: int) -> list[dict[str, object]]:
     preset = dict(env, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                   MASTER_PORT="29500")
     slurmlaunch = shutil.which("slurmlaunch") or ""
+    # as the batch scripts run it: the script through the RUNNER (returned marks), with the stacks armed or not
+    marks = tempfile.mkdtemp(prefix="slurmlaunch-bench-")
+    returned = dict(one, SLURMLAUNCH_RETURNED_DIR=marks)
+    stacks = dict(returned, SLURMLAUNCH_STACKS_DIR=marks)
     contenders = {
         "python -S -I -c pass": lambda: run_ok([PY, "-S", "-I", "-c", "pass"], env),
         "python -c pass": lambda: run_ok([PY, "-c", "pass"], env),
@@ -122,6 +126,9 @@ def bench_startup(pairs: int) -> list[dict[str, object]]:
         "slurmlaunch launch noop.py (Slurm step variables)": lambda: run_ok([slurmlaunch, "launch", NOOP], one),
         # what the generated batch scripts run: no console-script wrapper (pip's imports `re`)
         "python -m slurmlaunch launch noop.py": lambda: run_ok([PY, "-m", "slurmlaunch", "launch", NOOP], one),
+        "the same through the RUNNER": lambda: run_ok([PY, "-m", "slurmlaunch", "launch", NOOP], returned),
+        "the same through the RUNNER, stacks armed": lambda: run_ok([PY, "-m", "slurmlaunch", "launch", NOOP],
+                                                                   stacks),
         "torchrun --standalone --nproc_per_node 1 noop.py": lambda: run_ok(
             [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", NOOP], env),
     }
@@ -136,6 +143,9 @@ def bench_startup(pairs: int) -> list[dict[str, object]]:
           f"{cost_m / med['python -c pass']:.2f} x `python -c pass`")
     rows.append({"title": "launcher cost", "contender": "launch - direct", "median": cost,
                  "ratio": cost / med["python -c pass"]})
+    armed = med["the same through the RUNNER, stacks armed"] - med["the same through the RUNNER"]
+    print(f"arming the stacks (faulthandler, RANK.pid; `slurmlaunch stacks`): {armed * 1000:+.1f} ms per rank")
+    shutil.rmtree(marks, ignore_errors=True)
 
     two = [([slurmlaunch, "launch", NOOP], dict(env, **slurm_env(r, [2], job=7000))) for r in range(2)]
     direct2 = [([PY, "-u", NOOP], dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",

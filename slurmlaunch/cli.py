@@ -58,6 +58,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .allocation.torchrun_mode import main as torchrun_node_main
 
             return torchrun_node_main(args[1:])
+        if args and args[0] == "stacks-node":
+            from .allocation.stacks import node_main
+
+            return node_main(args[1:])
+        if args and args[0] == "stacks-summary":
+            from .allocation.stacks import summary_main
+
+            return summary_main(args[1:])
         try:
             code = _dispatch(args)
         except SystemExit:  # argparse's --help and usage errors: their output is flushed below too
@@ -190,6 +198,17 @@ def _add_config_and_job_commands(sub: Any) -> None:
     lg.add_argument("--follow", "-f", action="store_true", help="follow until the job ends")
     cn = sub.add_parser("cancel", allow_abbrev=False, help="cancel a job (scancel / qdel)")
     cn.add_argument("job")
+    cn.add_argument("--stacks", action="store_true",
+                    help="print the ranks' stacks, grouped, before cancelling (see `slurmlaunch stacks`)")
+    sk = sub.add_parser("stacks", allow_abbrev=False,
+                        help="where a running job's ranks are: every rank's Python stacks, grouped by the main "
+                             "thread's (the odd ones first, with their node); no ptrace needed")
+    sk.add_argument("job")
+    sk.add_argument("--rank", type=Count("--rank", 0, MAX_WORLD - 1), help="every thread of this rank only")
+    sk.add_argument("--json", action="store_true", help="the grouping and every rank's threads as JSON")
+    sk.add_argument("--timeout", type=Seconds("--timeout"), default=10.0,
+                    help="seconds each node's ranks get to answer (default 10; a node's collector gets 30 more "
+                         "to start); a rank that does not is named as such")
 
 
 def _add_tools(sub: Any, run_options: bool) -> None:
@@ -242,7 +261,8 @@ EXAMPLES = {
     "list": ["slurmlaunch list --json | jq -r '.[-1].job_id'"],
     "status": ["slurmlaunch status 1234", "slurmlaunch status 1234_3 --json     # element 3 of an array"],
     "logs": ["slurmlaunch logs 1234 --rank 3 --follow"],
-    "cancel": ["slurmlaunch cancel 1234"],
+    "cancel": ["slurmlaunch cancel 1234", "slurmlaunch cancel --stacks 1234     # where each rank was, then cancel"],
+    "stacks": ["slurmlaunch stacks 1234", "slurmlaunch stacks 1234 --rank 3 --json"],
     "dev-cluster": ["sudo slurmlaunch dev-cluster up --nodes 2 --gpus-per-node 2 && "
                     "export SLURM_CONF=/tmp/slurmlaunch-dev-cluster/slurm.conf SLURMLAUNCH_ALLOW_LOOPBACK=1",
                     "slurmlaunch dev-cluster down"],
@@ -266,6 +286,10 @@ def _dispatch(args: list[str]) -> int:
         return cmd_env(ns.json)
     if ns.command == "hostnames":
         return cmd_hostnames(ns.expression)
+    if ns.command == "stacks":
+        from .app.stacks import cmd_stacks
+
+        return cmd_stacks(ns.job, ns.rank, ns.json, ns.timeout)
     if ns.command in ("list", "status", "logs", "cancel"):
         from .app import jobs
 
@@ -275,6 +299,10 @@ def _dispatch(args: list[str]) -> int:
             return jobs.cmd_status(ns.job, ns.json)
         if ns.command == "logs":
             return jobs.cmd_logs(ns.job, ns.rank, ns.follow)
+        if ns.stacks:
+            from .app.stacks import print_before_cancel
+
+            print_before_cancel(ns.job, 10.0)
         return jobs.cmd_cancel(ns.job)
     if ns.command == "dev-cluster":
         from pathlib import Path

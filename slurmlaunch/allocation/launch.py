@@ -51,6 +51,10 @@ environment:
                             here when SCRIPT returns, and RANK.exit holding N when it calls sys.exit(N),
                             N != 0 (set by the batch script: tells a SIGABRT in torch's teardown at
                             interpreter exit from one in the training, and keeps an exit 140 asked for)
+  SLURMLAUNCH_STACKS_DIR    run SCRIPT through the runner, which arms faulthandler: every thread's stack
+                            into RANK.dump here on SIGWINCH (`slurmlaunch stacks`), into RANK.stopped at
+                            SIGTERM/HUP/USR1/USR2 (then the signal acts as before); RANK.pid says which
+                            process (set by the batch script)
   -h, --help                show this help
 Everything after SCRIPT is passed to it unchanged.
 

@@ -5,11 +5,13 @@ standard library basics only."""
 
 from __future__ import annotations
 
+import signal  # the launcher has imported it already
 from collections.abc import Mapping
 
-from ..core import EXIT_MARK_SUFFIX
+from ..core import EXIT_MARK_SUFFIX, STACKS_DUMP_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX
 
 RETURNED_DIR = "SLURMLAUNCH_RETURNED_DIR"
+STACKS_DIR = "SLURMLAUNCH_STACKS_DIR"
 
 # `python -c RUNNER SCRIPT ARGS...` (or `-c RUNNER -m MODULE ARGS...`) runs SCRIPT as `python SCRIPT` would: in
 # __main__, with its argv, __file__ and sys.path[0], and tracebacks without a frame of this wrapper. When the
@@ -19,14 +21,31 @@ RETURNED_DIR = "SLURMLAUNCH_RETURNED_DIR"
 # kept alive past destroy_process_group by DDP, race the process's own teardown); the file is the evidence
 # that lets the batch log say "after the script returned" instead of guessing. An atexit hook cannot be
 # installed in a program we exec, and a sitecustomize would shadow the site's own; this costs one compile.
+# With $SLURMLAUNCH_STACKS_DIR set, the runner also arms faulthandler (a C-level handler: it runs while the main
+# thread is stuck in a C call, all_reduce, and needs no ptrace, which most sites forbid: yama ptrace_scope=1):
+# SIGWINCH appends every thread's Python stack to RANK.dump (what `slurmlaunch stacks` asks for), and SIGTERM,
+# SIGHUP, SIGUSR1, SIGUSR2 (the stops and the warning signals) write it to RANK.stopped and then go on to the
+# handler there was (the default: the rank dies of it as before). A handler the script installs later replaces
+# ours (a checkpointing SIGUSR2 handler still wins). Why SIGWINCH: its default is to be ignored, so one that
+# reaches a process that has not armed it (an exec'd program, torchrun's agent) changes nothing; processes
+# without a terminal never get it otherwise; Slurm, PBS, torch, NCCL and the warning path (USR1/USR2, TERM)
+# do not use it. SIGRTMIN+n or SIGPWR would kill such a process. Forked children (DataLoader workers)
+# disarm at once: they would write into the rank's files. RANK.pid ("PID START HOST", START from
+# /proc/self/stat) tells the collector which process to signal on which node, and that it is still that one.
+# Files are created new (O_EXCL|O_NOFOLLOW, 0600) after removing what stood there (a link is removed, not
+# followed); a requeued or restarted rank starts them anew.
 # The status matters when torch then aborts: the batch script (and the local scheduler) count a rank that
 # aborted after asking for 128 + the warning signal as having exited so, and the requeue is not lost.
 _RUNNER = """-0  # torchrun names a failed worker by its first argument without a leading "-": the script, not this
-def _slurmlaunch_main():
+ARM_DEFINITIONdef _slurmlaunch_main():
     import os, sys
     where, argv = os.environ.get("SLURMLAUNCH_RETURNED_DIR", ""), sys.argv[1:]
     main = sys.modules["__main__"].__dict__
     del main["_slurmlaunch_main"]
+    stacks = os.environ.get("SLURMLAUNCH_STACKS_DIR", "")
+    if stacks:
+        _slurmlaunch_arm(stacks)
+    del main["_slurmlaunch_arm"]
     hook = sys.excepthook
     def excepthook(kind, value, tb):
         while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
@@ -73,7 +92,54 @@ def _slurmlaunch_main():
     returned()
 _slurmlaunch_main()
 """
-RUNNER = _RUNNER.replace("EXIT_MARK_SUFFIX", repr(EXIT_MARK_SUFFIX))  # the name JobFiles.exit_mark spells
+# The stacks' arming (the comment above), one definition for the RUNNER and for arm_stacks (the Python API's ranks).
+_ARM = """def _slurmlaunch_arm(stacks):
+    import os
+    try:
+        import faulthandler  # not `signal`: its enums cost ~10 ms at start-up; the numbers are filled in below
+        base = os.path.join(stacks, os.environ.get("RANK", "rank"))
+        def fresh(path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            how = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
+            return os.open(path, how, 0o600)
+        armed = [SIGNAL_WINCH, SIGNAL_TERM, SIGNAL_HUP, SIGNAL_USR1, SIGNAL_USR2]
+        faulthandler.register(armed[0], fresh(base + STACKS_DUMP_SUFFIX), all_threads=True)
+        stop = fresh(base + STACKS_STOP_SUFFIX)
+        for s in armed[1:]:
+            faulthandler.register(s, stop, all_threads=True, chain=True)
+        def forked():
+            for s in armed:
+                faulthandler.unregister(s)
+        os.register_at_fork(after_in_child=forked)
+        with open("/proc/self/stat", "rb") as f:
+            start = f.read().rsplit(b")", 1)[1].split()[19].decode()
+        host = "".join((os.environ.get("SLURMD_NODENAME") or os.uname().nodename).split()) or "?"
+        fd = fresh(base + STACKS_PID_SUFFIX)
+        os.write(fd, f"{os.getpid()} {start} {host}\\n".encode())
+        os.close(fd)
+    except (OSError, ValueError, IndexError, RuntimeError, AttributeError):
+        pass
+"""
+RUNNER = _RUNNER.replace("ARM_DEFINITION", _ARM)  # with the names JobFiles spells
+for _name, _value in (("EXIT_MARK_SUFFIX", EXIT_MARK_SUFFIX), ("STACKS_DUMP_SUFFIX", STACKS_DUMP_SUFFIX),
+                      ("STACKS_STOP_SUFFIX", STACKS_STOP_SUFFIX), ("STACKS_PID_SUFFIX", STACKS_PID_SUFFIX),
+                      *((f"SIGNAL_{s.name[3:]}", int(s)) for s in (signal.SIGWINCH, signal.SIGTERM, signal.SIGHUP,
+                                                                   signal.SIGUSR1, signal.SIGUSR2))):
+    RUNNER = RUNNER.replace(_name, repr(_value))
+    _ARM = _ARM.replace(_name, repr(_value))
+
+
+def arm_stacks(directory: str) -> None:
+    """In this process (a rank the RUNNER does not start: the Python API's), what the RUNNER arms: the dumps
+    into ``directory`` on SIGWINCH and at a stop signal, and RANK.pid ($RANK, $SLURMD_NODENAME)."""
+    namespace: dict[str, object] = {}
+    exec(_ARM, namespace)
+    arm = namespace["_slurmlaunch_arm"]
+    assert callable(arm)
+    arm(directory)
 
 
 def recorded_exit(path: str) -> int | None:
@@ -89,7 +155,8 @@ def recorded_exit(path: str) -> int | None:
 
 
 def python_argv(python: str, module: bool, script: str, environ: Mapping[str, str]) -> list[str]:
-    """``python -u [-m] SCRIPT``, through RUNNER when $SLURMLAUNCH_RETURNED_DIR asks for the returned-marker."""
-    if environ.get(RETURNED_DIR):
+    """``python -u [-m] SCRIPT``, through RUNNER when $SLURMLAUNCH_RETURNED_DIR asks for the returned-marker or
+    $SLURMLAUNCH_STACKS_DIR for the stacks."""
+    if environ.get(RETURNED_DIR) or environ.get(STACKS_DIR):
         return [python, "-u", "-c", RUNNER, *(["-m"] if module else []), script]
     return [python, "-u", *(["-m"] if module else []), script]

@@ -71,6 +71,16 @@ def failure_lines(log_dir: str, job_id: str) -> list[str]:
     return lines
 
 
+def stopped_summary(log_dir: str, job_id: str) -> list[str]:
+    """The grouped summary of the stacks the ranks saved when they were stopped (one line per group, at most
+    50), which the batch script left; [] when there is none."""
+    try:
+        text = read_small(JobFiles(log_dir, job_id).stacks_summary, 64 << 10).decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip()][:50]
+
+
 def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, *, poll: float = 1.0,
            timeout: float | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
            log_dir: str | None = None) -> int:
@@ -114,6 +124,11 @@ def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, 
                 fault = explain_fault(code, log_dir)  # the output directory failed the job (74, 181)
                 if fault:
                     err.write(f"slurmlaunch: job {job_id}: {fault}\n")
+                stacks = stopped_summary(log_dir, job_id)
+                if stacks:
+                    err.write(f"slurmlaunch: where the ranks were when they were stopped (every thread in "
+                              f"{JobFiles(log_dir, job_id).stacks}):\n")
+                    err.write("".join(f"slurmlaunch:   {line}\n" for line in stacks))
             where = f" (logs: {log_dir})" if log_dir else ""
             err.write(f"slurmlaunch: job {job_id} ended {st.state}, exit code {code}{where}\n")
             return code

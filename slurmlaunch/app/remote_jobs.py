@@ -30,7 +30,7 @@ __all__ = ["_project_name", "cancel", "list_row", "logs", "status",
 # -- the job commands, for a record with a "remote" key: the edge of its scheduler, over the ssh runner --
 
 @contextlib.contextmanager
-def _login_node(record: JobRecord) -> Iterator[tuple[SshRunner, Scheduler]]:
+def login_node(record: JobRecord) -> Iterator[tuple[SshRunner, Scheduler]]:
     """The record's scheduler edge with its commands (and file reads) on the record's login node."""
     from ..schedulers.choice import scheduler
 
@@ -42,7 +42,7 @@ def _login_node(record: JobRecord) -> Iterator[tuple[SshRunner, Scheduler]]:
 
 
 def status(record: JobRecord) -> dict[str, Any]:
-    with _login_node(record) as (_, edge):
+    with login_node(record) as (_, edge):
         st = edge.status(record.full_id, record.log_dir)
     return {"job_id": record.full_id, "scheduler": record.scheduler, "remote": record.remote, "state": st.state,
             "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
@@ -52,7 +52,7 @@ def logs(record: JobRecord, path: str, follow: bool) -> int:
     """Print the remote log ``path`` (with ``follow``: as it grows, until the job ends), in bounded reads."""
     from .follow import follow as follow_job
 
-    with _login_node(record) as (runner, edge):
+    with login_node(record) as (runner, edge):
         if follow:
             return follow_job(record.full_id, RemoteFollower(runner, edge, record.full_id, record.log_dir, path),
                               None)
@@ -69,7 +69,7 @@ def logs(record: JobRecord, path: str, follow: bool) -> int:
 
 
 def cancel(record: JobRecord) -> None:
-    with _login_node(record) as (_, edge):
+    with login_node(record) as (_, edge):
         edge.cancel(record.full_id)
 
 
@@ -79,7 +79,7 @@ def _queue_states(record: JobRecord, row: Mapping[str, Any]) -> dict[str, str]:
     (qstat, which knows a finished job's state)."""
     from ..schedulers.runner import run_command
 
-    with _login_node(record) as (runner, edge):
+    with login_node(record) as (runner, edge):
         if record.scheduler == "pbs":
             return {str(row["job_id"]): edge.status(record.full_id, record.log_dir).state}
         out = run_command(["squeue", "-h", "--me", "-o", "%F %T"], timeout=30).stdout

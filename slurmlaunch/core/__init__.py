@@ -9,3 +9,11 @@ __version__ = "0.1.0"
 # sys.exit(N), N != 0; JobFiles.exit_mark names the file. Here, not in jobfiles.py, for the same reason as the
 # version, and because the launcher's path (every rank) then needs no class of names built.
 EXIT_MARK_SUFFIX = ".exit"
+
+# The stacks directory (JobFiles.stacks, $SLURMLAUNCH_STACKS_DIR) holds, per rank, RANK + these: the pid file the
+# RUNNER writes ("PID START HOST"), the dump on demand (`slurmlaunch stacks`) and the dump at a stop signal.
+# Here for the same reason as EXIT_MARK_SUFFIX: the RUNNER spells them without importing a class.
+STACKS_PID_SUFFIX = ".pid"
+STACKS_DUMP_SUFFIX = ".dump"
+STACKS_STOP_SUFFIX = ".stopped"
+STACKS_SUMMARY_NAME = "summary"  # the grouped stacks saved at the stop, one line per group

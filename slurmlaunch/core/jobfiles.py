@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from . import EXIT_MARK_SUFFIX
+from . import EXIT_MARK_SUFFIX, STACKS_DUMP_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX, STACKS_SUMMARY_NAME
 
 # The batch script's own exit code when the output directory takes no write before any rank starts (a full
 # file system, one gone read-only): sysexits' EX_IOERR, below 128 and apart from every code README: Exit codes
@@ -94,6 +94,28 @@ class JobFiles:
     def exit_mark(self, rank: int | str) -> str:
         """Where the RUNNER records the code rank ``rank``'s script asked for with sys.exit(N), N != 0."""
         return os.path.join(self.returned, f"{rank}{EXIT_MARK_SUFFIX}")
+
+    @property
+    def stacks(self) -> str:
+        """The directory of the ranks' stack dumps (SLURMLAUNCH_STACKS_DIR): kept after the job, private."""
+        return self._named("stacks")
+
+    def stack_pid(self, rank: int | str) -> str:
+        """Where the RUNNER of rank ``rank`` says which process it is ("PID START HOST")."""
+        return os.path.join(self.stacks, f"{rank}{STACKS_PID_SUFFIX}")
+
+    def stack_dump(self, rank: int | str) -> str:
+        """Rank ``rank``'s dumps on demand (`slurmlaunch stacks`), appended one after another."""
+        return os.path.join(self.stacks, f"{rank}{STACKS_DUMP_SUFFIX}")
+
+    def stack_stop(self, rank: int | str) -> str:
+        """Rank ``rank``'s dump at the stop signal that ended it (SIGTERM, the warning signal)."""
+        return os.path.join(self.stacks, f"{rank}{STACKS_STOP_SUFFIX}")
+
+    @property
+    def stacks_summary(self) -> str:
+        """The grouped summary of the stacks saved when the job was stopped (one line per group)."""
+        return os.path.join(self.stacks, STACKS_SUMMARY_NAME)
 
     def element(self, index: int | str) -> JobFiles:
         """The files of element ``index`` of an array job (tagged ``ID_INDEX``)."""

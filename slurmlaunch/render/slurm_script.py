@@ -131,6 +131,9 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
         "node_logs": node_logs(files),
         "signal_words": signal_words(),
         "write_failed": WRITE_FAILED,
+        # the batch shell's summary of the stacks the ranks saved when they were stopped (not in a container:
+        # the batch shell runs outside it)
+        "stacks_summary": None if spec.container else [spec.python, "-m", "slurmlaunch", "stacks-summary"],
     }
 
 

@@ -54,6 +54,11 @@ class Scheduler(Protocol):
         """The batch script's own output file where slurmlaunch names it, else None."""
         ...
 
+    def node_commands(self, job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, list[str]]:
+        """For a running job on ``nodes`` (its status' words), node -> the command that runs ``argv`` on that
+        node, next to the job's ranks (`slurmlaunch stacks`); {} where there is no such way."""
+        ...
+
 
 @dataclass(frozen=True)
 class QueuedEdge:
@@ -70,6 +75,7 @@ class QueuedEdge:
     cancel_job: Callable[[str], None]
     rank_log_of: Callable[[JobSpec, str, int], str | None]
     batch_log_of: Callable[[JobSpec, str], str | None]
+    node_commands_of: Callable[[str, str, Sequence[str]], dict[str, list[str]]] | None = None
     queued: bool = True
 
     def available(self) -> bool:
@@ -95,3 +101,6 @@ class QueuedEdge:
 
     def batch_log(self, spec: JobSpec, job_id: str) -> str | None:
         return self.batch_log_of(spec, job_id)
+
+    def node_commands(self, job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, list[str]]:
+        return self.node_commands_of(job_id, nodes, argv) if self.node_commands_of is not None else {}

@@ -28,7 +28,8 @@ from ..allocation.gpus import dev_gpu_ids, visible_gpus
 from ..allocation.launch import RETURNED_DIR
 from ..allocation.net import free_port
 from ..allocation.reasons import REASONS_DIR, Reason, read_first
-from ..allocation.script_runner import recorded_exit
+from ..allocation.script_runner import STACKS_DIR, recorded_exit
+from ..allocation.stacks import STOPPED_HEADER, saved_summary
 from ..allocation.torchrun_mode import SIGABRT_CODE, aborted_workers, teardown_aborts, teardown_message
 from ..core.errors import JobStateError, SchedulerError, SpecError
 from ..core.jobfiles import JobFiles
@@ -358,7 +359,9 @@ def _step_ranks(spec: JobSpec, environ: Mapping[str, str], tag: str, step_job: s
     os.makedirs(files.returned, mode=0o750, exist_ok=True)
     shutil.rmtree(files.reasons, ignore_errors=True)
     os.makedirs(files.reasons, mode=0o700)
-    step_env = {**extra, RETURNED_DIR: files.returned, REASONS_DIR: files.reasons}
+    shutil.rmtree(files.stacks, ignore_errors=True)  # kept after the job (the stacks saved at a stop), not a run
+    os.makedirs(files.stacks, mode=0o700)
+    step_env = {**extra, RETURNED_DIR: files.returned, REASONS_DIR: files.reasons, STACKS_DIR: files.stacks}
     if spec.master_port is None and "MASTER_PORT" not in environ:
         # Every emulated node is this machine, so a port free here now, not one derived from the job id: local
         # ids are unique per user and follow the clock, and two users' (or two state directories') jobs
@@ -385,6 +388,12 @@ def _run_once(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: 
     result = asked_before_abort(what, spec, result, stopped, files)
     shutil.rmtree(files.reasons, ignore_errors=True)
     failure = _report(what, spec, result, stopped)
+    if result.exit_code != 0:  # a stop (fail-fast, the time limit, a signal): where the ranks were
+        lines = saved_summary(files.stacks)
+        if lines:
+            _say(f"{what}: {STOPPED_HEADER} (every thread in {files.stacks}):")
+            for line in lines:
+                _say(f"  {line}")
     for rank in teardown_aborts(aborted_ranks(spec, ranks, result), files.returned):
         _say(f"{what}: {teardown_message(rank)}")
     shutil.rmtree(files.returned, ignore_errors=True)
@@ -504,6 +513,9 @@ class LocalScheduler:
 
     def batch_log(self, spec: JobSpec, job_id: str) -> str | None:
         return None
+
+    def node_commands(self, job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, list[str]]:
+        return {}  # every emulated node is this machine: `slurmlaunch stacks` signals the ranks itself
 
 
 EDGE = LocalScheduler()

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shlex
 import shutil
+from collections.abc import Sequence
 
 from ..core.errors import SchedulerError
 from ..core.jobfiles import JobFiles
@@ -130,6 +132,15 @@ def _batch_log(spec: JobSpec, job_id: str) -> str | None:
     return None  # PBS names it after the job id inside the -o directory
 
 
+def node_commands(job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, list[str]]:
+    """ssh to each execution host of the running job (exec_host "n1/0*2+n2/0*2"): PBS sites let a job's owner
+    onto the hosts the job holds (pbs_attach / the PAM module put the session into the job). Not tried on a
+    real PBS server yet (README: PBS)."""
+    hosts = dict.fromkeys(part.split("/", 1)[0] for part in nodes.split("+") if part.split("/", 1)[0])
+    return {host: ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", host, shlex.join(argv)]
+            for host in hosts}
+
+
 # The pbs edge as a Scheduler (schedulers.interface)
 EDGE = QueuedEdge("pbs", available, render_script, qsub_command, submit, status, array_status, cancel, _rank_log,
-                  _batch_log)
+                  _batch_log, node_commands)

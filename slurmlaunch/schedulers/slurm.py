@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Sequence
 
 from ..core.errors import SchedulerError, SpecError
+from ..core.hostlist import expand
 from ..core.jobfiles import JobFiles
 from ..core.spec import JobSpec
 from ..render.slurm_script import file_tag
@@ -182,6 +184,13 @@ def _batch_log(spec: JobSpec, job_id: str) -> str | None:
     return None if spec.is_array else JobFiles(spec.log_dir, job_id).batch_log
 
 
+def node_commands(job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, list[str]]:
+    """A step of one task on each node of the running job, sharing the ranks' resources (--overlap, Slurm
+    20.11+): it runs in the job's cgroup, as the job's user, so it may signal the ranks there."""
+    return {node: ["srun", "--overlap", f"--jobid={job_id}", f"--nodelist={node}", "--nodes=1", "--ntasks=1",
+                   "--quiet", *argv] for node in expand(nodes)}
+
+
 # The slurm edge as a Scheduler (schedulers.interface)
 EDGE = QueuedEdge("slurm", available, render_script, sbatch_command, submit, status, array_status, cancel, _rank_log,
-                  _batch_log)
+                  _batch_log, node_commands)

@@ -160,5 +160,43 @@ else
   skip "Lightning fit on the GPU (neither lightning nor pytorch_lightning is installed)"
 fi
 
+# a hung NCCL job (issue 29): rank 1 sleeps in a function of its own while rank 0 waits in all_reduce;
+# `slurmlaunch stacks` names rank 1 and its function, and the flight recorder dumps at the NCCL timeout
+# (TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_FR_DUMP_TEMP_FILE) for fr_trace. Not yet run on a GPU machine.
+if [ "$GPUS" -ge 2 ]; then
+  mkdir -p "$WORK/hang" && cat > "$WORK/hang/hang.py" <<'PY'
+import datetime, os, sys, time, torch, torch.distributed as dist
+def load_batch():
+    open(os.path.join(sys.argv[1], "sleeping"), "w").close()
+    time.sleep(90)
+dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=20))
+rank = dist.get_rank()
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+t = torch.ones(1, device="cuda")
+dist.all_reduce(t)
+if rank == 1:
+    load_batch()
+dist.all_reduce(t)
+torch.cuda.synchronize()
+PY
+  (cd "$WORK/hang" && TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 \
+     TORCH_FR_DUMP_TEMP_FILE="$WORK/hang/nccl_trace_rank_" timeout -k 10 "$LIMIT" "$PY" -m slurmlaunch submit \
+     --scheduler local --gpus-per-node 2 -o "$WORK/hang/logs" hang.py "$WORK/hang" >"$WORK/hang.out" 2>&1) &
+  for _ in $(seq 600); do [ -e "$WORK/hang/sleeping" ] && break; sleep 0.1; done
+  sleep 2
+  job=$(ls "$WORK/hang/logs" | sed -n 's/^job-\([0-9]*\)\.json$/\1/p' | head -n 1)
+  (cd "$WORK/hang" && run stacks "$PY" -m slurmlaunch stacks "$job")
+  wait
+  if grep -q "rank 1 on 127.0.0.1: hang.py:4 in load_batch" "$WORK/stacks.out"; then
+    pass "stacks names the sleeping rank of a hung NCCL job: $(grep -m1 '^rank 1' "$WORK/stacks.out" | cut -c1-120)"
+  else fail "stacks on a hung NCCL job"; show stacks 20; fi
+  if ls "$WORK/hang"/nccl_trace_rank_* >/dev/null 2>&1 && \
+     run frtrace "$PY" -m torch.distributed.flight_recorder.fr_trace "$WORK/hang" -p nccl_trace_rank_ --allow-incomplete-ranks; then
+    pass "NCCL flight recorder dumped at the timeout and fr_trace read it"
+  else fail "NCCL flight recorder dump / fr_trace"; show hang 20; show frtrace 20; fi
+else
+  skip "stacks and the NCCL flight recorder on a hung job (needs 2 GPUs, $GPUS visible)"
+fi
+
 echo "summary: $PASSED passed, $FAILED failed, $SKIPPED skipped (work dir $WORK)"
 [ "$FAILED" -eq 0 ]

@@ -126,6 +126,22 @@ def _record_exit(path: Path, error: SystemExit) -> None:
     os.replace(temporary, path)
 
 
+def _arm_stacks(spec: JobSpec) -> None:
+    """Arm this rank's stack dumps (`job.stacks()`, the stop signals) in the job's stacks directory, as the
+    launcher's RUNNER does for a script."""
+    import submitit
+
+    from ...allocation.script_runner import arm_stacks
+    from ...core.jobfiles import JobFiles
+
+    directory = JobFiles(spec.log_dir, str(submitit.JobEnvironment().job_id)).stacks
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError:
+        return
+    arm_stacks(directory)
+
+
 class _DistributedCall:
     """What submitit runs in every task: the environment, then ``fn``; a failure is marked with its rank
     and time, so that the caller can tell the first failure from its consequences in the other ranks.
@@ -140,6 +156,7 @@ class _DistributedCall:
         if record is not None:
             record.unlink(missing_ok=True)  # an earlier run's, before a requeue
         _export_distributed_env(self.spec)
+        _arm_stacks(self.spec)
         try:
             value = self.fn(*self.args, **self.kwargs)
         except SystemExit as e:  # passed on: submitit exits that way to requeue a preempted job

@@ -9,6 +9,10 @@ from typing import Any
 from ...core.spec import JobSpec
 from .collect import _collect
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..stacks import Stacks
+
 _SACCT_EVERY_S = 2  # at most one sacct per this many seconds, for all the jobs being waited for together
 # squeue's states (`-t all`) of a job that has ended (squeue(1), JOB STATE CODES)
 _FINAL_QUEUE_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
@@ -88,6 +92,23 @@ class Job:
         while not self.done():
             time.sleep(0.5)
         return self.state
+
+    def stacks(self, timeout: float = 10.0) -> Stacks:
+        """Where every rank is: their Python stacks grouped by the main thread's (``.grouping.groups``: the
+        odd ones first, each with its ranks, nodes, frames and summary line; ``.data()`` as JSON-ready data),
+        live while the job runs, else those its ranks saved when they were stopped. Each node answers within
+        ``timeout`` seconds or its ranks are named as not reached (slurmlaunch stacks JOB, README)."""
+        from ...core.jobfiles import JobFiles
+        from ..stacks import collect_stacks
+
+        live = not self.done()
+        nodes = None
+        if live and self.scheduler != "local":
+            r = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%N"], capture_output=True, text=True,
+                               timeout=60)
+            nodes = r.stdout.strip() or None
+        return collect_stacks(self.scheduler, self.job_id, JobFiles(self.spec.log_dir, self.job_id),
+                              self.spec.world_size, self.spec.python, live, nodes, timeout)
 
     def cancel(self) -> None:
         self._job.cancel(check=False)
