@@ -64,31 +64,38 @@ class Job:
     def state(self) -> str:
         """The scheduler's state: final (COMPLETED, FAILED, CANCELLED by ..., TIMEOUT; locally FINISHED or
         INTERRUPTED) exactly when done() is true. Under Slurm, sacct's (at most 2 s old), and PENDING for a
-        job submitted but not in accounting yet."""
+        job submitted but not in accounting yet; squeue's while sacct has no record, or once every rank
+        returned (its values may come before accounting has caught up with the job's end)."""
         if self.scheduler == "local":
             return str(self._job.state)
-        state = str(_watcher().get_state(self.job_id, mode="standard"))
-        if state == "UNKNOWN":  # not in accounting (yet, or at all): the queue's word
-            queued = self._queue_state()
-            # "" is a job gone from the queue with no accounting record: it ended, how is not known
-            return queued if queued not in (None, "") else ("PENDING" if queued is None else "ENDED")
-        return state
+        return self._scheduler_state()[0]
 
     def done(self) -> bool:
-        """Whether the job has ended (under Slurm: sacct says so; rank result files alone do not end a job,
-        so state and done() agree)."""
+        """Whether the job has ended (under Slurm: sacct, or squeue as for state, says so; rank result files
+        alone do not end a job, so state and done() agree: result() may return before done() is true)."""
         if self.scheduler == "local":
             return bool(self._job.done())
+        return self._scheduler_state()[1]
+
+    def _scheduler_state(self) -> tuple[str, bool]:
+        """(state, whether it is final) under Slurm: sacct's; squeue's where sacct has no record (accounting
+        off at this site, or not caught up yet: without it a site without accounting would wait forever),
+        and where every rank has returned (squeue knows a job's end at once, sacct some time later). squeue
+        knows a job until MinJobAge after its end (with its final state), and not at all after ("ENDED")."""
         watcher = _watcher()
-        if watcher.is_done(self.job_id, mode="standard"):
-            return True
-        if str(watcher.get_state(self.job_id, mode="cache")) != "UNKNOWN":
-            return False
-        # sacct has no record: accounting is off at this site (sacct fails), or not caught up yet. Without
-        # this, a site without accounting would wait forever. squeue knows the job until MinJobAge after its
-        # end (with its final state), and not at all after: either means it ended.
+        state = str(watcher.get_state(self.job_id, mode="standard"))
+        if state != "UNKNOWN" and watcher.is_done(self.job_id, mode="cache"):
+            return state, True
+        if state != "UNKNOWN" and self._confirmed is None:
+            return state, False
         queued = self._queue_state()
-        return queued == "" or queued in _FINAL_QUEUE_STATES
+        if queued == "":
+            return "ENDED", True
+        if queued in _FINAL_QUEUE_STATES:
+            return queued, True
+        if state == "UNKNOWN":
+            return ("PENDING" if queued is None else queued), False
+        return (queued or state), False
 
     def _queue_state(self, force: bool = False) -> str | None:
         """squeue's state of the job (final states too, while slurmctld keeps them), "" when squeue does not
