@@ -31,13 +31,33 @@ are its setup lines.
 
 from __future__ import annotations
 
-from ...core.errors import SlurmLaunchError, SpecError
-from .executors import _choose
-from .failures import RankFailed
-from .functions import Batch, batch, map_array, submit, submit_script
-from .job import Job
-from .job_options import CLI_ONLY, OPTION_NAMES, profile_options
-from .local import _controller_main
+from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ...core.errors import SlurmLaunchError, SpecError
+    from .executors import _choose
+    from .failures import RankFailed
+    from .functions import Batch, batch, map_array, submit, submit_script
+    from .job import Job
+    from .job_options import CLI_ONLY, OPTION_NAMES, profile_options
+    from .local import _controller_main
 
 __all__ = ["CLI_ONLY", "OPTION_NAMES", "Batch", "Job", "RankFailed", "SlurmLaunchError", "SpecError", "_choose",
            "_controller_main", "batch", "map_array", "profile_options", "submit", "submit_script"]
+
+# Every rank imports this package to unpickle its call (calls.py): the caller's side (submission, submitit's
+# executors, the wait) is loaded on first use, not in every rank (issue 32: a rank's start is part of the
+# time to result).
+_WHERE = {"SlurmLaunchError": "...core.errors", "SpecError": "...core.errors", "_choose": ".executors",
+          "RankFailed": ".failures", "Batch": ".functions", "batch": ".functions", "map_array": ".functions",
+          "submit": ".functions", "submit_script": ".functions", "Job": ".job", "CLI_ONLY": ".job_options",
+          "OPTION_NAMES": ".job_options", "profile_options": ".job_options", "_controller_main": ".local"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_WHERE[name], __name__), name)
