@@ -36,8 +36,12 @@ contender, jobs, folder = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def f(x):
     return x + 1
 
+# Both import everything first (slurmlaunch's API loads on first use): the clock starts at the user's call.
+import submitit
+import slurmlaunch
+slurmlaunch.submit
+
 if contender == "slurmlaunch":
-    import slurmlaunch
     opts = dict(nodes=2, tasks_per_node=1, scheduler="slurm", output_dir=folder, time="5")
     start = time.perf_counter()
     if jobs == 1:
@@ -45,10 +49,9 @@ if contender == "slurmlaunch":
     else:
         values = [j.result() for j in slurmlaunch.map_array(f, range(jobs), **opts)]
 else:
-    import submitit
+    start = time.perf_counter()
     ex = submitit.SlurmExecutor(folder=folder + "/%j")
     ex.update_parameters(nodes=2, ntasks_per_node=1, time=5)
-    start = time.perf_counter()
     if jobs == 1:
         values = [ex.submit(f, 1).results()[0]]
     else:
@@ -82,19 +85,26 @@ def cluster() -> Iterator[dict[str, str]]:
 
 def sample(env: dict[str, str], contender: str, jobs: int, work: Path) -> float:
     folder = tempfile.mkdtemp(dir=work)
-    r = subprocess.run([sys.executable, "-c", _SAMPLE, contender, str(jobs), folder], env=env, cwd=folder,
+    kind, _, source = contender.partition(" at ")  # "slurmlaunch at DIR": that source tree's slurmlaunch
+    if source:
+        env = {**env, "PYTHONPATH": source}
+    r = subprocess.run([sys.executable, "-c", _SAMPLE, kind, str(jobs), folder], env=env, cwd=folder,
                        capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         raise RuntimeError(f"{contender} x {jobs} failed: {r.stderr[-3000:]}")
     return float(r.stdout.strip().splitlines()[-1])
 
 
-def compare(env: dict[str, str], jobs: int, pairs: int, work: Path) -> dict[str, object]:
-    samples: dict[str, list[float]] = {"slurmlaunch": [], "submitit": []}
+def compare(env: dict[str, str], jobs: int, pairs: int, work: Path, also: list[str]) -> dict[str, object]:
+    samples: dict[str, list[float]] = {"slurmlaunch": [], "submitit": [], **{f"slurmlaunch at {a}": [] for a in also}}
     for _ in range(pairs):
         for name in samples:
             samples[name].append(sample(env, name, jobs, work))
     ratios = [a / b for a, b in zip(samples["slurmlaunch"], samples["submitit"], strict=True)]
+    for name in samples:
+        if name.startswith("slurmlaunch at "):
+            theirs = [a / b for a, b in zip(samples[name], samples["submitit"], strict=True)]
+            print(f"paired ratio {name} / submitit: median {statistics.median(theirs):.2f}x")
     what = "one 2x1 function" if jobs == 1 else f"map_array of {jobs} 2x1 functions (all results)"
     print(f"\n## API vs submitit: {what}, whole time to result\n")
     print("| contender | median s | min-max s |")
@@ -107,10 +117,10 @@ def compare(env: dict[str, str], jobs: int, pairs: int, work: Path) -> dict[str,
     return {"jobs": jobs, "samples": samples, "ratio": ratio}
 
 
-def count_queries(env: dict[str, str], jobs: int, work: Path) -> dict[str, float]:
+def count_queries(env: dict[str, str], jobs: int, work: Path, label: str = "") -> dict[str, float]:
     """A map_array of ``jobs`` through the API with squeue and sacct counted (a shim first on PATH)."""
     shims = work / "shims"
-    shims.mkdir(exist_ok=True)
+    shims.mkdir(exist_ok=True)  # the shims pass PYTHONPATH on: a --also tree's slurmlaunch is counted too
     for name in ("squeue", "sacct"):
         real = shutil.which(name, path=env["PATH"])
         if real is None:
@@ -123,7 +133,8 @@ def count_queries(env: dict[str, str], jobs: int, work: Path) -> dict[str, float
                   work)
     calls = count_file.read_text().split()
     counts = {name: float(calls.count(name)) for name in ("squeue", "sacct")}
-    print(f"\n## Scheduler queries of a {jobs}-job map_array through the API (time to all results {took:.1f} s)\n")
+    print(f"\n## Scheduler queries of a {jobs}-job map_array through the API{label} (time to all results "
+          f"{took:.1f} s)\n")
     for name, n in counts.items():
         print(f"- {name}: {n:.0f} ({n / took * 60:.1f} per minute)")
     return {**counts, "seconds": took}
@@ -135,15 +146,20 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=20, help="map_array size (default 20; 0: skip)")
     p.add_argument("--count-queries", type=int, default=0, metavar="N", help="count the queries of an N-job map_array")
     p.add_argument("--json", help="also write the samples to this file")
+    p.add_argument("--also", action="append", default=[], metavar="DIR",
+                   help="another slurmlaunch source tree as a third contender (e.g. a checkout before a change)")
     a = p.parse_args()
     out: dict[str, object] = {}
     with tempfile.TemporaryDirectory(prefix="slurmlaunch-bench-api-") as tmp, cluster() as env:
         work = Path(tmp)
-        out["one"] = compare(env, 1, a.pairs, work)
+        out["one"] = compare(env, 1, a.pairs, work, a.also)
         if a.jobs:
-            out["map"] = compare(env, a.jobs, a.pairs, work)
+            out["map"] = compare(env, a.jobs, a.pairs, work, a.also)
         if a.count_queries:
             out["queries"] = count_queries(env, a.count_queries, work)
+            for source in a.also:
+                out[f"queries at {source}"] = count_queries({**env, "PYTHONPATH": source}, a.count_queries, work,
+                                                            f" (slurmlaunch at {source})")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     return 0
