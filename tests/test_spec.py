@@ -123,7 +123,10 @@ BAD: list[tuple[dict[str, object], str]] = [
     (dict(pbs_flavour="x"), "--pbs-flavour 'x' is not valid (expected pro or torque)"),
     (dict(gpu_flag="gpu"), "--gpu-flag 'gpu' is not valid (expected gpus-per-node or gres)"),
     (dict(output_dir="a b\n"),
-     "--output-dir 'a b\\n' is not valid (expected a directory name without control characters such as newlines)"),
+     "--output-dir 'a b\\n' contains the control character '\\n' (expected a value without control characters)"),
+    (dict(partition="gpu\x1b[31m"),
+     "--partition 'gpu\\x1b[31m' contains the control character '\\x1b' (expected a value without control "
+     "characters)"),
     (dict(output_dir="logs-%j"),
      "--output-dir 'logs-%j' contains '%', which Slurm reads as a file-name pattern (choose a directory without "
      "'%' and '\\\\')"),
