@@ -101,10 +101,6 @@ def compare(env: dict[str, str], jobs: int, pairs: int, work: Path, also: list[s
         for name in samples:
             samples[name].append(sample(env, name, jobs, work))
     ratios = [a / b for a, b in zip(samples["slurmlaunch"], samples["submitit"], strict=True)]
-    for name in samples:
-        if name.startswith("slurmlaunch at "):
-            theirs = [a / b for a, b in zip(samples[name], samples["submitit"], strict=True)]
-            print(f"paired ratio {name} / submitit: median {statistics.median(theirs):.2f}x")
     what = "one 2x1 function" if jobs == 1 else f"map_array of {jobs} 2x1 functions (all results)"
     print(f"\n## API vs submitit: {what}, whole time to result\n")
     print("| contender | median s | min-max s |")
@@ -114,6 +110,10 @@ def compare(env: dict[str, str], jobs: int, pairs: int, work: Path, also: list[s
     ratio = statistics.median(ratios)
     print(f"\npaired ratio slurmlaunch / submitit: median {ratio:.2f}x (min-max {min(ratios):.2f}-{max(ratios):.2f}; "
           f"below 1: slurmlaunch first)")
+    for name in samples:
+        if name.startswith("slurmlaunch at "):
+            theirs = [a / b for a, b in zip(samples[name], samples["submitit"], strict=True)]
+            print(f"paired ratio {name} / submitit: median {statistics.median(theirs):.2f}x")
     return {"jobs": jobs, "samples": samples, "ratio": ratio}
 
 

@@ -49,12 +49,19 @@ class Job:
         self._confirm_asked = False
         self._confirmed: str | None = None  # squeue's state, asked once every rank had returned
         if scheduler != "local":
-            _WAITING.add(self)
+            self._register()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update({"_returned": set(), "_confirm_asked": False, "_confirmed": None, **state})
         if self.scheduler != "local":  # a handle sent back and forth (remote=): a job this process waits for
-            _WAITING.add(self)
+            self._register()
+
+    def _register(self) -> None:
+        """A job this process may wait for: known to the confirmation and to the sacct watcher from the start.
+        The watcher asks sacct at once after each new job it learns of: learning of a map_array's jobs one at
+        a time, as a loop over their result() reaches each, would make one sacct a job."""
+        _WAITING.add(self)
+        _watcher().register_job(self.job_id)
 
     @property
     def job_id(self) -> str:
