@@ -469,7 +469,7 @@ def test_user_template_failures_name_the_template(template: str | bytes, expect:
     (b"\xff[defaults]\n", "is not UTF-8 text (byte 0xff at offset 0"),
     (b'profile = "p"\n[profiles.p]\nenv = { "A B" = "x" }\n', "[profiles.p]: env key 'A B' is not valid"),
     (b'[defaults]\nenv = ["A\\n=x"]\n', "[defaults]: env key 'A\\n' is not valid"),
-    (b"[defaults]\nnodes = 99999999999999999\n", "--nodes 99999999999999999"),
+    (b"[defaults]\nnodes = 99999999999999999\n", "[defaults]: nodes = 99999999999999999 is not valid"),
     (b"[defaults]\ngpus-per-node = 70000\n", "gpus-per-node = 70000 is not valid (expected an integer 0..65533)"),
     (b"[defaults]\nrdzv-timeout = nan\n", "rdzv-timeout = nan is not valid"),
     (b"[defaults]\ntime = \"10\\n\"\n", "--time '10\\n'"),
