@@ -14,7 +14,8 @@ distributed environment is computed and exported by the launcher's own code (det
 before ``fn`` runs.
 
 How a job's outcome is collected (Job.results, the same on both schedulers): wait for the job to end
-(under Slurm: until sacct says so, one batched sacct every 2 s for all the jobs being waited for), then
+(under Slurm: until sacct says so, one batched sacct every 2 s for all the jobs being waited for; or until
+every rank's value is on disk and one squeue confirms the job was not stopped or requeued: job.py), then
 look at every rank's files at once, without waiting for any that is missing; the return value travels
 pickled by the rank itself (_Packed), so a value that cannot be pickled is reported as such, with the part
 that could not be; a rank that raised SystemExit left an exit record (its code, and when); a rank with
