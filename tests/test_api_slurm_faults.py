@@ -127,7 +127,10 @@ def run_api(env: dict[str, str], tmp_path: Path, body: str, timeout: float = 300
         "        out.update(error=type(e).__name__, message=str(e), rank=getattr(e, 'rank', None),\n"
         "                   returncode=getattr(e, 'returncode', None), signal_name=getattr(e, 'signal_name', None),\n"
         "                   at=getattr(e, 'at', None))\n"
-        "    out.update(heard=time.time(), job_id=job.job_id, state=job.state, done=job.done())\n"
+        "    heard = time.time()\n"
+        # values may come before the job's end reaches the scheduler (issue 32): its state, once it has
+        "    until = heard + 60\n    while not job.done() and time.time() < until:\n        time.sleep(0.2)\n"
+        "    out.update(heard=heard, job_id=job.job_id, state=job.state, done=job.done())\n"
         + body + "\nprint('OUT ' + json.dumps(out, default=repr))\n"
     )
     r = subprocess.run([sys.executable, "-c", code], env=dict(env, PYTHONPATH=str(ROOT)), cwd=tmp_path,

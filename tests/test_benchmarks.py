@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from tests.helpers import ROOT
 
@@ -16,3 +19,15 @@ def test_benchmark_quick_run(torch_available: None) -> None:
                     "Scale on paper", "time to first barrier", "whole job", "rendezvous after the last rank"):
         assert section in r.stdout, section
     assert "bijection and one master: yes" in r.stdout
+
+
+@pytest.mark.slurm
+def test_api_benchmark_runs(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    """benchmarks/api.py against the dev cluster: both contenders, the ratio, the counted queries."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "api.py"), "--pairs", "1", "--jobs", "2",
+                        "--count-queries", "2"], capture_output=True, text=True, timeout=600,
+                       env=dict(cluster_env, PYTHONPATH=str(ROOT)), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for section in ("API vs submitit: one 2x1 function", "map_array of 2 2x1 functions", "paired ratio",
+                    "Scheduler queries of a 2-job map_array"):
+        assert section in r.stdout, (section, r.stdout)

@@ -288,7 +288,15 @@ def test_every_option_is_walked() -> None:
     assert not missing, f"add a valid example for {sorted(missing)} to SUBMIT_VALID"
 
 
-def test_trailing_newline_on_every_submit_option(project: tuple[Path, dict[str, str]]) -> None:
+# Control characters (issue 33.2): a newline, other C0 ones, DEL, a terminal's ESC sequence, a C1 one; after
+# the value, and inside it. NUL cannot be in argv: the API's table below has it.
+CONTROLS = [("{}\n", "\n"), ("{}\x01", "\x01"), ("{}\t", "\t"), ("\x7f{}", "\x7f"), ("{}\x1b[31m", "\x1b"),
+            ("{}\x1b", "\x1b"), ("{}\r", "\r"), ("{}\x85", "\x85")]
+
+
+def test_control_characters_on_every_submit_option(project: tuple[Path, dict[str, str]]) -> None:
+    """Every option x every control character: refused in one line naming the value, unless the option is
+    data (README: Strings are data), where the value is kept and the script still parses."""
     cwd, env = project
     base = ["submit", "--dry-run", "--scheduler", "slurm"]
     with in_process(cwd, env):
@@ -303,19 +311,54 @@ def test_trailing_newline_on_every_submit_option(project: tuple[Path, dict[str, 
             else:
                 base_here = base
             code, good, err = call([*base_here, *companions, f"{flag}={value}", "t.py"])
-            assert code == 0, (flag, value, err)  # the control: the value without the newline is valid
-            code, out, err = call([*base_here, *companions, f"{flag}={value}\n", "t.py"])
-            if action.dest in BYTE_FOR_BYTE:
-                assert code == 0, (flag, err)
-                # data, not a line of the script: the #SBATCH header is unchanged and bash parses the script
-                header = [ln for ln in out.splitlines() if ln.startswith("#SBATCH")]
-                assert header == [ln for ln in good.splitlines() if ln.startswith("#SBATCH")], flag
-                (cwd / "s.sh").write_text(out)
-                assert subprocess.run(["bash", "-n", str(cwd / "s.sh")]).returncode == 0, (flag, out)
-            else:
-                assert code == 2 and err.count("\n") == 1, (flag, code, err)
-                # it names the value (shown with its \\n) or, for a choice, argparse names the option
-                assert repr(value + "\n")[1:-1] in err or "invalid choice" in err, (flag, err)
+            assert code == 0, (flag, value, err)  # the control: the value without the character is valid
+            for form, char in CONTROLS:
+                # a data option's control characters go after its value (env's key is a name, not data)
+                bad = value + form.format("") if action.dest in BYTE_FOR_BYTE else form.format(value)
+                code, out, err = call([*base_here, *companions, f"{flag}={bad}", "t.py"])
+                if action.dest in BYTE_FOR_BYTE:
+                    assert code == 0, (flag, err)
+                    # data, not a line of the script: the #SBATCH header is unchanged and bash parses the script
+                    header = [ln for ln in out.splitlines() if ln.startswith("#SBATCH")]
+                    assert header == [ln for ln in good.splitlines() if ln.startswith("#SBATCH")], flag
+                    (cwd / "s.sh").write_text(out)
+                    assert subprocess.run(["bash", "-n", str(cwd / "s.sh")]).returncode == 0, (flag, out)
+                else:
+                    assert code == 2 and err.count("\n") == 1, (flag, bad, code, err)
+                    # it names the value (shown with its escapes) or, for a choice, argparse names the option
+                    assert repr(bad)[1:-1] in err or "invalid choice" in err, (flag, bad, err)
+                    assert char not in err[:-1], (flag, bad, err)  # the character itself never reaches the terminal
+
+
+# The API's job options that are not data, each with a valid value (keyword arguments of slurmlaunch.submit).
+API_NAMES = {"partition": "gpu", "account": "acct", "qos": "high", "constraint": "a100", "mem": "4G", "time": "10",
+             "output_dir": "logs", "signal": "USR1@60", "requeued_by": "script", "gpu_flag": "gres",
+             "sbatch_args": ("--mail-type=END",), "pbs_resources": ("wd",), "pbs_chunk": ("system=x",),
+             "project": "proj", "pbs_queues": "debug:1-2", "mpiexec_args": ("--no-transfer",),
+             "pbs_flavour": "torque", "mpi": "mpich", "pbs_request": "totals"}
+
+
+@pytest.mark.parametrize("char", ["\x00", "\x01", "\n", "\x1b", "\x7f", "\x9b"])
+def test_control_characters_in_the_apis_options(char: str, work: tuple[Path, dict[str, str]]) -> None:
+    """The API's same options: SpecError naming the option and the value, before anything is submitted."""
+    import slurmlaunch
+
+    assert set(API_NAMES) | {"python", "container_image", "apptainer", "container_workdir", "container_mounts", "mode",
+                             "array"} >= set(slurmlaunch_spec_names()), "a new option that is a name: add it here"
+    cwd, env = work
+    with in_process(cwd, env):
+        for name, value in API_NAMES.items():
+            bad = (value[0] + char,) if isinstance(value, tuple) else value + char
+            with pytest.raises(slurmlaunch.SpecError) as e:
+                slurmlaunch.submit(print, scheduler="local", **{name: bad})
+            message = str(e.value)
+            assert "control character" in message and "\n" not in message and char not in message, (name, message)
+
+
+def slurmlaunch_spec_names() -> list[str]:
+    from slurmlaunch.core.spec import _NAME_OPTIONS
+
+    return list(_NAME_OPTIONS)
 
 
 RUN_VALID: dict[str, tuple[str, list[str]]] = {
@@ -426,7 +469,7 @@ def test_user_template_failures_name_the_template(template: str | bytes, expect:
     (b"\xff[defaults]\n", "is not UTF-8 text (byte 0xff at offset 0"),
     (b'profile = "p"\n[profiles.p]\nenv = { "A B" = "x" }\n', "[profiles.p]: env key 'A B' is not valid"),
     (b'[defaults]\nenv = ["A\\n=x"]\n', "[defaults]: env key 'A\\n' is not valid"),
-    (b"[defaults]\nnodes = 99999999999999999\n", "--nodes 99999999999999999"),
+    (b"[defaults]\nnodes = 99999999999999999\n", "[defaults]: nodes = 99999999999999999 is not valid"),
     (b"[defaults]\ngpus-per-node = 70000\n", "gpus-per-node = 70000 is not valid (expected an integer 0..65533)"),
     (b"[defaults]\nrdzv-timeout = nan\n", "rdzv-timeout = nan is not valid"),
     (b"[defaults]\ntime = \"10\\n\"\n", "--time '10\\n'"),

@@ -54,6 +54,35 @@ def test_slurm_status_logs_cancel(cluster_env: dict[str, str], tmp_path: Path) -
         time.sleep(0.5)
     assert st["state"] == "CANCELLED" and st["exit_code"] != 0
     assert [e["job_id"] for e in json.loads(run_cli("list", "--json", env=env).stdout)] == [job]
+    # issue 33.4: list shows the scheduler's state (sacct's) of a job whose script wrote no exit code, not "?"
+    assert list_state(env, job) == "CANCELLED"
+
+
+def list_state(env: dict[str, str], job: str) -> str:
+    """`list`'s state of ``job``, once accounting knows how it ended (slurmdbd may lag, 60 s at most)."""
+    deadline = time.monotonic() + 60
+    while True:
+        state = next(e["state"] for e in json.loads(run_cli("list", "--json", env=env).stdout) if e["job_id"] == job)
+        if state not in ("ENDED?", "?", "RUNNING", "COMPLETING") or time.monotonic() > deadline:
+            return str(state)
+        time.sleep(0.5)
+
+
+@pytest.mark.slurm
+def test_list_shows_the_state_of_an_ended_array(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    """An array has no job-level exit code (its elements have theirs): `list` shows sacct's word for it,
+    COMPLETED when every element did, else its first element that did not."""
+    env = dict(cluster_env)
+    (tmp_path / "el.py").write_text("import os, sys; sys.exit(int(os.environ['SLURM_ARRAY_TASK_ID']) * 3)")
+    jobs = []
+    for array in ("0", "0-1"):
+        r = run_cli("submit", "--array", array, "--wait", "--wait-timeout", "120", "el.py", env=env, cwd=tmp_path,
+                    timeout=180)
+        assert r.returncode == (0 if array == "0" else 3), r.stdout + r.stderr
+        jobs.append(r.stdout.split()[0].split("_")[0])
+    assert [list_state(env, job) for job in jobs] == ["COMPLETED", "FAILED"]
+    listed = run_cli("list", env=env).stdout
+    assert " ? " not in listed and "ENDED?" not in listed, listed
 
 
 @pytest.mark.slurm

@@ -240,10 +240,26 @@ def test_requeue_is_rerunnable() -> None:
     ("pro", dict(sweep=(("lr", ("1", "2", "3")),)), "-J 0-2"),
     ("torque", dict(array="1,3,5-7"), "-t 1,3,5,6,7"),
     ("torque", dict(array="0-8:4", max_parallel=2), "-t 0,4,8%2"),
+    # README (sweeps, PBS table): a list maps to -J when its indices are evenly spaced
+    ("pro", dict(array="1,3"), "-J 1-3:2"),
+    ("pro", dict(array="0,4,8"), "-J 0-8:4"),
+    ("pro", dict(array="0-3"), "-J 0-3"),
+    ("torque", dict(array="1,3", max_parallel=1), "-t 1,3%1"),
+    ("torque", dict(array="1,2,5"), "-t 1,2,5"),
 ])
 def test_arrays(flavour: str, kw: dict[str, object], directive: str) -> None:
     spec = golden_spec(pbs_flavour=flavour, **kw)
     assert directive in pbs_script.directives(spec)
+
+
+@pytest.mark.parametrize(("array", "expect"), [
+    ("1,2,5", "--array 1,2,5: PBS Pro's qsub -J takes one range X-Y[:STEP], so a list maps only when its indices "
+              "are evenly spaced"),
+    ("7", "--array/--sweep 7: a PBS Pro job array needs at least two indices"),
+])
+def test_pro_arrays_no_single_range_covers_are_refused(array: str, expect: str) -> None:
+    with pytest.raises(SpecError, match=re.escape(expect)):
+        pbs_script.directives(golden_spec(array=array))
 
 
 def test_setup_exports_reach_open_mpi_ranks() -> None:

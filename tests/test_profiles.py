@@ -95,6 +95,11 @@ def test_command_line_wins_and_lists_join(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "expect"), [
     ("[defaults]\nnodes = \"two\"\n", "nodes = 'two' is not valid (expected a number of nodes"),
+    # issue 33.5: out of bounds, the file and the table are named (not `--nodes 0 is not valid` alone)
+    ("[profiles.p]\nnodes = 0\n", "[profiles.p]: nodes = 0 is not valid (expected a number of nodes 1..100000"),
+    ("[defaults]\nnodes = \"0\"\n", "[defaults]: nodes = '0' is not valid (expected a number of nodes 1.."),
+    ("[defaults]\nnodes = \"3:2\"\n", "nodes = '3:2' is not valid (expected a number of nodes"),
+    ("[defaults]\nnodes = 99999999\n", "nodes = 99999999 is not valid (expected a number of nodes"),
     ("[defaults]\nmem = 4\n", "mem = 4 is not valid (expected a string)"),
     ("[defaults]\ngpu-flag = \"gpus\"\n", "gpu-flag = 'gpus' is not valid (expected one of gpus-per-node, gres)"),
     ("[defaults]\nnode = 2\n", "unknown option 'node' (valid: "),
@@ -108,7 +113,8 @@ def test_bad_files_one_line_exit_2_nothing_submitted(text: str, expect: str, tmp
     env = no_slurm_env(tmp_path)
     (tmp_path / "slurmlaunch.toml").write_text(text)
     (tmp_path / "t.py").write_text("open('ran', 'w')")
-    r = run_cli("submit", "t.py", env=env, cwd=tmp_path)
+    profile = ["--profile", "p"] if "[profiles.p]" in text else []
+    r = run_cli("submit", *profile, "t.py", env=env, cwd=tmp_path)
     assert r.returncode == 2 and expect in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
     assert "slurmlaunch.toml" in r.stderr and not (tmp_path / "ran").exists()
 

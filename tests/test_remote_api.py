@@ -14,7 +14,7 @@ from . import sshd
 from .sshd import free_master_port, masters_left, python_without_slurmlaunch
 
 LAPTOP_SCRIPT = """\
-import json, os, sys
+import json, os, sys, time
 import slurmlaunch
 
 def work(tag):  # defined in __main__: it travels by value
@@ -31,6 +31,9 @@ out = {}
 job = slurmlaunch.submit(work, hostile, master_port=port1, **common)
 out["id"] = job.job_id
 out["results"] = job.results()
+until = time.time() + 60  # the values may come before the job's end reaches the scheduler (issue 32)
+while not job.done() and time.time() < until:
+    time.sleep(0.5)
 out["state"] = job.state
 out["done"] = job.done()
 out["logs"] = job.logs(rank=3)

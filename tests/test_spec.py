@@ -83,7 +83,8 @@ BAD: list[tuple[dict[str, object], str]] = [
      "per node)"),
     (dict(time="1:2:3:4"), f"--time '1:2:3:4' is not a time Slurm accepts {TIME_FORMATS}"),
     (dict(time="abc"), f"--time 'abc' is not a time Slurm accepts {TIME_FORMATS}"),
-    (dict(time="10\n"), f"--time '10\\n' is not a time Slurm accepts {TIME_FORMATS}"),  # fullmatch, not `$`
+    (dict(time="10\n"), "--time '10\\n' contains the control character '\\n' (expected a value without control "
+                        "characters)"),
     (dict(time="٣"), f"--time '٣' is not a time Slurm accepts {TIME_FORMATS}"),  # [0-9], not \d
     (dict(time="4294967295"),
      "--time '4294967295' is longer than Slurm can keep (at most 4294967294 minutes; UNLIMITED for no limit)"),
@@ -123,7 +124,10 @@ BAD: list[tuple[dict[str, object], str]] = [
     (dict(pbs_flavour="x"), "--pbs-flavour 'x' is not valid (expected pro or torque)"),
     (dict(gpu_flag="gpu"), "--gpu-flag 'gpu' is not valid (expected gpus-per-node or gres)"),
     (dict(output_dir="a b\n"),
-     "--output-dir 'a b\\n' is not valid (expected a directory name without control characters such as newlines)"),
+     "--output-dir 'a b\\n' contains the control character '\\n' (expected a value without control characters)"),
+    (dict(partition="gpu\x1b[31m"),
+     "--partition 'gpu\\x1b[31m' contains the control character '\\x1b' (expected a value without control "
+     "characters)"),
     (dict(output_dir="logs-%j"),
      "--output-dir 'logs-%j' contains '%', which Slurm reads as a file-name pattern (choose a directory without "
      "'%' and '\\\\')"),
@@ -268,7 +272,7 @@ def test_time_formats(text: str, seconds: int | None, minutes: int | None) -> No
     assert time_seconds(text) == seconds and time_minutes(text) == minutes
 
 
-@pytest.mark.parametrize("text", ["x", "1:2:3:4", "1-", "-1", "1:", "10 ", "1-2-3"])
+@pytest.mark.parametrize("text", ["x", "1:2:3:4", "1-", "-1", "1:", "10 ", "1-2-3", "10\n"])  # fullmatch, not `$`
 def test_time_minutes_is_none_when_malformed(text: str) -> None:
     assert time_minutes(text) is None
 

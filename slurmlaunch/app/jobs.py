@@ -218,9 +218,10 @@ def log_path(record: JobRecord, rank: int | None) -> str:
     return files.log(0)
 
 
-def _list_state(row: Mapping[str, Any], live: Mapping[str, str]) -> str:
-    """A quick state for `list`: a local job's own, a batch job's from squeue (one call for all) or from
-    the exit code its script wrote; `status` asks the scheduler properly."""
+def _list_state(row: Mapping[str, Any], live: Mapping[str, str] | None, accounted: Mapping[str, str]) -> str:
+    """A quick state for `list`: a local job's own, a batch job's from squeue or sacct (one call each for
+    all), or from the exit code its script wrote; `status` asks the scheduler properly. ``live``: None when
+    squeue could not be asked."""
     try:
         data = json.loads(read_bounded(row["record"]).decode("utf-8"))
     except (OSError, ValueError):
@@ -232,36 +233,65 @@ def _list_state(row: Mapping[str, Any], live: Mapping[str, str]) -> str:
     if record.scheduler == "local":
         return local_state(record)[0]
     short = row["job_id"].split(".", 1)[0]
-    if short in live:
+    if live is not None and short in live:
         return live[short]
     ended = _exit_file(record)
     if ended is not None:
         return "COMPLETED" if ended[0] == 0 else f"FAILED {ended[0]}"
-    return "ENDED?" if live else "?"
+    if short in accounted:  # an array (no job-level exit code), or a job stopped before its script's end
+        return accounted[short]
+    return "ENDED?" if live is not None and record.scheduler == "slurm" else "?"
 
 
-def _squeue_states() -> dict[str, str]:
-    """The user's queued and running Slurm jobs, job id -> state, in one squeue call ({} without Slurm)."""
+def _list_record(row: Mapping[str, Any]) -> JobRecord | None:
+    try:
+        data = json.loads(read_bounded(row["record"]).decode("utf-8"))
+        return JobRecord.from_data(data, row["job_id"])
+    except (OSError, ValueError):
+        return None
+
+
+def _squeue_states() -> dict[str, str] | None:
+    """The user's queued and running Slurm jobs, job id -> state, in one squeue call (None without Slurm,
+    or when squeue fails)."""
     import shutil
     import subprocess
 
     if shutil.which("squeue") is None:
-        return {}
+        return None
     try:
         out = subprocess.run(["squeue", "-h", "--me", "-o", "%F %T"], capture_output=True, text=True, timeout=10,
                              errors="replace")
     except (OSError, subprocess.TimeoutExpired):
-        return {}
+        return None
     if out.returncode != 0:
-        return {}
+        return None
     return dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+
+
+def _accounted(rows: list[dict[str, Any]], live: Mapping[str, str] | None) -> dict[str, str]:
+    """sacct's states, in one call, of the Slurm jobs of ``rows`` that squeue no longer shows and whose
+    script left no exit code (an array's elements have theirs; a cancelled job's script never wrote one)."""
+    from ..schedulers.slurm import accounted_states
+
+    ids = []
+    for row in rows:
+        short = row["job_id"].split(".", 1)[0]
+        if row["scheduler"] != "slurm" or row.get("remote") or (live is not None and short in live):
+            continue
+        record = _list_record(row)
+        if record is not None and _exit_file(record) is None:
+            ids.append(short)
+    return accounted_states(ids)
 
 
 def cmd_list(as_json: bool) -> int:
     """Every job this user submitted (the index is per user), newest last, with the directory of its files
     and a quick state."""
     rows = entries()
-    live = _squeue_states() if any(r["scheduler"] == "slurm" and not r.get("remote") for r in rows) else {}
+    slurm = any(r["scheduler"] == "slurm" and not r.get("remote") for r in rows)
+    live = _squeue_states() if slurm else None
+    accounted = _accounted(rows, live) if slurm else {}
     remote_live: dict[str, dict[str, str] | None] = {}  # per destination: one squeue over ssh for all its jobs
     shown = []
     for row in rows:
@@ -270,7 +300,8 @@ def cmd_list(as_json: bool) -> int:
 
             shown.append(remote_jobs.list_row(row, remote_live))
         else:
-            shown.append({**row, "state": _list_state(row, live), "directory": os.path.dirname(row["record"])})
+            shown.append({**row, "state": _list_state(row, live, accounted),
+                          "directory": os.path.dirname(row["record"])})
     if as_json:
         print(json.dumps(shown))
         return 0

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import SpecError
-from ..core.limits import MAX_SECONDS, Count, Seconds, shown, shown_value
+from ..core.limits import MAX_NODES, MAX_SECONDS, Count, Seconds, shown, shown_value
 from ..core.paths import config_dir
 
 PROJECT_FILE = "slurmlaunch.toml"
@@ -176,9 +176,16 @@ def _bool(opt: Option, value: Any, bad: Bad, where: str) -> Any:
 
 
 def _nodes(opt: Option, value: Any, bad: Bad, where: str) -> Any:
+    from ..core.parse import parse_nodes
+
+    expected = f"a number of nodes 1..{MAX_NODES}, or \"MIN:MAX\" for --mode torchrun with 1 <= MIN <= MAX"
     if isinstance(value, bool) or not isinstance(value, (int, str)) or \
             (isinstance(value, str) and not re.fullmatch(r"\d+(:\d+)?", value)):
-        raise bad("a number of nodes, or \"MIN:MAX\" for --mode torchrun")
+        raise bad(expected)
+    try:  # the bounds checked here, so that the error names this file and table (nodes = 0)
+        parse_nodes(value)
+    except SpecError:
+        raise bad(expected) from None
     return value
 
 

@@ -413,9 +413,8 @@ def _validate_choices(spec: JobSpec) -> None:
 def _validate_names(spec: JobSpec) -> None:
     """The strings that reach the script: the logs' directory, sbatch's options, the site's names, SCRIPT.
     (The job name is data, byte for byte, on sbatch's command line: README "Strings are data".)"""
-    if not spec.output_dir or not spec.output_dir.isprintable():
-        raise SpecError(f"--output-dir {shown(spec.output_dir)} is not valid (expected a directory name without "
-                        f"control characters such as newlines)")
+    if not spec.output_dir:  # control characters: _validate_text
+        raise SpecError(f"--output-dir {shown(spec.output_dir)} is not valid (expected a directory name)")
     for bad in ("%", "\\"):
         if bad in spec.output_dir:
             raise SpecError(
@@ -435,9 +434,45 @@ def _validate_names(spec: JobSpec) -> None:
         raise SpecError("no SCRIPT given")
 
 
+# The values that are names, sizes, paths or flags, not data (README: Strings are data): their options, as
+# the CLI spells them. A control character in one (C0, DEL, the ESC of a terminal sequence) would end up in an
+# #SBATCH/#PBS line, the srun line or a terminal, so it is refused whatever the option.
+_NAME_OPTIONS = {
+    "mem": "--mem", "time": "--time", "partition": "--partition", "account": "--account", "qos": "--qos",
+    "constraint": "--constraint", "output_dir": "--output-dir", "python": "--python", "signal": "--signal",
+    "requeued_by": "requeued_by", "gpu_flag": "--gpu-flag", "mode": "--mode", "mpi": "--mpi",
+    "pbs_flavour": "--pbs-flavour", "pbs_request": "--pbs-request", "pbs_queues": "--pbs-queues",
+    "project": "--project", "array": "--array", "container_image": "--container-image",
+    "apptainer": "--apptainer", "container_workdir": "--container-workdir", "sbatch_args": "--sbatch-arg",
+    "pbs_resources": "--pbs-resource", "pbs_chunk": "--pbs-chunk", "mpiexec_args": "--mpiexec-arg",
+    "container_mounts": "--container-mount",
+}
+
+
+def control_character(value: str) -> str | None:
+    """The first control character in ``value`` (C0, DEL, C1, and what else str.isprintable() refuses), or
+    None."""
+    return next((c for c in value if not c.isprintable()), None)
+
+
+def _validate_text(spec: JobSpec) -> None:
+    """No control character in a value that is not data (_NAME_OPTIONS, the sweep's keys)."""
+    for field, flag in _NAME_OPTIONS.items():
+        value = getattr(spec, field)
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, str) and control_character(item) is not None:
+                raise SpecError(f"{flag} {shown(item)} contains the control character "
+                                f"{control_character(item)!r} (expected a value without control characters)")
+    for key, _ in spec.sweep:
+        if isinstance(key, str) and control_character(key) is not None:
+            raise SpecError(f"--sweep key {shown(key)} contains the control character {control_character(key)!r} "
+                            f"(expected a name without control characters)")
+
+
 def validate(spec: JobSpec) -> JobSpec:
     """Raise SpecError for the first thing wrong with ``spec``; return it unchanged otherwise. Pure: what
     needs the submitting machine's files (SCRIPT, --python, --output-dir exist) is app.resolve's."""
+    _validate_text(spec)
     _validate_counts(spec)
     _validate_time_and_mem(spec)
     _validate_warning(spec)

@@ -97,8 +97,9 @@ def array_range(spec: JobSpec) -> str | None:
         raise SpecError(f"--array/--sweep {shown}: a PBS Pro job array needs at least two indices (qsub -J X-Y "
                         f"with X < Y); submit a single point as a plain job, or use --pbs-flavour torque")
     if indices != list(range(first, last + 1, step)):
-        raise SpecError(f"--array {shown}: PBS Pro's qsub -J takes one range X-Y[:STEP], not a list (give e.g. "
-                        f"0-15:4, or submit the list as separate jobs)")
+        raise SpecError(f"--array {shown}: PBS Pro's qsub -J takes one range X-Y[:STEP], so a list maps only when "
+                        f"its indices are evenly spaced (1,3 is 1-3:2; 0,4,8 is 0-8:4): submit the others as "
+                        f"separate jobs, or use --pbs-flavour torque, whose -t takes any list")
     return f"{first}-{last}" + (f":{step}" if step != 1 else "") + limit
 
 

@@ -141,6 +141,33 @@ def _accounting(job_id: str) -> dict[str, str]:
     return {"JobState": state.split()[0], "Elapsed": elapsed, "NodeList": nodes, "ExitCode": exit_code}
 
 
+def accounted_states(job_ids: list[str]) -> dict[str, str]:
+    """sacct's state of each of ``job_ids`` (plain jobs or job arrays), in one call: job id -> its state word
+    (CANCELLED of "CANCELLED by 1000"); an array is COMPLETED when every element is, else the state of its
+    first element (by index) that is not. {} where there is no accounting; a job sacct does not know is left
+    out."""
+    if not job_ids or not which("sacct"):
+        return {}
+    try:
+        out = run_command(["sacct", "-n", "-X", "-P", "-j", ",".join(job_ids), "-o", "JobID,State"],
+                          timeout=30).stdout
+    except SchedulerError:
+        return {}  # "Slurm accounting storage is disabled", or slurmdbd is down
+    elements: dict[str, list[tuple[int, str]]] = {}
+    for line in out.splitlines():
+        tag, sep, state = line.partition("|")
+        base, _, index = tag.partition("_")
+        if sep and base in job_ids and state.split():
+            # an element's index, or a range of elements never started ("[3-5]"): after the started ones
+            elements.setdefault(base, []).append((int(index) if index.isdigit() else 1 << 62, state.split()[0]))
+    out_states: dict[str, str] = {}
+    for base, states in elements.items():
+        states.sort()
+        unfinished = [state for _, state in states if state != "COMPLETED"]
+        out_states[base] = unfinished[0] if unfinished else "COMPLETED"
+    return out_states
+
+
 def _scontrol(job_id: str) -> dict[str, str]:
     try:
         shown = run_command(["scontrol", "show", "job", "-o", job_id], timeout=30).stdout

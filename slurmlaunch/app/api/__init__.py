@@ -14,7 +14,8 @@ distributed environment is computed and exported by the launcher's own code (det
 before ``fn`` runs.
 
 How a job's outcome is collected (Job.results, the same on both schedulers): wait for the job to end
-(under Slurm: until sacct says so, one batched sacct every 2 s for all the jobs being waited for), then
+(under Slurm: until sacct says so, one batched sacct every 2 s for all the jobs being waited for; or until
+every rank's value is on disk and one squeue confirms the job was not stopped or requeued: job.py), then
 look at every rank's files at once, without waiting for any that is missing; the return value travels
 pickled by the rank itself (_Packed), so a value that cannot be pickled is reported as such, with the part
 that could not be; a rank that raised SystemExit left an exit record (its code, and when); a rank with
@@ -31,13 +32,33 @@ are its setup lines.
 
 from __future__ import annotations
 
-from ...core.errors import SlurmLaunchError, SpecError
-from .executors import _choose
-from .failures import RankFailed
-from .functions import Batch, batch, map_array, submit, submit_script
-from .job import Job
-from .job_options import CLI_ONLY, OPTION_NAMES, profile_options
-from .local import _controller_main
+from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ...core.errors import SlurmLaunchError, SpecError
+    from .executors import _choose
+    from .failures import RankFailed
+    from .functions import Batch, batch, map_array, submit, submit_script
+    from .job import Job
+    from .job_options import CLI_ONLY, OPTION_NAMES, profile_options
+    from .local import _controller_main
 
 __all__ = ["CLI_ONLY", "OPTION_NAMES", "Batch", "Job", "RankFailed", "SlurmLaunchError", "SpecError", "_choose",
            "_controller_main", "batch", "map_array", "profile_options", "submit", "submit_script"]
+
+# Every rank imports this package to unpickle its call (calls.py): the caller's side (submission, submitit's
+# executors, the wait) is loaded on first use, not in every rank (issue 32: a rank's start is part of the
+# time to result).
+_WHERE = {"SlurmLaunchError": "...core.errors", "SpecError": "...core.errors", "_choose": ".executors",
+          "RankFailed": ".failures", "Batch": ".functions", "batch": ".functions", "map_array": ".functions",
+          "submit": ".functions", "submit_script": ".functions", "Job": ".job", "CLI_ONLY": ".job_options",
+          "OPTION_NAMES": ".job_options", "profile_options": ".job_options", "_controller_main": ".local"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_WHERE[name], __name__), name)

@@ -27,6 +27,7 @@ _DEATH_SLACK_S = 0.5
 _RESULT_WAIT_S = 15.0
 # Job states after which the ranks that left nothing were stopped from outside, not failed on their own.
 _STOPPED_STATES = ("CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE")
+# The first line the batch shell writes to the batch log at each start: srun's reports before the last
 # one belong to an earlier run of a requeued job.
 _BATCH_MARK = "slurmlaunch: batch shell started"
 # srun's report of a task that ended badly, as the batch log has it (one line per task or task range).

@@ -2,22 +2,38 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
+import weakref
+from pathlib import Path
 from typing import Any
 
 from ...core.spec import JobSpec
-from .collect import _collect
+from .calls import _exit_record
+from .collect import _STOPPED_STATES, _collect, _outcome
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..stacks import Stacks
 
-_SACCT_EVERY_S = 2  # at most one sacct per this many seconds, for all the jobs being waited for together
+# How a wait under Slurm asks (README: From Python, and Benchmarks). The scheduler is asked at
+# most once per _SACCT_EVERY_S for all the jobs waited for together (one sacct); the ranks' result files are
+# looked at (a stat, no scheduler) every _FILES_FIRST_S at first, backing off to _FILES_LAST_S as the wait
+# grows, as submitit looks every second. When every rank left its value, squeue is asked once whether the
+# job was stopped or requeued meanwhile; if not, the values are the job's and the wait ends there, without
+# waiting for the job's end to reach accounting (the 2 s a short job's result used to sit on disk).
+_SACCT_EVERY_S = 2
+_FILES_FIRST_S = 0.05
+_FILES_LAST_S = 1.0
+_FILES_BACKOFF_S = 20.0  # the file poll reaches _FILES_LAST_S after this many seconds of waiting
 # squeue's states (`-t all`) of a job that has ended (squeue(1), JOB STATE CODES)
 _FINAL_QUEUE_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                        "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT")
-# The first line the batch shell writes to the batch log at each start: srun's reports before the last
+# squeue's states in which values on disk may not be this run's last word: it is queued again (requeued,
+# preempted), or was stopped from outside (the full wait then says so, as it does without the early end).
+_UNCONFIRMED = ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD",
+                "SUSPENDED", "STOPPED", "SIGNALING", *_STOPPED_STATES)
 
 
 class Job:
@@ -29,6 +45,23 @@ class Job:
         self.scheduler = scheduler
         self._queue_asked = -float("inf")
         self._queued: str | None = None
+        self._returned: set[int] = set()  # ranks whose value (or sys.exit(0)) is on disk
+        self._confirm_asked = False
+        self._confirmed: str | None = None  # squeue's state, asked once every rank had returned
+        if scheduler != "local":
+            self._register()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({"_returned": set(), "_confirm_asked": False, "_confirmed": None, **state})
+        if self.scheduler != "local":  # a handle sent back and forth (remote=): a job this process waits for
+            self._register()
+
+    def _register(self) -> None:
+        """A job this process may wait for: known to the confirmation and to the sacct watcher from the start.
+        The watcher asks sacct at once after each new job it learns of: learning of a map_array's jobs one at
+        a time, as a loop over their result() reaches each, would make one sacct a job."""
+        _WAITING.add(self)
+        _watcher().register_job(self.job_id)
 
     @property
     def job_id(self) -> str:
@@ -38,37 +71,45 @@ class Job:
     def state(self) -> str:
         """The scheduler's state: final (COMPLETED, FAILED, CANCELLED by ..., TIMEOUT; locally FINISHED or
         INTERRUPTED) exactly when done() is true. Under Slurm, sacct's (at most 2 s old), and PENDING for a
-        job submitted but not in accounting yet."""
+        job submitted but not in accounting yet; squeue's while sacct has no record, or once every rank
+        returned (its values may come before accounting has caught up with the job's end)."""
         if self.scheduler == "local":
             return str(self._job.state)
-        state = str(_watcher().get_state(self.job_id, mode="standard"))
-        if state == "UNKNOWN":  # not in accounting (yet, or at all): the queue's word
-            queued = self._queue_state()
-            # "" is a job gone from the queue with no accounting record: it ended, how is not known
-            return queued if queued not in (None, "") else ("PENDING" if queued is None else "ENDED")
-        return state
+        return self._scheduler_state()[0]
 
     def done(self) -> bool:
-        """Whether the job has ended (under Slurm: sacct says so; rank result files alone do not end a job,
-        so state and done() agree)."""
+        """Whether the job has ended (under Slurm: sacct, or squeue as for state, says so; rank result files
+        alone do not end a job, so state and done() agree: result() may return before done() is true)."""
         if self.scheduler == "local":
             return bool(self._job.done())
-        watcher = _watcher()
-        if watcher.is_done(self.job_id, mode="standard"):
-            return True
-        if str(watcher.get_state(self.job_id, mode="cache")) != "UNKNOWN":
-            return False
-        # sacct has no record: accounting is off at this site (sacct fails), or not caught up yet. Without
-        # this, a site without accounting would wait forever. squeue knows the job until MinJobAge after its
-        # end (with its final state), and not at all after: either means it ended.
-        queued = self._queue_state()
-        return queued == "" or queued in _FINAL_QUEUE_STATES
+        return self._scheduler_state()[1]
 
-    def _queue_state(self) -> str | None:
+    def _scheduler_state(self) -> tuple[str, bool]:
+        """(state, whether it is final) under Slurm: sacct's; squeue's where sacct has no record (accounting
+        off at this site, or not caught up yet: without it a site without accounting would wait forever),
+        and where every rank has returned (squeue knows a job's end at once, sacct some time later). squeue
+        knows a job until MinJobAge after its end (with its final state), and not at all after ("ENDED")."""
+        watcher = _watcher()
+        state = str(watcher.get_state(self.job_id, mode="standard"))
+        if state != "UNKNOWN" and watcher.is_done(self.job_id, mode="cache"):
+            return state, True
+        if state != "UNKNOWN" and self._confirmed is None:
+            return state, False
+        queued = self._queue_state()
+        if queued == "":
+            return "ENDED", True
+        if queued in _FINAL_QUEUE_STATES:
+            return queued, True
+        if state == "UNKNOWN":
+            return ("PENDING" if queued is None else queued), False
+        return (queued or state), False
+
+    def _queue_state(self, force: bool = False) -> str | None:
         """squeue's state of the job (final states too, while slurmctld keeps them), "" when squeue does not
-        know it, None when squeue could not be asked; at most one squeue per _SACCT_EVERY_S per job."""
+        know it, None when squeue could not be asked; at most one squeue per _SACCT_EVERY_S per job (unless
+        ``force``)."""
         now = time.monotonic()
-        if now - self._queue_asked < _SACCT_EVERY_S:
+        if not force and now - self._queue_asked < _SACCT_EVERY_S:
             return self._queued
         self._queue_asked = now
         try:
@@ -83,15 +124,79 @@ class Job:
             self._queued = r.stdout.strip().split("\n")[0].strip()
         return self._queued
 
-    def _wait(self) -> str | None:
-        """Wait for the job's end; its final state under Slurm (None locally)."""
+    def _all_returned(self) -> bool:
+        """Whether every rank left its value (or ended by sys.exit(0)); stops at the first rank that has
+        not, so a waiting job costs one stat per look, whatever its rank count."""
+        for rank in range(self.spec.world_size):
+            if rank in self._returned:
+                continue
+            result = Path(self._job.task(rank).paths.result_pickle)
+            if result.exists():
+                if _outcome(result) != "success":
+                    return False  # a failure: the job's end, from the scheduler, decides what is raised
+            else:
+                try:
+                    record = json.loads(_exit_record(result).read_text())
+                except (OSError, ValueError):
+                    return False
+                if record.get("code") != 0:
+                    return False
+            self._returned.add(rank)
+        return True
+
+    def _early_end(self) -> str | None:
+        """squeue's state when every rank returned and squeue (asked once) does not say the job was
+        stopped or queued again since; None otherwise (the wait goes on to the job's end)."""
+        if self._confirmed is None and not self._confirm_asked and self._all_returned():
+            _confirm([self, *(j for j in _WAITING if j is not self and not j._confirm_asked and j._all_returned())])
+        return self._confirmed
+
+    def _wait(self, limit: float | None = None) -> tuple[bool, str | None]:
+        """Wait for the job's end (at most ``limit`` seconds): whether it ended, and its state under Slurm
+        (None locally; under Slurm the confirmed squeue state when every rank's value came first)."""
+        start = time.monotonic()
+        deadline = None if limit is None else start + limit
         if self.scheduler == "local":
             while not self._job.done():  # the controller has ended: every rank has, and it wrote its status
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False, None
                 time.sleep(0.1)
-            return None
-        while not self.done():
-            time.sleep(0.5)
-        return self.state
+            return True, None
+        while True:
+            early = self._early_end()
+            if early is not None:
+                return True, early
+            if self.done():
+                return True, self.state
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return False, None
+            time.sleep(min(_FILES_LAST_S, _FILES_FIRST_S + (now - start) * _FILES_LAST_S / _FILES_BACKOFF_S))
+
+    def cancel(self) -> None:
+        self._job.cancel(check=False)
+
+    def logs(self, rank: int = 0) -> str:
+        """What rank ``rank`` printed (stdout, then stderr)."""
+        task = self._job.task(rank)
+        return (task.stdout() or "") + (task.stderr() or "")
+
+    def _values(self, state: str | None, rank0: bool) -> list[Any]:
+        """The ranks' values once the wait ended with ``state`` (rank 0's alone with ``rank0``)."""
+        if rank0:
+            return [_collect(self._job, self.spec.world_size, state, wanted=(0,))[0]]
+        values = _collect(self._job, self.spec.world_size, state)
+        return [values[rank] for rank in range(self.spec.world_size)]
+
+    def results(self) -> list[Any]:
+        """Every rank's return value, by rank; waits for the job. Raises RankFailed for the first rank that
+        failed (by time), with its traceback or how its process ended."""
+        return self._values(self._wait()[1], rank0=False)
+
+    def result(self) -> Any:
+        """Rank 0's return value (waits for the job; raises RankFailed when any rank failed). Only rank 0's
+        value is loaded: the others' are checked for failure, not read."""
+        return self._values(self._wait()[1], rank0=True)[0]
 
     def stacks(self, timeout: float = 10.0) -> Stacks:
         """Where every rank is: their Python stacks grouped by the main thread's (``.grouping.groups``: the
@@ -110,27 +215,32 @@ class Job:
         return collect_stacks(self.scheduler, self.job_id, JobFiles(self.spec.log_dir, self.job_id),
                               self.spec.world_size, self.spec.python, live, nodes, timeout)
 
-    def cancel(self) -> None:
-        self._job.cancel(check=False)
-
-    def logs(self, rank: int = 0) -> str:
-        """What rank ``rank`` printed (stdout, then stderr)."""
-        task = self._job.task(rank)
-        return (task.stdout() or "") + (task.stderr() or "")
-
-    def results(self) -> list[Any]:
-        """Every rank's return value, by rank; waits for the job. Raises RankFailed for the first rank that
-        failed (by time), with its traceback or how its process ended."""
-        values = _collect(self._job, self.spec.world_size, self._wait())
-        return [values[rank] for rank in range(self.spec.world_size)]
-
-    def result(self) -> Any:
-        """Rank 0's return value (waits for the job; raises RankFailed when any rank failed). Only rank 0's
-        value is loaded: the others' are checked for failure, not read."""
-        return _collect(self._job, self.spec.world_size, self._wait(), wanted=(0,))[0]
-
     def __repr__(self) -> str:
         return f"slurmlaunch.Job({self.job_id!r}, {self.scheduler}, {self.spec.world_size} ranks)"
+
+
+# The Slurm jobs of this process (weakly: a handle dropped is forgotten): one squeue confirms every one of
+# them whose ranks have all returned, so a loop over a map_array's handles asks once, not once a job.
+_WAITING: weakref.WeakSet[Job] = weakref.WeakSet()
+
+
+def _confirm(jobs: list[Job]) -> None:
+    """One squeue for ``jobs`` (every rank of each returned): each gets its state (a job squeue no longer
+    knows has ended: "ENDED") unless it was stopped or queued again; squeue failing confirms none."""
+    for job in jobs:
+        job._confirm_asked = True
+    try:
+        r = subprocess.run(["squeue", "-h", "-t", "all", "-j", ",".join(j.job_id for j in jobs), "-o", "%i %T"],
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    if r.returncode != 0 and "Invalid job id" not in r.stderr:
+        return
+    states = dict(line.split(None, 1) for line in r.stdout.splitlines() if len(line.split(None, 1)) == 2)
+    for job in jobs:
+        state = states.get(job.job_id, "").strip()
+        if state.split(" ")[0] not in _UNCONFIRMED:
+            job._confirmed = state or "ENDED"
 
 
 _WATCHERS: list[Any] = []
@@ -145,4 +255,3 @@ def _watcher() -> Any:
 
         _WATCHERS.append(SlurmInfoWatcher(delay_s=_SACCT_EVERY_S))
     return _WATCHERS[0]
-

@@ -14,7 +14,6 @@ import base64
 import os
 import pickle
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,14 +77,12 @@ def _submit(action: str, data: dict[str, Any]) -> None:
 
 def _question(action: str, data: dict[str, Any]) -> None:
     job: Job = pickle.loads(data["job"])
-    if action == "wait":
-        deadline = time.monotonic() + data["limit"]
-        while not job.done() and time.monotonic() < deadline:
-            time.sleep(1)
-        if not job.done():
+    if action == "wait":  # the same wait as here (job.py), bounded: the laptop asks again after it
+        ended, state = job._wait(data["limit"])
+        if not ended:
             _reply(done=False, state=job.state)
         else:
-            _reply(done=True, values=[job.result()] if data["rank0"] else job.results())
+            _reply(done=True, values=job._values(state, rank0=data["rank0"]))
     elif action == "state":
         _reply(state=job.state, done=job.done())
     elif action == "logs":

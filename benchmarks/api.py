@@ -1,0 +1,169 @@
+"""The Python API against plain submitit on a real Slurm cluster (issue 32): the whole time to result of a
+trivial function, the same shape through both (2 nodes x 1 task: slurmlaunch.submit(f).result() against
+submitit's SlurmExecutor and results()), and of a 20-job map_array (time to all results); contenders
+alternate (A B A B ...), every sample in a fresh process (timed from the submission to the result, imports
+excluded). Reported: medians, min-max and the median of the paired ratios. Nothing is asserted (the dev
+cluster shares a busy machine).
+
+    python benchmarks/api.py [--pairs N] [--jobs N] [--count-queries N]
+
+Uses the cluster that $SLURM_CONF names (with accounting: sacct must answer), else brings up the dev cluster
+(root, apt packages of tests/run.sh) for the run. --count-queries N: a map_array of N jobs through the API
+with squeue and sacct wrapped by a counting shim on PATH; prints how many of each it made, and per minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# One sample: submit, wait for the result(s), print the seconds between. argv: contender, jobs, folder.
+_SAMPLE = r'''
+import sys, time
+contender, jobs, folder = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+def f(x):
+    return x + 1
+
+# Both import everything first (slurmlaunch's API loads on first use): the clock starts at the user's call.
+import submitit
+import slurmlaunch
+slurmlaunch.submit
+
+if contender == "slurmlaunch":
+    opts = dict(nodes=2, tasks_per_node=1, scheduler="slurm", output_dir=folder, time="5")
+    start = time.perf_counter()
+    if jobs == 1:
+        values = [slurmlaunch.submit(f, 1, **opts).result()]
+    else:
+        values = [j.result() for j in slurmlaunch.map_array(f, range(jobs), **opts)]
+else:
+    start = time.perf_counter()
+    ex = submitit.SlurmExecutor(folder=folder + "/%j")
+    ex.update_parameters(nodes=2, ntasks_per_node=1, time=5)
+    if jobs == 1:
+        values = [ex.submit(f, 1).results()[0]]
+    else:
+        values = [j.results()[0] for j in ex.map_array(f, range(jobs))]
+took = time.perf_counter() - start
+assert values == [x + 1 for x in range(1 if jobs == 1 else jobs)] or values == [2], values
+print(took)
+'''
+
+# The counting shim: every call of the wrapped client appends its name to $COUNT_FILE, then runs it.
+_SHIM = '#!/bin/sh\necho "{name}" >> "$COUNT_FILE"\nexec {real} "$@"\n'
+
+
+@contextmanager
+def cluster() -> Iterator[dict[str, str]]:
+    """The cluster $SLURM_CONF names, or a dev cluster with accounting brought up for the run."""
+    if os.environ.get("SLURM_CONF"):
+        yield dict(os.environ)
+        return
+    sys.path.insert(0, str(ROOT))
+    from slurmlaunch.app import devcluster
+
+    root = Path(tempfile.mkdtemp(prefix="slurmlaunch-bench-cluster-"))
+    try:
+        env = devcluster.up(root, nodes=4, gpus=0, cpus=8, accounting=True)
+        yield {**os.environ, **env}
+    finally:
+        devcluster.down(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def sample(env: dict[str, str], contender: str, jobs: int, work: Path) -> float:
+    folder = tempfile.mkdtemp(dir=work)
+    kind, _, source = contender.partition(" at ")  # "slurmlaunch at DIR": that source tree's slurmlaunch
+    if source:
+        env = {**env, "PYTHONPATH": source}
+    r = subprocess.run([sys.executable, "-c", _SAMPLE, kind, str(jobs), folder], env=env, cwd=folder,
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(f"{contender} x {jobs} failed: {r.stderr[-3000:]}")
+    return float(r.stdout.strip().splitlines()[-1])
+
+
+def compare(env: dict[str, str], jobs: int, pairs: int, work: Path, also: list[str]) -> dict[str, object]:
+    samples: dict[str, list[float]] = {"slurmlaunch": [], "submitit": [], **{f"slurmlaunch at {a}": [] for a in also}}
+    for _ in range(pairs):
+        for name in samples:
+            samples[name].append(sample(env, name, jobs, work))
+    ratios = [a / b for a, b in zip(samples["slurmlaunch"], samples["submitit"], strict=True)]
+    what = "one 2x1 function" if jobs == 1 else f"map_array of {jobs} 2x1 functions (all results)"
+    print(f"\n## API vs submitit: {what}, whole time to result\n")
+    print("| contender | median s | min-max s |")
+    print("| --- | ---: | ---: |")
+    for name, xs in samples.items():
+        print(f"| {name} | {statistics.median(xs):.2f} | {min(xs):.2f}-{max(xs):.2f} |")
+    ratio = statistics.median(ratios)
+    print(f"\npaired ratio slurmlaunch / submitit: median {ratio:.2f}x (min-max {min(ratios):.2f}-{max(ratios):.2f}; "
+          f"below 1: slurmlaunch first)")
+    for name in samples:
+        if name.startswith("slurmlaunch at "):
+            theirs = [a / b for a, b in zip(samples[name], samples["submitit"], strict=True)]
+            print(f"paired ratio {name} / submitit: median {statistics.median(theirs):.2f}x")
+    return {"jobs": jobs, "samples": samples, "ratio": ratio}
+
+
+def count_queries(env: dict[str, str], jobs: int, work: Path, label: str = "") -> dict[str, float]:
+    """A map_array of ``jobs`` through the API with squeue and sacct counted (a shim first on PATH)."""
+    shims = work / "shims"
+    shims.mkdir(exist_ok=True)  # the shims pass PYTHONPATH on: a --also tree's slurmlaunch is counted too
+    for name in ("squeue", "sacct"):
+        real = shutil.which(name, path=env["PATH"])
+        if real is None:
+            raise RuntimeError(f"{name} is not on PATH")
+        (shims / name).write_text(_SHIM.format(name=name, real=real))
+        (shims / name).chmod(0o755)
+    count_file = work / "queries"
+    count_file.write_text("")
+    took = sample({**env, "PATH": f"{shims}:{env['PATH']}", "COUNT_FILE": str(count_file)}, "slurmlaunch", jobs,
+                  work)
+    calls = count_file.read_text().split()
+    counts = {name: float(calls.count(name)) for name in ("squeue", "sacct")}
+    print(f"\n## Scheduler queries of a {jobs}-job map_array through the API{label} (time to all results "
+          f"{took:.1f} s)\n")
+    for name, n in counts.items():
+        print(f"- {name}: {n:.0f} ({n / took * 60:.1f} per minute)")
+    return {**counts, "seconds": took}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pairs", type=int, default=5, help="alternations per comparison (default 5)")
+    p.add_argument("--jobs", type=int, default=20, help="map_array size (default 20; 0: skip)")
+    p.add_argument("--count-queries", type=int, default=0, metavar="N", help="count the queries of an N-job map_array")
+    p.add_argument("--json", help="also write the samples to this file")
+    p.add_argument("--also", action="append", default=[], metavar="DIR",
+                   help="another slurmlaunch source tree as a third contender (e.g. a checkout before a change)")
+    a = p.parse_args()
+    out: dict[str, object] = {}
+    with tempfile.TemporaryDirectory(prefix="slurmlaunch-bench-api-") as tmp, cluster() as env:
+        work = Path(tmp)
+        out["one"] = compare(env, 1, a.pairs, work, a.also)
+        if a.jobs:
+            out["map"] = compare(env, a.jobs, a.pairs, work, a.also)
+        if a.count_queries:
+            out["queries"] = count_queries(env, a.count_queries, work)
+            for source in a.also:
+                out[f"queries at {source}"] = count_queries({**env, "PYTHONPATH": source}, a.count_queries, work,
+                                                            f" (slurmlaunch at {source})")
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
