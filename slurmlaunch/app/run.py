@@ -35,7 +35,7 @@ REFUSED: tuple[tuple[tuple[str, ...], bool, str], ...] = (
     (("--max-restarts", "--max_restarts"), True,
      "restarts need torchrun's agent: use `slurmlaunch submit --mode torchrun --max-restarts N`, or torchrun itself"),
     (("--rdzv-conf", "--rdzv_conf"), True,
-     "the rendezvous is static (env://): use --master-timeout SECONDS for how long other nodes wait for the master"),
+     "the rendezvous is static (env://): use --master-timeout SECONDS for how long the ranks wait for the master"),
     (("--event-log-handler", "--event_log_handler"), True,
      "there is no elastic agent to log events; drop the flag, or use torchrun itself"),
     (("--role",), True, "every rank has torchrun's default role; drop the flag"),
