@@ -171,10 +171,25 @@ def test_unreachable_master_is_a_bounded_wait(tmp_path: Path) -> None:
         assert r.returncode == 69, r.stderr
         assert re.fullmatch(rf"slurmlaunch: node 1: rank [23] waited for the master \(rank 0, node 0\) to listen at "
                             rf"127\.0\.0\.1:{port} for 3s \({source}\) and connected to nothing else: its "
-                            rf"rendezvous never happened, so it was stopped and the other ranks with it \(exit code "
+                            rf"rendezvous never happened, so it was stopped and this node's run ends \(exit code "
                             rf"69\); is node 0 started with the same --master-addr and --master-port, and is the "
                             rf"port open\?", last), r.stderr
         assert "failed first" not in r.stderr, r.stderr  # the watchdog's SIGTERM is not told as a failure
+
+
+def test_rank_0_that_never_listens_is_named_on_node_0(tmp_path: Path) -> None:
+    """--master-timeout bounds every rank but 0, node 0's too: rank 1 waits for a rank 0 that never reaches
+    its rendezvous, and is stopped with the line that says so (node 0's hint: rank 0 itself)."""
+    script = tmp_path / "s.py"
+    script.write_text(WAITS)
+    port = free_port()
+    r = run_cli("run", "--master-port", str(port), "--nproc-per-node", "2", "--cpu", "--master-timeout", "3",
+                str(script), env=clean_env(), timeout=120)
+    assert r.returncode == 69, r.stderr
+    assert r.stderr.splitlines()[-1] == (
+        f"slurmlaunch: node 0: rank 1 waited for the master (rank 0, node 0) to listen at 127.0.0.1:{port} for 3s "
+        f"(--master-timeout) and connected to nothing else: its rendezvous never happened, so it was stopped and "
+        f"this node's run ends (exit code 69); did rank 0 reach its rendezvous (init_process_group) in time?"), r.stderr
 
 
 def test_bad_rendezvous_bound_from_the_environment_is_refused(tmp_path: Path) -> None:

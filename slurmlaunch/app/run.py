@@ -15,8 +15,7 @@ from collections.abc import Mapping
 
 from ..allocation.net import all_loopback, bindable, holds_connection, resolve, wait_listening
 from ..allocation.net import free_port as free_port  # tests/test_hostile.py takes it from here
-from ..allocation.reasons import RDZV_TIMEOUT, READ_BOUND, parse
-from ..allocation.smallfile import read_small
+from ..allocation.reasons import RDZV_TIMEOUT
 from ..core.distenv import check_master_addr
 from ..core.errors import SpecError
 from ..core.limits import MAX_NODES, MAX_PER_NODE, Count, Seconds, bounded_int, shown
@@ -224,18 +223,6 @@ def report_master(addr: str, port: int, timeout: float, source: str, node_rank: 
             f"({elapsed:.0f}s {total}; last: {failed})\n")
 
 
-def _stopped_by_watchdog(reasons: str, rank: int | None) -> int | None:
-    """``rank`` when it is the first that failed and its watchdog stopped it (its reason in ``reasons``: the
-    rank itself ends by SIGTERM, which says nothing of why)."""
-    if rank is None:
-        return None
-    try:
-        found = parse(read_small(os.path.join(reasons, str(rank)), READ_BOUND).decode(errors="replace"))
-    except OSError:
-        return None
-    return rank if found is not None and found.code == RDZV_TIMEOUT and found.rank == rank else None
-
-
 def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
     """`slurmlaunch run`: every refusal before anything starts, then this node's ranks under the supervisor."""
     nnodes = parse_nnodes(ns.nnodes)
@@ -332,6 +319,7 @@ def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping
     import uuid
 
     from ..allocation.reasons import REASONS_DIR
+    from ..schedulers.local import stopped_first
     from ..schedulers.supervisor import RankProcess, supervise
 
     launch = [sys.executable, "-m", "slurmlaunch", "launch"]
@@ -377,18 +365,19 @@ def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping
         stop.set()
         if reporter is not None:
             reporter.join(timeout=5.0)  # its last line before the outcome's (a probe takes 2 s at most)
-        stopped = _stopped_by_watchdog(reasons, outcome.first_failed_rank)
+        # a rank its watchdog stopped died by SIGTERM, which says nothing of why: its reason file does
+        outcome, stopped = stopped_first(outcome, reasons)
     finally:
         stop.set()
         shutil.rmtree(errors, ignore_errors=True)
-    if stopped is not None and outcome.interrupted_by is None:
+    if stopped is not None and stopped.code == RDZV_TIMEOUT and outcome.interrupted_by is None:
         hint = ("is node 0 started with the same --master-addr and --master-port, and is the port open?"
                 if ns.node_rank > 0 else "did rank 0 reach its rendezvous (init_process_group) in time?")
         sys.stderr.write(
-            f"slurmlaunch: node {ns.node_rank}: rank {stopped} waited for the master (rank 0, node 0) to listen "
-            f"at {ns.master_addr}:{ns.master_port} for {ns.master_timeout:.0f}s ({ns.master_timeout_source}) "
-            f"and connected to nothing else: its rendezvous never happened, so it was stopped and the other "
-            f"ranks with it (exit code {RDZV_TIMEOUT}); {hint}\n")
+            f"slurmlaunch: node {ns.node_rank}: rank {outcome.first_failed_rank} waited for the master (rank 0, "
+            f"node 0) to listen at {ns.master_addr}:{ns.master_port} for {ns.master_timeout:.0f}s "
+            f"({ns.master_timeout_source}) and connected to nothing else: its rendezvous never happened, so it "
+            f"was stopped and this node's run ends (exit code {RDZV_TIMEOUT}); {hint}\n")
         return RDZV_TIMEOUT
     if outcome.interrupted_by is not None:
         sys.stderr.write(f"slurmlaunch: stopped by {signal.Signals(outcome.interrupted_by).name}; every rank "
