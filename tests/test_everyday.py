@@ -195,21 +195,26 @@ def test_non_master_says_it_waits_for_the_master(tmp_path: Path) -> None:
     import socket
 
     script = tmp_path / "s.py"
-    script.write_text("pass")
+    script.write_text("import time\ntime.sleep(240)\n")  # waits as a rank in init_process_group would
     env = no_slurm_env(tmp_path)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    # nobody listens: the start, the "still waiting" lines (one per 10 s) and the end are all said
+    # nobody listens: the start, the "still waiting" lines (one per 10 s) and the end are all said; the ranks
+    # run meanwhile, and their watchdog stops them at the bound
     r = run_cli("run", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
-                "--allow-loopback", "--master-timeout", "12", str(script), env=env, cwd=tmp_path, timeout=120)
-    lines = r.stderr.splitlines()
-    assert r.returncode == 2 and lines[0] == (f"slurmlaunch: node 1: waiting for the master (node 0) to listen at "
-                                              f"127.0.0.1:{port} (at most 12s, --master-timeout)"), r.stderr
+                "--allow-loopback", "--cpu", "--master-timeout", "12", str(script), env=env, cwd=tmp_path,
+                timeout=120)
+    lines = [line for line in r.stderr.splitlines() if line.startswith("slurmlaunch: node 1:")]
+    assert r.returncode == 69 and lines[0] == (
+        f"slurmlaunch: node 1: waiting for the master (node 0) to listen at 127.0.0.1:{port} (at most 12s, "
+        f"--master-timeout); the ranks start now, and one is stopped only if nothing listened there by then and it "
+        f"connected to nothing else"), r.stderr
     assert re.fullmatch(rf"slurmlaunch: node 1: still waiting for the master at 127.0.0.1:{port} \(1\ds of 12s; "
                         r"last: Connection refused\)", lines[1]), r.stderr
-    assert "could not reach the master" in lines[-1] and len(lines) == 3, r.stderr
-    # something listens: it says so, with the time it took, and the ranks start
+    assert f"to listen at 127.0.0.1:{port} for 12s (--master-timeout)" in lines[-1] and len(lines) == 3, r.stderr
+    # something listens: it says so, with the time it took (the ranks ran meanwhile)
+    script.write_text("pass")
     with socket.create_server(("127.0.0.1", 0)) as master:
         port = master.getsockname()[1]
         r = run_cli("run", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",

@@ -12,6 +12,7 @@ tests/test_slurm_cluster.py's."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,29 @@ def test_own_rendezvous_outlives_the_watchdog_on_slurm(netns_cluster_env: dict[s
                                                         torch_installed: None) -> None:
     extra = ["--time", "5", "--wait", "--wait-timeout", "220", "--cancel-on-interrupt"]
     check(run_together(commands(tmp_path, netns_cluster_env, extra), timeout=260), tmp_path)
+
+
+def test_own_rendezvous_outlives_run_master_timeout(tmp_path: Path, torch_installed: None) -> None:
+    """`slurmlaunch run` across 2 nodes of this machine: node 1 starts its ranks at once, whatever listens at
+    --master-port. The script rendezvous at init_method="tcp://127.0.0.1:ITS_PORT", so nothing ever listens
+    at --master-port; it trains past --master-timeout. Before, node 1 waited for --master-port to listen,
+    then exited 2, "could not reach the master", and node 0's rank waited for a peer that never came."""
+    d = workdir_for(tmp_path, "run")
+    env = no_slurm_env(d)
+    script = [str(CLIENTS / "own_rendezvous.py"), "tcp", str(free_port()), str(d / "unused"), str(LIVE)]
+    master_port = str(free_port())
+    commands = {f"node{node}": ([sys.executable, "-m", "slurmlaunch", "run", "--nnodes", "2", "--node-rank",
+                                 str(node), "--master-addr", "127.0.0.1", "--master-port", master_port,
+                                 "--allow-loopback", "--cpu", "--master-timeout", str(BOUND), *script], env, d)
+                for node in range(2)}
+    done = run_together(commands, timeout=240)
+    text = done["node0"][1] + done["node1"][1]
+    assert done["node0"][0] == 0 and done["node1"][0] == 0, text[-3000:]
+    assert "rendezvous never happened" not in text and "Stopping this rank" not in text, text[-3000:]
+    # what node 1 said while it waited: nothing listens there, the ranks joined a world of their own
+    assert re.search(rf"slurmlaunch: node 1: nothing listens at 127\.0\.0\.1:{master_port} after \d+s, but the "
+                     r"ranks hold TCP connections \(a rendezvous of their own\)", done["node1"][1]), text[-3000:]
+    got = [dict(re.findall(r"(\w+)=(\S+)", line)) for line in re.findall(r"CLIENT own (.*)", text)]
+    assert sorted(r["rank"] for r in got) == ["0", "1"] and {r["style"] for r in got} == {"tcp"}, text[-3000:]
+    assert len({r["params"] for r in got}) == 1 and {r["sum"] for r in got} == {"1"}, got
+    assert all(float(r["lived_s"]) > BOUND for r in got), got  # the ranks' deadline passed

@@ -150,15 +150,61 @@ def test_master_port_taken_is_refused(tmp_path: Path) -> None:
     assert r.returncode == 2 and f"--master-port {port} is already in use" in r.stderr
 
 
+# A rank that waits for a master that never comes, as init_process_group would (without torch: no start-up
+# time), and no longer than the test would.
+WAITS = "import time\ntime.sleep(240)\n"
+
+
 def test_unreachable_master_is_a_bounded_wait(tmp_path: Path) -> None:
+    """Node 1 starts its ranks at once; with no node 0 at all, their watchdog (bound: --master-timeout, or
+    SLURMLAUNCH_RDZV_TIMEOUT without it) stops them: exit code 69 and one line naming address:port and the
+    bound. The ranks sleep far past it, so only the watchdog can end the run before run_cli's timeout."""
     script = tmp_path / "s.py"
-    script.write_text("pass")
+    script.write_text(WAITS)
+    for flag, env, source in ((["--master-timeout", "3"], {}, "--master-timeout"),
+                              ([], {"SLURMLAUNCH_RDZV_TIMEOUT": "3"}, "SLURMLAUNCH_RDZV_TIMEOUT")):
+        port = free_port()
+        r = run_cli("run", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
+                    str(port), "--allow-loopback", "--nproc-per-node", "2", "--cpu", *flag, str(script),
+                    env=clean_env(**env), timeout=120)
+        last = r.stderr.splitlines()[-1]
+        assert r.returncode == 69, r.stderr
+        assert re.fullmatch(rf"slurmlaunch: node 1: rank [23] waited for the master \(rank 0, node 0\) to listen at "
+                            rf"127\.0\.0\.1:{port} for 3s \({source}\) and connected to nothing else: its "
+                            rf"rendezvous never happened, so it was stopped and this node's run ends \(exit code "
+                            rf"69\); is node 0 started with the same --master-addr and --master-port, and is the "
+                            rf"port open\?", last), r.stderr
+        assert "failed first" not in r.stderr, r.stderr  # the watchdog's SIGTERM is not told as a failure
+
+
+def test_rank_0_that_never_listens_is_named_on_node_0(tmp_path: Path) -> None:
+    """--master-timeout bounds every rank but 0, node 0's too: rank 1 waits for a rank 0 that never reaches
+    its rendezvous, and is stopped with the line that says so (node 0's hint: rank 0 itself)."""
+    script = tmp_path / "s.py"
+    script.write_text(WAITS)
     port = free_port()
-    start = time.monotonic()
-    r = run_cli("run", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
-                "--allow-loopback", "--master-timeout", "2", str(script), env=clean_env(), timeout=60)
-    assert r.returncode == 2 and f"could not reach the master at 127.0.0.1:{port} within 2s" in r.stderr
-    assert time.monotonic() - start < 20
+    r = run_cli("run", "--master-port", str(port), "--nproc-per-node", "2", "--cpu", "--master-timeout", "3",
+                str(script), env=clean_env(), timeout=120)
+    assert r.returncode == 69, r.stderr
+    assert r.stderr.splitlines()[-1] == (
+        f"slurmlaunch: node 0: rank 1 waited for the master (rank 0, node 0) to listen at 127.0.0.1:{port} for 3s "
+        f"(--master-timeout) and connected to nothing else: its rendezvous never happened, so it was stopped and "
+        f"this node's run ends (exit code 69); did rank 0 reach its rendezvous (init_process_group) in time?"), r.stderr
+
+
+def test_bad_rendezvous_bound_from_the_environment_is_refused(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("raise SystemExit(3)\n")
+    r = run_cli("run", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--allow-loopback",
+                str(script), env=clean_env(SLURMLAUNCH_RDZV_TIMEOUT="soon"), timeout=60)
+    assert r.returncode == 2 and r.stdout == "", r
+    assert r.stderr == ("slurmlaunch: error: SLURMLAUNCH_RDZV_TIMEOUT='soon' is not valid (expected seconds >= 0; "
+                        "0 = off)\n"), r.stderr
+    # --master-timeout wins over the variable: nothing is read from it
+    r = run_cli("run", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--allow-loopback",
+                "--master-timeout", "5", "--cpu", str(script), env=clean_env(SLURMLAUNCH_RDZV_TIMEOUT="soon"),
+                timeout=60)
+    assert r.returncode == 3, r.stderr
 
 
 def test_legacy_example_under_torch_distributed_launch(torch_available: None, tmp_path: Path) -> None:

@@ -13,17 +13,20 @@ import sys
 import time
 from collections.abc import Mapping
 
-from ..allocation.net import all_loopback, bindable, resolve, wait_listening
+from ..allocation.net import all_loopback, bindable, holds_connection, resolve, wait_listening
 from ..allocation.net import free_port as free_port  # tests/test_hostile.py takes it from here
+from ..allocation.reasons import RDZV_TIMEOUT
 from ..core.distenv import check_master_addr
-from ..core.errors import SlurmLaunchError, SpecError
+from ..core.errors import SpecError
 from ..core.limits import MAX_NODES, MAX_PER_NODE, Count, Seconds, bounded_int, shown
+from ..core.rdzv import RDZV_TIMEOUT_VAR, parse_rendezvous_timeout
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported at run time: every argparse command imports this module
     from typing import Any
 
 DEFAULT_PORT = 29500  # torchrun's
+DEFAULT_MASTER_TIMEOUT = 300.0  # seconds, --master-timeout
 
 # torchrun's flags that `run` does not carry out, each with what to use instead (README: slurmlaunch run). Kept
 # in step with `python -m torch.distributed.run --help` by tests/test_everyday.py. (flags, takes a value, advice)
@@ -31,7 +34,7 @@ REFUSED: tuple[tuple[tuple[str, ...], bool, str], ...] = (
     (("--max-restarts", "--max_restarts"), True,
      "restarts need torchrun's agent: use `slurmlaunch submit --mode torchrun --max-restarts N`, or torchrun itself"),
     (("--rdzv-conf", "--rdzv_conf"), True,
-     "the rendezvous is static (env://): use --master-timeout SECONDS for how long other nodes wait for the master"),
+     "the rendezvous is static (env://): use --master-timeout SECONDS for how long the ranks wait for the master"),
     (("--event-log-handler", "--event_log_handler"), True,
      "there is no elastic agent to log events; drop the flag, or use torchrun itself"),
     (("--role",), True, "every rank has torchrun's default role; drop the flag"),
@@ -112,8 +115,10 @@ def add_run_options(p: Any, environ: Mapping[str, str]) -> None:
     p.add_argument("--cpu", action="store_true", help="run the processes on the CPU even with GPUs visible")
     p.add_argument("--allow-loopback", action="store_true",
                    help="accept a loopback --master-addr with --nnodes > 1 (all 'nodes' on this one machine)")
-    p.add_argument("--master-timeout", type=Seconds("--master-timeout"), default=300.0,
-                   help="seconds a non-master node waits for the master to listen (default 300)")
+    p.add_argument("--master-timeout", type=Seconds("--master-timeout"), default=None,
+                   help=f"seconds a rank other than 0 waits for the master to listen before it is stopped, unless "
+                        f"it connected elsewhere (a rendezvous of its own) (default: {RDZV_TIMEOUT_VAR}, else "
+                        f"{DEFAULT_MASTER_TIMEOUT:.0f}; 0: no bound)")
     p.add_argument("--log-dir", "--log_dir", dest="log_dir", help="also write each rank's output to LOG_DIR/rank-N.log")
     p.add_argument("--use-env", "--use_env", dest="use_env", action="store_true",
                    help="accepted for torch.distributed.launch compatibility (the variables are always set)")
@@ -173,29 +178,49 @@ def resolve_master(addr: str) -> list[str]:
 REPORT_EVERY = 10.0  # seconds between "still waiting" lines: a silent wait of minutes looks like a hang
 
 
-def wait_for_master(addr: str, port: int, timeout: float, node_rank: int) -> None:
-    """Non-master nodes start their ranks only once the master listens, up to ``timeout`` seconds; what is
-    waited for, and for how long so far, is said on stderr (at the start, every REPORT_EVERY s, at the end)."""
+def master_timeout(ns: Any, environ: Mapping[str, str]) -> tuple[float, str]:
+    """The ranks' rendezvous bound and where it came from: --master-timeout, else $SLURMLAUNCH_RDZV_TIMEOUT
+    (core.rdzv; a bad value is refused in one line), else DEFAULT_MASTER_TIMEOUT. 0: no bound."""
+    if ns.master_timeout is not None:
+        return ns.master_timeout, "--master-timeout"
+    if environ.get(RDZV_TIMEOUT_VAR, "").strip():
+        return parse_rendezvous_timeout(environ[RDZV_TIMEOUT_VAR]), RDZV_TIMEOUT_VAR
+    return DEFAULT_MASTER_TIMEOUT, "--master-timeout"
+
+
+def report_master(addr: str, port: int, timeout: float, source: str, node_rank: int, stop: Any) -> None:
+    """On a node other than 0, while its ranks run: says on stderr what they wait for (at the start, every
+    REPORT_EVERY s with the time so far, and when the master answered) until the master answers, the ranks
+    hold a TCP connection (a rendezvous of their own: they joined a world elsewhere), ``stop`` (a
+    threading.Event) is set, or the bound passed. It stops nothing: whether a rank gave up is its own
+    watchdog's decision (allocation.launch.start_watchdog), which stops only a rank that reached nobody."""
+    me = os.getpid()
     start = time.monotonic()
-    deadline = start + timeout
-    sys.stderr.write(f"slurmlaunch: node {node_rank}: waiting for the master (node 0) to listen at {addr}:{port} "
-                     f"(at most {timeout:.0f}s, --master-timeout)\n")
+    deadline = start + timeout if timeout > 0 else float("inf")
+    bound = f"at most {timeout:.0f}s, {source}" if timeout > 0 else f"no bound, {source} 0"
+    say = sys.stderr.write
+    say(f"slurmlaunch: node {node_rank}: waiting for the master (node 0) to listen at {addr}:{port} ({bound}); "
+        f"the ranks start now, and one is stopped only if nothing listened there by then and it connected to "
+        f"nothing else\n")
     while True:
-        failed = wait_listening(addr, port, min(deadline, time.monotonic() + REPORT_EVERY), 0.2)
+        failed = wait_listening(addr, port, min(deadline, time.monotonic() + REPORT_EVERY), 0.5,
+                                give_up=lambda: stop.is_set() or holds_connection(me))
+        if failed is not None and not stop.is_set() and holds_connection(me):
+            failed = wait_listening(addr, port, time.monotonic(), 0)  # one more try: the master answers first
+            if failed is not None:
+                say(f"slurmlaunch: node {node_rank}: nothing listens at {addr}:{port} after "
+                    f"{time.monotonic() - start:.0f}s, but the ranks hold TCP connections (a rendezvous of their "
+                    f"own): no longer waiting for the master there\n")
+                return
         elapsed = time.monotonic() - start
         if failed is None:
-            sys.stderr.write(f"slurmlaunch: node {node_rank}: the master at {addr}:{port} answered after "
-                             f"{elapsed:.0f}s\n")
+            say(f"slurmlaunch: node {node_rank}: the master at {addr}:{port} answered after {elapsed:.0f}s\n")
             return
-        if time.monotonic() >= deadline:
-            break
-        sys.stderr.write(f"slurmlaunch: node {node_rank}: still waiting for the master at {addr}:{port} "
-                         f"({elapsed:.0f}s of {timeout:.0f}s; last: {failed})\n")
-    if failed is not None:
-        raise SlurmLaunchError(
-            f"node {node_rank} could not reach the master at {addr}:{port} within {timeout:.0f}s ({failed}): "
-            f"is node 0 started with the same --master-addr and --master-port, and is the port open?"
-        )
+        if stop.is_set() or time.monotonic() >= deadline:
+            return  # the ranks ended, or their watchdogs decide now; cmd_run says what came of it
+        total = f"of {timeout:.0f}s" if timeout > 0 else "so far"
+        say(f"slurmlaunch: node {node_rank}: still waiting for the master at {addr}:{port} "
+            f"({elapsed:.0f}s {total}; last: {failed})\n")
 
 
 def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
@@ -207,8 +232,7 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
     _check_arguments(ns, nnodes)
     nproc, on_cpu, note = plan_processes(str(ns.nproc), ns.cpu, environ)
     _check_master(ns, nnodes)
-    if ns.node_rank > 0:
-        wait_for_master(ns.master_addr, ns.master_port, ns.master_timeout, ns.node_rank)
+    ns.master_timeout, ns.master_timeout_source = master_timeout(ns, environ)
     if ns.log_dir:  # before the note: a refusal stays the only line
         try:
             os.makedirs(ns.log_dir, mode=0o750, exist_ok=True)
@@ -291,8 +315,11 @@ def torchelastic_env(run_id: str, environ: Mapping[str, str]) -> dict[str, str]:
 def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping[str, str]) -> int:
     import shutil
     import tempfile
+    import threading
     import uuid
 
+    from ..allocation.reasons import REASONS_DIR
+    from ..schedulers.local import stopped_first
     from ..schedulers.supervisor import RankProcess, supervise
 
     launch = [sys.executable, "-m", "slurmlaunch", "launch"]
@@ -302,6 +329,11 @@ def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping
             launch.append(flag)
     argv = [*launch, ns.script, *ns.args]
     base = {k: v for k, v in environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
+    errors = tempfile.mkdtemp(prefix="slurmlaunch-run-")  # torchrun's per-run directory of error files
+    reasons = os.path.join(errors, "reasons")  # why a rank's watchdog stopped it (allocation.reasons)
+    os.mkdir(reasons, 0o700)
+    # The rendezvous bound is the ranks' own watchdog's (it stops only a rank that reached nobody).
+    base.update({RDZV_TIMEOUT_VAR: f"{ns.master_timeout:g}", REASONS_DIR: reasons})
     base.update(SLURMLAUNCH_RUN="1", SLURMLAUNCH_NNODES=str(nnodes), SLURMLAUNCH_NODE_RANK=str(ns.node_rank),
                 SLURMLAUNCH_NPROC_PER_NODE=str(nproc), MASTER_ADDR=ns.master_addr, MASTER_PORT=str(ns.master_port))
     run_id = str(uuid.uuid4()) if ns.standalone else str(ns.rdzv_id)  # torchrun's choice of id
@@ -313,7 +345,6 @@ def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping
     if ns.log_dir:
         os.makedirs(ns.log_dir, mode=0o750, exist_ok=True)
     ranks = []
-    errors = tempfile.mkdtemp(prefix="slurmlaunch-run-")  # torchrun's per-run directory of error files
     for local in range(nproc):
         rank = ns.node_rank * nproc + local
         log = os.path.join(ns.log_dir, f"rank-{rank}.log") if ns.log_dir else None
@@ -323,10 +354,31 @@ def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping
         ranks.append(RankProcess(rank, argv, dict(base, SLURMLAUNCH_LOCAL_RANK=str(local),
                                                   TORCHELASTIC_ERROR_FILE=os.path.join(errors, str(local),
                                                                                        "error.json")), log))
+    stop = threading.Event()
+    reporter = None
+    if ns.node_rank > 0:
+        reporter = threading.Thread(target=report_master, daemon=True, args=(
+            ns.master_addr, ns.master_port, ns.master_timeout, ns.master_timeout_source, ns.node_rank, stop))
+        reporter.start()
     try:
         outcome = supervise(ranks, grace=ns.shutdown_timeout)
+        stop.set()
+        if reporter is not None:
+            reporter.join(timeout=5.0)  # its last line before the outcome's (a probe takes 2 s at most)
+        # a rank its watchdog stopped died by SIGTERM, which says nothing of why: its reason file does
+        outcome, stopped = stopped_first(outcome, reasons)
     finally:
+        stop.set()
         shutil.rmtree(errors, ignore_errors=True)
+    if stopped is not None and stopped.code == RDZV_TIMEOUT and outcome.interrupted_by is None:
+        hint = ("is node 0 started with the same --master-addr and --master-port, and is the port open?"
+                if ns.node_rank > 0 else "did rank 0 reach its rendezvous (init_process_group) in time?")
+        sys.stderr.write(
+            f"slurmlaunch: node {ns.node_rank}: rank {outcome.first_failed_rank} waited for the master (rank 0, "
+            f"node 0) to listen at {ns.master_addr}:{ns.master_port} for {ns.master_timeout:.0f}s "
+            f"({ns.master_timeout_source}) and connected to nothing else: its rendezvous never happened, so it "
+            f"was stopped and this node's run ends (exit code {RDZV_TIMEOUT}); {hint}\n")
+        return RDZV_TIMEOUT
     if outcome.interrupted_by is not None:
         sys.stderr.write(f"slurmlaunch: stopped by {signal.Signals(outcome.interrupted_by).name}; every rank "
                          f"was stopped (exit code {outcome.exit_code})\n")
