@@ -311,37 +311,83 @@ def wait_line(lines: queue.Queue[str], seen: list[str], what: str, match: Callab
             return line
 
 
+def open_files(pid: int) -> set[str]:
+    try:
+        return {os.path.realpath(fd.path) for fd in os.scandir(f"/proc/{pid}/fd")}
+    except OSError:  # ended meanwhile
+        return set()
+
+
+def node_processes(root: Path, node: str) -> list[int]:
+    """The pids of what runs as ``node`` of the cluster under ``root``: its slurmd, its step daemons (they
+    hold the node's log file open) and everything they started."""
+    log = str(root.resolve() / "log" / f"slurmd-{node}.log")
+    steps = [pid for pid in devcluster.step_daemons(root) if log in open_files(pid)]
+    parents: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = Path(f"/proc/{entry.name}/stat").read_text()
+                parents[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    found = set(steps)
+    while True:
+        more = {pid for pid, parent in parents.items() if parent in found} - found
+        if not more:
+            break
+        found |= more
+    return [int((root / f"slurmd-{node}.pid").read_text()), *sorted(found)]
+
+
 @pytest.mark.slurm
-def test_wait_names_the_node_whose_slurmd_died_and_slurms_requeue(tmp_path: Path) -> None:
-    """kill -9 of node2's slurmd under a running 3-node job: --wait names node2 as soon as Slurm's ping
-    misses it, then the requeue Slurm makes after NODE_FAIL and why the job waits; `dev-cluster down`
-    afterwards leaves none of that cluster's step daemons (node2's outlived its slurmd)."""
+@pytest.mark.parametrize("lost", ["slurmd", "node"])
+def test_wait_names_a_lost_node_and_slurms_requeue(lost: str, tmp_path: Path) -> None:
+    """kill -9 of node2's slurmd (or of all node2's processes: slurmd, step daemons, ranks) under a running
+    3-node job: --wait names node2 as soon as Slurm's ping misses it, then the requeue Slurm makes after
+    NODE_FAIL and why the job waits; `dev-cluster down` afterwards leaves none of that cluster's step
+    daemons (after a lost slurmd, node2's outlived it)."""
     root, env = start_cluster(3000)
     try:
         env = per_test_env(env, tmp_path)
-        train = script(tmp_path, "import time; time.sleep(600)\n")
+        train = script(tmp_path, f"import os, time; open({str(tmp_path)!r} + '/started-' + os.environ['RANK'], 'w')"
+                                 f"; time.sleep(600)\n")
         proc = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "submit", "--scheduler", "slurm", "--wait",
                                  "--nodes", "3", str(train)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         try:
             lines, seen = follow_lines(proc), []
             wait_line(lines, seen, "saying the job runs on node[1-3]", lambda s: "RUNNING on node[1-3]" in s, 180)
-            os.kill(int((root / "slurmd-node2.pid").read_text()), signal.SIGKILL)
+            # every rank runs (a slurmd killed while it starts its step's tasks fails the step instead)
+            wait_for("the 3 ranks to start", lambda: len(list(tmp_path.glob("started-*"))) == 3)
+            slurmd = int((root / "slurmd-node2.pid").read_text())
+            victims = node_processes(root, "node2") if lost == "node" else [slurmd]
+            assert len(victims) >= (3 if lost == "node" else 1), victims  # slurmd, a step daemon, a rank at least
+            for pid in victims:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            killed = time.monotonic()
             # Slurm's ping misses node2 within SlurmdTimeout/3 (+ the ping's own timeout); --wait polls every s
-            lost = wait_line(lines, seen, "naming node2", lambda s: "node2 " in s, 3 * SLURMD_TIMEOUT)
-            assert "node2 not responding" in lost or "node2 down" in lost, lost
+            named_line = wait_line(lines, seen, "naming node2", lambda s: "node2 " in s, 3 * SLURMD_TIMEOUT)
+            assert "node2 not responding" in named_line or "node2 down" in named_line, named_line
+            named = time.monotonic() - killed
+            job_id = next(s.split("job ", 1)[1].split()[0] for s in seen if "] job " in s)
+            # node2's step daemon is gone or cannot report: srun waits for it, Slurm ends the run NODE_FAIL
+            # when it marks node2 DOWN (SlurmdTimeout), and requeues the job
             requeued = wait_line(lines, seen, "saying Slurm requeued the job after NODE_FAIL",
                                  lambda s: "Slurm requeued it after NODE_FAIL" in s, 4 * SLURMD_TIMEOUT)
             assert " PENDING (" in requeued and "of its run on node[1-3]" in requeued, requeued
+            print(f"{lost}: node2 named {named:.0f}s after the kill, the requeue "
+                  f"{time.monotonic() - killed:.0f}s after")  # shown with -s
             wait_line(lines, seen, "saying node2 is down, with Slurm's reason",
                       lambda s: "node2 down (Not responding)" in s and "Slurm's reason: " in s, 4 * SLURMD_TIMEOUT)
+            shown = run_cli("status", job_id, env=env)
+            assert shown.returncode == 0 and f"job {job_id} (slurm): PENDING" in shown.stdout, shown.stderr
+            assert "NODE_FAIL" in shown.stdout and "node2 down (Not responding)" in shown.stdout, shown.stdout
         finally:
             proc.kill()
             proc.wait(timeout=60)
-        job_id = next(s.split("job ", 1)[1].split()[0] for s in seen if "] job " in s)
         subprocess.run(["scancel", job_id], env=env, check=True, timeout=60)
         orphans = devcluster.step_daemons(root)
-        assert orphans, "node2's step daemon outlived its slurmd: the case `down` must handle"
+        assert orphans or lost == "node", "node2's step daemon outlived its slurmd: the case `down` must handle"
     finally:
         stop_cluster(root)
     assert devcluster.step_daemons(root) == []

@@ -147,6 +147,8 @@ def status(record: JobRecord) -> dict[str, Any]:
             "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
     if st.elements is not None:
         info["elements"] = st.elements
+    if st.note:
+        info["note"] = st.note
     return info
 
 
@@ -303,7 +305,8 @@ def cmd_status(job_id: str, as_json: bool) -> int:
         code = "" if info["exit_code"] is None else f", exit code {info['exit_code']}"
         nodes = f" on {info['nodes']}" if info["nodes"] else ""
         elapsed = f", elapsed {info['elapsed']}" if info.get("elapsed") else ""
-        print(f"job {info['job_id']} ({info['scheduler']}): {info['state']}{nodes}{elapsed}{code}")
+        note = f" ({info['note']})" if info.get("note") else ""
+        print(f"job {info['job_id']} ({info['scheduler']}): {info['state']}{nodes}{elapsed}{code}{note}")
         for index, state in info.get("elements", {}).items():
             print(f"  {info['job_id']}_{index}: {state}")
     return 0
