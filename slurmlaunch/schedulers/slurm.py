@@ -45,7 +45,6 @@ def cluster_configured(ping_output: str) -> bool:
     return not all(words in ping_output for words in _NO_CONFIG)
 
 
-
 # A token of ours in every job's comment: after sbatch failed without Slurm's answer (a stalled controller
 # takes the job once it wakes up), squeue finds the job by it. The comment, not the name (the user's, shown
 # everywhere) nor --wckey (ignored unless the site sets TrackWCKey): squeue shows every user's job's comment
