@@ -36,11 +36,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SLURMD_TIMEOUT = 30
 
 
-def wait_for(what: str, check: Callable[[], bool], bound: float = 120.0, poll: float = 0.5) -> None:
+def wait_for(what: str, check: Callable[[], bool], bound: float = 120.0, poll: float = 0.5,
+             show: Callable[[], str] | None = None) -> None:
     deadline = time.monotonic() + bound
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"waited {bound:.0f}s for {what}")
+            raise AssertionError(f"waited {bound:.0f}s for {what}" + (f" (last: {show()})" if show else ""))
         time.sleep(poll)
 
 
@@ -265,13 +266,15 @@ def test_wait_that_loses_the_controller_says_the_job_is_untouched(faults: tuple[
     from slurmlaunch.schedulers import slurm
 
     root, env = faults
-    train = script(tmp_path, "import time; time.sleep(600)\n")
+    started = tmp_path / "started"
+    train = script(tmp_path, f"import time; open({str(started)!r}, 'w'); time.sleep(600)\n")
     r = run_cli("submit", "--scheduler", "slurm", "--no-wait", str(train), env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     job_id = r.stdout.strip()
     monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])
     monkeypatch.setattr(follow, "LOST_CONTACT_S", 6.0)
-    wait_for(f"job {job_id} RUNNING", lambda: job_state(env, job_id) == "RUNNING")
+    # the rank runs: srun has its step (an srun still asking for it during the stall would fail the job)
+    wait_for(f"job {job_id}'s rank to start", started.exists)
     err = io.StringIO()
     with stalled(root), pytest.raises(SchedulerError) as e:
         follow.follow(job_id, lambda: slurm.status(job_id, str(tmp_path / "slurmlaunch-logs")), None,
@@ -280,7 +283,7 @@ def test_wait_that_loses_the_controller_says_the_job_is_untouched(faults: tuple[
     assert str(e.value).endswith(f"; the job itself is untouched (stopping --wait cancels nothing): follow it later "
                                  f"with slurmlaunch status {job_id} and slurmlaunch logs --follow {job_id}"), e.value
     wait_for(f"job {job_id} still RUNNING after the stall",
-             lambda: job_state(env, job_id) == "RUNNING", bound=60)
+             lambda: job_state(env, job_id) == "RUNNING", bound=60, show=lambda: job_state(env, job_id))
     subprocess.run(["scancel", job_id], env=env, check=True, timeout=60)
 
 
@@ -402,15 +405,22 @@ def test_down_stops_the_step_daemons_of_a_job_that_ran_during_a_stall(tmp_path: 
     root, env = start_cluster(3000)
     try:
         env = per_test_env(env, tmp_path)
-        done = tmp_path / "done"
-        train = script(tmp_path, f"import os, time; time.sleep(3); open({str(done)!r} + os.environ['RANK'], 'w')\n")
+        done, go = tmp_path / "done", tmp_path / "go"
+        # each rank says it runs, waits for the test's go (bounded), then ends: inside the stall, every time
+        train = script(tmp_path, (
+            f"import os, time\nrank = os.environ['RANK']\nopen({str(tmp_path)!r} + '/started-' + rank, 'w')\n"
+            f"deadline = time.monotonic() + 300\n"
+            f"while not os.path.exists({str(go)!r}) and time.monotonic() < deadline:\n    time.sleep(0.2)\n"
+            f"open({str(done)!r} + rank, 'w')\n"))
         r = run_cli("submit", "--scheduler", "slurm", "--no-wait", "--nodes", "2", str(train), env=env,
                     cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         job_id = r.stdout.strip()
-        wait_for(f"job {job_id} RUNNING", lambda: job_state(env, job_id) == "RUNNING")
+        wait_for(f"job {job_id}'s 2 ranks to start", lambda: len(list(tmp_path.glob("started-*"))) == 2,
+                 show=lambda: job_state(env, job_id))
         others = set(_all_step_daemons()) - set(devcluster.step_daemons(root))
         with stalled(root):
+            go.write_text("")
             wait_for("both ranks to finish during the stall",
                      lambda: all(Path(f"{done}{rank}").exists() for rank in (0, 1)))
             ours = devcluster.step_daemons(root)
