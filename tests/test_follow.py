@@ -180,7 +180,9 @@ def test_lost_contact_after_the_bound_names_the_last_error(clock: Clock) -> None
     with pytest.raises(SchedulerError) as e:
         run(answers(JobStatus("RUNNING"), then=SchedulerError("squeue: Socket timed out")), poll=10.0)
     assert str(e.value) == (f"no answer about job 7 for {LOST_CONTACT_S:.0f}s "
-                            f"(last error: squeue: Socket timed out)")
+                            f"(last error: squeue: Socket timed out); the job itself is untouched (stopping --wait "
+                            f"cancels nothing): follow it later with slurmlaunch status 7 and slurmlaunch logs "
+                            f"--follow 7")
     assert not isinstance(e.value, WaitTimeout)
     assert clock.now - 1000.0 == 10.0 + LOST_CONTACT_S + 10.0  # silent for more than the bound, not less
 

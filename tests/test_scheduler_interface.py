@@ -87,7 +87,9 @@ def test_every_edge_command_goes_through_the_runner(tmp_path: Path, no_processes
         assert pbs.status("77", spec.log_dir).state == "RUNNING"
         pbs.cancel("77_3")
     assert not isinstance(current_runner(), Recording)  # the previous runner is back
-    assert [a[0] for a in runner.argvs] == ["scontrol", "sbatch", "squeue", "scancel", "qsub", "qstat", "qdel"]
+    # sinfo: how the running job's nodes are (a lost node is named while following)
+    assert [a[0] for a in runner.argvs] == ["scontrol", "sbatch", "squeue", "sinfo", "scancel", "qsub", "qstat",
+                                            "qdel"]
     assert runner.argvs[-1] == ["qdel", "77[3]"]
 
 
@@ -189,8 +191,16 @@ def test_cli_and_api_choose_alike(clients: Path, no_processes: None, capsys: pyt
     with pytest.raises(SpecError, match="scheduler 'pbs' is not valid here"):
         api._choose("pbs")
     _client(clients, "sbatch")
-    silent = Recording({"scontrol": ""})  # a controller that does not say UP
+    silent = Recording({"scontrol": ""})  # a controller that does not say UP: never local (a login node)
     with use_runner(silent):
+        for choose_one in (submit.choose_scheduler, api._choose):
+            with pytest.raises(SchedulerError, match="a Slurm cluster is configured here but its controller does "
+                                                     r"not answer \(no output\); nothing was run"):
+                choose_one("auto")
+    # what Slurm's client says where it finds no configuration at all (no slurm.conf, no DNS SRV record)
+    unconfigured = Recording({"scontrol": "scontrol: error: fetch_config: DNS SRV lookup failed\n"
+                                          "scontrol: fatal: Could not establish a configuration source\n"})
+    with use_runner(unconfigured):
         assert submit.choose_scheduler("auto") == api._choose("auto") == "local"
     with use_runner(Recording({"scontrol": "Slurmctld(primary) at ctl is UP\n"})):
         assert submit.choose_scheduler("auto") == api._choose("auto") == "slurm"

@@ -106,13 +106,19 @@ def test_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
 
 def test_auto_needs_a_controller_not_just_sbatch(tmp_path: Path) -> None:
     fake = fake_sbatch(tmp_path)
-    (fake / "scontrol").write_text("#!/bin/sh\necho 'scontrol: error: Could not establish a configuration source' >&2\n"
+    # Slurm 22.05's words on a machine without any configuration (no slurm.conf, SLURM_CONF, DNS SRV record)
+    (fake / "scontrol").write_text("#!/bin/sh\n"
+                                   "echo 'scontrol: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host' "
+                                   ">&2\n"
+                                   "echo 'scontrol: error: fetch_config: DNS SRV lookup failed' >&2\n"
+                                   "echo 'scontrol: error: _establish_config_source: failed to fetch config' >&2\n"
+                                   "echo 'scontrol: fatal: Could not establish a configuration source' >&2\n"
                                    "exit 1\n")
     (fake / "scontrol").chmod(0o755)
     env = no_slurm_env(tmp_path)
     env["PATH"] = f"{fake}:{env['PATH']}"
     r = run_cli("submit", "--dry-run", str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
-    assert r.returncode == 0 and "auto chose local (sbatch is on PATH but no Slurm controller" in r.stderr
+    assert r.returncode == 0 and "auto chose local (sbatch is on PATH but no Slurm cluster is configured" in r.stderr
 
 
 # --- templates --------------------------------------------------------------------------------------

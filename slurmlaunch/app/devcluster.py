@@ -193,7 +193,7 @@ def start_accounting(root: Path, conf: Path, dbd_port: int, timeout: float, insi
 
 
 def write_config(root: Path, nodes: int, gpus: int, cpus: int, accounting: bool = False,
-                 net: Network | None = None, first_job_id: int = 1) -> Path:
+                 net: Network | None = None, first_job_id: int = 1, slurmd_timeout: int | None = None) -> Path:
     """slurm.conf, gres.conf (with /dev/null stand-ins for the fake GPUs) and the cluster's hosts file in
     ``root``; returns slurm.conf's path."""
     for sub in ("state", "spool", "log", "dev", *(f"tmp/node{i}" for i in range(1, nodes + 1))):
@@ -204,6 +204,8 @@ def write_config(root: Path, nodes: int, gpus: int, cpus: int, accounting: bool 
     names = [f"node{i}" for i in range(1, nodes + 1)]
     host = socket.gethostname()
     lines = _controller_lines(root, host, base, accounting, net, nodes, first_job_id)
+    if slurmd_timeout is not None:  # how soon a silent node is DOWN (Slurm's default: 300 s)
+        lines.append(f"SlurmdTimeout={slurmd_timeout}")
     for i, name in enumerate(names, start=1):
         lines.append(
             f"NodeName={name} NodeAddr={net.node_addr(i) if net else '127.0.0.1'} "
@@ -530,24 +532,27 @@ def port_lock(timeout: float) -> Iterator[None]:
 
 def up(root: Path, nodes: int = 4, gpus: int = 4, cpus: int = 8, timeout: float = 30.0,
        accounting: bool = False, netns: bool = False, subnet: str | None = None,
-       first_job_id: int = 1) -> dict[str, str]:
+       first_job_id: int = 1, slurmd_timeout: int | None = None) -> dict[str, str]:
     """Start (MariaDB and slurmdbd with ``accounting``,) slurmctld and `nodes` slurmd, with ``netns`` each
     node on its own address of a private network (``subnet``, or a free /24 of 10.213.0.0/16); return the
     environment variables a client needs; job ids start at ``first_job_id`` (clusters side by side apart).
+    ``slurmd_timeout``: SlurmdTimeout, the seconds after which Slurm marks a silent node DOWN (it pings
+    every third of it); Slurm's 300 s unless given (a fault test sets less, to see a lost node named soon).
     After a failure, `down(root)` removes what was started and made. A loopback cluster holds
     :func:`port_lock` while it starts (a netns one has its own addresses)."""
     why = missing_requirements(netns) or (accounting_missing() if accounting else None)
     if why:
         raise DevClusterError(why)
     with contextlib.nullcontext() if netns else port_lock(max(120.0, 6 * timeout)):
-        return _start(root.resolve(), nodes, gpus, cpus, timeout, accounting, netns, subnet, first_job_id)
+        return _start(root.resolve(), nodes, gpus, cpus, timeout, accounting, netns, subnet, first_job_id,
+                      slurmd_timeout)
 
 
 def _start(root: Path, nodes: int, gpus: int, cpus: int, timeout: float, accounting: bool, netns: bool,
-           subnet: str | None, first_job_id: int) -> dict[str, str]:
+           subnet: str | None, first_job_id: int, slurmd_timeout: int | None = None) -> dict[str, str]:
     net = make_network(root, nodes, subnet) if netns else None
     inside = net.enter(net.hub) if net else ()
-    conf = write_config(root, nodes, gpus, cpus, accounting, net, first_job_id)
+    conf = write_config(root, nodes, gpus, cpus, accounting, net, first_job_id, slurmd_timeout)
     if net:
         for name in net.namespaces:
             shutil.copyfile(root / "hosts", f"/etc/netns/{name}/hosts")
@@ -623,10 +628,41 @@ def _stop_pids(candidates: list[int], timeout: float) -> None:
                 pass
 
 
+def step_daemons(root: Path) -> list[int]:
+    """The pids of this cluster's step daemons (slurmstepd, which slurmd starts and leaves behind: after a
+    controller stall one goes on retrying to report its step). They have no pid file; each keeps its node's
+    log file under ``root`` open, which tells this cluster's from another's on the same machine."""
+    inside = str(root.resolve()) + "/"
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/comm") as f:
+                if f.read().strip() != "slurmstepd":
+                    continue
+            fds = os.listdir(f"/proc/{entry.name}/fd")
+        except OSError:  # gone meanwhile, or not ours to look at
+            continue
+        if any(_fd_target(f"/proc/{entry.name}/fd/{fd}").startswith(inside) for fd in fds):
+            pids.append(int(entry.name))
+    return pids
+
+
+def _fd_target(link: str) -> str:
+    try:
+        return os.readlink(link)
+    except OSError:  # closed meanwhile
+        return ""
+
+
 def down(root: Path, timeout: float = 10.0) -> None:
-    """Stop every daemon that has a pid file under root (TERM, then KILL after `timeout`): the nodes, the
-    controller, then slurmdbd and MariaDB; then remove what the networked mode made (remove_network)."""
-    for pattern in ("slurmd-*.pid", "slurmctld.pid", "slurmdbd.pid", "mariadb.pid"):
+    """Stop every daemon that has a pid file under root (TERM, then KILL after `timeout`): the nodes, their
+    step daemons (found by step_daemons), the controller, then slurmdbd and MariaDB; then remove what the
+    networked mode made (remove_network)."""
+    _stop(sorted(root.glob("slurmd-*.pid")), timeout)
+    _stop_pids(step_daemons(root), timeout)
+    for pattern in ("slurmctld.pid", "slurmdbd.pid", "mariadb.pid"):
         _stop(sorted(root.glob(pattern)), timeout)
     remove_network(root, timeout)
 

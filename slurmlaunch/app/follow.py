@@ -91,7 +91,7 @@ def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, 
     if log_dir is None and rank0_log:
         log_dir = os.path.dirname(rank0_log)
     start = time.monotonic()
-    last_state = None
+    last_state: tuple[str, str | None] | None = None
     failing_since: float | None = None
     tail = LogTail(rank0_log, out) if rank0_log else None
     while True:
@@ -103,15 +103,18 @@ def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, 
             failing_since = failing_since or now
             if now - failing_since > LOST_CONTACT_S:
                 raise SchedulerError(
-                    f"no answer about job {job_id} for {LOST_CONTACT_S:.0f}s (last error: {e})"
+                    f"no answer about job {job_id} for {LOST_CONTACT_S:.0f}s (last error: {e}); the job itself "
+                    f"is untouched (stopping --wait cancels nothing): follow it later with slurmlaunch status "
+                    f"{job_id} and slurmlaunch logs --follow {job_id}"
                 ) from None
             time.sleep(poll)
             continue
-        if st.state != last_state:
+        if (st.state, st.note) != last_state:
             where = f" on {st.nodes}" if st.nodes and st.state == "RUNNING" else ""
-            err.write(f"slurmlaunch: [{_elapsed(now - start)}] job {job_id} {st.state}{where}\n")
+            note = f" ({st.note})" if st.note and not st.finished else ""
+            err.write(f"slurmlaunch: [{_elapsed(now - start)}] job {job_id} {st.state}{where}{note}\n")
             err.flush()
-            last_state = st.state
+            last_state = (st.state, st.note)
         if tail:
             tail.pump()
         if st.finished:

@@ -58,9 +58,11 @@ def entries() -> list[dict[str, Any]]:
     return rows
 
 
-def find(job_id: str) -> JobRecord:
+def find(job_id: str, gone_ok: bool = False) -> JobRecord:
     """The record of ``job_id`` (the latest submission of that id: ids restart on a new cluster).
-    ARRAYID_INDEX names one element of a job array (its record's ``element``)."""
+    ARRAYID_INDEX names one element of a job array (its record's ``element``). ``gone_ok``: where the
+    record was removed (with its submit directory), a job of a queued scheduler on this machine is still
+    the scheduler's to answer for: a record holding only what the index knows, ``record_gone`` its path."""
     from ..core.limits import MAX_ARRAY_INDEX, is_digits, parse_count
 
     base, sep, element = job_id.partition("_")
@@ -76,6 +78,10 @@ def find(job_id: str) -> JobRecord:
             try:
                 data = json.loads(read_bounded(entry["record"]).decode("utf-8"))
             except FileNotFoundError:
+                if gone_ok and entry["scheduler"] in ("slurm", "pbs") and not entry.get("remote"):
+                    return JobRecord.from_data({"job_id": entry["job_id"].split(".", 1)[0].removesuffix("[]"),
+                                                "scheduler": entry["scheduler"], "record_gone": entry["record"],
+                                                "log_dir": os.path.dirname(entry["record"])}, entry["job_id"])
                 raise JobStateError(f"job {job_id}: its record {entry['record']!r} is gone") from None
             except (OSError, ValueError) as e:
                 raise JobStateError(f"job {job_id}: its record {entry['record']!r} cannot be read ({e})") from None
@@ -141,6 +147,8 @@ def status(record: JobRecord) -> dict[str, Any]:
             "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
     if st.elements is not None:
         info["elements"] = st.elements
+    if st.note:
+        info["note"] = st.note
     return info
 
 
@@ -317,14 +325,19 @@ def cmd_list(as_json: bool) -> int:
 
 
 def cmd_status(job_id: str, as_json: bool) -> int:
-    info = status(find(job_id))
+    record = find(job_id, gone_ok=True)
+    if "record_gone" in record.data:
+        sys.stderr.write(f"slurmlaunch: job {job_id}: its record {record.data['record_gone']!r} is gone (its "
+                         f"directory was removed); what {record.scheduler} says of it:\n")
+    info = status(record)
     if as_json:
         print(json.dumps(info))
     else:
         code = "" if info["exit_code"] is None else f", exit code {info['exit_code']}"
         nodes = f" on {info['nodes']}" if info["nodes"] else ""
         elapsed = f", elapsed {info['elapsed']}" if info.get("elapsed") else ""
-        print(f"job {info['job_id']} ({info['scheduler']}): {info['state']}{nodes}{elapsed}{code}")
+        note = f" ({info['note']})" if info.get("note") else ""
+        print(f"job {info['job_id']} ({info['scheduler']}): {info['state']}{nodes}{elapsed}{code}{note}")
         for index, state in info.get("elements", {}).items():
             print(f"  {info['job_id']}_{index}: {state}")
     return 0

@@ -145,6 +145,8 @@ def cmd_submit(ns: Any) -> int:
         sys.stdout.write(script)
         return 0
     sub = edge.submit(spec, script)
+    if sub.note:
+        sys.stderr.write(f"slurmlaunch: {sub.note}\n")
     from ..schedulers.index import remember
 
     remember(sub.job_id, scheduler, sub.record_path, spec.name)

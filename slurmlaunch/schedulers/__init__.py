@@ -26,6 +26,7 @@ class JobStatus:
     nodes: str | None = None
     elements: dict[str, str] | None = None  # a job array's elements: index -> "STATE" or "STATE CODE"
     elapsed: str | None = None  # as Slurm shows it: [D-][HH:]MM:SS
+    note: str | None = None  # the scheduler's word on a live job: why it waits, a node of it lost, a requeue
 
     @property
     def finished(self) -> bool:
@@ -165,23 +166,35 @@ class Submission:
     script_path: str
     record_path: str
     command: list[str]
+    note: str | None = None  # what the submitter should hear besides the id (the job was found after a failure)
 
 
 def submit_with(spec: JobSpec, script_text: str, scheduler: str, suffix: str,
-                command: Callable[[JobSpec, str], list[str]], parse_id: Callable[[str], str | None]) -> Submission:
+                command: Callable[[JobSpec, str], list[str]], parse_id: Callable[[str], str | None],
+                accepted: Callable[[SchedulerError], tuple[str, str] | None] | None = None) -> Submission:
     """Save the script beside the logs, submit it, keep a record; SchedulerError (with the command and the
     scheduler's words) when the scheduler refuses or prints no job id. ``parse_id`` maps the command's
-    output to the short job id that names the files, or None."""
+    output to the short job id that names the files, or None. ``accepted``: after the command failed, the
+    job the scheduler accepted all the same, as (what the command would have printed, a note), or None when
+    it accepted none; it raises SchedulerError when that cannot be known."""
     make_log_dir(spec.log_dir)
     pending = JobFiles(spec.log_dir, f"pending-{os.getpid()}").script(suffix)
     write_private(pending, script_text, 0o750)
     cmd = command(spec, pending)
+    note = None
     try:
         # never writable by others: the batch log and rank logs Slurm creates take the submitter's umask
         out = run_command(cmd, umask=current_umask() | 0o022).stdout.strip()
-    except SchedulerError:
-        os.unlink(pending)
-        raise
+    except SchedulerError as e:
+        try:
+            found = accepted(e) if accepted else None
+        except SchedulerError:
+            os.unlink(pending)
+            raise
+        if found is None:
+            os.unlink(pending)
+            raise
+        out, note = found
     short = parse_id(out)
     if short is None:
         os.unlink(pending)
@@ -191,5 +204,5 @@ def submit_with(spec: JobSpec, script_text: str, scheduler: str, suffix: str,
     cmd[-1] = script_path
     extra = {"script": script_path} if out == short else {"script": script_path, f"{scheduler}_job_id": out}
     record = write_record(spec, short, scheduler, cmd, extra)
-    return Submission(out, script_path, record, cmd)
+    return Submission(out, script_path, record, cmd, note)
 

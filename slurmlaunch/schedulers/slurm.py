@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import secrets
 import shutil
+import time
 from collections.abc import Sequence
 
 from ..core.errors import SchedulerError, SpecError
@@ -30,15 +32,88 @@ def controller_answers(timeout: float = 10.0) -> tuple[bool, str]:
     return "UP" in out, out.strip()
 
 
+# What every Slurm client says when it finds no configuration at all: no SLURM_CONF, no slurm.conf at the
+# compiled-in path, no configless cache (/run/slurm/conf), no SLURM_CONF_SERVER, and no DNS SRV record
+# _slurmctld._tcp (read_config.c's order). "DNS SRV lookup failed": no record, as opposed to a configless
+# site whose record names a controller that does not answer (then only "failed to fetch config").
+_NO_CONFIG = ("Could not establish a configuration source", "DNS SRV lookup failed")
 
-def sbatch_command(spec: JobSpec, script_path: str) -> list[str]:
+
+def cluster_configured(ping_output: str) -> bool:
+    """Whether `scontrol ping`'s output (or the error it failed with) shows a configured Slurm cluster: every
+    answer except the client's own "no configuration source at all" does, a silent controller included."""
+    return not all(words in ping_output for words in _NO_CONFIG)
+
+
+# A token of ours in every job's comment: after sbatch failed without Slurm's answer (a stalled controller
+# takes the job once it wakes up), squeue finds the job by it. The comment, not the name (the user's, shown
+# everywhere) nor --wckey (ignored unless the site sets TrackWCKey): squeue shows every user's job's comment
+# (%k) whatever the site's configuration, for MinJobAge seconds after its end.
+TOKEN_MARK = "slurmlaunch-submit:"
+TOKEN_SHOWN = "TOKEN"  # what --dry-run shows in its place: each submission draws its own
+LOOKUP_S = 60.0  # how long a failed submission waits for the controller to say whether it took the job
+_NO_ANSWER = ("timed out", "Unable to contact", "connect failure", "Zero Bytes were transmitted", "no answer within",
+              "Connection refused", "Connection reset", "Communication connection failure")
+
+
+def new_token() -> str:
+    return secrets.token_hex(8)
+
+
+def sbatch_command(spec: JobSpec, script_path: str, token: str = TOKEN_SHOWN) -> list[str]:
+    # sbatch's command line beats the script's #SBATCH lines: a --comment the user gave keeps its words
+    given = next((a.partition("=")[2] for a in reversed(spec.sbatch_args) if a.startswith("--comment=")), "")
     return [
         "sbatch", "--parsable",
         f"--job-name={spec.name}",
         f"--output={JobFiles(spec.log_dir, file_tag(spec)).batch_log}",
         f"--chdir={spec.workdir}",
+        f"--comment={given + ' ' if given else ''}{TOKEN_MARK}{token}",
         script_path,
     ]
+
+
+def find_by_token(token: str) -> str | None:
+    """The id of this user's job whose comment carries ``token`` (squeue knows ended jobs MinJobAge seconds
+    more), or None; SchedulerError when the controller does not answer."""
+    out = run_command(["squeue", "-h", "--me", "-t", "all", "-o", "%F|%k"], timeout=30).stdout
+    for line in out.splitlines():
+        job_id, _, comment = line.partition("|")
+        if f"{TOKEN_MARK}{token}" in comment.split() and job_id.isdigit():
+            return job_id
+    return None
+
+
+def accepted_after(error: SchedulerError, token: str, poll: float = 2.0) -> tuple[str, str] | None:
+    """After sbatch failed: the job Slurm accepted all the same (its id, and a line saying so), or None
+    where Slurm refused it or twice answered that it has no job with ``token`` (a stalled controller may
+    still take a request it read before it answers the first squeue). SchedulerError naming the token when
+    the controller stays silent for LOOKUP_S seconds."""
+    said = str(error)
+    bound = LOOKUP_S
+    if not any(words in said for words in _NO_ANSWER):
+        return None  # Slurm's own answer (Invalid partition, ...): nothing was queued
+    deadline = time.monotonic() + bound
+    misses = 0
+    last = said
+    while True:
+        try:
+            job_id = find_by_token(token)
+        except SchedulerError as e:
+            last = str(e)
+        else:
+            if job_id is not None:
+                return job_id, (f"sbatch failed ({said}), but Slurm accepted the job all the same: it is job "
+                                f"{job_id} (found by its comment {TOKEN_MARK}{token})")
+            misses += 1
+            if misses == 2:
+                return None
+        if time.monotonic() + poll > deadline:
+            raise SchedulerError(
+                f"{said}; whether Slurm accepted the job cannot be known: its controller did not answer for "
+                f"{bound:.0f}s (last: {last}); before submitting again, look for it with: squeue --me -t all "
+                f"-o '%i %k' | grep {TOKEN_MARK}{token}")
+        time.sleep(poll)
 
 
 def parse_job_id(out: str) -> str | None:
@@ -74,10 +149,14 @@ def check_mpi_plugin(mpi: str) -> None:
 
 def submit(spec: JobSpec, script_text: str) -> Submission:
     """Save the script beside the logs, sbatch it, and keep a record; SchedulerError when Slurm refuses,
-    SpecError (nothing submitted) when --mpi names a plugin this cluster's srun lacks."""
+    SpecError (nothing submitted) when --mpi names a plugin this cluster's srun lacks. When sbatch fails
+    without Slurm's answer, the job is looked up by its token before failing: a job the controller took
+    after all is recorded, never left to run unknown (a retry would run it twice)."""
     if spec.mpi is not None:
         check_mpi_plugin(spec.mpi)
-    return submit_with(spec, script_text, "slurm", "sbatch", sbatch_command, parse_job_id)
+    token = new_token()
+    return submit_with(spec, script_text, "slurm", "sbatch", lambda s, path: sbatch_command(s, path, token),
+                       parse_job_id, lambda error: accepted_after(error, token))
 
 
 _FIELD = re.compile(r"\b(JobState|ExitCode|NodeList|RunTime)=(\S+)")
@@ -88,16 +167,18 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
     forgets the job MinJobAge seconds after it ended). The exit code comes from the file the batch script
     writes at its end (the first failing rank's, exact even without accounting), else from Slurm's ExitCode."""
     try:
-        line = run_command(["squeue", "-h", "-j", job_id, "-o", "%T %M %N"], timeout=30).stdout.strip()
+        line = run_command(["squeue", "-h", "-j", job_id, "-o", "%T %M %N %r"], timeout=30).stdout.strip()
     except SchedulerError as e:
         if "Invalid job id" not in str(e):
             raise
         line = ""  # squeue forgets a job MinJobAge seconds after it ended
     if line:
         state, _, rest = line.partition(" ")
-        elapsed, _, nodes = rest.partition(" ")
+        elapsed, _, rest = rest.partition(" ")
+        nodes, _, reason = rest.partition(" ")  # no nodes yet: two spaces; the reason may have spaces
         if not is_final(state):
-            return JobStatus(state, None, nodes or None, elapsed=elapsed or None)
+            return JobStatus(state, None, nodes or None, elapsed=elapsed or None,
+                             note=_live_note(job_id, state, nodes, reason.strip()))
     fields = _accounting(job_id) or _scontrol(job_id)
     code: int | None = None
     if log_dir:
@@ -113,6 +194,61 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
     assigned = fields.get("NodeList")
     return JobStatus(state, code, assigned if assigned not in (None, "None assigned", "(null)") else None,
                      elapsed=fields.get("Elapsed"))
+
+
+# The states in which a job holds nodes whose loss matters to it (its step daemons run there).
+_ON_NODES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"})
+_NO_REASON = ("", "None", "(null)")
+
+
+def _live_note(job_id: str, state: str, nodes: str, reason: str) -> str | None:
+    """Slurm's word on a live job, or None: its nodes that are not healthy (not responding, down, drained,
+    failing: sinfo's state and reason), a requeue and what ended the run before it (sacct's NODE_FAIL), and
+    squeue's reason for a waiting job. Questions Slurm cannot answer now leave their part out."""
+    parts: list[str] = []
+    if state == "PENDING":
+        ended, nodes = _requeued(job_id)
+        if ended:
+            parts.append(f"Slurm requeued it after {ended}" + (f" of its run on {nodes}" if nodes else ""))
+    if reason not in _NO_REASON:
+        parts.append(f"Slurm's reason: {reason}")
+    if nodes and (state in _ON_NODES or parts):
+        parts += _node_trouble(nodes)
+    return "; ".join(parts) or None
+
+
+def _requeued(job_id: str) -> tuple[str | None, str]:
+    """How the job's last run ended and on which nodes, where Slurm requeued it (sacct lists each run of a
+    requeued job with -D); (None, "") where it was not, or there is no accounting."""
+    if not which("sacct"):
+        return None, ""
+    try:
+        out = run_command(["sacct", "-n", "-X", "-P", "-D", "-j", job_id, "-o", "State,NodeList"], timeout=30).stdout
+    except SchedulerError:
+        return None, ""
+    runs = [line.split("|") for line in out.splitlines() if line.count("|") == 1]
+    ended = [(state.split()[0], nodes) for state, nodes in runs[:-1] if state and is_final(state.split()[0])]
+    return ended[-1] if ended else (None, "")
+
+
+def _node_trouble(nodes: str) -> list[str]:
+    """What sinfo says of each of ``nodes`` that is not healthy: "node2 not responding", "node2 down (Not
+    responding)". A node whose state ends in "*" has not answered the controller's last ping."""
+    try:
+        out = run_command(["sinfo", "-h", "-N", "-n", nodes, "-o", "%N|%T|%E"], timeout=30).stdout
+    except SchedulerError:
+        return []
+    said: dict[str, str] = {}
+    for line in out.splitlines():
+        name, _, rest = line.partition("|")
+        state, _, why = rest.partition("|")
+        words = state.rstrip("*~#!%$@^-").replace("+", " ").split()
+        trouble = [w for w in words if w in ("down", "drained", "draining", "fail", "failing", "unknown")]
+        if state.endswith("*") and not trouble:
+            trouble = ["not responding"]
+        if trouble and name not in said:
+            said[name] = f"{name} {' and '.join(trouble)}" + (f" ({why})" if why not in _NO_REASON + ("none",) else "")
+    return list(said.values())
 
 
 def _exit_code(path: str) -> int | None:

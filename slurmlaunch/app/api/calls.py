@@ -142,6 +142,40 @@ def _arm_stacks(spec: JobSpec) -> None:
     arm_stacks(directory)
 
 
+_PICKLED_CODE = "<dynamic-code>"  # cloudpickle's file name for a function it pickled by value (a script's)
+
+
+def _traceback_text(error: BaseException) -> str:
+    """The traceback as traceback.format_exc() writes it, except that a function cloudpickle carried by
+    value (one defined in the user's script) shows its real file again: its module's ``__file__``, which
+    cloudpickle keeps in the function's globals, and the line read from that file where this node has it."""
+    shown = traceback.TracebackException.from_exception(error)
+    seen: set[int] = set()
+    todo: list[tuple[traceback.TracebackException, BaseException]] = [(shown, error)]
+    while todo:
+        te, exc = todo.pop()
+        if id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
+        if len(frames) == len(te.stack):
+            places = [_real_place(summary, frame) for summary, frame in zip(te.stack, frames, strict=True)]
+            te.stack = traceback.StackSummary.from_list(places)
+        for inner_te, inner in ((te.__cause__, exc.__cause__), (te.__context__, exc.__context__)):
+            if inner_te is not None and inner is not None:
+                todo.append((inner_te, inner))
+    return "".join(shown.format())
+
+
+def _real_place(summary: traceback.FrameSummary, frame: Any) -> traceback.FrameSummary:
+    real = frame.f_globals.get("__file__") if summary.filename == _PICKLED_CODE else None
+    if not isinstance(real, str):
+        return summary
+    # the columns that draw the carets exist from Python 3.11 on
+    columns = {k: getattr(summary, k) for k in ("end_lineno", "colno", "end_colno") if hasattr(summary, k)}
+    return traceback.FrameSummary(real, summary.lineno, summary.name, **columns)
+
+
 class _DistributedCall:
     """What submitit runs in every task: the environment, then ``fn``; a failure is marked with its rank
     and time, so that the caller can tell the first failure from its consequences in the other ranks.
@@ -165,7 +199,7 @@ class _DistributedCall:
             raise
         except Exception as e:
             mark = _mark()
-            raise RuntimeError(mark + traceback.format_exc()) from e
+            raise RuntimeError(mark + _traceback_text(e)) from e
         return _pack(value)
 
 
