@@ -54,7 +54,10 @@ QUIET_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 def is_pbs(root: Path) -> bool:
     """Whether the dev cluster in ``root`` (up, or down with its files kept) is a PBS one."""
-    return (root / MARKER).exists()
+    try:
+        return (root / MARKER).exists()
+    except OSError:  # a name too long for the file system: no cluster there (the Slurm path says so)
+        return False
 
 
 def installed() -> bool:
