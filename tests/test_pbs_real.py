@@ -65,7 +65,9 @@ def test_ddp_on_two_hosts_through_the_real_qsub(pbs_env: dict[str, str], tmp_pat
     assert re.search(rf"job {re.escape(job)} RUNNING on node\d/0\*2\+node\d/0\*2", r.stderr), r.stderr
     assert f"job {job} ended COMPLETED, exit code 0" in r.stderr
     out = (tmp_path / "slurmlaunch-logs" / f"{job}.OU").read_text()  # PBS Pro's name for qsub -o DIR/
-    ranks = sorted(ln.split("RANKINFO ", 1)[1].split() for ln in out.splitlines() if "RANKINFO " in ln)
+    # mpiexec --tag-output tags what it reads in one go, which may be part of a line: drop every tag
+    untagged = re.sub(r"\[\d+,\d+\]<std(?:out|err)>:", "", out)
+    ranks = sorted(ln.split("RANKINFO ", 1)[1].split() for ln in untagged.splitlines() if "RANKINFO " in ln)
     assert len(ranks) == 4, out
     first, second = ranks[0][4], ranks[2][4]
     assert first != second and {first, second} <= {"node1", "node2", "node3"}, ranks

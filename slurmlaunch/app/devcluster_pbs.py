@@ -123,11 +123,18 @@ def install(log: Path | None = None) -> str:
         else:
             raise DevClusterError(f"OpenPBS is not installed (no {PBS_EXEC}/sbin/pbs_server) and neither {DEB} nor "
                                   f"{TARBALL} is in {src} (set {SOURCE_DIR_VAR} to the directory that has them)")
+    prepare()
+    return f"OpenPBS from {how} ({time.monotonic() - t0:.1f} s)"
+
+
+def prepare() -> None:
+    """PBS's own post-install step, once: /etc/pbs.conf and /var/spool/pbs (which every host of a cluster
+    has its own copy of bound over) and /etc/init.d/pbs; pbs_iff and pbs_rcp set-uid root (clients
+    authenticate through pbs_iff's reserved port)."""
     if not Path("/etc/pbs.conf").exists() or not Path("/var/spool/pbs").is_dir():
         _run([str(PBS_EXEC / "libexec" / "pbs_postinstall"), "server"], "OpenPBS post-install", 300)
-    for tool in ("pbs_iff", "pbs_rcp"):  # set-uid root: clients authenticate through pbs_iff's reserved port
+    for tool in ("pbs_iff", "pbs_rcp"):
         (PBS_EXEC / "sbin" / tool).chmod(0o4755)
-    return f"OpenPBS from {how} ({time.monotonic() - t0:.1f} s)"
 
 
 def _build(tarball: Path) -> None:
@@ -249,6 +256,7 @@ def up(root: Path, nodes: int = 3, cpus: int = 8, gpus: int = 0, timeout: float 
     why = missing_requirements() or (None if installed() else f"OpenPBS is not installed in {PBS_EXEC}")
     if why:
         raise DevClusterError(why)
+    prepare()
     root = root.resolve()
     shutil.rmtree(root / "pbs", ignore_errors=True)  # a fresh server: no jobs or nodes of an earlier cluster
     (root / "log").mkdir(parents=True, exist_ok=True)
