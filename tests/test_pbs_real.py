@@ -89,7 +89,11 @@ def test_status_logs_list_and_cancel_of_a_running_job(pbs_env: dict[str, str], t
                 str(tmp_path), "-1", "0", env=pbs_env, cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
     job = submitted(r.stderr)
-    pids = [int(p.read_text()) for p in wait_for_files(tmp_path, "pid-*", 4, timeout=180)]
+    try:
+        pids = [int(p.read_text()) for p in wait_for_files(tmp_path, "pid-*", 4, timeout=180)]
+    except AssertionError:
+        subprocess.run(["qdel", job], env=pbs_env, timeout=60)  # not left holding the hosts for later tests
+        raise
     st = json.loads(run_cli("status", job, "--json", env=pbs_env, cwd=tmp_path).stdout)
     assert st["state"] == "RUNNING" and st["exit_code"] is None and re.fullmatch(r"node\d/0\*2\+node\d/0\*2",
                                                                                  st["nodes"]), st
