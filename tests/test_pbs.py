@@ -213,7 +213,8 @@ def test_tmrsh_agent_runs_open_mpis_command_line_through_pbs_tmrsh() -> None:
 
     words = ["PATH=/x:$PATH", ";", "export", "PATH", ";", "orted", "-mca", "ess", "env"]
     assert tmrsh.command(["node2", *words], "/p/bin/pbs_tmrsh") == [
-        "/p/bin/pbs_tmrsh", "node2", "/bin/sh", "-c", "PATH=/x:$PATH ; export PATH ; orted -mca ess env"]
+        "/p/bin/pbs_tmrsh", "node2", "/bin/sh", "-c",
+        f"PATH=/x:$PATH ; export PATH ; orted -mca ess env\nrc=$?; sleep {tmrsh.LINGER_S}; exit $rc"]
     assert tmrsh.command(["node2", *words], None) == ["ssh", "node2", *words]
     with pytest.raises(ValueError, match="expected HOST COMMAND"):
         tmrsh.command(["node2"], None)

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Mapping
 
 DEFAULT_EXEC = "/opt/pbs"
+LINGER_S = 2
 
 
 def _conf_exec(read: Callable[[str], str | None], env: Mapping[str, str]) -> str | None:
@@ -46,7 +47,12 @@ def command(argv: list[str], tmrsh: str | None) -> list[str]:
     host, words = argv[0], argv[1:]
     if tmrsh is None:
         return ["ssh", host, *words]
-    return [tmrsh, host, "/bin/sh", "-c", " ".join(words)]
+    # The daemon detaches itself (a new session, its parent exits); when the task's shell ended with the
+    # parent, the MoM's clean-up of the ended task now and then caught the daemon before it had detached
+    # (seen: no daemon on the second host, mpiexec waiting for ever). The shell outlives it by LINGER_S,
+    # keeping the parent's status. Kept attached instead, the daemon is SIGKILLed by qdel and its ranks,
+    # each in a process group of its own, outlive the job.
+    return [tmrsh, host, "/bin/sh", "-c", f"{' '.join(words)}\nrc=$?; sleep {LINGER_S}; exit $rc"]
 
 
 def _read(path: str) -> str | None:

@@ -255,11 +255,9 @@ def _tm_agent(spec: JobSpec) -> list[str]:
     an agent with --mpiexec-arg."""
     if spec.pbs_flavour != "pro" or spec.apptainer or any("plm_rsh_agent" in a for a in spec.mpiexec_args):
         return []
-    # no tree spawn: every daemon from mpiexec's host, where the agent is. Session attached: the remote
-    # daemon stays the task pbs_tmrsh started instead of daemonizing, which raced with the MoM's clean-up
-    # of the ended task (seen: now and then no daemon on the second host, and mpiexec waited for ever).
+    # no tree spawn: every daemon from mpiexec's host, where the agent is
     return ["--mca", "plm_rsh_agent", f"{spec.python} -m slurmlaunch.allocation.tmrsh",
-            "--mca", "plm_rsh_no_tree_spawn", "1", "--mca", "orte_leave_session_attached", "1"]
+            "--mca", "plm_rsh_no_tree_spawn", "1"]
 
 
 def mpiexec_args(spec: JobSpec, env: list[tuple[str, str]]) -> tuple[list[str], str | None]:
