@@ -39,8 +39,10 @@ for _ in range(5):
     model(torch.randn(16, 8)).pow(2).mean().backward()
     opt.step()
 digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()[:16]
-print("RANKINFO", os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"], os.environ["MASTER_ADDR"],
-      socket.gethostname(), digest, flush=True)
+# one write: the launcher runs python -u, so print() writes each piece apart, and mpiexec tags each piece
+line = " ".join(["RANKINFO", os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"],
+                 os.environ["MASTER_ADDR"], socket.gethostname(), digest])
+os.write(1, (line + "\n").encode())
 dist.barrier()
 dist.destroy_process_group()
 """
