@@ -42,7 +42,7 @@ digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.par
 # one write: the launcher runs python -u, so print() writes each piece apart, and mpiexec tags each piece
 line = " ".join(["RANKINFO", os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"],
                  os.environ["MASTER_ADDR"], socket.gethostname(), digest])
-os.write(1, (line + "\n").encode())
+os.write(1, (line + "\\n").encode())
 dist.barrier()
 dist.destroy_process_group()
 """
