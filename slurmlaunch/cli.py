@@ -214,9 +214,13 @@ def _add_config_and_job_commands(sub: Any) -> None:
 def _add_tools(sub: Any, run_options: bool) -> None:
     """dev-cluster, run (its options only with ``run_options``) and completion."""
     dc = sub.add_parser("dev-cluster", allow_abbrev=False,
-                        help="a real multi-node Slurm on this machine, to try jobs before the shared cluster "
-                             "(root and Debian's slurmctld/slurmd/slurm-client)")
+                        help="a real multi-node Slurm (or OpenPBS) on this machine, to try jobs before the shared "
+                             "cluster (root and Debian's slurmctld/slurmd/slurm-client; OpenPBS in /opt/pbs)")
     dc.add_argument("action", choices=["up", "down", "status"])
+    dc.add_argument("--scheduler", choices=["slurm", "pbs"], default="slurm",
+                    help="pbs: a head host (server, scheduler, comm, datastore) and one MoM per node, each its own "
+                         "host on a private network; installs OpenPBS when /opt/pbs is missing (down and status "
+                         "find a PBS cluster by themselves)")
     dc.add_argument("--dir", default="/tmp/slurmlaunch-dev-cluster", help="its state, logs and pid files")
     # slurmd daemons on this one machine, each with its own port: a few dozen is already a lot.
     dc.add_argument("--nodes", type=Count("--nodes", 1, 256), default=4)
@@ -265,7 +269,9 @@ EXAMPLES = {
     "stacks": ["slurmlaunch stacks 1234", "slurmlaunch stacks 1234 --rank 3 --json"],
     "dev-cluster": ["sudo slurmlaunch dev-cluster up --nodes 2 --gpus-per-node 2 && "
                     "export SLURM_CONF=/tmp/slurmlaunch-dev-cluster/slurm.conf SLURMLAUNCH_ALLOW_LOOPBACK=1",
-                    "slurmlaunch dev-cluster down"],
+                    "slurmlaunch dev-cluster down",
+                    "sudo slurmlaunch dev-cluster up --scheduler pbs --nodes 3 --dir /tmp/pbs && "
+                    "export PATH=/tmp/pbs/bin:$PATH      # qsub, qstat... of a real OpenPBS"],
     "run": ["slurmlaunch run --nproc-per-node 4 train.py --lr 0.1             # one machine",
             "slurmlaunch run --nnodes 2 --node-rank 0 --master-addr 10.1.2.3 --nproc-per-node 8 train.py"],
     "doctor": ["slurmlaunch doctor --partition gpu",
@@ -307,8 +313,11 @@ def _dispatch(args: list[str]) -> int:
     if ns.command == "dev-cluster":
         from pathlib import Path
 
+        from .app import devcluster_pbs
         from .app.devcluster import cmd
 
+        if ns.scheduler == "pbs" or (ns.action != "up" and devcluster_pbs.is_pbs(Path(ns.dir))):
+            return devcluster_pbs.cmd(ns.action, Path(ns.dir), ns.nodes, ns.cpus, ns.gpus_per_node)
         return cmd(ns.action, Path(ns.dir), ns.nodes, ns.gpus_per_node, ns.cpus, ns.accounting, ns.netns)
     if ns.command == "run":
         from .app.run import cmd_run

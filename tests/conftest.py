@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from slurmlaunch.app import devcluster as slurmcluster
+from slurmlaunch.app import devcluster_pbs as pbscluster
 from slurmlaunch.core.errors import DevClusterError
 from tests import sshd as _sshd
 from tests.helpers import first_job_id, per_test_env, skip_or_fail
@@ -76,6 +78,40 @@ def cluster_env(slurm_cluster: dict[str, str], tmp_path: Path) -> dict[str, str]
 def netns_cluster_env(netns_cluster: dict[str, str], tmp_path: Path) -> dict[str, str]:
     """The networked cluster's client environment, with this test's own per-user state (as cluster_env)."""
     return per_test_env(netns_cluster, tmp_path)
+
+
+@pytest.fixture(scope="session")
+def pbs_cluster() -> Iterator[dict[str, str]]:
+    """A real OpenPBS of a head host and 3 execution hosts (devcluster_pbs), each its own network namespace:
+    its clients are the wrappers first on its PATH. Started once per session; tests/run.sh installs OpenPBS.
+    SLURMLAUNCH_TEST_PBS_UP_S says how long it took to come up."""
+    why = pbscluster.missing_requirements() or (
+        None if pbscluster.installed() else f"OpenPBS is not installed in {pbscluster.PBS_EXEC} (tests/run.sh "
+        "installs it: python -c 'from slurmlaunch.app.devcluster_pbs import install; print(install())')")
+    if why:
+        skip_or_fail(why)
+    root = Path(tempfile.mkdtemp(prefix="slurmlaunch-pbs-"))
+    t0 = time.monotonic()
+    try:
+        env = pbscluster.up(root, nodes=3, cpus=8, gpus=4)
+    except Exception as e:
+        logs = "".join(p.read_text(errors="replace")[-2000:]
+                       for p in sorted((root / "pbs").glob("*/spool/*_logs/*")))
+        try:
+            pbscluster.down(root)
+        except DevClusterError as left:
+            logs += f"\n{left}"
+        pytest.fail(f"the OpenPBS dev cluster did not come up: {e}\n{logs}")
+    up_s = time.monotonic() - t0
+    yield {**os.environ, **env, "SLURMLAUNCH_TEST_PBS_DIR": str(root), "SLURMLAUNCH_TEST_PBS_UP_S": f"{up_s:.1f}"}
+    pbscluster.down(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def pbs_env(pbs_cluster: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """The PBS cluster's client environment, with this test's own per-user state (as cluster_env)."""
+    return per_test_env(pbs_cluster, tmp_path)
 
 
 def needs_torch() -> None:

@@ -7,6 +7,7 @@
 #     libpmix.so is what Slurm's mpi/pmix plugin loads, so that `srun --mpi=pmix` starts MPI ranks; mpi4py's
 #     wheel loads Open MPI's libmpi.so.40 itself, no compiler needed), and OpenSSH (server and client) with
 #     rsync for --remote (the tests start their own sshd on 127.0.0.1, never the system service);
+#   - OpenPBS in /opt/pbs for the real multi-host PBS cluster (slurmlaunch dev-cluster up --scheduler pbs);
 #   - a virtual environment .venv with torch==2.13.0 (the CPU build) and slurmlaunch with its test extras.
 # Usage: bash tests/run.sh [pytest arguments]
 set -euo pipefail
@@ -31,6 +32,15 @@ fi
 
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e ".[test]"
+# OpenPBS for the real PBS cluster (tests/conftest.py pbs_cluster): an existing /opt/pbs, else the shared .deb
+# (its Depends from apt; about 40 s), else a build of the shared source (about 7 minutes); it says which.
+# SLURMLAUNCH_OPENPBS_DIR names the directory with them (default ../shared/openpbs, beside this checkout).
+export SLURMLAUNCH_OPENPBS_DIR="${SLURMLAUNCH_OPENPBS_DIR:-$(cd .. && pwd)/shared/openpbs}"
+if [ "$(id -u)" -eq 0 ]; then
+    .venv/bin/python -c "from slurmlaunch.app.devcluster_pbs import install; print('tests/run.sh:', install())"
+else
+    echo "tests/run.sh: not root, cannot install OpenPBS: the real-PBS tests will skip" >&2
+fi
 .venv/bin/python -m ruff check slurmlaunch tests examples benchmarks
 .venv/bin/python -m mypy
 .venv/bin/lint-imports --no-cache  # the layers (pyproject: [tool.importlinter]; README: Architecture)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurmlaunch.core.detect import PORT_BASE, PORT_SPAN, READERS, Context, derive_port, detect
-from slurmlaunch.core.envvars import cpus_per_task
+from slurmlaunch.core.envvars import DAEMON_PORTS, cpus_per_task
 from slurmlaunch.core.errors import EnvironmentMappingError, PreflightError, SlurmLaunchError
 from tests.helpers import step_env
 
@@ -59,6 +59,11 @@ def test_port_is_deterministic_outside_ephemeral_range() -> None:
     ports = {derive_port(j, s) for j in range(0, 50000, 7) for s in range(3)}
     assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN and not 32768 <= p <= 60999 for p in ports)
     assert derive_port(42, 0) != derive_port(42, 1)  # two steps of one job do not collide
+    # never a port PBS's daemons hold (pbs_mom's 15002 on every node), and no two keys below the span share one
+    free = PORT_SPAN - len(DAEMON_PORTS)
+    every = [derive_port(k) for k in range(free)]
+    assert len(set(every)) == free and not set(every) & set(DAEMON_PORTS)
+    assert [derive_port(k) for k in (0, 1, 2, 16990, 16991)] == [15000, 15008, 15009, 31998, 31999]
 
 
 def test_torchrun_owned_is_left_alone() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.core.errors import SpecError
+from slurmlaunch.core.errors import SchedulerError, SpecError
 from slurmlaunch.render import pbs_script
 from tests.helpers import EXAMPLES, GOLDEN, golden_spec, no_slurm_env, run_cli
 
@@ -55,14 +55,16 @@ def test_no_limit_is_refused_not_a_walltime_of_nothing(slurm_time: str) -> None:
 
 
 def fake_pbs(tmp_path: Path, exit_status: int = 0) -> dict[str, str]:
-    """EMULATION: qsub records its argv and prints a job id; qstat reports the job finished; qdel records."""
+    """EMULATION: qsub records its argv and prints a job id; qstat reports the job finished in the text form
+    only, as Torque's does (-F json refused); qdel records."""
     bin_dir = tmp_path / "fake-pbs"
     bin_dir.mkdir()
     rec = tmp_path / "pbs-calls.jsonl"
     recorder = ("#!/usr/bin/env python3\nimport json, sys\n"
                 f"open({str(rec)!r}, 'a').write(json.dumps(sys.argv) + '\\n')\n")
     (bin_dir / "qsub").write_text(recorder + "print('77.pbs-server')\n")
-    (bin_dir / "qstat").write_text(recorder + "print('Job Id: 77.pbs-server')\nprint('    job_state = F')\n"
+    (bin_dir / "qstat").write_text(recorder + "if '-F' in sys.argv: sys.exit(\"qstat: invalid option -- 'F'\")\n"
+                                   "print('Job Id: 77.pbs-server')\nprint('    job_state = F')\n"
                                    f"print('    Exit_status = {exit_status}')\n")
     (bin_dir / "qdel").write_text(recorder)
     for f in bin_dir.iterdir():
@@ -91,7 +93,8 @@ def test_submit_wait_through_emulated_pbs(tmp_path: Path) -> None:
     assert record["command"][:3] == ["qsub", "-N", name] and record["command"][-1].endswith("job-77.qsub")
     script = Path(record["command"][-1]).read_text()
     assert "#PBS -l select=2:ncpus=4:mpiprocs=4:ngpus=4" in script and "mpiexec -np 8" in script
-    assert ["qstat", "-x", "-f", "77.pbs-server"] == [Path(calls(tmp_path)[1][0]).name, *calls(tmp_path)[1][1:]]
+    qstats = [[Path(c[0]).name, *c[1:]] for c in calls(tmp_path)[1:3]]  # the JSON form first, then the text
+    assert qstats == [["qstat", "-x", "-f", "-F", "json", "77.pbs-server"], ["qstat", "-x", "-f", "77.pbs-server"]]
     assert not list(tmp_path.rglob("PWNED"))
 
 
@@ -168,3 +171,58 @@ def test_the_scripts_exit_code_wins_over_a_qstat_without_one(tmp_path: Path) -> 
     (tmp_path / "slurmlaunch-logs" / "job-77.exitcode").write_text("4\n")
     st = json.loads(run_cli("status", "77", "--json", env=env, cwd=tmp_path).stdout)
     assert st["state"] == "FAILED" and st["exit_code"] == 4, st
+
+
+# What a real OpenPBS 23.06's `qstat -x -f -F json` showed for each kind of job (tests/test_pbs_real.py puts
+# jobs in each of these and checks the same mapping against the server itself).
+@pytest.mark.parametrize(("attrs", "code_file", "state", "code"), [
+    ({"job_state": "Q", "substate": 10}, None, "PENDING", None),
+    ({"job_state": "H", "substate": 20}, None, "PENDING", None),
+    ({"job_state": "R", "substate": 41}, None, "RUNNING", None),  # PRERUN: sent to the MoM
+    ({"job_state": "R", "substate": 42}, None, "RUNNING", None),
+    ({"job_state": "F", "substate": 92, "Exit_status": 0}, None, "COMPLETED", 0),
+    ({"job_state": "F", "substate": 92, "Exit_status": 0}, 5, "FAILED", 5),  # the script's own word wins
+    ({"job_state": "F", "substate": 93, "Exit_status": 7}, None, "FAILED", 7),
+    ({"job_state": "F", "substate": 93, "Exit_status": 265}, None, "FAILED", 137),  # 256 + SIGKILL
+    ({"job_state": "F", "substate": 93, "Exit_status": -29}, None, "TIMEOUT", 1),  # past its walltime
+    ({"job_state": "F", "substate": 93, "Exit_status": -1}, None, "FAILED", 1),  # JOB_EXEC_FAIL1
+    ({"job_state": "F", "substate": 91, "Exit_status": 0}, None, "CANCELLED", 1),  # qdel'd while running
+    ({"job_state": "F", "substate": 91, "Exit_status": 0}, 0, "CANCELLED", 1),
+    ({"job_state": "F", "substate": 91}, None, "CANCELLED", 1),  # qdel'd before it ran
+    ({"job_state": "F", "substate": 91, "Exit_status": 7}, None, "CANCELLED", 7),
+])
+def test_real_pbs_states_map(attrs: dict[str, object], code_file: int | None, state: str, code: int | None) -> None:
+    from slurmlaunch.schedulers.pbs import job_status
+
+    st = job_status({**attrs, "exec_host": "node1/0*2"}, code_file)
+    assert (st.state, st.exit_code, st.nodes) == (state, code, "node1/0*2")
+
+
+def test_an_unknown_pbs_state_is_named() -> None:
+    from slurmlaunch.schedulers.pbs import job_status
+
+    with pytest.raises(SchedulerError, match="unknown job_state 'Z'"):
+        job_status({"job_state": "Z"})
+
+
+def test_tmrsh_agent_runs_open_mpis_command_line_through_pbs_tmrsh() -> None:
+    """Open MPI gives the agent HOST and the words of one shell command line (as to ssh); pbs_tmrsh runs an
+    argv without a shell, so the words go to /bin/sh -c. pbs_tmrsh is found through PBS_EXEC, pbs.conf,
+    PATH or /opt/pbs; with none, ssh (Open MPI's default)."""
+    from slurmlaunch.allocation import tmrsh
+
+    words = ["PATH=/x:$PATH", ";", "export", "PATH", ";", "orted", "-mca", "ess", "env"]
+    assert tmrsh.command(["node2", *words], "/p/bin/pbs_tmrsh") == [
+        "/p/bin/pbs_tmrsh", "node2", "/bin/sh", "-c",
+        f"PATH=/x:$PATH ; export PATH ; orted -mca ess env\nrc=$?; sleep {tmrsh.LINGER_S}; exit $rc"]
+    assert tmrsh.command(["node2", *words], None) == ["ssh", "node2", *words]
+    with pytest.raises(ValueError, match="expected HOST COMMAND"):
+        tmrsh.command(["node2"], None)
+    conf = {"/etc/pbs.conf": "PBS_EXEC=/srv/pbs\nPBS_SERVER=head\n"}
+    on = {"/srv/pbs/bin/pbs_tmrsh", "/usr/local/bin/pbs_tmrsh", "/opt/pbs/bin/pbs_tmrsh", "/e/bin/pbs_tmrsh"}
+    find = tmrsh.find_tmrsh
+    assert find({"PBS_EXEC": "/e", "PATH": "/usr/local/bin"}, on.__contains__, conf.get) == "/e/bin/pbs_tmrsh"
+    assert find({"PATH": "/usr/local/bin"}, on.__contains__, conf.get) == "/srv/pbs/bin/pbs_tmrsh"
+    assert find({"PATH": "/usr/local/bin"}, on.__contains__, {}.get) == "/usr/local/bin/pbs_tmrsh"
+    assert find({}, on.__contains__, {}.get) == "/opt/pbs/bin/pbs_tmrsh"
+    assert find({}, set().__contains__, conf.get) is None

@@ -1,7 +1,8 @@
 """`submit --remote` to a PBS cluster, against an EMULATION of PBS on the login node: no PBS server can be
 installed here, so stand-in qsub/qstat/qdel (small scripts, tests/sshd.py's login_bin) are the whole PATH of
 the login node that the REAL sshd (tests/sshd.py) serves to the "laptop". They record what they are given
-(qsub: its argv and the script on its stdin) and answer as PBS Pro's qstat -f does, from a file of states
+(qsub: its argv and the script on its stdin) and answer as PBS Pro's qstat -f [-F json] does (the JSON's shape
+as a real OpenPBS 23.06 prints it, tests/test_pbs_real.py), from a file of states
 the test writes. The script is rendered on the laptop; status, logs, cancel and list go through the PBS
 edge (schedulers/pbs.py) with the ssh runner plugged in."""
 
@@ -27,9 +28,13 @@ lines = [line for line in open(path).read().split('\\n') if line]
 if len(lines) > 1:
     open(path, 'w').write('\\n'.join(lines[1:]) + '\\n')
 state, _, code = lines[0].partition(' ')
-print('Job Id: 77.pbs-server\\n    job_state = ' + state + '\\n    exec_host = n1/0*4+n2/0*4')
+job = {{'job_state': state, 'substate': 92 if state == 'F' else 42, 'exec_host': 'n1/0*4+n2/0*4'}}
 if code:
-    print('    Exit_status = ' + code)
+    job['Exit_status'] = int(code)
+print(json.dumps({{'timestamp': 1, 'pbs_version': '23.06.06', 'pbs_server': 'pbs-server',
+                  'Jobs': {{'77.pbs-server': job}}}}, indent=4) if '-F' in sys.argv else
+      'Job Id: 77.pbs-server\\n    job_state = ' + state + '\\n    exec_host = n1/0*4+n2/0*4'
+      + ('\\n    Exit_status = ' + code if code else ''))
 """
 
 
@@ -80,7 +85,7 @@ def test_pbs_job_from_the_laptop(laptop: sshd.Laptop, tmp_path: Path) -> None:
     info = json.loads(st.stdout)
     assert (info["state"], info["scheduler"], info["remote"], info["nodes"]) == \
         ("RUNNING", "pbs", "login", "n1/0*4+n2/0*4")
-    assert calls(tmp_path, "qstat")[-1] == ["-x", "-f", "77.pbs-server"]
+    assert calls(tmp_path, "qstat")[-1] == ["-x", "-f", "-F", "json", "77.pbs-server"]
     ls = on_laptop(laptop, "list", "--json", cwd=project)
     row = json.loads(ls.stdout)[-1]
     assert (row["job_id"], row["state"], row["directory"]) == ("77.pbs-server", "RUNNING", f"login:{logs}")

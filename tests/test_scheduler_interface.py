@@ -74,7 +74,7 @@ def no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_every_edge_command_goes_through_the_runner(tmp_path: Path, no_processes: None) -> None:
     runner = Recording({"sbatch": "4242\n", "squeue": "RUNNING 0:05 node1\n", "qsub": "77.pbs-server\n",
                         "scontrol": "Slurmctld(primary) at c is UP\n",
-                        "qstat": "Job Id: 77.pbs-server\n    job_state = R\n"})
+                        "qstat": '{"Jobs": {"77.pbs-server": {"job_state": "R", "substate": 42}}}\n'})
     spec = golden_spec(output_dir=str(tmp_path / "logs"))
     with use_runner(runner):
         assert current_runner() is runner

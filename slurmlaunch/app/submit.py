@@ -156,7 +156,7 @@ def cmd_submit(ns: Any) -> int:
     print(sub.job_id)
     if not ns.wait:
         return 0
-    return wait_for(edge, sub.job_id, spec, ns.cancel_on_interrupt, ns.wait_timeout)
+    return wait_for(edge, sub.job_id, spec, ns.cancel_on_interrupt, ns.wait_timeout, sub.files_id or None)
 
 
 def submit_local(spec: JobSpec, ns: Any) -> int:
@@ -194,7 +194,8 @@ def describe_array(spec: JobSpec, job_id: str) -> None:
         sys.stderr.write(f"slurmlaunch:   {job_id}_{index}: {shlex.join(args)}\n")
 
 
-def wait_for(edge: Scheduler, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, timeout: float | None) -> int:
+def wait_for(edge: Scheduler, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, timeout: float | None,
+             files_id: str | None = None) -> int:
     from ..schedulers import JobStatus
     from .follow import follow, interrupted
 
@@ -209,7 +210,7 @@ def wait_for(edge: Scheduler, job_id: str, spec: JobSpec, cancel_on_interrupt: b
         return st
 
     try:
-        code: int = follow(job_id, status, rank0, timeout=timeout, log_dir=spec.log_dir)
+        code: int = follow(job_id, status, rank0, timeout=timeout, log_dir=spec.log_dir, files_id=files_id)
         batch_log = edge.batch_log(spec, job_id)
         for line in warning_lines(batch_log) if batch_log else []:
             sys.stderr.write(line)

@@ -17,6 +17,10 @@ Env = Mapping[str, str]
 # (32768-60999, where the kernel hands out client ports that could take ours) and above the well-known ones.
 PORT_BASE = 15000
 PORT_SPAN = 17000
+# Ports PBS's daemons hold at every PBS site, inside that range: pbs_server 15001, pbs_mom 15002-15003 (on
+# every compute node, where rank 0 listens), pbs_sched 15004, 15005-15006, the datastore 15007, pbs_comm
+# 17001. Seen on a real OpenPBS: job 2's derived 15002 was pbs_mom's, and rank 0 could not listen.
+DAEMON_PORTS = (*range(15001, 15008), 17001)
 
 
 class Context:
@@ -66,8 +70,13 @@ def cpus_per_task(env: Env) -> int | None:
 
 
 def derive_port(job_id: int, step_id: int = 0) -> int:
-    """The MASTER_PORT every task of a step computes alike, without talking to the others."""
-    return PORT_BASE + (job_id + 1009 * step_id) % PORT_SPAN
+    """The MASTER_PORT every task of a step computes alike, without talking to the others: one of the span's
+    ports that is not in DAEMON_PORTS (a bijection from the key mod the free count onto them, in order)."""
+    port = PORT_BASE + (job_id + 1009 * step_id) % (PORT_SPAN - len(DAEMON_PORTS))
+    for taken in DAEMON_PORTS:  # ascending: each one at or below the port moves it one further
+        if port >= taken:
+            port += 1
+    return port
 
 
 def local_device(env: Env, local_rank: int, local_world_size: int, ctx: Context, host: str) -> int | None:

@@ -247,6 +247,19 @@ def pbs_mpi(spec: JobSpec) -> str:
     return spec.mpi or "openmpi"
 
 
+def _tm_agent(spec: JobSpec) -> list[str]:
+    """PBS Pro: Open MPI starts its daemons on the other hosts through pbs_tmrsh (allocation.tmrsh), not ssh.
+    Debian's Open MPI has no `tm` launcher, and without it mpiexec needs ssh keys between compute nodes and
+    its daemons are not the job's (qdel would leave them). A `tm` build never calls the agent. Not with
+    --apptainer (the agent runs on the host, where the container's python is not), nor when the user names
+    an agent with --mpiexec-arg."""
+    if spec.pbs_flavour != "pro" or spec.apptainer or any("plm_rsh_agent" in a for a in spec.mpiexec_args):
+        return []
+    # no tree spawn: every daemon from mpiexec's host, where the agent is
+    return ["--mca", "plm_rsh_agent", f"{spec.python} -m slurmlaunch.allocation.tmrsh",
+            "--mca", "plm_rsh_no_tree_spawn", "1"]
+
+
 def mpiexec_args(spec: JobSpec, env: list[tuple[str, str]]) -> tuple[list[str], str | None]:
     """The flags of the site's MPI, and its hostfile flag (the hostfile itself is $PBS_NODEFILE)."""
     tpn = spec.ntasks_per_node
@@ -259,8 +272,8 @@ def mpiexec_args(spec: JobSpec, env: list[tuple[str, str]]) -> tuple[list[str], 
         if spec.is_array:
             names.append(ARRAY_INDEX[spec.pbs_flavour])
         forwards = [a for n in dict.fromkeys(names) for a in ("-x", n)]
-        return ["-np", str(spec.world_size), "--map-by", f"ppr:{tpn}:node", "--tag-output", *forwards,
-                *extra], "--hostfile"
+        return ["-np", str(spec.world_size), "--map-by", f"ppr:{tpn}:node", "--tag-output", *_tm_agent(spec),
+                *forwards, *extra], "--hostfile"
     if pbs_mpi(spec) == "mpich":
         return ["-n", str(spec.world_size), "-ppn", str(tpn), "-genvall", "-prepend-rank", *extra], "-f"
     depth = spec.per_task_cpus or 1  # Cray PALS places by its own node list

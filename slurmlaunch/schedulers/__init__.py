@@ -167,6 +167,7 @@ class Submission:
     record_path: str
     command: list[str]
     note: str | None = None  # what the submitter should hear besides the id (the job was found after a failure)
+    files_id: str = ""  # the short id that names the job's files (PBS: 1234 of 1234.server)
 
 
 def submit_with(spec: JobSpec, script_text: str, scheduler: str, suffix: str,
@@ -204,5 +205,5 @@ def submit_with(spec: JobSpec, script_text: str, scheduler: str, suffix: str,
     cmd[-1] = script_path
     extra = {"script": script_path} if out == short else {"script": script_path, f"{scheduler}_job_id": out}
     record = write_record(spec, short, scheduler, cmd, extra)
-    return Submission(out, script_path, record, cmd, note)
+    return Submission(out, script_path, record, cmd, note=note, files_id=short)
 

@@ -1,17 +1,19 @@
 """PBS Pro / OpenPBS and Torque: render the qsub script, submit, ask for the state, cancel.
 
-No PBS server can be installed on the machines this is developed on: the scripts are pinned by golden
-files and the qsub/qstat/qdel edges are tested against a labelled emulation of those commands; the rank
-start (mpiexec through the launcher) is tested with a real Open MPI mpirun.
+Tested against a real OpenPBS 23.06 (the PBS dev cluster, app/devcluster_pbs.py): qsub takes the rendered
+script, the states and substates below are the ones its qstat -x -f -F json showed, and the ranks start
+through Open MPI's rsh launcher over pbs_tmrsh (allocation/tmrsh.py). Torque's qstat text is read too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shlex
 import shutil
 from collections.abc import Sequence
+from typing import Any
 
 from ..core.errors import SchedulerError
 from ..core.jobfiles import JobFiles
@@ -70,31 +72,87 @@ def _fields(block: str) -> dict[str, str]:
     return dict(re.findall(r"^\s*(job_state|Exit_status|exit_status|exec_host)\s*=\s*(\S+)", block, re.M))
 
 
-def status(job_id: str, log_dir: str | None = None) -> JobStatus:
-    """qstat -x -f (PBS Pro keeps finished jobs with -x), else qstat -f (Torque); a finished job's exit code is
-    its exit-code file in ``log_dir`` when the script wrote one, else PBS's Exit_status."""
-    fields = _fields(_qstat(pbs_id(job_id)))
-    letter = fields.get("job_state", "")
+# Substates of a finished job (OpenPBS src/include/job.h, JOB_SUBSTATE_*), as a real server sets them:
+# 91 terminated (qdel, running or not: Exit_status 0 or none at all), 92 finished, 93 failed (a non-zero
+# exit, or killed by PBS: Exit_status negative, JOB_EXEC_*).
+SUBSTATE_TERMINATED = 91
+# Negative Exit_status values are PBS's own (JOB_EXEC_*): the job did not end by itself.
+EXIT_KILLED_WALLTIME = -29  # JOB_EXEC_KILL_WALLTIME: resources_used.walltime passed Resource_List.walltime
+
+
+def job_status(attrs: dict[str, Any], code_file: int | None = None) -> JobStatus:
+    """One job of `qstat -x -f -F json`'s "Jobs" as slurmlaunch's state (Slurm's words) and exit code. A qdel'd
+    job (substate 91) is CANCELLED whatever its Exit_status says (PBS leaves 0 there); past its walltime
+    (Exit_status -29) TIMEOUT; PBS's other negative codes FAILED with code 1; Exit_status 256+N (the job
+    script killed by signal N) reads as 128+N, as a shell shows it. ``code_file`` (the script's own word,
+    the first failing rank's code) wins over Exit_status for a job that ended by itself."""
+    letter = str(attrs.get("job_state", ""))
     if letter not in _STATES:
-        raise SchedulerError(f"qstat -f {pbs_id(job_id)}: unknown job_state {letter!r}")
+        raise SchedulerError(f"qstat: unknown job_state {letter!r} (expected one of {''.join(_STATES)})")
     state = _STATES[letter]
-    code_text = fields.get("Exit_status") or fields.get("exit_status")
-    code = int(code_text) if code_text and code_text.lstrip("-").isdigit() else None
-    if state == "COMPLETED" and log_dir is not None:
+    nodes = attrs.get("exec_host")
+    elapsed = (attrs.get("resources_used") or {}).get("walltime")
+    if state != "COMPLETED":
+        return JobStatus(state, None, nodes, elapsed=elapsed)
+    raw = attrs.get("Exit_status")
+    code = int(raw) if isinstance(raw, int) or (isinstance(raw, str) and raw.lstrip("-").isdigit()) else None
+    if _substate(attrs) == SUBSTATE_TERMINATED:
+        state = "CANCELLED"
+    elif code == EXIT_KILLED_WALLTIME:
+        state = "TIMEOUT"
+    elif code is not None and code < 0:
+        state = "FAILED"
+    else:
+        if code is not None and code > 256:
+            code = 128 + code - 256
+        if code_file is not None:
+            code = code_file
+        state = "COMPLETED" if not code else "FAILED"
+    if code is None or code < 0 or (code == 0 and state != "COMPLETED"):
+        code = 0 if state == "COMPLETED" else 1
+    return JobStatus(state, code, nodes, elapsed=elapsed)
+
+
+def _substate(attrs: dict[str, Any]) -> int | None:
+    raw = attrs.get("substate")
+    return raw if isinstance(raw, int) else int(raw) if isinstance(raw, str) and raw.isdigit() else None
+
+
+def _qstat_json(job_id: str) -> dict[str, Any] | None:
+    """The job's attributes from `qstat -x -f -F json` (PBS Pro, OpenPBS), or None where qstat has no JSON
+    form (Torque's): the caller reads the text form then. An unknown job id is an error either way."""
+    try:
+        out = run_command(["qstat", "-x", "-f", "-F", "json", job_id], timeout=30).stdout
+    except SchedulerError as e:
+        if "Unknown Job Id" in str(e) or "Job has finished" in str(e):
+            raise
+        return None
+    try:
+        jobs = json.loads(out).get("Jobs") or {}
+    except (ValueError, AttributeError):
+        return None
+    if len(jobs) != 1:
+        raise SchedulerError(f"qstat -x -f -F json {job_id}: expected one job, got {len(jobs)}")
+    return dict(next(iter(jobs.values())))
+
+
+def status(job_id: str, log_dir: str | None = None) -> JobStatus:
+    """`qstat -x -f -F json` (PBS Pro keeps finished jobs with -x), else the text of qstat -x -f / qstat -f
+    (Torque); a finished job's exit code is its exit-code file in ``log_dir`` when the script wrote one, else
+    PBS's Exit_status (see :func:`job_status`)."""
+    attrs = _qstat_json(pbs_id(job_id))
+    if attrs is None:
+        attrs = dict(_fields(_qstat(pbs_id(job_id))))
+        if "Exit_status" not in attrs and "exit_status" in attrs:  # Torque's spelling
+            attrs["Exit_status"] = attrs["exit_status"]
+    code_file = None
+    if _STATES.get(str(attrs.get("job_state", ""))) == "COMPLETED" and log_dir is not None:
         # The script's own word wins: some qstat (Slurm's Torque wrappers) report no exit status at all.
         # Read where the job ran (through the runner: over ssh for a remote job).
         text = read_file(JobFiles(log_dir, _array_base(job_id)).exit_code, limit=64)
         with contextlib.suppress(ValueError):
-            code = int(text.strip()) if text is not None else code
-    if state == "COMPLETED":
-        if code is None:
-            code = 0
-        if code != 0:
-            state = "FAILED"
-        if code < 0:  # PBS's own negative codes: the job never ran properly
-            code = 1
-        return JobStatus(state, code, fields.get("exec_host"))
-    return JobStatus(state, None, fields.get("exec_host"))
+            code_file = int(text.strip()) if text is not None else None
+    return job_status(attrs, code_file)
 
 
 def array_status(job_id: str, log_dir: str, indices: list[int]) -> JobStatus:
