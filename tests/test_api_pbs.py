@@ -127,3 +127,24 @@ print(json.dumps({"values": job.results(), "logs": [job.logs(r) for r in range(2
     assert out["values"] == [0, 0], out
     logs = out["logs"]
     assert isinstance(logs, list) and "HELLO 0 2" in logs[0] and "HELLO 1 2" in logs[1], out
+
+
+def test_a_rank_that_dies_without_an_exception_is_named(pbs_env: dict[str, str], tmp_path: Path) -> None:
+    """Rank 1 ends by os._exit(7) (no Python exception, no result file): mpiexec's own report names it, and
+    RankFailed says rank 1 and code 7, not a rank that was merely stopped after it."""
+    out = drive("""
+def dies():
+    if os.environ["RANK"] == "1":
+        os._exit(7)
+    time.sleep(600)
+
+job = slurmlaunch.submit(dies, **OPTIONS)
+try:
+    job.result()
+    print(json.dumps({"raised": None}))
+except slurmlaunch.RankFailed as e:
+    print(json.dumps({"raised": type(e).__name__, "rank": e.rank, "code": e.returncode, "text": str(e),
+                      "state": job.state}))
+""", pbs_env, tmp_path, timeout=400)
+    assert out["raised"] == "RankFailed" and out["rank"] == 1 and out["code"] == 7, out
+    assert "(mpiexec: exit code 7), without a Python exception" in str(out["text"]), out

@@ -20,6 +20,7 @@ import submitit
 from submitit.core import core, utils
 
 from ...core.spec import JobSpec
+from .collect import _MPIEXEC_REPORT
 
 # The variables the script gives every rank (forwarded by mpiexec -x): the job's id as submitit names it.
 _JOB_ID = "SLURMLAUNCH_PBS_JOB_ID"
@@ -148,17 +149,28 @@ def batch_script(spec: JobSpec, folder: str, array_count: int = 0) -> str:
               "export SUBMITIT_EXECUTOR=pbs",
               f"export SLURMLAUNCH_PBS_NODES={spec.nodes}",
               f'export {_JOB_ID}="${{PBS_JOBID%%.*}}"']
+    job = '"$' + _JOB_ID + '"'
     if array_count > 1:
         lines.append(f'export {_ARRAY_ID}="${{PBS_JOBID%%[*}}"')
-    lines += ['export SLURMLAUNCH_REASONS_DIR="$(mktemp -d)" || exit 2']
+        job = f'"${{{_ARRAY_ID}}}_${{PBS_ARRAY_INDEX}}"'
+    # submitit's folder of this job (its %j: the job id as the ranks' JobEnvironment names it), where mpiexec's
+    # stderr is kept too: Open MPI names there the first rank that ended badly (collect._mpiexec_ends)
+    lines += [f"job_folder={job.join(shlex.quote(part) for part in folder.split('%j'))}",
+              'mkdir -p -m 700 "$job_folder" || exit 2',
+              f'mpiexec_report="$job_folder/"{job}{shlex.quote(_MPIEXEC_REPORT.format(job_id=""))}',
+              'export SLURMLAUNCH_REASONS_DIR="$(mktemp -d)" || exit 2']
     args, hostfile_flag = mpiexec_args(spec, env)
     names = ["SUBMITIT_EXECUTOR", "SLURMLAUNCH_PBS_NODES", _JOB_ID, *([_ARRAY_ID, "PBS_ARRAY_INDEX"]
                                                                     if array_count > 1 else [])]
     forwards = [a for n in names for a in ("-x", n)]
     hostfile = f' {hostfile_flag} "$PBS_NODEFILE"' if hostfile_flag else ""
     command = [spec.python, "-u", "-m", "slurmlaunch.app.api.pbs", folder]
-    lines.append(f"mpiexec {shlex.join([*args, *forwards])}{hostfile} {shlex.join(command)}")
-    lines += ["rc=$?", 'rm -rf "$SLURMLAUNCH_REASONS_DIR"', 'exit "$rc"', ""]
+    lines += ["exec 3>&1",
+              f"mpiexec {shlex.join([*args, *forwards])}{hostfile} {shlex.join(command)} \\",
+              '    2>&1 1>&3 3>&- | tee -a "$mpiexec_report" >&2',
+              "rc=${PIPESTATUS[0]}",
+              "exec 3>&-"]
+    lines += ['rm -rf "$SLURMLAUNCH_REASONS_DIR"', 'exit "$rc"', ""]
     return "\n".join(lines)
 
 
