@@ -120,7 +120,8 @@ def _choose(scheduler: str) -> str:
     """--scheduler's one definition (schedulers/choice.py), within what the API runs on, quietly: PBS when
     named (app/api/pbs.py); auto keeps to Slurm or local."""
     from ...schedulers.choice import choose
+    from ...schedulers.interface import SchedulerName
 
-    allowed = ("slurm", "local", "pbs") if scheduler == "pbs" else ("slurm", "local")
+    allowed: tuple[SchedulerName, ...] = ("slurm", "local", "pbs") if scheduler == "pbs" else ("slurm", "local")
     return choose(scheduler, allowed=allowed, check_client=False, announce=False)
 
