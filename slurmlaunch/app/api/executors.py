@@ -69,6 +69,12 @@ def _private_folder(spec: JobSpec) -> Path:
 def _executor(spec: JobSpec, scheduler: str) -> Any:
     import submitit
 
+    if scheduler == "pbs":  # what PBS cannot carry out is refused as the CLI refuses it, before any file is written
+        from ...core.support import refuse_unsupported
+        from ...render.pbs_script import check
+
+        refuse_unsupported(spec, "pbs")
+        check(spec)
     folder = _private_folder(spec)
     tpn = spec.ntasks_per_node
     if spec.warning_note:  # the CLI's line: the warning moved half-way (a time limit too short for it)
@@ -123,5 +129,5 @@ def _choose(scheduler: str) -> str:
     from ...schedulers.interface import SchedulerName
 
     allowed: tuple[SchedulerName, ...] = ("slurm", "local", "pbs") if scheduler == "pbs" else ("slurm", "local")
-    return choose(scheduler, allowed=allowed, check_client=False, announce=False)
+    return choose(scheduler, allowed=allowed, check_client=scheduler == "pbs", announce=False)
 
