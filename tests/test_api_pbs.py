@@ -110,11 +110,17 @@ except slurmlaunch.SlurmLaunchError as e:
 
 @pytest.mark.pbs
 def test_map_array_of_three_calls(pbs_env: dict[str, str], tmp_path: Path) -> None:
-    """map_array: one PBS job array (qsub -J), one distributed job per element, each its own world."""
+    """map_array: one PBS job array (qsub -J), one distributed job per element, each its own world; batch's
+    calls likewise."""
     out = drive("""
 jobs = slurmlaunch.map_array(where, [10, 20, 30], **OPTIONS)
-print(json.dumps({"ids": [j.job_id for j in jobs], "values": [j.results() for j in jobs]}))
+with slurmlaunch.batch(**OPTIONS) as b:
+    b.submit(where, "a")
+    b.submit(where, "b")
+print(json.dumps({"ids": [j.job_id for j in jobs], "values": [j.results() for j in jobs],
+                  "batch": [[v[4] for v in j.results()] for j in b.jobs]}))
 """, pbs_env, tmp_path)
+    assert out["batch"] == [["a", "a"], ["b", "b"]], out
     ids = [str(i) for i in out["ids"]]  # type: ignore[attr-defined]
     assert len({i.split("_")[0] for i in ids}) == 1 and [i.split("_")[1] for i in ids] == ["0", "1", "2"], out
     values = out["values"]
