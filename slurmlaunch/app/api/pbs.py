@@ -32,8 +32,7 @@ class PbsJobEnvironment(submitit.JobEnvironment):
 
     _env = {"job_id": _JOB_ID, "array_job_id": _ARRAY_ID, "array_task_id": "PBS_ARRAY_INDEX",
             "num_tasks": "OMPI_COMM_WORLD_SIZE", "num_nodes": "SLURMLAUNCH_PBS_NODES",
-            "node": "SLURMLAUNCH_PBS_NODE", "global_rank": "OMPI_COMM_WORLD_RANK",
-            "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK"}
+            "global_rank": "OMPI_COMM_WORLD_RANK", "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK"}
 
     @property
     def node(self) -> int:
