@@ -32,6 +32,11 @@ _STOPPED_STATES = ("CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE")
 _BATCH_MARK = "slurmlaunch: batch shell started"
 # srun's report of a task that ended badly, as the batch log has it (one line per task or task range).
 _SRUN_TASK = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.+)$", re.MULTILINE)
+# Under PBS (app/api/pbs.py), mpiexec's stderr in the job's submitit folder: Open MPI names there the first rank
+# that ended badly by itself ("Process name: [[J,1],RANK]" then "Exit code: N"), or one killed by a signal.
+_MPIEXEC_REPORT = "{job_id}_mpiexec.err"
+_MPIEXEC_EXIT = re.compile(r"^\s*Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\s*(\d+)", re.MULTILINE)
+_MPIEXEC_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 # srun names a signal by its description (strsignal): "Segmentation fault (core dumped)", "Killed".
 _SIGNAL_TEXTS = {signal.strsignal(s): int(s) for s in signal.Signals if signal.strsignal(s)}
 
@@ -94,6 +99,25 @@ def _step_ends(batch_log: Path) -> dict[int, tuple[int, int | None, str]]:
     return ends
 
 
+def _mpiexec_ends(report: Path) -> dict[int, tuple[int, int | None, str]]:
+    """Open MPI's word on the first rank that ended badly by itself, from mpiexec's stderr under PBS: rank ->
+    (0, the return code as subprocess has it, the words); empty where it named none."""
+    try:
+        with open(report, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - (1 << 20)))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return {}
+    exited = _MPIEXEC_EXIT.search(text)
+    if exited:
+        return {int(exited.group(1)): (0, int(exited.group(2)), f"mpiexec: exit code {exited.group(2)}")}
+    killed = _MPIEXEC_SIGNAL.search(text)
+    if killed:
+        rank, node, number = int(killed.group(1)), killed.group(2), int(killed.group(3))
+        return {rank: (0, -number, f"mpiexec: killed by {_signal_name(number)} on {node}")}
+    return {}
+
+
 def _how(code: int | None) -> str:
     return ("ended without a result" if code is None else
             f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}")
@@ -120,7 +144,9 @@ def _collect(job: Any, world: int, state: str | None, wanted: Iterable[int] | No
     results = [Path(t.paths.result_pickle) for t in tasks]
     if status is None and state == "COMPLETED":
         _await_results(results)
-    steps = _step_ends(Path(tasks[0].paths.stderr)) if status is None else {}
+    steps = (_step_ends(Path(tasks[0].paths.stderr))
+             or _mpiexec_ends(Path(job.paths.folder) / _MPIEXEC_REPORT.format(job_id=job.job_id))) \
+        if status is None else {}
     keep = set(range(world)) if wanted is None else set(wanted)
     found = _Findings()
     for rank, task in enumerate(tasks):
@@ -174,7 +200,8 @@ def _read_rank(found: _Findings, rank: int, task: Any, result: Path, end: dict[s
     elif end is not None and end["stopped"]:
         found.stopped.append(rank)  # stopped because another rank failed, or the job was cancelled
     elif end is not None or step is not None:
-        seen = "" if end is not None else f" (srun: {step[2]})" if step is not None else ""
+        said = "" if step is None or step[2].startswith("mpiexec: ") else "srun: "  # _mpiexec_ends says whose
+        seen = "" if end is not None else f" ({said}{step[2]})" if step is not None else ""
         text = (f"its process {_how(code)}{seen}, without a Python exception (os._exit, a crash in native code, "
                 f"a kill from outside, running out of memory)\n{_tail(task)}")
         if end is not None:

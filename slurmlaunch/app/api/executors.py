@@ -69,6 +69,12 @@ def _private_folder(spec: JobSpec) -> Path:
 def _executor(spec: JobSpec, scheduler: str) -> Any:
     import submitit
 
+    if scheduler == "pbs":  # what PBS cannot carry out is refused as the CLI refuses it, before any file is written
+        from ...core.support import refuse_unsupported
+        from ...render.pbs_script import check
+
+        refuse_unsupported(spec, "pbs")
+        check(spec)
     folder = _private_folder(spec)
     tpn = spec.ntasks_per_node
     if spec.warning_note:  # the CLI's line: the warning moved half-way (a time limit too short for it)
@@ -78,6 +84,12 @@ def _executor(spec: JobSpec, scheduler: str) -> Any:
         local.update_parameters(tasks_per_node=spec.world_size, nodes=1, timeout_min=_minutes(spec.time),
                                 signal_delay_s=spec.warning[1] if spec.warning else 90)
         return local
+    if scheduler == "pbs":
+        from .pbs import PbsExecutor
+
+        pbs = PbsExecutor(str(folder), spec)
+        pbs.update_parameters(timeout_min=_minutes(spec.time))
+        return pbs
     if spec.warning is None:
         raise SpecError(f"signal {spec.signal!r} is not carried out under Slurm by the submitit-based API (submitit "
                         f"always asks for a warning signal): give NAME@SECONDS, or use `slurmlaunch submit`")
@@ -111,8 +123,11 @@ def _executor(spec: JobSpec, scheduler: str) -> Any:
 
 
 def _choose(scheduler: str) -> str:
-    """--scheduler's one definition (schedulers/choice.py), within what the API runs on (no PBS), quietly."""
+    """--scheduler's one definition (schedulers/choice.py), within what the API runs on, quietly: PBS when
+    named (app/api/pbs.py); auto keeps to Slurm or local."""
     from ...schedulers.choice import choose
+    from ...schedulers.interface import SchedulerName
 
-    return choose(scheduler, allowed=("slurm", "local"), check_client=False, announce=False)
+    allowed: tuple[SchedulerName, ...] = ("slurm", "local", "pbs") if scheduler == "pbs" else ("slurm", "local")
+    return choose(scheduler, allowed=allowed, check_client=scheduler == "pbs", announce=False)
 

@@ -34,6 +34,8 @@ _FINAL_QUEUE_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL
 # preempted), or was stopped from outside (the full wait then says so, as it does without the early end).
 _UNCONFIRMED = ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD",
                 "SUSPENDED", "STOPPED", "SIGNALING", *_STOPPED_STATES)
+# schedulers/pbs.py's final states (in Slurm's words), and ENDED: gone from the server's history
+_PBS_FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "ENDED")
 
 
 class Job:
@@ -48,12 +50,12 @@ class Job:
         self._returned: set[int] = set()  # ranks whose value (or sys.exit(0)) is on disk
         self._confirm_asked = False
         self._confirmed: str | None = None  # squeue's state, asked once every rank had returned
-        if scheduler != "local":
+        if scheduler == "slurm":
             self._register()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update({"_returned": set(), "_confirm_asked": False, "_confirmed": None, **state})
-        if self.scheduler != "local":  # a handle sent back and forth (remote=): a job this process waits for
+        if self.scheduler == "slurm":  # a handle sent back and forth (remote=): a job this process waits for
             self._register()
 
     def _register(self) -> None:
@@ -89,6 +91,8 @@ class Job:
         off at this site, or not caught up yet: without it a site without accounting would wait forever),
         and where every rank has returned (squeue knows a job's end at once, sacct some time later). squeue
         knows a job until MinJobAge after its end (with its final state), and not at all after ("ENDED")."""
+        if self.scheduler == "pbs":
+            return self._pbs_state()
         watcher = _watcher()
         state = str(watcher.get_state(self.job_id, mode="standard"))
         if state != "UNKNOWN" and watcher.is_done(self.job_id, mode="cache"):
@@ -103,6 +107,24 @@ class Job:
         if state == "UNKNOWN":
             return ("PENDING" if queued is None else queued), False
         return (queued or state), False
+
+    def _pbs_state(self) -> tuple[str, bool]:
+        """(state, whether it is final) under PBS: the real qstat -x -f -F json's, read by the CLI's own
+        mapping (schedulers/pbs.py: a qdel'd job is CANCELLED), asked at most once per _SACCT_EVERY_S; a job
+        the server no longer knows (its history expired) has ended."""
+        from ...core.errors import SchedulerError
+        from ...schedulers import pbs
+
+        now = time.monotonic()
+        if self._queued is None or now - self._queue_asked >= _SACCT_EVERY_S:
+            self._queue_asked = now
+            try:
+                self._queued = pbs.status(self.job_id).state
+            except SchedulerError as e:
+                if "Unknown Job Id" in str(e):
+                    self._queued = "ENDED"
+        state = self._queued or "PENDING"
+        return state, state in _PBS_FINAL
 
     def _queue_state(self, force: bool = False) -> str | None:
         """squeue's state of the job (final states too, while slurmctld keeps them), "" when squeue does not
@@ -147,6 +169,8 @@ class Job:
     def _early_end(self) -> str | None:
         """squeue's state when every rank returned and squeue (asked once) does not say the job was
         stopped or queued again since; None otherwise (the wait goes on to the job's end)."""
+        if self.scheduler == "pbs":  # no early end: the job's end comes from qstat (mpiexec ends with the ranks)
+            return None
         if self._confirmed is None and not self._confirm_asked and self._all_returned():
             _confirm([self, *(j for j in _WAITING if j is not self and not j._confirm_asked and j._all_returned())])
         return self._confirmed
@@ -208,7 +232,7 @@ class Job:
 
         live = not self.done()
         nodes = None
-        if live and self.scheduler != "local":
+        if live and self.scheduler == "slurm":
             r = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%N"], capture_output=True, text=True,
                                timeout=60)
             nodes = r.stdout.strip() or None
