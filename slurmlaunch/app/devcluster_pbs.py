@@ -249,9 +249,13 @@ def _ssh_keys(root: Path, names: list[str], timeout: float) -> None:
                                   "    BatchMode yes\n")
 
 
-def _start_sshd(root: Path, host: str, addr: str, timeout: float) -> None:
-    """An sshd on ``host``'s address, port 22 (its own network namespace), by key only; it daemonises, and
-    `down` stops it with the rest of the host's processes."""
+def start_sshd(root: Path, host: str, timeout: float = 30.0) -> None:
+    """An sshd on execution host ``host``'s address, port 22 (its own network namespace), by key only; it
+    daemonises (its pid in DIR/ssh/sshd-HOST.pid), and `down` stops it with the rest of the host's processes."""
+    net = net_mod.load_network(root)
+    if net is None or not host.removeprefix("node").isdigit():
+        raise DevClusterError(f"no execution host {host} in the PBS dev cluster of {root}")
+    addr = net.node_addr(int(host.removeprefix("node")))
     d = root / "ssh"
     (d / f"sshd-{host}.conf").write_text("".join(f"{line}\n" for line in [
         "Port 22", f"ListenAddress {addr}", f"HostKey {d / 'host_ed25519'}", f"PidFile {d / f'sshd-{host}.pid'}",
@@ -337,7 +341,7 @@ def up(root: Path, nodes: int = 3, cpus: int = 8, gpus: int = 0, timeout: float 
             _qmgr(root, f"set node node{i} resources_available.ngpus = {gpus}", timeout)
     if SSHD.exists():
         for i in range(1, nodes + 1):
-            _start_sshd(root, f"node{i}", net.node_addr(i), timeout)
+            start_sshd(root, f"node{i}", timeout)
     _write_clients(root, net)
     _wait_free(root, nodes, timeout)
     return {"PATH": f"{root}/bin:{os.environ.get('PATH', os.defpath)}"}
