@@ -15,6 +15,12 @@ daemon of the host is started inside it (nsenter) and so are the clients: DIR/bi
 commands that enter the head host from outside and run the command where they are inside the cluster (a
 job's pbsdsh stays on its host). `DIR/bin/in-cluster CMD` runs any command on the head host.
 
+Each execution host also runs an OpenSSH server (when openssh-server is installed), as PBS sites let a job's
+owner ssh to the hosts the job holds: `slurmlaunch stacks` reaches a job's ranks that way. The keys are the
+cluster's own (DIR/ssh, made at `up`): DIR/ssh/ssh_config is bound over /etc/ssh/ssh_config on every host, so
+a plain `ssh node1` inside the cluster (DIR/bin/ssh from outside: from the head host, as from a login node)
+logs in by key and checks the host key (StrictHostKeyChecking yes).
+
 OpenPBS comes from an existing /opt/pbs, else the shared .deb (apt-get installs its Depends), else it is built
 from the shared source tarball; see :func:`install`. Needs root.
 """
@@ -50,6 +56,7 @@ HEAD = "head"
 MARKER = "pbs-cluster.json"  # {"nodes": N}: this DIR holds a PBS dev cluster (down/status find it by this)
 CLIENTS = ("qsub", "qstat", "qdel", "qalter", "qhold", "qrls", "qrerun", "qsig", "qmgr", "qselect", "qmove",
            "qrun", "pbsnodes", "tracejob", "printjob", "pbsdsh", "pbs_tmrsh", "pbs_rstat", "pbs_rsub")
+SSHD = Path("/usr/sbin/sshd")
 QUIET_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 
@@ -205,6 +212,8 @@ def _start_host(root: Path, host: str, ns: str, timeout: float) -> None:
     shutil.chown(d / "pgrun", "postgres", "postgres")
     binds = [(root / "hosts", "/etc/hosts"), (d / "spool", "/var/spool/pbs"), (d / "pbs.conf", "/etc/pbs.conf"),
              (d / "pgrun", "/run/postgresql")]
+    if (root / "ssh" / "ssh_config").exists() and Path("/etc/ssh/ssh_config").exists():
+        binds.append((root / "ssh" / "ssh_config", "/etc/ssh/ssh_config"))
     systemctl = shutil.which("systemctl")
     if systemctl:
         binds.append((Path("/bin/false"), systemctl))
@@ -222,6 +231,43 @@ def _start_host(root: Path, host: str, ns: str, timeout: float) -> None:
             raise DevClusterError(f"PBS host {host} did not start within {timeout:.0f}s: "
                                   f"{(d / 'host.log').read_text(errors='replace').strip()}")
         time.sleep(0.05)
+
+
+def _ssh_keys(root: Path, names: list[str], timeout: float) -> None:
+    """DIR/ssh: one host key (every host's) and one user key, the client configuration that uses them."""
+    d = root / "ssh"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(mode=0o700)
+    for key in ("host_ed25519", "user_ed25519"):
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"slurmlaunch-pbs-{key}", "-f", str(d / key)],
+             "making the PBS dev cluster's ssh keys", timeout)
+    shutil.copyfile(d / "user_ed25519.pub", d / "authorized_keys")
+    kind, key = (d / "host_ed25519.pub").read_text().split()[:2]
+    (d / "known_hosts").write_text(f"{','.join(names)} {kind} {key}\n")
+    (d / "ssh_config").write_text(f"Host *\n    IdentityFile {d / 'user_ed25519'}\n"
+                                  f"    UserKnownHostsFile {d / 'known_hosts'}\n    StrictHostKeyChecking yes\n"
+                                  "    BatchMode yes\n")
+
+
+def start_sshd(root: Path, host: str, timeout: float = 30.0) -> None:
+    """An sshd on execution host ``host``'s address, port 22 (its own network namespace), by key only; it
+    daemonises (its pid in DIR/ssh/sshd-HOST.pid), and `down` stops it with the rest of the host's processes."""
+    net = net_mod.load_network(root)
+    if net is None or not host.removeprefix("node").isdigit():
+        raise DevClusterError(f"no execution host {host} in the PBS dev cluster of {root}")
+    addr = net.node_addr(int(host.removeprefix("node")))
+    d = root / "ssh"
+    (d / f"sshd-{host}.conf").write_text("".join(f"{line}\n" for line in [
+        "Port 22", f"ListenAddress {addr}", f"HostKey {d / 'host_ed25519'}", f"PidFile {d / f'sshd-{host}.pid'}",
+        f"AuthorizedKeysFile {d / 'authorized_keys'}", "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
+        # DIR is often under /tmp (world-writable, sticky): StrictModes would refuse the keys there
+        "StrictModes no", "MaxStartups 100:30:200", "MaxSessions 100",
+        # a command's bash would source the machine's /root/.bashrc (whoever's it is) at SHLVL < 2
+        "SetEnv SHLVL=1"]))
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # the privilege separation directory sshd requires
+    _in(root, host, [str(SSHD), "-f", str(d / f"sshd-{host}.conf"), "-E", str(d / f"sshd-{host}.log")],
+        f"starting sshd on {host}", timeout)
 
 
 def _in(root: Path, host: str, argv: list[str], what: str, timeout: float) -> str:
@@ -269,6 +315,8 @@ def up(root: Path, nodes: int = 3, cpus: int = 8, gpus: int = 0, timeout: float 
         + "".join(f"{net.node_addr(i)} node{i}\n" for i in range(1, nodes + 1)) + "::1 localhost ip6-localhost\n")
     for ns in net.namespaces:
         shutil.copyfile(root / "hosts", f"/etc/netns/{ns}/hosts")
+    if SSHD.exists():
+        _ssh_keys(root, names, timeout)
     for host, ns in zip(names, net.namespaces, strict=True):
         _start_host(root, host, ns, timeout)
     for host in names:  # PBS_HOME's tree, as PBS's installer makes it; its own pbs.conf is thrown away
@@ -291,6 +339,9 @@ def up(root: Path, nodes: int = 3, cpus: int = 8, gpus: int = 0, timeout: float 
         _qmgr(root, f"set node node{i} resources_available.ncpus = {cpus}", timeout)
         if gpus:
             _qmgr(root, f"set node node{i} resources_available.ngpus = {gpus}", timeout)
+    if SSHD.exists():
+        for i in range(1, nodes + 1):
+            start_sshd(root, f"node{i}", timeout)
     _write_clients(root, net)
     _wait_free(root, nodes, timeout)
     return {"PATH": f"{root}/bin:{os.environ.get('PATH', os.defpath)}"}
@@ -320,8 +371,8 @@ def _write_clients(root: Path, net: net_mod.Network) -> None:
     bindir.mkdir(exist_ok=True)
     ip = net_mod._tool("ip")
     pidfile = shlex.quote(str(host_dir(root, HEAD) / "host.pid"))
-    for name in (*CLIENTS, "in-cluster"):
-        real = "" if name == "in-cluster" else str(PBS_EXEC / "bin" / name)
+    for name in (*CLIENTS, "in-cluster", "ssh"):
+        real = {"in-cluster": "", "ssh": shutil.which("ssh") or "/usr/bin/ssh"}.get(name, str(PBS_EXEC / "bin" / name))
         if real and not Path(real).exists():
             continue
         run = f'{real} "$@"' if real else '"$@"'

@@ -266,8 +266,10 @@ def mpiexec_args(spec: JobSpec, env: list[tuple[str, str]]) -> tuple[list[str], 
     extra = list(spec.mpiexec_args)
     if pbs_mpi(spec) == "openmpi":
         # Open MPI forwards only the variables named with -x (and warns about unset ones).
-        # SLURMLAUNCH_REASONS_DIR: where a rank the launcher stops says why (the script reads it at the end).
-        names = ["PBS_NODEFILE", "PBS_JOBID", "PATH", "SLURMLAUNCH_REASONS_DIR", *(k for k, _ in env),
+        # SLURMLAUNCH_REASONS_DIR: where a rank the launcher stops says why (the script reads it at the end);
+        # SLURMLAUNCH_STACKS_DIR: where each rank's runner writes its pid and stacks (`slurmlaunch stacks`).
+        names = ["PBS_NODEFILE", "PBS_JOBID", "PATH", "SLURMLAUNCH_REASONS_DIR", "SLURMLAUNCH_STACKS_DIR",
+                 *(k for k, _ in env),
                  *_setup_exports(spec.setup)]
         if spec.is_array:
             names.append(ARRAY_INDEX[spec.pbs_flavour])
@@ -294,6 +296,9 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
         "sweep_points": list(enumerate(spec.sweep_points)),
         "write_failed": WRITE_FAILED,
         "files": JobFiles("$log_dir", "$job_id"),  # the job's file names, spelled with the script's variables
+        # the batch shell's summary of the stacks the ranks saved when they were stopped (not in a container:
+        # the batch shell runs outside it)
+        "stacks_summary": None if spec.container else [spec.python, "-m", "slurmlaunch", "stacks-summary"],
     }
 
 

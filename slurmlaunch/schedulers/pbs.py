@@ -192,8 +192,8 @@ def _batch_log(spec: JobSpec, job_id: str) -> str | None:
 
 def node_commands(job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, list[str]]:
     """ssh to each execution host of the running job (exec_host "n1/0*2+n2/0*2"): PBS sites let a job's owner
-    onto the hosts the job holds (pbs_attach / the PAM module put the session into the job). Not tried on a
-    real PBS server yet (README: PBS)."""
+    onto the hosts the job holds (pbs_attach / the PAM module put the session into the job); pbsdsh and
+    pbs_tmrsh work only from inside the job. Tried on the real OpenPBS dev cluster (its hosts run sshd)."""
     hosts = dict.fromkeys(part.split("/", 1)[0] for part in nodes.split("+") if part.split("/", 1)[0])
     return {host: ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", host, shlex.join(argv)]
             for host in hosts}
