@@ -52,6 +52,7 @@ FREE_VALUES = {
     "TORCHELASTIC_ERROR_FILE": "a fresh temporary directory",
     "SLURMLAUNCH_RETURNED_DIR": "the job's own job-ID.returned directory (named by the job id)",
     "SLURMLAUNCH_REASONS_DIR": "the job's own job-ID.reasons directory (named by the job id)",
+    "SLURMLAUNCH_STACKS_DIR": "the job's own job-ID.stacks directory (named by the job id)",
 }
 # The node's size, which an --exclusive job gets whole: the dev cluster's nodes have 8 CPUs and 4 GPUs, the
 # emulated ones this machine's (possibly no GPU: then no SLURM_JOB_GPUS either).
@@ -65,8 +66,9 @@ NODE_LISTS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_STEP_NODELIST")
 # machine's and each gets its own slice of them.
 GPU_IDS = (*stepenv.GPU_LISTS, "SLURM_JOB_GPUS", "SLURM_STEP_GPUS")
 # torchrun's elastic rendezvous numbers the nodes in arrival order, on a cluster as locally, and its workers'
-# MASTER_ADDR is the host name of the agent that holds its store (this machine's own name locally).
-RENDEZVOUS_ORDER = ("RANK", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR")
+# MASTER_ADDR is the host name of the agent that holds its store (this machine's own name locally). A worker's
+# SLURM_NODEID is its GROUP_RANK (core.workerenv), so the node a task's key lands on is arrival order too.
+RENDEZVOUS_ORDER = ("RANK", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR", "SLURMD_NODENAME", "SLURM_TOPOLOGY_ADDR")
 
 
 def normalise(env: Mapping[str, str], request: list[str], torchrun: bool) -> dict[str, str]:

@@ -254,7 +254,9 @@ def test_api_job_stacks_groups_as_data(tmp_path: Path) -> None:
         deadline = time.monotonic() + 60
         while True:
             stacks = job.stacks()
-            if len(stacks.grouping.groups) == 2 or time.monotonic() > deadline:
+            # under load the ranks that wait may not have armed their dumps yet: "not reported" is a group too
+            groups = stacks.grouping.groups
+            if (len(groups) == 2 and not any(g.problem for g in groups)) or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         assert stacks.live
@@ -357,6 +359,9 @@ def test_slurm_a_node_that_does_not_answer_is_named_in_bounded_time(cluster_env:
 
 
 @pytest.mark.slurm
+@pytest.mark.skipif(not os.environ.get("SLURMLAUNCH_MEASURE_64"),
+                    reason="a measurement, not a check: 64 ranks on a 2-core machine took over 300 s to start beside "
+                           "the rest of the suite (CI, 2026-12-02); SLURMLAUNCH_MEASURE_64=1 runs it")
 def test_slurm_stacks_at_64_ranks(slurm_cluster: dict[str, str], tmp_path: Path) -> None:
     # 4 nodes x 16 ranks: Slurm refuses more tasks per node than CPUs even with --overcommit, so a cluster of
     # its own whose nodes claim 16 (the session's claim 8), with job ids apart from the session cluster's

@@ -45,7 +45,7 @@ def command(env: dict[str, str], *argv: str) -> tuple[list[str], dict[str, str]]
 def test_first_node_hosts_the_c10d_store() -> None:
     cmd, extra = command(STEP, "--nproc-per-node=4", "--max-restarts", "2", "--forward-signal=USR2", "t.py", "--x")
     assert cmd == ["/py", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d",
-                   "--rdzv-endpoint=gpu07:19242", "--rdzv-id=4242", "--rdzv-conf=is_host=1", "--max-restarts=2",
+                   "--rdzv-endpoint=gpu07:19250", "--rdzv-id=4242", "--rdzv-conf=is_host=1", "--max-restarts=2",
                    "--no-python", "/py", "-c", RELAY, "-u", "t.py", "--x"]  # 4 workers: each behind the line relay
     # torchrun passes the warning on to its workers (torch >= 2.9); CPUs are shared among the node's ranks
     assert extra == {"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2", "OMP_NUM_THREADS": "8"}
