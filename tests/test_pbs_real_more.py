@@ -69,7 +69,7 @@ def test_an_array_runs_reads_and_cancels_through_the_real_server(pbs_env: dict[s
         seen = sorted(p.read_text().split() for p in wait_for_files(tmp_path, "idx-*", 4, timeout=180))
         assert [s[:3] for s in seen] == [[str(i), "0", "1"] for i in range(4)], seen
         assert [s[3] for s in seen] == [f"{job}[{i}].head" for i in range(4)], seen
-        assert _raw(pbs_env, f"{job}[]")["job_state"] == "B"
+        assert _raw(pbs_env, printed)["job_state"] == "B"
         st = _status(pbs_env, tmp_path, job)
         assert st["state"] == "RUNNING" and st["elements"] == {str(i): "RUNNING" for i in range(4)}, st
         listed = {row["job_id"]: row for row in json.loads(run_cli("list", "--json", env=pbs_env,
@@ -84,11 +84,11 @@ def test_an_array_runs_reads_and_cancels_through_the_real_server(pbs_env: dict[s
         st = _status_until(pbs_env, tmp_path, job, lambda s: s["elements"]["0"] == "COMPLETED 0"  # type: ignore
                            and s["elements"]["2"] == "CANCELLED 1", "element 0 done and 2 cancelled")
         assert st["state"] == "RUNNING" and st["elements"]["1"] == st["elements"]["3"] == "RUNNING", st
-        assert _raw(pbs_env, f"{job}[2]")["job_state"] == "X"  # a finished subjob of a running array
+        assert _raw(pbs_env, f"{job}[2].head")["job_state"] == "X"  # a finished subjob of a running array
         assert _status(pbs_env, tmp_path, f"{job}_2")["state"] == "CANCELLED"
     finally:
         subprocess.run(["qdel", f"{job}[]"], env=pbs_env, capture_output=True, timeout=60)
-    _until(pbs_env, f"{job}[]", lambda raw: raw["job_state"] == "F")
+    _until(pbs_env, printed, lambda raw: raw["job_state"] == "F")
     st = _status(pbs_env, tmp_path, job)
     assert (st["state"], st["exit_code"], st["elements"]) == (
         "CANCELLED", 1, {"0": "COMPLETED 0", "1": "CANCELLED 1", "2": "CANCELLED 1", "3": "CANCELLED 1"}), st
@@ -202,7 +202,7 @@ def test_site_profiles_are_accepted_by_the_real_qsub(pbs_env: dict[str, str], tm
     asked for."""
     for line in SITE_SERVER:
         done = subprocess.run(["qmgr", "-c", line], env=pbs_env, capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0 or "Duplicate" in done.stderr + done.stdout, (line, done.stderr)
+        assert done.returncode == 0 or re.search("Duplicate|already exists", done.stderr), (line, done.stderr)
     (tmp_path / "t.py").write_text("")
     r = run_cli("submit", "--scheduler", "pbs", *args, "--sbatch-arg=-h", "t.py", env=pbs_env, cwd=tmp_path,
                 timeout=120)

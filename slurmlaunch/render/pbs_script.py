@@ -38,7 +38,7 @@ def walltime(time: str) -> str:
 # 230 characters (PBS_MAXJOBNAME; the Reference Guide's 236 is not what the server takes), each a letter, a
 # digit or one of - _ + . ; the first a letter or digit. Not the older 15-character rule of PBS 12 and Torque.
 _JOB_NAME_MAX = 230
-_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_+.-]{0,%d}" % (_JOB_NAME_MAX - 1))
+_JOB_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_+.-]{{0,{_JOB_NAME_MAX - 1}}}")
 _KEY = r"[A-Za-z_][A-Za-z0-9_.-]*"
 _VALUE = r"[^\s'\"#,]+"
 _RESOURCE = re.compile(rf"({_KEY})(?:=({_VALUE}))?")

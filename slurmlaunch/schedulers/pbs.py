@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import re
 import shlex
 import shutil
@@ -206,8 +207,11 @@ def _array_from_json(base: str, log_dir: str, indices: list[int], subjobs: dict[
             live[index] = (st.state, st.nodes or "")
     outcome = array_outcome(base, log_dir, indices, live, {i: st.exit_code for i, st in ended.items()},
                             "deleted, or the walltime ran out")
-    # PBS's own word on a subjob it stopped (qdel, walltime) wins over codes: a qdel'd one says Exit_status 0
-    stopped = {i: st for i, st in ended.items() if st.state in ("CANCELLED", "TIMEOUT") and i in indices}
+    # PBS's word on a subjob it stopped (qdel, walltime), where the script wrote no exit code (it was killed
+    # first): a qdel'd one says Exit_status 0. A qdel of the array marks its finished subjobs substate 91 too,
+    # so a subjob that wrote its code ended by itself, whatever PBS says later.
+    stopped = {i: st for i, st in ended.items() if st.state in ("CANCELLED", "TIMEOUT") and i in indices
+               and not os.path.exists(JobFiles(log_dir, base).element(i).exit_code)}
     if not stopped or outcome.elements is None:
         return outcome
     elements = {**outcome.elements, **{str(i): f"{st.state} {st.exit_code}" for i, st in stopped.items()}}
