@@ -260,7 +260,7 @@ def _pbs_list_state(record: JobRecord) -> str:
     that keeps finished ones with their exit status."""
     try:
         info = status(record)
-    except SlurmLaunchError:
+    except (SlurmLaunchError, OSError, ValueError):  # list shows every row, whatever one of them meets
         return "?"
     code = info.get("exit_code")
     return f"{info['state']} {code}" if info["state"] == "FAILED" and code else str(info["state"])
