@@ -17,6 +17,9 @@ packages=(slurmctld slurmd slurm-client openmpi-bin libpmix-dev slurmdbd slurm-w
           mariadb-client-core iproute2 openssh-server openssh-client rsync)
 # mkfs.ext4: the output-directory fault tests build a small shared file system (tests/test_batch_faults.py)
 packages+=(e2fsprogs)
+# Slurm's Torque-style qsub/qstat/qdel (tests/test_pbs_torque_wrappers.py): their Perl libraries from apt; the
+# wrappers themselves are unpacked below, never installed, so that no /usr/bin/qsub stands before OpenPBS's
+packages+=(libslurm-perl libslurmdb-perl libswitch-perl)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -28,6 +31,18 @@ if [ ${#missing[@]} -gt 0 ]; then
     else
         echo "tests/run.sh: not root, cannot install ${missing[*]}: the real-Slurm tests will skip" >&2
     fi
+fi
+
+# slurm-wlm-torque unpacked (dpkg -x) into /opt/slurm-wlm-torque: installed, it would put Slurm's qsub in
+# /usr/bin for every test and register its mpirun as an alternative; its qsub runs the sbatch beside it.
+torque=/opt/slurm-wlm-torque
+if [ "$(id -u)" -eq 0 ] && [ ! -x "$torque/usr/bin/qsub" ]; then
+    deb_dir="$(mktemp -d)"
+    (cd "$deb_dir" && chown _apt "$deb_dir" 2>/dev/null; apt-get download -qq slurm-wlm-torque) &&
+        dpkg -x "$deb_dir"/slurm-wlm-torque_*.deb "$torque" &&
+        for tool in sbatch salloc srun; do ln -sf "/usr/bin/$tool" "$torque/usr/bin/$tool"; done ||
+        echo "tests/run.sh: could not unpack slurm-wlm-torque into $torque" >&2
+    rm -rf "$deb_dir"
 fi
 
 python3 -m venv .venv

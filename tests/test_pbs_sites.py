@@ -208,12 +208,12 @@ def test_pbs_options_are_refused_elsewhere(site: Path, capsys: pytest.CaptureFix
 
 
 @pytest.mark.parametrize(("name", "ok"), [
-    ("train", True), ("0run", True), ("a" * 236, True), ("run-1.x+y", True),
+    ("train", True), ("0run", True), ("a" * 230, True), ("run-1.x+y", True),
     ("", False), ("-run", False), ("_run", False), (".run", False), ("a b", False), ("a\tb", False),
-    ("a" * 237, False), ("ab\n", False),
+    ("a" * 231, False), ("ab\n", False), ("a=b", False), ("a,b", False), ("x$(id)", False), ("a'b", False),
 ])
 def test_job_name_rule(name: str, ok: bool) -> None:
-    # PBS Pro / OpenPBS: at most 236 characters, the first alphanumeric, no whitespace.
+    # OpenPBS 23.06's qsub (tests/test_pbs_real_more.py): at most 230 of [A-Za-z0-9_+.-], the first alphanumeric.
     spec = golden_spec(job_name=name)
     if ok:
         pbs_script.check(spec)
@@ -224,7 +224,8 @@ def test_job_name_rule(name: str, ok: bool) -> None:
 
 
 @pytest.mark.parametrize(("script", "name"), [("train.py", "train.py"), ("_private run.py", "private_run.py"),
-                                              ("--.py", "py"), ("___", "slurmlaunch")])
+                                              ("--.py", "py"), ("___", "slurmlaunch"),
+                                              ("a=b,c$d.py", "a_b_c_d.py")])
 def test_a_default_name_is_made_to_fit(script: str, name: str) -> None:
     assert pbs_script.job_name(golden_spec(script=script)) == name
 

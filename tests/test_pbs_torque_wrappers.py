@@ -7,9 +7,12 @@ waiting job. What it does not: the jobs carry Slurm's environment, not PBS_NODEF
 not run; and the wrapper hands `-o DIR/` to sbatch, which cannot open a file named after a directory, so the
 job ends without running the script (real PBS writes DIR/<id>.OU): its exit code is not checked here.
 
-The wrappers are used from /usr/bin when the package is installed, else from $SLURMLAUNCH_TORQUE_WRAPPERS, a
-directory the packages slurm-wlm-torque, libslurm-perl, libslurmdb-perl and libslurm38 were unpacked into
-(`dpkg -x`), with usr/bin/{sbatch,squeue,scancel,scontrol} linked to the real ones; the test skips otherwise.
+The wrappers are used from /usr/bin when the package is installed, else from $SLURMLAUNCH_TORQUE_WRAPPERS
+(default /opt/slurm-wlm-torque, where tests/run.sh unpacks the package with `dpkg -x`, its Perl libraries
+installed from apt), a directory slurm-wlm-torque (and, without apt, libslurm-perl, libslurmdb-perl and
+libslurm38) was unpacked into, with usr/bin/{sbatch,salloc,srun} linked to the real ones: its qsub runs the
+sbatch beside it. Unpacked, not installed: installed, its qsub would be /usr/bin/qsub on every test's PATH and
+its mpirun an alternative to Open MPI's. Missing, the test skips, and fails under CI=true.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import EXAMPLES, run_cli
+from tests.helpers import EXAMPLES, run_cli, skip_or_fail
 
 pytestmark = pytest.mark.slurm
 
@@ -31,13 +34,15 @@ def _wrappers_env(base: dict[str, str]) -> dict[str, str]:
     if Path("/usr/share/man/man1/qsub.1.gz").exists() and Path("/usr/bin/qsub").exists() and \
             "Slurm" in Path("/usr/bin/qsub").read_text(errors="replace"):
         return dict(base)
-    root = os.environ.get("SLURMLAUNCH_TORQUE_WRAPPERS")
-    if not root or not (Path(root) / "usr/bin/qsub").exists():
-        pytest.skip("slurm-wlm-torque is not installed (apt-get install slurm-wlm-torque, or unpack it and set "
-                    "SLURMLAUNCH_TORQUE_WRAPPERS)")
-    perl = next((str(p) for p in (Path(root) / "usr/lib/x86_64-linux-gnu/perl5").glob("*")), "")
-    return {**base, "PATH": f"{root}/usr/bin:{base['PATH']}", "PERL5LIB": perl,
-            "LD_LIBRARY_PATH": f"{root}/usr/lib/x86_64-linux-gnu"}
+    root = os.environ.get("SLURMLAUNCH_TORQUE_WRAPPERS", "/opt/slurm-wlm-torque")
+    if not (Path(root) / "usr/bin/qsub").exists():
+        skip_or_fail(f"slurm-wlm-torque is not installed nor unpacked in {root} (tests/run.sh unpacks it there; "
+                     "or unpack it elsewhere and set SLURMLAUNCH_TORQUE_WRAPPERS)")
+    env = {**base, "PATH": f"{root}/usr/bin:{base['PATH']}"}
+    perl = next((str(p) for p in (Path(root) / "usr/lib/x86_64-linux-gnu/perl5").glob("*")), None)
+    if perl:  # the Perl libraries unpacked beside the wrappers, not installed
+        env |= {"PERL5LIB": perl, "LD_LIBRARY_PATH": f"{root}/usr/lib/x86_64-linux-gnu"}
+    return env
 
 
 def _status(env: dict[str, str], cwd: Path, job: str) -> dict[str, object]:

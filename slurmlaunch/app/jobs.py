@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ..core.errors import JobStateError, SpecError
+from ..core.errors import JobStateError, SlurmLaunchError, SpecError
 from ..core.jobfiles import JobFiles
 from ..schedulers.index import index_path, read_bounded
 from .records import JobRecord
@@ -248,7 +248,22 @@ def _list_state(row: Mapping[str, Any], live: Mapping[str, str] | None, accounte
         return "COMPLETED" if ended[0] == 0 else f"FAILED {ended[0]}"
     if short in accounted:  # an array (no job-level exit code), or a job stopped before its script's end
         return accounted[short]
+    if record.scheduler == "pbs" and not record.remote:
+        return _pbs_list_state(record)
     return "ENDED?" if live is not None and record.scheduler == "slurm" else "?"
+
+
+def _pbs_list_state(record: JobRecord) -> str:
+    """A PBS job's state from the real qstat (as `status` reads it: a running array's job_state B is RUNNING,
+    a finished one's subjobs say how it ended); "?" when qstat cannot tell (the server gone, the job's
+    history expired). One qstat per PBS job that left no exit code: PBS has no squeue of all jobs at once
+    that keeps finished ones with their exit status."""
+    try:
+        info = status(record)
+    except (SlurmLaunchError, OSError, ValueError):  # list shows every row, whatever one of them meets
+        return "?"
+    code = info.get("exit_code")
+    return f"{info['state']} {code}" if info["state"] == "FAILED" and code else str(info["state"])
 
 
 def _list_record(row: Mapping[str, Any]) -> JobRecord | None:

@@ -4,6 +4,7 @@ directives, mpiexec's flags, the template's context. Pure: no qsub, no files wri
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import replace
 from typing import Any
 
@@ -32,10 +33,12 @@ def walltime(time: str) -> str:
     return f"{total // 3600:d}:{total // 60 % 60:02d}:{total % 60:02d}"
 
 
-# PBS Pro / OpenPBS job names (qsub -N, the Job_Name attribute): at most 236 characters (PBS 13 on; PBS 12
-# and old Torque allowed 15), the first alphanumeric, no whitespace (PBS Professional Reference Guide,
-# "Formats"; OpenPBS qsub(1B)). Only this rule is checked, not the older 15-character one.
-_JOB_NAME = re.compile(r"[A-Za-z0-9]\S{0,235}")
+# PBS Pro / OpenPBS job names (qsub -N, the Job_Name attribute), as the real OpenPBS 23.06 checks them
+# (Libcmds/ck_job_name.c; its qsub refused "a=b", "a,b", "x$(id)" and 231 characters, took "1abc"): at most
+# 230 characters (PBS_MAXJOBNAME; the Reference Guide's 236 is not what the server takes), each a letter, a
+# digit or one of - _ + . ; the first a letter or digit. Not the older 15-character rule of PBS 12 and Torque.
+_JOB_NAME_MAX = 230
+_JOB_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_+.-]{{0,{_JOB_NAME_MAX - 1}}}")
 _KEY = r"[A-Za-z_][A-Za-z0-9_.-]*"
 _VALUE = r"[^\s'\"#,]+"
 _RESOURCE = re.compile(rf"({_KEY})(?:=({_VALUE}))?")
@@ -52,11 +55,11 @@ ARRAY_INDEX = {"pro": "PBS_ARRAY_INDEX", "torque": "PBS_ARRAYID"}
 
 def job_name(spec: JobSpec) -> str:
     """The name for qsub -N: --job-name as given (check() refused a bad one), else the script's name made
-    to fit PBS's rule (whitespace to '_', leading characters that are not alphanumeric dropped)."""
+    to fit PBS's rule (any other character to '_', leading characters that are not alphanumeric dropped)."""
     if spec.job_name is not None:
         return spec.job_name
-    name = re.sub(r"\s", "_", spec.name).lstrip("-_.+~")
-    name = re.sub(r"^[^A-Za-z0-9]+", "", name)[:236]
+    name = re.sub(r"[^A-Za-z0-9_+.-]", "_", spec.name)
+    name = re.sub(r"^[^A-Za-z0-9]+", "", name)[:_JOB_NAME_MAX]
     return name or "slurmlaunch"
 
 
@@ -106,8 +109,8 @@ def array_range(spec: JobSpec) -> str | None:
 def _check_request(spec: JobSpec) -> None:
     """The job name, walltime and memory as PBS reads them, and how resources are requested."""
     if spec.job_name is not None and not _JOB_NAME.fullmatch(spec.job_name):
-        raise SpecError(f"--job-name {spec.job_name!r} is not a PBS job name (at most 236 characters, the first "
-                        f"a letter or digit, no whitespace; e.g. {job_name(replace(spec, job_name=None))!r})")
+        raise SpecError(f"--job-name {spec.job_name!r} is not a PBS job name (at most 230 letters, digits or "
+                        f"- _ + ., the first a letter or digit; e.g. {job_name(replace(spec, job_name=None))!r})")
     if spec.time is not None:
         walltime(spec.time)
     if spec.mem is not None and int(spec.mem.rstrip("KMGTkmgt")) == 0:  # Slurm: --mem=0 is all of it
@@ -235,7 +238,11 @@ def _setup_exports(setup: tuple[str, ...]) -> list[str]:
     names: list[str] = []
     for line in setup:
         for m in re.finditer(r"(?:^|[;&|]\s*)(?:export|declare\s+-x)\s+([^;&|#]*)", line):
-            names += [w.split("=", 1)[0] for w in m[1].split() if re.match(r"^[A-Za-z_]\w*(=|$)", w)]
+            try:  # words as the shell splits them: export A="x y" names A only (not y: mpiexec warned of it)
+                words = shlex.split(m[1], comments=True)
+            except ValueError:
+                words = m[1].split()
+            names += [w.split("=", 1)[0] for w in words if re.match(r"^[A-Za-z_]\w*(=|$)", w)]
     return names
 
 

@@ -8,7 +8,9 @@ through Open MPI's rsh launcher over pbs_tmrsh (allocation/tmrsh.py). Torque's q
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import os
 import re
 import shlex
 import shutil
@@ -155,11 +157,28 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
     return job_status(attrs, code_file)
 
 
+def _subjobs_json(base: str) -> dict[int, dict[str, Any]] | None:
+    """Every subjob of array ``base`` (index -> attributes) from `qstat -x -f -F json -t ID[]`, or None where
+    qstat has no JSON form (Torque's). The array itself (ID[]) is left out."""
+    try:
+        out = run_command(["qstat", "-x", "-f", "-F", "json", "-t", f"{base}[]"], timeout=30).stdout
+        jobs = json.loads(out).get("Jobs") or {}
+    except (SchedulerError, ValueError, AttributeError):
+        return None
+    found = {int(m[1]): dict(attrs) for name, attrs in jobs.items() if (m := re.match(r"\d+\[(\d+)\]", name))}
+    return found or None
+
+
 def array_status(job_id: str, log_dir: str, indices: list[int]) -> JobStatus:
-    """A job array as one job (as Slurm's): running while a subjob is, then FAILED with the first failing
-    subjob's exit code (in index order), or COMPLETED. Subjobs come from qstat -f -t ID[] (one "Job Id:
-    ID[N].server" block each); a finished one's code is its exit-code file, else PBS's Exit_status."""
+    """A job array as one job (as Slurm's): running while a subjob is, then the first (in index order)
+    subjob that did not succeed says how it ended: FAILED with its exit code, or CANCELLED (qdel: substate 91,
+    which PBS reports with Exit_status 0) or TIMEOUT; else COMPLETED. Subjobs come from `qstat -x -f -F json
+    -t ID[]` (Torque: the text of qstat -f -t, one "Job Id: ID[N].server" block each); a finished one's code
+    is its exit-code file, else PBS's Exit_status."""
     base = _array_base(job_id)
+    subjobs = _subjobs_json(base)
+    if subjobs is not None:
+        return _array_from_json(base, log_dir, indices, subjobs)
     text = _qstat(f"{base}[]", "-t")
     live: dict[int, tuple[str, str]] = {}
     ended: dict[int, int | None] = {}
@@ -175,6 +194,35 @@ def array_status(job_id: str, log_dir: str, indices: list[int]) -> JobStatus:
         else:
             live[int(m[1])] = (state, fields.get("exec_host", ""))
     return array_outcome(base, log_dir, indices, live, ended, "deleted, or the walltime ran out")
+
+
+def _array_from_json(base: str, log_dir: str, indices: list[int], subjobs: dict[int, dict[str, Any]]) -> JobStatus:
+    live: dict[int, tuple[str, str]] = {}
+    ended: dict[int, JobStatus] = {}
+    for index, attrs in subjobs.items():
+        st = job_status(attrs)
+        if st.finished:
+            ended[index] = st
+        else:
+            live[index] = (st.state, st.nodes or "")
+    outcome = array_outcome(base, log_dir, indices, live, {i: st.exit_code for i, st in ended.items()},
+                            "deleted, or the walltime ran out")
+    # PBS's word on a subjob it stopped (qdel, walltime), where the script wrote no exit code (it was killed
+    # first): a qdel'd one says Exit_status 0. A qdel of the array marks its finished subjobs substate 91 too,
+    # so a subjob that wrote its code ended by itself, whatever PBS says later.
+    stopped = {i: st for i, st in ended.items() if st.state in ("CANCELLED", "TIMEOUT") and i in indices
+               and not os.path.exists(JobFiles(log_dir, base).element(i).exit_code)}
+    if not stopped or outcome.elements is None:
+        return outcome
+    elements = {**outcome.elements, **{str(i): f"{st.state} {st.exit_code}" for i, st in stopped.items()}}
+    if live:
+        return dataclasses.replace(outcome, elements=elements)
+    first = next((i for i in sorted(indices) if not elements[str(i)].startswith("COMPLETED")), None)
+    if first is None:
+        return dataclasses.replace(outcome, elements=elements)
+    state, _, code = elements[str(first)].partition(" ")
+    return dataclasses.replace(outcome, state=state if state in ("CANCELLED", "TIMEOUT", "FAILED") else "FAILED",
+                               exit_code=int(code) if code.isdigit() and int(code) > 0 else 1, elements=elements)
 
 
 def cancel(job_id: str) -> None:
