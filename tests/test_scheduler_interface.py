@@ -187,9 +187,8 @@ def test_cli_and_api_choose_alike(clients: Path, no_processes: None, capsys: pyt
 
     _client(clients, "qsub")
     assert submit.choose_scheduler("auto") == "pbs"
-    assert api._choose("auto") == "local"  # the API runs on Slurm or locally, never PBS
-    with pytest.raises(SpecError, match="scheduler 'pbs' is not valid here"):
-        api._choose("pbs")
+    assert api._choose("auto") == "local"  # the API's auto keeps to Slurm or local: PBS only when named
+    assert api._choose("pbs") == "pbs"
     _client(clients, "sbatch")
     silent = Recording({"scontrol": ""})  # a controller that does not say UP: never local (a login node)
     with use_runner(silent):

@@ -17,7 +17,7 @@ from ..core.distenv import DistEnv, check_master_addr, mask
 from ..core.errors import EnvironmentMappingError, HostlistError, PreflightError, SlurmLaunchError
 from ..core.rdzv import RDZV_TIMEOUT_VAR, parse_rendezvous_timeout
 from .gpus import device_count
-from .net import all_loopback, bindable, free_port, holds_connection, wait_listening
+from .net import GIVEN_UP, all_loopback, bindable, free_port, holds_connection, wait_listening
 from .net import resolve as resolve_addresses
 from .reasons import BAD_LAUNCH, MAPPING, PREFLIGHT, RDZV_TIMEOUT, record
 from .script_runner import RETURNED_DIR as RETURNED_DIR  # torchrun_mode's too
@@ -208,7 +208,9 @@ def start_watchdog(dist: DistEnv, timeout: float) -> None:
         # gives up when the rank has ended, or holds a connection (it rendezvoused, maybe its own way)
         last = wait_listening(dist.master_addr, dist.master_port, time.monotonic() + timeout, 0.25,
                               give_up=lambda: os.getppid() != target or holds_connection(target, me))
-        if last is None or os.getppid() != target or holds_connection(target, me):
+        # A connection once seen is enough: it may be closed again by the deadline (a short job that
+        # rendezvoused, reduced and destroyed its group between two probes of the master's port).
+        if last is None or last == GIVEN_UP or os.getppid() != target or holds_connection(target, me):
             os._exit(0)
         reason = (
             f"nothing listened at MASTER_ADDR:MASTER_PORT={dist.master_addr}:{dist.master_port} within "

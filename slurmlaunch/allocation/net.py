@@ -67,6 +67,9 @@ def free_port() -> int:
         s.close()
 
 
+GIVEN_UP = "given up"  # what wait_listening returns when give_up() said so
+
+
 def wait_listening(addr: str, port: int, deadline: float, poll: float,
                    give_up: Callable[[], bool] = lambda: False) -> str | None:
     """Try to connect to addr:port until it works (None) or time.monotonic() passes ``deadline`` or
@@ -76,7 +79,7 @@ def wait_listening(addr: str, port: int, deadline: float, poll: float,
     last = "no answer"
     while True:
         if give_up():
-            return "given up"
+            return GIVEN_UP
         try:
             budget = max(0.05, min(2.0, deadline - time.monotonic()))
             with socket.create_connection((addr, port), timeout=budget):
