@@ -8,7 +8,7 @@
 #     wheel loads Open MPI's libmpi.so.40 itself, no compiler needed), and OpenSSH (server and client) with
 #     rsync for --remote (the tests start their own sshd on 127.0.0.1, never the system service);
 #   - OpenPBS in /opt/pbs for the real multi-host PBS cluster (slurmlaunch dev-cluster up --scheduler pbs);
-#   - a virtual environment .venv with torch==2.13.0 (the CPU build) and slurmlaunch with its test extras.
+#   - a virtual environment .venv with torch==2.13.0 (the CPU build) and slurmlaunch with its test and docs extras.
 # Usage: bash tests/run.sh [pytest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,7 +46,7 @@ if [ "$(id -u)" -eq 0 ] && [ ! -x "$torque/usr/bin/qsub" ]; then
 fi
 
 python3 -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e ".[test]"
+.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e ".[test,docs]"
 # OpenPBS for the real PBS cluster (tests/conftest.py pbs_cluster): an existing /opt/pbs, else the shared .deb
 # (its Depends from apt; about 40 s), else a build of the shared source (about 7 minutes); it says which.
 # SLURMLAUNCH_OPENPBS_DIR names the directory with them (default ../shared/openpbs, beside this checkout).
@@ -58,7 +58,9 @@ else
 fi
 .venv/bin/python -m ruff check slurmlaunch tests examples benchmarks
 .venv/bin/python -m mypy
-.venv/bin/lint-imports --no-cache  # the layers (pyproject: [tool.importlinter]; README: Architecture)
+.venv/bin/lint-imports --no-cache  # the layers (pyproject: [tool.importlinter]; docs/explanation/architecture.md)
+# The documentation site: a broken internal link, a missing page or a page outside the nav fails (mkdocs.yml)
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir .venv/docs-site
 export PATH="$PWD/.venv/bin:$PATH"
 # Workers (pytest-xdist): much of the suite's time is spent waiting on Slurm (time limits, requeues, sacct),
 # so workers overlap those waits. Each worker is a session of its own with its own cluster and sshd

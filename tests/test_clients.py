@@ -295,13 +295,11 @@ def test_python_api_real_slurm(netns_cluster_env: dict[str, str], tmp_path: Path
     api_run("slurm", netns_cluster_env, tmp_path)
 
 
-# --- the README's table is this matrix's ---------------------------------------------------------------------
+# --- the docs' table is this matrix's ---------------------------------------------------------------------------
 
 def test_works_with_table_matches_the_pins_and_what_runs() -> None:
-    """The versions in README "Works with" are the test extras' pins and the installed ones; the
+    """The versions in "Works with" (README and docs) are the test extras' pins and the installed ones; the
     environments it names are the ones the matrix asserts."""
-    from importlib.metadata import version
-
     try:
         import tomllib
     except ImportError:  # Python 3.10
@@ -310,8 +308,13 @@ def test_works_with_table_matches_the_pins_and_what_runs() -> None:
     pins = dict(req.split("==") for req in
                 tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
                 if "==" in req)
-    readme = (ROOT / "README.md").read_text()
-    table = readme.split("## Works with", 1)[1].split("\n## ", 1)[0]
+    for page in ("README.md", "docs/reference/works-with.md"):  # the README's short table and the docs page
+        check_works_with_table((ROOT / page).read_text().split("# Works with", 1)[1].split("\n## ", 1)[0], pins)
+
+
+def check_works_with_table(table: str, pins: dict[str, str]) -> None:
+    from importlib.metadata import version
+
     rows = {row.split("|")[1].strip().split()[0]: row for row in table.splitlines() if row.startswith("| ")}
     for package, row_name in (("lightning", "Lightning"), ("accelerate", "Hugging"),
                               ("pytorch-ignite", "pytorch-ignite"), ("idr-torch", "idr-torch")):

@@ -47,11 +47,11 @@ def test_codes_are_distinct_and_collide_with_no_documented_code() -> None:
     assert not set(stops) & {0, 1, 2, 124, 130, 140, 141}
 
 
-def test_readme_and_launch_help_document_every_stop_code() -> None:
+def test_docs_and_launch_help_document_every_stop_code() -> None:
     from slurmlaunch.allocation.launch import USAGE
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("### Exit codes", 1)[1].split("\n### ", 1)[0]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "exit-codes.md").read_text()
+    section = page.split("# Exit codes", 1)[1].split("\n## ", 1)[0]
     table = next(block for block in section.split("\n\n") if block.startswith("| code |"))
     rows = {int(m.group(1)): m.group(2) for m in re.finditer(r"^\| (\d+) \| (.*) \|$", table, re.M)}
     assert "variables are malformed" in rows[reasons.MAPPING] and "pre-flight" in rows[reasons.PREFLIGHT]
