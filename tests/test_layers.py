@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 import slurmlaunch
-from slurmlaunch.app import devcluster, jobs, profiles
+from slurmlaunch.app import profiles
+from slurmlaunch.app.devcluster import slurm as devcluster
+from slurmlaunch.app.jobs import commands as jobs
 from slurmlaunch.app.options import add_submit_options
 from slurmlaunch.core import errors
 from slurmlaunch.core.jobfiles import JobFiles
