@@ -72,7 +72,7 @@ def cluster() -> Iterator[dict[str, str]]:
         yield dict(os.environ)
         return
     sys.path.insert(0, str(ROOT))
-    from slurmlaunch.app import devcluster
+    from slurmlaunch.app.devcluster import slurm as devcluster
 
     root = Path(tempfile.mkdtemp(prefix="slurmlaunch-bench-cluster-"))
     try:

@@ -26,8 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from slurmlaunch.app import devcluster, remote  # noqa: E402
-from slurmlaunch.app.remote_runner import SshRunner  # noqa: E402
+from slurmlaunch.app import remote  # noqa: E402
+from slurmlaunch.app.devcluster import slurm as devcluster  # noqa: E402
+from slurmlaunch.app.remote.runner import SshRunner  # noqa: E402
 from slurmlaunch.schedulers import JobStatus, slurm  # noqa: E402
 from slurmlaunch.schedulers.runner import use_runner  # noqa: E402
 from tests import sshd  # noqa: E402

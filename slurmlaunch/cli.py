@@ -293,11 +293,11 @@ def _dispatch(args: list[str]) -> int:
     if ns.command == "hostnames":
         return cmd_hostnames(ns.expression)
     if ns.command == "stacks":
-        from .app.stacks import cmd_stacks
+        from .app.jobs.stacks import cmd_stacks
 
         return cmd_stacks(ns.job, ns.rank, ns.json, ns.timeout)
     if ns.command in ("list", "status", "logs", "cancel"):
-        from .app import jobs
+        from .app.jobs import commands as jobs
 
         if ns.command == "list":
             return jobs.cmd_list(ns.json)
@@ -306,15 +306,15 @@ def _dispatch(args: list[str]) -> int:
         if ns.command == "logs":
             return jobs.cmd_logs(ns.job, ns.rank, ns.follow)
         if ns.stacks:
-            from .app.stacks import print_before_cancel
+            from .app.jobs.stacks import print_before_cancel
 
             print_before_cancel(ns.job, 10.0)
         return jobs.cmd_cancel(ns.job)
     if ns.command == "dev-cluster":
         from pathlib import Path
 
-        from .app import devcluster_pbs
-        from .app.devcluster import cmd
+        from .app.devcluster import pbs as devcluster_pbs
+        from .app.devcluster.slurm import cmd
 
         if ns.scheduler == "pbs" or (ns.action != "up" and devcluster_pbs.is_pbs(Path(ns.dir))):
             return devcluster_pbs.cmd(ns.action, Path(ns.dir), ns.nodes, ns.cpus, ns.gpus_per_node)
@@ -336,11 +336,11 @@ def _dispatch(args: list[str]) -> int:
         return 0
     if ns.command == "doctor":
         if ns.remote is not None:
-            from .app.remote_doctor import cmd_doctor_remote
+            from .app.remote.doctor import cmd_doctor_remote
 
             return cmd_doctor_remote(ns.remote, ns.remote_setup, ns.python, ns.partition, ns.json, ns.allocate,
                                      ns.gpus_per_node, ns.timeout)
-        from .app.doctor import cmd_doctor
+        from .app.doctor.command import cmd_doctor
 
         return cmd_doctor(ns.partition, ns.json, ns.allocate, ns.gpus_per_node, ns.timeout,
                           remote_setup=ns.remote_setup, python=ns.python)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.app import devcluster as slurmcluster
-from slurmlaunch.app import devcluster_pbs as pbscluster
+from slurmlaunch.app.devcluster import pbs as pbscluster
+from slurmlaunch.app.devcluster import slurm as slurmcluster
 from slurmlaunch.core.errors import DevClusterError
 from tests import sshd as _sshd
 from tests.helpers import first_job_id, per_test_env, skip_or_fail
@@ -87,7 +87,7 @@ def pbs_cluster() -> Iterator[dict[str, str]]:
     SLURMLAUNCH_TEST_PBS_UP_S says how long it took to come up."""
     why = pbscluster.missing_requirements() or (
         None if pbscluster.installed() else f"OpenPBS is not installed in {pbscluster.PBS_EXEC} (tests/run.sh "
-        "installs it: python -c 'from slurmlaunch.app.devcluster_pbs import install; print(install())')")
+        "installs it: python -c 'from slurmlaunch.app.devcluster.pbs import install; print(install())')")
     if why:
         skip_or_fail(why)
     root = Path(tempfile.mkdtemp(prefix="slurmlaunch-pbs-"))
@@ -160,5 +160,15 @@ def server() -> Iterator[_sshd.Sshd]:
 
 
 @pytest.fixture
-def laptop(server: _sshd.Sshd, tmp_path: Path) -> _sshd.Laptop:
-    return _sshd.make_laptop(server, tmp_path)
+def laptop(server: _sshd.Sshd, tmp_path: Path, request: pytest.FixtureRequest,
+           monkeypatch: pytest.MonkeyPatch) -> _sshd.Laptop:
+    """A laptop that reaches the login node `server` by ssh. Under the `laptop_env` mark the test process itself
+    runs with the laptop's environment (and nothing else of ours), for remote calls made in this process."""
+    lap = _sshd.make_laptop(server, tmp_path)
+    if request.node.get_closest_marker("laptop_env"):
+        for key in list(os.environ):
+            if key not in lap.env:
+                monkeypatch.delenv(key)
+        for key, value in lap.env.items():
+            monkeypatch.setenv(key, value)
+    return lap

@@ -15,9 +15,9 @@ cd "$(dirname "$0")/.."
 
 packages=(slurmctld slurmd slurm-client openmpi-bin libpmix-dev slurmdbd slurm-wlm-mysql-plugin mariadb-server-core
           mariadb-client-core iproute2 openssh-server openssh-client rsync)
-# mkfs.ext4: the output-directory fault tests build a small shared file system (tests/test_batch_faults.py)
+# mkfs.ext4: the output-directory fault tests build a small shared file system (tests/real/test_batch_faults.py)
 packages+=(e2fsprogs)
-# Slurm's Torque-style qsub/qstat/qdel (tests/test_pbs_torque_wrappers.py): their Perl libraries from apt; the
+# Slurm's Torque-style qsub/qstat/qdel (tests/real/test_pbs_torque_wrappers.py): their Perl libraries from apt; the
 # wrappers themselves are unpacked below, never installed, so that no /usr/bin/qsub stands before OpenPBS's
 packages+=(libslurm-perl libslurmdb-perl libswitch-perl)
 missing=()
@@ -52,7 +52,7 @@ python3 -m venv .venv
 # SLURMLAUNCH_OPENPBS_DIR names the directory with them (default ../shared/openpbs, beside this checkout).
 export SLURMLAUNCH_OPENPBS_DIR="${SLURMLAUNCH_OPENPBS_DIR:-$(cd .. && pwd)/shared/openpbs}"
 if [ "$(id -u)" -eq 0 ]; then
-    .venv/bin/python -c "from slurmlaunch.app.devcluster_pbs import install; print('tests/run.sh:', install())"
+    .venv/bin/python -c "from slurmlaunch.app.devcluster.pbs import install; print('tests/run.sh:', install())"
 else
     echo "tests/run.sh: not root, cannot install OpenPBS: the real-PBS tests will skip" >&2
 fi

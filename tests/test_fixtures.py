@@ -42,7 +42,7 @@ def test_two_loopback_clusters_started_at_the_same_moment_both_come_up(tmp_path:
     first free block of ports, and all but one slurmd failed with "Address already in use"."""
     import threading
 
-    from slurmlaunch.app import devcluster
+    from slurmlaunch.app.devcluster import slurm as devcluster
     from tests.helpers import skip_or_fail
 
     why = devcluster.missing_requirements()

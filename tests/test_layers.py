@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 import slurmlaunch
-from slurmlaunch.app import devcluster, jobs, profiles
+from slurmlaunch.app import profiles
+from slurmlaunch.app.devcluster import slurm as devcluster
+from slurmlaunch.app.jobs import commands as jobs
 from slurmlaunch.app.options import add_submit_options
 from slurmlaunch.core import errors
 from slurmlaunch.core.jobfiles import JobFiles
@@ -28,7 +30,7 @@ def test_import_contracts_hold() -> None:
     assert lint, "lint-imports (import-linter, in the test extras) is not installed"
     r = subprocess.run([lint, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert "0 broken" in r.stdout and "4 kept" in r.stdout, r.stdout[-2000:]
+    assert "0 broken" in r.stdout and "5 kept" in r.stdout, r.stdout[-2000:]
 
 
 def test_new_errors_are_in_the_family_and_exported() -> None:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 
 from ..allocation.net import all_loopback, bindable, holds_connection, resolve, wait_listening
-from ..allocation.net import free_port as free_port  # tests/test_hostile.py takes it from here
+from ..allocation.net import free_port as free_port  # tests/app/test_hostile.py takes it from here
 from ..allocation.reasons import RDZV_TIMEOUT
 from ..core.distenv import check_master_addr
 from ..core.errors import SpecError
@@ -29,7 +29,7 @@ DEFAULT_PORT = 29500  # torchrun's
 DEFAULT_MASTER_TIMEOUT = 300.0  # seconds, --master-timeout
 
 # torchrun's flags that `run` does not carry out, each with what to use instead (README: slurmlaunch run). Kept
-# in step with `python -m torch.distributed.run --help` by tests/test_everyday.py. (flags, takes a value, advice)
+# in step with `python -m torch.distributed.run --help` by tests/app/test_everyday.py. (flags, takes a value, advice)
 REFUSED: tuple[tuple[tuple[str, ...], bool, str], ...] = (
     (("--max-restarts", "--max_restarts"), True,
      "restarts need torchrun's agent: use `slurmlaunch submit --mode torchrun --max-restarts N`, or torchrun itself"),
@@ -297,7 +297,7 @@ def _check_master(ns: Any, nnodes: int) -> None:
 
 
 def torchelastic_env(run_id: str, environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables torchrun's agent gives every worker beyond torch's own (torch 2.13; tests/test_run.py
+    """The variables torchrun's agent gives every worker beyond torch's own (torch 2.13; tests/app/test_run.py
     compares the names with a real torchrun's), with values true of `run`: clients ask them whether torchrun
     started them (idr-torch, Lightning, torch.distributed.is_torchelastic_launched() read TORCHELASTIC_RUN_ID).
     No restarts; no agent store (USE_AGENT_STORE=False: rank 0 hosts the env:// store, as without torchrun);

@@ -118,7 +118,7 @@ def adapt_to_client(spec: JobSpec, origins: dict[str, str], scheduler: str) -> J
 def cmd_submit(ns: Any) -> int:
     ns = merged_options(ns)
     if ns.remote:
-        from .remote_jobs import submit_remote
+        from .remote.jobs import submit_remote
 
         return submit_remote(ns, spec_from_args)
     from .options import refuse_remote_only

@@ -3,7 +3,7 @@ emulation of a Slurm allocation.
 
 Pure: values in, values out (the caller gathers the submitter's facts). The table follows what Slurm 22.05
 sets in a step started by the srun line of our batch script, established variable by variable against the
-real dev cluster (tests/test_srun_fidelity.py compares a real step and an emulated one for several shapes).
+real dev cluster (tests/schedulers/test_srun_fidelity.py compares a real step and an emulated one for several shapes).
 
 Left out on purpose (see NOT_EMULATED): srun's own channels back to itself and to the controller. A task
 never needs them to know its place, and a value pointing at an srun or a slurmctld that does not exist

@@ -3,7 +3,7 @@
 Every option of a job means the same under every scheduler, or that scheduler refuses it with one line:
 none is silently dropped. The table lists, per scheduler, the JobSpec fields it cannot carry out and what to
 do instead; a field listed there is refused when its value differs from the built-in default (a default
-asks for nothing). tests/test_option_meaning.py walks the whole option table against every scheduler's dry
+asks for nothing). tests/app/test_option_meaning.py walks the whole option table against every scheduler's dry
 run, so a new option has to land here or show its effect.
 """
 

@@ -1,6 +1,6 @@
 """The per-user index of submissions ($XDG_STATE_HOME/slurmlaunch/jobs.jsonl): one JSON line per job, pointing
 at its record. Written at submission (by app/submit.py for Slurm and PBS, by the local scheduler for its own jobs);
-read by the job commands (app/jobs.py)."""
+read by the job commands (app/jobs/commands.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """PBS Pro / OpenPBS and Torque: render the qsub script, submit, ask for the state, cancel.
 
-Tested against a real OpenPBS 23.06 (the PBS dev cluster, app/devcluster_pbs.py): qsub takes the rendered
+Tested against a real OpenPBS 23.06 (the PBS dev cluster, app/devcluster/pbs.py): qsub takes the rendered
 script, the states and substates below are the ones its qstat -x -f -F json showed, and the ranks start
 through Open MPI's rsh launcher over pbs_tmrsh (allocation/tmrsh.py). Torque's qstat text is read too.
 """

@@ -1,7 +1,7 @@
 """The one place scheduler commands run (sbatch, squeue, sacct, scontrol, scancel, qsub, qstat, qdel, ...).
 
 Every edge calls :func:`run_command`; it hands the argv to the current :class:`CommandRunner`. The default runs
-it here, without a shell; the ssh runner (app/remote.py's SshRunner) runs it on a login node, plugged in with
+it here, without a shell; the ssh runner (app/remote/__init__.py's SshRunner) runs it on a login node, plugged in with
 :func:`use_runner`, and the edges need not change. What an edge reads of the machine the scheduler is on (a
 job's exit-code file, whether sacct is installed) goes through the same runner: :func:`read_file`,
 :func:`which`."""

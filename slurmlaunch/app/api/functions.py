@@ -1,5 +1,5 @@
 """The public functions: submit, submit_script, map_array, batch; each here or, with ``remote=`` (or a
-profile's ``remote`` key), from a laptop on a login node's cluster (app/remote_api.py)."""
+profile's ``remote`` key), from a laptop on a login node's cluster (app/remote/api.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from .job_options import OPTION_NAMES, _spec, _split_options, profile_remote
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..remote_api import RemoteJob
+    from ..remote.api import RemoteJob
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def submit(fn: Callable[..., Any], *args: Any, scheduler: str = "auto", remote: 
     job_options.setdefault("job_name", getattr(fn, "__name__", "slurmlaunch"))
     spec = resolve_request(_spec(sys.executable, dict(job_options), module=True))
     if where.remote is not None:
-        from ..remote_api import submit_remote
+        from ..remote.api import submit_remote
 
         return submit_remote(where.remote, fn, args, {**job_options, **kwargs}, setup=where.setup,
                              python=where.python)
@@ -84,7 +84,7 @@ def submit_script(path: str, args: Iterable[str] = (), *, scheduler: str = "auto
         raise SpecError(f"unknown option(s) {', '.join(sorted(unknown))} (valid: {', '.join(sorted(OPTION_NAMES))})")
     spec = resolve_request(replace(_spec(path, dict(job_options)), args=tuple(args)))
     if where.remote is not None:
-        from ..remote_api import submit_remote
+        from ..remote.api import submit_remote
 
         return submit_remote(where.remote, None, list(args), job_options, path=path, setup=where.setup,
                              python=where.python)
@@ -104,7 +104,7 @@ def map_array(fn: Callable[..., Any], *iterables: Iterable[Any], scheduler: str 
     spec = resolve_request(_spec(sys.executable, dict(job_options), module=True))
     points = [list(point) for point in zip(*iterables, strict=True)]
     if where.remote is not None:
-        from ..remote_api import map_remote
+        from ..remote.api import map_remote
 
         columns = [list(column) for column in zip(*points, strict=True)] if points else []
         return map_remote(where.remote, fn, columns, {**job_options, **kwargs}, setup=where.setup,
@@ -148,7 +148,7 @@ class Batch:
         if exc_type is not None or not (self._calls or self._remote_calls):
             return
         if self.where.remote is not None:
-            from ..remote_api import batch_remote
+            from ..remote.api import batch_remote
 
             self.jobs = batch_remote(self.where.remote, self._remote_calls, self._options, setup=self.where.setup,
                                      python=self.where.python)

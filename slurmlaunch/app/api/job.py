@@ -15,7 +15,7 @@ from .collect import _STOPPED_STATES, _collect, _outcome
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..stacks import Stacks
+    from ..jobs.stacks import Stacks
 
 # How a wait under Slurm asks (README: From Python, and Benchmarks). The scheduler is asked at
 # most once per _SACCT_EVERY_S for all the jobs waited for together (one sacct); the ranks' result files are
@@ -228,7 +228,7 @@ class Job:
         live while the job runs, else those its ranks saved when they were stopped. Each node answers within
         ``timeout`` seconds or its ranks are named as not reached (slurmlaunch stacks JOB, README)."""
         from ...core.jobfiles import JobFiles
-        from ..stacks import collect_stacks
+        from ..jobs.stacks import collect_stacks
 
         live = not self.done()
         nodes = None

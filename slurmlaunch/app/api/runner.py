@@ -1,4 +1,4 @@
-"""The login node's half of the API with ``remote=`` (app/remote_api.py is the laptop's): run there as
+"""The login node's half of the API with ``remote=`` (app/remote/api.py is the laptop's): run there as
 ``python -m slurmlaunch.app.api.runner ACTION X.Y`` (X.Y: the laptop's Python) with a pickle on stdin, by the
 slurmlaunch that was shipped with the call; it prints one line, base64 of a pickled dict (an ``error`` key: a
 SlurmLaunchError).

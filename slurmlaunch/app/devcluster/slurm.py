@@ -1,0 +1,727 @@
+"""A real Slurm cluster of several slurmd nodes on this one machine, for the tests and for people.
+
+    slurmlaunch dev-cluster up [--dir DIR] [--nodes 4] [--gpus-per-node 4] [--accounting]  # prints exports
+    slurmlaunch dev-cluster status [--dir DIR]
+    slurmlaunch dev-cluster down [--dir DIR]
+
+    slurmlaunch dev-cluster up --netns ...  # nodes on a private network: prints exports, PATH included
+
+Every daemon writes a pid file under DIR; `down` stops exactly those pids (never by name).
+Each slurmd runs in its own UTS + mount namespace so that `hostname` inside a job is the node's name and
+every node name resolves (a private /etc/hosts is bind-mounted): without that gloo hangs on an
+unresolvable MASTER_ADDR. Needs root and Debian's slurmctld, slurmd and slurm-client packages.
+
+Two network modes:
+- loopback (the default): every node name resolves to 127.0.0.1, so jobs set SLURMLAUNCH_ALLOW_LOOPBACK=1.
+- netns: the nodes are different hosts on a private bridge. The cluster makes one network namespace
+  "PREFIX-hub" (the bridge, slurmctld, slurmdbd, MariaDB, and every client) and one "PREFIX-nodeI" per slurmd
+  (its own address on a veth pair into the bridge). Names resolve through the cluster's hosts file: bound
+  over /etc/hosts for each slurmd as in the loopback mode, and copied to /etc/netns/NAME/hosts, which
+  `ip netns exec` mounts there. None of them has a default route, so a packet to anywhere else
+  fails at once with "network unreachable"; the root namespace gets an `unreachable` route for the subnet
+  (added before anything else, so that a stray packet from here fails at once too) and no address on it.
+  DIR/bin holds wrappers of Slurm's clients that enter the hub namespace (and run the client where it is
+  when already inside the cluster: an srun in a batch script stays on its node); `DIR/bin/in-cluster CMD`
+  runs any command there. What was made is appended to DIR/netns-made before or right after making it, so
+  that `down` after a crashed `up` removes exactly that: processes left in those namespaces, the
+  namespaces (their links go with them), the hosts files and the route.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...core.envvars import PORT_BASE, PORT_SPAN
+from ...core.errors import DevClusterError
+
+PACKAGES = ("slurmctld", "slurmd", "slurm-client")
+
+
+def missing_requirements(netns: bool = False) -> str | None:
+    """Why a cluster (with ``netns``: a networked one) cannot be started here, or None when it can."""
+    if os.geteuid() != 0:
+        return "the local Slurm cluster needs root (slurmd, unshare, bind mounts)"
+    for tool in ("slurmctld", "slurmd", "sbatch", "unshare"):
+        if shutil.which(tool) is None:
+            return f"{tool} not found (apt-get install {' '.join(PACKAGES)})"
+    for tool in ("ip", "nsenter") if netns else ():
+        if shutil.which(tool) is None:
+            return f"{tool} not found (apt-get install iproute2 util-linux)"
+    return None
+
+
+# Where clients put a job's rendezvous port (MASTER_PORT) by formula, never asking whether it is free: a daemon
+# of ours there fails their job with EADDRINUSE (seen: idr-torch's 10002 held by a dev cluster's slurmd).
+# (who, lowest, highest, how); README: Tests, "Ports".
+CLIENT_PORTS: tuple[tuple[str, int, int, str], ...] = (
+    ("slurmlaunch", PORT_BASE, PORT_BASE + PORT_SPAN - 1, f"{PORT_BASE} + (job id + 1009 x step id) mod {PORT_SPAN}"),
+    ("idr-torch", 10000, 29999, "10000 + job id mod 20000"),
+    ("Lightning, pytorch-ignite", 15000, 24999, "15000 + the job id's last 4 digits"),
+    ("Lightning outside Slurm", 12910, 12910, "its fixed default"),
+    ("submitit", 20000, 60000, "TorchDistributedEnvironment: random.Random(job id).randint(20000, 60000)"),
+    ("torchrun", 29400, 29400, "the default port of --rdzv-endpoint"),
+    ("torch, accelerate, DeepSpeed", 29500, 29500, "the default MASTER_PORT"),
+)
+EPHEMERAL_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+PORT_STRIDE = 97  # bases tried this far apart (a block's size if larger): blocks never overlap
+PORT_LOCK = "/tmp/slurmlaunch-dev-cluster-ports.lock"
+
+
+def ephemeral_ports(text: str | None = None) -> tuple[int, int]:
+    """The kernel's range for outgoing connections (``text``: the file's content, else read from
+    EPHEMERAL_FILE; Linux's default 32768-60999 when unreadable)."""
+    if text is None:
+        try:
+            with open(EPHEMERAL_FILE) as f:
+                text = f.read()
+        except OSError:
+            text = ""
+    parts = text.split()
+    if len(parts) == 2 and all(p.isdigit() for p in parts):
+        return int(parts[0]), int(parts[1])
+    return 32768, 60999
+
+
+def daemon_port_regions(ephemeral: tuple[int, int]) -> list[range]:
+    """The ports a loopback cluster's daemons may take: above 1023, outside every range of CLIENT_PORTS and the
+    ephemeral range; the highest region first (below 10000 are other services' usual ports)."""
+    taken = sorted([(lo, hi) for _, lo, hi, _ in CLIENT_PORTS] + [ephemeral])
+    regions, start = [], 1024
+    for lo, hi in taken:
+        if lo > start:
+            regions.append(range(start, lo))
+        start = max(start, hi + 1)
+    if start <= 65535:
+        regions.append(range(start, 65536))
+    return sorted(regions, key=lambda r: r.start, reverse=True)
+
+
+def _free_port_block(count: int, ephemeral: tuple[int, int] | None = None) -> int:
+    """A base port such that base..base+count are free now (checked by binding each) and in
+    :func:`daemon_port_regions`; call it holding :func:`port_lock` until the daemons listen."""
+    ephemeral = ephemeral or ephemeral_ports()
+    regions = daemon_port_regions(ephemeral)
+    for region in regions:
+        for base in range(region.start, region.stop - count, max(PORT_STRIDE, count + 1)):
+            socks = []
+            try:
+                for port in range(base, base + count + 1):
+                    s = socket.socket()
+                    s.bind(("127.0.0.1", port))
+                    socks.append(s)
+                return base
+            except OSError:
+                continue
+            finally:
+                for s in socks:
+                    s.close()
+    where = ", ".join(f"{r.start}-{r.stop - 1}" for r in regions) or "none"
+    raise DevClusterError(f"no {count + 1} free ports in a row for the cluster's daemons where no client derives "
+                          f"a rendezvous port and outside the ephemeral range {ephemeral[0]}-{ephemeral[1]} "
+                          f"({EPHEMERAL_FILE}); ports left: {where}")
+
+
+ACCOUNTING_PACKAGES = ("slurmdbd", "slurm-wlm-mysql-plugin", "mariadb-server-core", "mariadb-client-core")
+
+
+def accounting_missing() -> str | None:
+    for tool in ("slurmdbd", "mariadbd", "mariadb-install-db", "sacctmgr"):
+        if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
+            return f"{tool} not found (apt-get install {' '.join(ACCOUNTING_PACKAGES)})"
+    return None
+
+
+def _tool(name: str) -> str:
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
+def start_accounting(root: Path, conf: Path, dbd_port: int, timeout: float, inside: tuple[str, ...] = ()) -> None:
+    """MariaDB on a unix socket only, then slurmdbd on it, then the cluster registered: sacct works.
+    ``inside`` prefixes every command (the hub's ``nsenter`` in the networked mode)."""
+    db = root / "db"
+    sock = root / "mysql.sock"
+    if not db.exists():
+        r = subprocess.run([*inside, _tool("mariadb-install-db"), "--no-defaults", f"--datadir={db}", "--user=root",
+                            "--skip-test-db"], capture_output=True, text=True)
+        if r.returncode != 0:  # its own words, or a failed cluster start says only "exit status 1"
+            raise DevClusterError(f"mariadb-install-db failed (exit {r.returncode}): {(r.stdout + r.stderr)[-1500:]}")
+    subprocess.Popen([*inside, _tool("mariadbd"), "--no-defaults", f"--datadir={db}", f"--socket={sock}",
+                      "--skip-networking", f"--pid-file={root}/mariadb.pid", "--user=root",
+                      f"--log-error={root}/log/mariadb.log"],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+    _wait_pidfile(root / "mariadb.pid", timeout)
+    deadline = time.monotonic() + timeout
+    while not sock.exists():
+        if time.monotonic() > deadline:
+            raise DevClusterError(f"mariadb socket {sock} did not appear within {timeout:.0f}s")
+        time.sleep(0.05)
+    dbd_conf = conf.parent / "slurmdbd.conf"
+    dbd_conf.write_text("\n".join([
+        "AuthType=auth/none", "DbdHost=localhost", f"DbdPort={dbd_port}", "SlurmUser=root",
+        "StorageType=accounting_storage/mysql", "StorageHost=localhost", "StorageUser=root",
+        "StorageLoc=slurm_acct_db", f"PidFile={root}/slurmdbd.pid", f"LogFile={root}/log/slurmdbd.log",
+    ]) + "\n")
+    dbd_conf.chmod(0o600)
+    # libmysqlclient takes its socket from MYSQL_UNIX_PORT when the host is localhost
+    env = dict(os.environ, SLURM_CONF=str(conf), MYSQL_UNIX_PORT=str(sock))
+    subprocess.run([*inside, _tool("slurmdbd")], env=env, check=True)
+    _wait_pidfile(root / "slurmdbd.pid", timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        r = subprocess.run([*inside, "sacctmgr", "-i", "add", "cluster", "sltest"], env=env, capture_output=True,
+                           text=True)
+        if r.returncode == 0 or "already exists" in r.stdout + r.stderr:
+            return
+        if time.monotonic() > deadline:
+            raise DevClusterError(f"slurmdbd did not answer sacctmgr within {timeout:.0f}s: {r.stdout} {r.stderr}")
+        time.sleep(0.2)
+
+
+def write_config(root: Path, nodes: int, gpus: int, cpus: int, accounting: bool = False,
+                 net: Network | None = None, first_job_id: int = 1, slurmd_timeout: int | None = None) -> Path:
+    """slurm.conf, gres.conf (with /dev/null stand-ins for the fake GPUs) and the cluster's hosts file in
+    ``root``; returns slurm.conf's path."""
+    for sub in ("state", "spool", "log", "dev", *(f"tmp/node{i}" for i in range(1, nodes + 1))):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    # Loopback: every daemon shares this machine's ports, so find free ones. Netns: each has its own
+    # address in namespaces nothing else uses, so Slurm's usual ports (ctld 6817, slurmd 6818, dbd 6819).
+    base = 6817 if net else _free_port_block(nodes + 2)
+    names = [f"node{i}" for i in range(1, nodes + 1)]
+    host = socket.gethostname()
+    lines = _controller_lines(root, host, base, accounting, net, nodes, first_job_id)
+    if slurmd_timeout is not None:  # how soon a silent node is DOWN (Slurm's default: 300 s)
+        lines.append(f"SlurmdTimeout={slurmd_timeout}")
+    for i, name in enumerate(names, start=1):
+        lines.append(
+            f"NodeName={name} NodeAddr={net.node_addr(i) if net else '127.0.0.1'} "
+            f"Port={base + 1 if net else base + i} CPUs={cpus} RealMemory=4000"
+            + (f" Gres=gpu:{gpus}" if gpus else "")
+            + " State=UNKNOWN"
+        )
+    lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+    lines.append(f"PartitionName=first Nodes={names[0]} MaxTime=30 State=UP")  # a second one, for profiles
+    conf = root / "slurm.conf"
+    conf.write_text("\n".join(lines) + "\n")
+    _write_gres(root, nodes, gpus)
+    (root / "hosts").write_text(_hosts_text(names, host, net))
+    return conf
+
+
+def _controller_lines(root: Path, host: str, base: int, accounting: bool, net: Network | None,
+                      nodes: int, first_job_id: int = 1) -> list[str]:
+    """slurm.conf's lines before the nodes: the controller, its files, plugins and the quick timings."""
+    dbd_port = base + 2 if net else base + nodes + 1
+    return [
+        "ClusterName=sltest",
+        f"FirstJobId={first_job_id}",
+        f"SlurmctldHost={host}({net.hub_addr if net else '127.0.0.1'})",
+        f"SlurmctldPort={base}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        f"StateSaveLocation={root}/state",
+        f"SlurmdSpoolDir={root}/spool/%n",
+        # Each node's own: Slurm's PMIx plugin makes its clients' directory there, named by job and step only,
+        # so nodes sharing one /tmp (this machine's) collide on it ("File exists"). TMPDIR stays Slurm's /tmp.
+        f"TmpFS={root}/tmp/%n",
+        f"SlurmctldPidFile={root}/slurmctld.pid",
+        f"SlurmdPidFile={root}/slurmd-%n.pid",
+        f"SlurmctldLogFile={root}/log/slurmctld.log",
+        f"SlurmdLogFile={root}/log/slurmd-%n.log",
+        "AuthType=auth/none",
+        "CredType=cred/none",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        *(["AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=localhost",
+           f"AccountingStoragePort={dbd_port}", "JobCompType=jobcomp/none"]
+          if accounting else ["AccountingStorageType=accounting_storage/none"]),
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "SlurmdParameters=config_overrides",
+        "GresTypes=gpu",
+        "SchedulerParameters=batch_sched_delay=0,sched_interval=2,bf_interval=2",
+        "MinJobAge=5",
+        "KillWait=2",
+        "AuthInfo=cred_expire=10",  # else a requeued job waits > 120 s before it may start again
+        "MessageTimeout=5",
+        "ReturnToService=2",
+        "MpiDefault=none",
+        "InactiveLimit=0",
+    ]
+
+
+def _write_gres(root: Path, nodes: int, gpus: int) -> None:
+    # Slurm drops GPUs without device files (the node goes INVAL): fake them with /dev/null links.
+    for g in range(gpus):
+        link = root / "dev" / f"nvidia{g}"
+        if not link.exists():
+            link.symlink_to("/dev/null")
+    gres = ["AutoDetect=off"]
+    if gpus:
+        gres.append(f"NodeName=node[1-{nodes}] Name=gpu File={root}/dev/nvidia[0-{gpus - 1}]")
+    (root / "gres.conf").write_text("\n".join(gres) + "\n")
+
+
+def _hosts_text(names: list[str], host: str, net: Network | None) -> str:
+    """The cluster's /etc/hosts: every node on its own address (netns), or all on 127.0.0.1."""
+    if net:
+        return (f"127.0.0.1 localhost\n{net.hub_addr} {host}\n"
+                + "".join(f"{net.node_addr(i)} {name}\n" for i, name in enumerate(names, start=1))
+                + "::1 localhost ip6-localhost\n")
+    return "127.0.0.1 localhost " + " ".join(names) + f" {host}\n::1 localhost ip6-localhost\n"
+
+
+# ---- the networked mode: namespaces, a bridge, and a record of what was made ----
+
+# Private, and away from the ranges Docker, libvirt and most VPNs hand out first; /24 per cluster.
+SUBNET_POOL = ipaddress.IPv4Network("10.213.0.0/16")
+LEDGER = "netns-made"  # one "KIND VALUE" line per thing made: route SUBNET, netns NAME, hosts DIR
+NET_INFO = "netns.json"
+CLIENTS = ("sbatch", "srun", "salloc", "squeue", "scontrol", "scancel", "sinfo", "sacct", "sacctmgr", "sstat",
+           "sattach", "sreport", "sshare", "sprio", "sdiag")
+
+
+@dataclass(frozen=True)
+class Network:
+    """Where a networked cluster lives: namespaces PREFIX-hub and PREFIX-node1.., addresses in ``subnet``."""
+
+    prefix: str
+    subnet: ipaddress.IPv4Network
+    nodes: int
+
+    @property
+    def hub(self) -> str:
+        return f"{self.prefix}-hub"
+
+    def node_ns(self, i: int) -> str:
+        return f"{self.prefix}-node{i}"
+
+    @property
+    def namespaces(self) -> list[str]:
+        return [self.hub, *(self.node_ns(i) for i in range(1, self.nodes + 1))]
+
+    @property
+    def hub_addr(self) -> str:
+        return str(self.subnet.network_address + 1)
+
+    def node_addr(self, i: int) -> str:
+        return str(self.subnet.network_address + 10 + i)
+
+    @property
+    def inside(self) -> tuple[str, ...]:
+        """The prefix that runs a client in the hub namespace, with the cluster's /etc/hosts."""
+        return (_tool("ip"), "netns", "exec", self.hub)
+
+    def enter(self, ns: str) -> tuple[str, ...]:
+        """The prefix that starts a daemon in namespace ``ns``: the network only, because `ip netns exec`
+        mounts a fresh /sys, without the cgroup file system slurmd needs."""
+        return ("nsenter", f"--net=/run/netns/{ns}")
+
+
+def load_network(root: Path) -> Network | None:
+    """The network of the cluster in ``root``, or None for a loopback one (or none)."""
+    try:
+        d = json.loads((root / NET_INFO).read_text())
+        return Network(d["prefix"], ipaddress.IPv4Network(d["subnet"]), int(d["nodes"]))
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _ip(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([_tool("ip"), *args], capture_output=True, text=True)
+
+
+def _ip_ok(*args: str) -> None:
+    r = _ip(*args)
+    if r.returncode != 0:
+        raise DevClusterError(f"ip {' '.join(args)} failed (exit {r.returncode}): {r.stderr.strip()}")
+
+
+def _record(root: Path, kind: str, value: str) -> None:
+    with open(root / LEDGER, "a") as f:
+        f.write(f"{kind} {value}\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def networks_in_use() -> list[ipaddress.IPv4Network]:
+    """Every IPv4 network the root namespace routes or has an address in, except the default route."""
+    used = []
+    routes = json.loads(_ip("-j", "-4", "route", "show", "table", "all").stdout or "[]")
+    for r in routes:
+        dst = r.get("dst", "default")
+        if dst != "default":
+            used.append(ipaddress.IPv4Network(dst, strict=False))
+    for link in json.loads(_ip("-j", "-4", "addr").stdout or "[]"):
+        for a in link.get("addr_info", []):
+            used.append(ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False))
+    return used
+
+
+def _claim_subnet(root: Path, wanted: str | None) -> ipaddress.IPv4Network:
+    """Add the `unreachable` route of a subnet nobody here uses and record it: adding fails when the route
+    exists, so two clusters starting at once cannot claim the same one."""
+    if wanted:
+        try:
+            net = ipaddress.IPv4Network(wanted)
+        except ValueError:
+            raise DevClusterError(f"subnet {wanted!r} is not valid (expected a private IPv4 network such as "
+                               "10.213.7.0/24)") from None
+        if not net.is_private or net.prefixlen > 26 or net.prefixlen < 16:
+            raise DevClusterError(f"subnet {wanted!r} is not valid (expected a private IPv4 network of /16 to /26, "
+                               "such as 10.213.7.0/24)")
+        candidates = [net]
+    else:
+        candidates = list(SUBNET_POOL.subnets(new_prefix=24))
+        start = random.randrange(len(candidates))
+        candidates = candidates[start:] + candidates[:start]
+    for net in candidates:
+        clash = [u for u in networks_in_use() if u.overlaps(net)]
+        if not clash and _ip("route", "add", "unreachable", str(net)).returncode == 0:
+            _record(root, "route", str(net))
+            return net
+        if wanted:
+            used = ", ".join(sorted({str(c) for c in clash})) or "its route exists"
+            raise DevClusterError(f"subnet {net} is in use here ({used}): pick another private one, or none to have "
+                               "one chosen")
+    raise DevClusterError(f"no free /24 in {SUBNET_POOL} (every one is routed or has an address here)")
+
+
+def make_network(root: Path, nodes: int, subnet: str | None = None) -> Network:
+    """The unreachable route first, then the namespaces, the bridge in the hub and one veth pair per node;
+    every step recorded in root/netns-made as it happens."""
+    root.mkdir(parents=True, exist_ok=True)
+    claimed = _claim_subnet(root, subnet)
+    why = ""
+    for _ in range(20):  # a random name, so that clusters started at once do not meet
+        prefix = f"slc{random.getrandbits(24):06x}"
+        r = _ip("netns", "add", f"{prefix}-hub")
+        if r.returncode == 0:
+            break
+        why = r.stderr.strip()
+    else:
+        raise DevClusterError(f"could not create a network namespace slcXXXXXX-hub ({why}; 20 names tried)")
+    net = Network(prefix, claimed, nodes)
+    _record(root, "netns", net.hub)
+    for i in range(1, nodes + 1):
+        _ip_ok("netns", "add", net.node_ns(i))
+        _record(root, "netns", net.node_ns(i))
+    for name in net.namespaces:
+        _record(root, "hosts", f"/etc/netns/{name}")
+        Path(f"/etc/netns/{name}").mkdir(parents=True, exist_ok=True)
+    (root / NET_INFO).write_text(json.dumps({"prefix": prefix, "subnet": str(claimed), "nodes": nodes}) + "\n")
+    hub = net.hub
+    _ip_ok("-n", hub, "link", "set", "lo", "up")
+    _ip_ok("-n", hub, "link", "add", "br0", "type", "bridge")
+    _ip_ok("-n", hub, "addr", "add", f"{net.hub_addr}/{claimed.prefixlen}", "dev", "br0")
+    _ip_ok("-n", hub, "link", "set", "br0", "up")
+    for i in range(1, nodes + 1):
+        ns = net.node_ns(i)
+        # made inside the hub with its peer moved straight into the node: no link ever exists out here
+        _ip_ok("-n", hub, "link", "add", f"veth{i}", "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _ip_ok("-n", hub, "link", "set", f"veth{i}", "master", "br0", "up")
+        _ip_ok("-n", ns, "link", "set", "lo", "up")
+        _ip_ok("-n", ns, "addr", "add", f"{net.node_addr(i)}/{claimed.prefixlen}", "dev", "eth0")
+        _ip_ok("-n", ns, "link", "set", "eth0", "up")
+    return net
+
+
+def _write_clients(root: Path, net: Network) -> None:
+    """root/bin: Slurm's clients entering the hub from outside, and running where they are inside the cluster
+    (a job step's srun must stay on its node); in-cluster runs any command there."""
+    bindir = root / "bin"
+    bindir.mkdir(exist_ok=True)
+    ip = _tool("ip")
+    targets = {name: shutil.which(name) for name in CLIENTS}
+    for name, real in [*targets.items(), ("in-cluster", "")]:
+        if real is None:
+            continue
+        run = f'{real} "$@"' if real else '"$@"'
+        (bindir / name).write_text(
+            "#!/bin/sh\n"
+            f"# {name} for the dev cluster in {root}: outside its namespaces, enter its hub\n"
+            f'case "$({ip} netns identify $$ 2>/dev/null)" in\n'
+            f"    {net.prefix}-*) exec {run} ;;\n"
+            "esac\n"
+            f"exec {ip} netns exec {net.hub} {run}\n")
+        (bindir / name).chmod(0o755)
+
+
+def _ns_pids(name: str) -> list[int]:
+    return [int(p) for p in _ip("netns", "pids", name).stdout.split()]
+
+
+def remove_network(root: Path, timeout: float = 10.0) -> None:
+    """Undo what root/netns-made records, newest first: stop every process still in a namespace (a job step
+    outlives slurmd), delete the namespace (its veths and bridge go with it), the hosts files, the route.
+    Safe to repeat; raises DevClusterError naming what could not be removed (kept in the record)."""
+    ledger = root / LEDGER
+    try:
+        made = [ln.split(" ", 1) for ln in ledger.read_text().splitlines() if " " in ln]
+    except OSError:
+        return
+    namespaces = [v for k, v in made if k == "netns"]
+    _stop_pids([pid for ns in namespaces for pid in _ns_pids(ns)], timeout)
+    left = []
+    for kind, value in reversed(made):
+        if kind == "netns":
+            r = _ip("netns", "del", value)
+            if r.returncode != 0 and Path(f"/run/netns/{value}").exists():
+                left.append((kind, value, r.stderr.strip()))
+        elif kind == "hosts" and value.startswith("/etc/netns/slc"):
+            shutil.rmtree(value, ignore_errors=True)
+            if Path(value).exists():
+                left.append((kind, value, "still there"))
+        elif kind == "route":
+            r = _ip("route", "del", "unreachable", value)
+            if r.returncode != 0 and value in _ip("route", "show", "type", "unreachable").stdout:
+                left.append((kind, value, r.stderr.strip()))
+    if left:
+        ledger.write_text("".join(f"{k} {v}\n" for k, v, _ in reversed(left)))
+        raise DevClusterError("dev-cluster down left " + "; ".join(f"{k} {v} ({why})" for k, v, why in left))
+    ledger.unlink()
+    (root / NET_INFO).unlink(missing_ok=True)
+
+
+def _wait_pidfile(path: Path, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return int(path.read_text().strip())
+        except (OSError, ValueError):
+            time.sleep(0.05)
+    raise DevClusterError(f"{path} did not appear within {timeout:.0f}s")
+
+
+@contextlib.contextmanager
+def port_lock(timeout: float) -> Iterator[None]:
+    """This machine's loopback clusters choose their ports one at a time: held from the choice until the
+    daemons listen. Clusters started at the same moment (pytest-xdist workers) would otherwise all take the
+    first free block, and all but one slurmd fail with "Address already in use"."""
+    fd = os.open(PORT_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise DevClusterError(f"waited {timeout:.0f}s for another dev cluster to finish starting "
+                                          f"(it holds {PORT_LOCK})") from None
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def up(root: Path, nodes: int = 4, gpus: int = 4, cpus: int = 8, timeout: float = 30.0,
+       accounting: bool = False, netns: bool = False, subnet: str | None = None,
+       first_job_id: int = 1, slurmd_timeout: int | None = None) -> dict[str, str]:
+    """Start (MariaDB and slurmdbd with ``accounting``,) slurmctld and `nodes` slurmd, with ``netns`` each
+    node on its own address of a private network (``subnet``, or a free /24 of 10.213.0.0/16); return the
+    environment variables a client needs; job ids start at ``first_job_id`` (clusters side by side apart).
+    ``slurmd_timeout``: SlurmdTimeout, the seconds after which Slurm marks a silent node DOWN (it pings
+    every third of it); Slurm's 300 s unless given (a fault test sets less, to see a lost node named soon).
+    After a failure, `down(root)` removes what was started and made. A loopback cluster holds
+    :func:`port_lock` while it starts (a netns one has its own addresses)."""
+    why = missing_requirements(netns) or (accounting_missing() if accounting else None)
+    if why:
+        raise DevClusterError(why)
+    with contextlib.nullcontext() if netns else port_lock(max(120.0, 6 * timeout)):
+        return _start(root.resolve(), nodes, gpus, cpus, timeout, accounting, netns, subnet, first_job_id,
+                      slurmd_timeout)
+
+
+def _start(root: Path, nodes: int, gpus: int, cpus: int, timeout: float, accounting: bool, netns: bool,
+           subnet: str | None, first_job_id: int, slurmd_timeout: int | None = None) -> dict[str, str]:
+    net = make_network(root, nodes, subnet) if netns else None
+    inside = net.enter(net.hub) if net else ()
+    conf = write_config(root, nodes, gpus, cpus, accounting, net, first_job_id, slurmd_timeout)
+    if net:
+        for name in net.namespaces:
+            shutil.copyfile(root / "hosts", f"/etc/netns/{name}/hosts")
+        _write_clients(root, net)
+    if accounting:
+        port = int(next(ln for ln in conf.read_text().splitlines() if ln.startswith("AccountingStoragePort="))
+                   .split("=")[1])
+        start_accounting(root, conf, port, timeout, inside)
+    env = dict(os.environ, SLURM_CONF=str(conf))
+    subprocess.run([*inside, "slurmctld", "-f", str(conf), "-c"], env=env, check=True)
+    _wait_pidfile(root / "slurmctld.pid", timeout)
+    for i in range(1, nodes + 1):
+        name = f"node{i}"
+        (root / "spool" / name).mkdir(parents=True, exist_ok=True)
+        inner = (
+            f"hostname {name} && mount --bind {root}/hosts /etc/hosts && "
+            f"exec slurmd -f {conf} -N {name} -c"
+        )
+        subprocess.run([*(net.enter(net.node_ns(i)) if net else ()), "unshare", "--mount", "--uts", "--",
+                        "sh", "-c", inner], env=env, check=True)
+    for i in range(1, nodes + 1):
+        _wait_pidfile(root / f"slurmd-node{i}.pid", timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        out = subprocess.run(
+            [*inside, "sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True
+        ).stdout.split()
+        states = dict(zip(out[0::2], out[1::2], strict=False))  # a node in two partitions is listed twice
+        if len(states) == nodes and all(s == "idle" for s in states.values()):
+            break
+        if time.monotonic() > deadline:
+            raise DevClusterError(f"nodes not idle within {timeout:.0f}s: {out}")
+        time.sleep(0.2)
+    if net:  # the clients in root/bin enter the hub; nothing loopback to allow
+        return {"SLURM_CONF": str(conf), "PATH": f"{root}/bin:{os.environ.get('PATH', os.defpath)}"}
+    # Every node of this cluster resolves to 127.0.0.1: the launcher's multi-node loopback check must allow it.
+    return {"SLURM_CONF": str(conf), "SLURMLAUNCH_ALLOW_LOOPBACK": "1"}
+
+
+def _stop(pidfiles: list[Path], timeout: float) -> None:
+    pids = []
+    for pidfile in pidfiles:
+        try:
+            pids.append(int(pidfile.read_text().strip()))
+        except (OSError, ValueError):
+            pass
+    _stop_pids(pids, timeout)
+    for pidfile in pidfiles:
+        pidfile.unlink(missing_ok=True)
+
+
+def _stop_pids(candidates: list[int], timeout: float) -> None:
+    """TERM each pid, KILL those still there after ``timeout`` seconds."""
+    pids = []
+    for pid in candidates:
+        try:
+            os.kill(pid, signal.SIGTERM)
+            pids.append(pid)
+        except OSError:
+            pass
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                break
+            time.sleep(0.05)
+        else:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def step_daemons(root: Path) -> list[int]:
+    """The pids of this cluster's step daemons (slurmstepd, which slurmd starts and leaves behind: after a
+    controller stall one goes on retrying to report its step). They have no pid file; each keeps its node's
+    log file under ``root`` open, which tells this cluster's from another's on the same machine."""
+    inside = str(root.resolve()) + "/"
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/comm") as f:
+                if f.read().strip() != "slurmstepd":
+                    continue
+            fds = os.listdir(f"/proc/{entry.name}/fd")
+        except OSError:  # gone meanwhile, or not ours to look at
+            continue
+        if any(_fd_target(f"/proc/{entry.name}/fd/{fd}").startswith(inside) for fd in fds):
+            pids.append(int(entry.name))
+    return pids
+
+
+def _fd_target(link: str) -> str:
+    try:
+        return os.readlink(link)
+    except OSError:  # closed meanwhile
+        return ""
+
+
+def down(root: Path, timeout: float = 10.0) -> None:
+    """Stop every daemon that has a pid file under root (TERM, then KILL after `timeout`): the nodes, their
+    step daemons (found by step_daemons), the controller, then slurmdbd and MariaDB; then remove what the
+    networked mode made (remove_network)."""
+    _stop(sorted(root.glob("slurmd-*.pid")), timeout)
+    _stop_pids(step_daemons(root), timeout)
+    for pattern in ("slurmctld.pid", "slurmdbd.pid", "mariadb.pid"):
+        _stop(sorted(root.glob(pattern)), timeout)
+    remove_network(root, timeout)
+
+
+DEFAULT_DIR = "/tmp/slurmlaunch-dev-cluster"
+
+
+def _controller_running(root: Path) -> bool:
+    """Whether the slurmctld of the pid file under root is alive (`down` removes the pid files)."""
+    try:
+        pid = int((root / "slurmctld.pid").read_text().strip())
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # alive, another user's
+    except (OSError, ValueError):
+        return False
+    return pid > 0
+
+
+def cmd(action: str, root: Path, nodes: int, gpus: int, cpus: int, accounting: bool,
+        netns: str | None = None) -> int:
+    """`slurmlaunch dev-cluster`: up prints the variables to export; status shows sinfo; down stops it.
+    ``netns``: None for the loopback mode, "auto" or a subnet for the networked one."""
+    if action == "up":
+        why = missing_requirements(netns is not None) or (accounting_missing() if accounting else None)
+        if why:
+            raise DevClusterError(f"dev-cluster: {why}")
+        if (root / "slurmctld.pid").exists() or (root / LEDGER).exists():
+            raise DevClusterError(f"dev-cluster: one is already up in {root} "
+                                  f"(slurmlaunch dev-cluster down --dir {root})")
+        try:
+            env = up(root, nodes, gpus, cpus, accounting=accounting, netns=netns is not None,
+                     subnet=None if netns in (None, "auto") else netns)
+        except (DevClusterError, subprocess.CalledProcessError) as e:
+            try:
+                down(root)
+            except DevClusterError as left:
+                e = DevClusterError(f"{e}; {left}")
+            raise DevClusterError(f"dev-cluster: did not come up: {e} (daemon logs in {root}/log)") from None
+        for k, v in env.items():
+            # PATH: the shell's own at the time of export, with the cluster's clients first
+            print(f'export PATH="{root.resolve()}/bin:$PATH"' if k == "PATH" else f"export {k}={v}")
+        return 0
+    if action == "down":
+        try:
+            down(root)
+        except DevClusterError as e:
+            raise DevClusterError(f"dev-cluster: {e} (see {root}/{LEDGER})") from None
+        return 0
+    if not (root / "slurm.conf").exists():
+        raise DevClusterError(f"dev-cluster: none in {root} (slurmlaunch dev-cluster up --dir {root})")
+    if not _controller_running(root):  # `down` keeps slurm.conf: sinfo would print a raw connection error
+        sys.stderr.write(f"slurmlaunch: dev-cluster in {root} is down: its controller is not running "
+                         f"(slurmlaunch dev-cluster up --dir {root} starts one)\n")
+        return 1
+    env = dict(os.environ, SLURM_CONF=str(root / "slurm.conf"))
+    net = load_network(root)
+    if net:
+        print(f"network {net.subnet}: controller {net.hub_addr} in namespace {net.hub}, "
+              + ", ".join(f"node{i} {net.node_addr(i)}" for i in range(1, net.nodes + 1))
+              + f"; run commands inside with {root}/bin/in-cluster CMD", flush=True)
+    return subprocess.run([*(net.inside if net else ()), "sinfo", "-N", "-o", "%N %t %G %c"], env=env).returncode

@@ -1,0 +1,1 @@
+"""The doctor: the command (command.py) and the probe job it sends (probe.py)."""

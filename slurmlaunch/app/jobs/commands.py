@@ -1,0 +1,390 @@
+"""Job commands over the records `submit` keeps: list, status, logs, cancel.
+
+Every submission appends one line to a per-user index ($XDG_STATE_HOME/slurmlaunch/jobs.jsonl, by default
+~/.local/state/slurmlaunch/jobs.jsonl) pointing at the record beside the job's logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from ...core.errors import JobStateError, SlurmLaunchError, SpecError
+from ...core.jobfiles import JobFiles
+from ...schedulers.index import index_path, read_bounded
+from ..records import JobRecord
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ...core.spec import JobSpec
+    from ...schedulers.interface import Scheduler
+
+
+_FIELDS = ("job_id", "scheduler", "record")
+
+
+def entries() -> list[dict[str, Any]]:
+    """The index's submissions, oldest first. A line that is not one of ours (truncated by a full disk,
+    binary, edited by hand, of the wrong JSON type) is skipped, and the skips are said once on stderr with
+    the file and the first bad line's number: one bad line must not hide every job."""
+    path = index_path()
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return []
+    rows: list[dict[str, Any]] = []
+    bad: list[int] = []
+    for number, line in enumerate(raw.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            bad.append(number)
+            continue
+        if not isinstance(row, dict) or not all(isinstance(row.get(k), str) and row[k] for k in _FIELDS):
+            bad.append(number)
+            continue
+        row.setdefault("name", "")
+        row.setdefault("submitted_at", "")
+        rows.append(row)
+    if bad:
+        sys.stderr.write(f"slurmlaunch: warning: skipped {len(bad)} unreadable line(s) of {path} (first: line "
+                         f"{bad[0]}); the other jobs are listed\n")
+    return rows
+
+
+def find(job_id: str, gone_ok: bool = False) -> JobRecord:
+    """The record of ``job_id`` (the latest submission of that id: ids restart on a new cluster).
+    ARRAYID_INDEX names one element of a job array (its record's ``element``). ``gone_ok``: where the
+    record was removed (with its submit directory), a job of a queued scheduler on this machine is still
+    the scheduler's to answer for: a record holding only what the index knows, ``record_gone`` its path."""
+    from ...core.limits import MAX_ARRAY_INDEX, is_digits, parse_count
+
+    base, sep, element = job_id.partition("_")
+    if sep and is_digits(element):
+        array = find(base)
+        indices = array_indices(array)
+        if parse_count(f"job {base}: array element", element, 0, MAX_ARRAY_INDEX) not in indices:
+            raise JobStateError(f"job {job_id!r}: job {base} has no array element {element} "
+                                f"(its elements: {_shown_indices(indices)})")
+        return array.of_element(element)
+    for entry in reversed(entries()):
+        if entry["job_id"] == job_id or entry["job_id"].split(".", 1)[0].removesuffix("[]") == job_id:
+            try:
+                data = json.loads(read_bounded(entry["record"]).decode("utf-8"))
+            except FileNotFoundError:
+                if gone_ok and entry["scheduler"] in ("slurm", "pbs") and not entry.get("remote"):
+                    return JobRecord.from_data({"job_id": entry["job_id"].split(".", 1)[0].removesuffix("[]"),
+                                                "scheduler": entry["scheduler"], "record_gone": entry["record"],
+                                                "log_dir": os.path.dirname(entry["record"])}, entry["job_id"])
+                raise JobStateError(f"job {job_id}: its record {entry['record']!r} is gone") from None
+            except (OSError, ValueError) as e:
+                raise JobStateError(f"job {job_id}: its record {entry['record']!r} cannot be read ({e})") from None
+            try:
+                return JobRecord.from_data(data, entry["job_id"])
+            except ValueError:
+                raise JobStateError(f"job {job_id}: {entry['record']!r} is not a slurmlaunch job record") from None
+    raise JobStateError(f"job {job_id!r} was not submitted from here (slurmlaunch list shows those that were)")
+
+
+def _edge(record: JobRecord) -> Scheduler:
+    from ...schedulers.choice import scheduler
+
+    edge = scheduler(record.scheduler)
+    if not edge.queued:
+        raise JobStateError(f"job {record.job_id} ran on the local scheduler, in the foreground: it has ended")
+    return edge
+
+
+def recorded_spec(record: JobRecord) -> JobSpec:
+    """The job description a record holds, as far as the job commands need it (layout, array, mode)."""
+    from ...core.spec import JobSpec
+
+    saved = record.data.get("spec", {})
+    keep = ("nodes", "gpus_per_node", "tasks_per_node", "array", "mode", "nproc_per_node", "output_dir")
+    sweep = tuple((k, tuple(v)) for k, v in saved.get("sweep", ()))
+    return JobSpec(script="", sweep=sweep, **{k: saved[k] for k in keep if k in saved})
+
+
+def array_indices(record: JobRecord) -> list[int]:
+    """The indices of a recorded job array's elements ([] for a plain job)."""
+    return recorded_spec(record).array_indices
+
+
+def _shown_indices(indices: list[int]) -> str:
+    return ", ".join(map(str, indices[:10])) + (", ..." if len(indices) > 10 else "")
+
+
+def status(record: JobRecord) -> dict[str, Any]:
+    if record.remote:
+        from ..remote import jobs as remote_jobs
+
+        return remote_jobs.status(record)
+    shown_id = record.tag
+    if record.scheduler == "local":
+        whole = record.whole()
+        state, code = local_state(whole)
+        info: dict[str, Any] = {"job_id": shown_id, "scheduler": "local", "state": state, "exit_code": code,
+                                "nodes": None, "elapsed": None}
+        if array_indices(record):
+            elements = local_elements(whole, state)
+            element = record.element
+            if element is None:
+                info["elements"] = elements
+            else:
+                shown_state, _, shown_code = elements[str(element)].partition(" ")
+                info.update(state=shown_state, exit_code=int(shown_code) if shown_code.isdigit() else None)
+        return info
+
+    indices = array_indices(record) if record.element is None else []
+    st = _edge(record).status(record.full_id, record.log_dir, indices)
+    info = {"job_id": shown_id, "scheduler": record.scheduler, "state": st.state,
+            "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
+    if st.elements is not None:
+        info["elements"] = st.elements
+    if st.note:
+        info["note"] = st.note
+    return info
+
+
+def _exit_file(record: JobRecord) -> tuple[int, str | None] | None:
+    """(exit code, state) from the job's exit file: "CODE" or, from the local scheduler, "CODE\\nSTATE"."""
+    try:
+        text = read_bounded(JobFiles(record.log_dir, record.tag).exit_code, 4096).decode()
+        lines = text.split()
+        return int(lines[0]), (lines[1] if len(lines) > 1 else None)
+    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return None
+
+
+def local_elements(record: JobRecord, job_state: str) -> dict[str, str]:
+    """A local array's elements, index -> "STATE CODE" or "STATE". The local scheduler runs them one after
+    another: while the job runs, the first without an exit file is RUNNING and the rest PENDING; elements a
+    stopped job never reached are CANCELLED."""
+    out: dict[str, str] = {}
+    running_seen = False
+    for index in array_indices(record):
+        ended = _exit_file(record.of_element(str(index)))
+        if ended is not None:
+            code, state = ended
+            out[str(index)] = f"{state or ('COMPLETED' if code == 0 else 'FAILED')} {code}"
+        elif job_state == "RUNNING":
+            out[str(index)] = "PENDING" if running_seen else "RUNNING"
+            running_seen = True
+        else:
+            out[str(index)] = "CANCELLED" if job_state == "CANCELLED" else "FAILED (no exit code recorded)"
+    return out
+
+
+def local_state(record: JobRecord) -> tuple[str, int | None]:
+    """A local job's (state, exit code): from its exit file once it has ended; RUNNING while the process
+    that supervises it (the same pid with the same start time) is alive; else FAILED without a code:
+    that process was killed before it could record anything."""
+    ended = _exit_file(record)
+    if ended is not None:
+        code, state = ended
+        return state or ("COMPLETED" if code == 0 else "FAILED"), code
+    from ...schedulers.local import process_identity
+
+    supervisor = record.data.get("supervisor")
+    if isinstance(supervisor, dict) and isinstance(supervisor.get("pid"), int) and \
+            process_identity(supervisor["pid"]) == supervisor:
+        return "RUNNING", None
+    return "FAILED", None
+
+
+def log_path(record: JobRecord, rank: int | None) -> str:
+    log_dir, job = record.log_dir, record.tag
+    indices = array_indices(record)
+    if indices and record.element is None:
+        raise SpecError(f"job {job} is an array of {len(indices)} jobs: name one, e.g. {job}_{indices[0]} "
+                        f"(its elements: {_shown_indices(indices)})")
+    if rank is not None and record.scheduler == "pbs":
+        raise SpecError("logs --rank: under PBS every rank's lines are in the job's one output, tagged by "
+                        "mpiexec (leave out --rank)")
+    spec = recorded_spec(record)
+    if rank is not None and not 0 <= rank < spec.world_size:
+        raise SpecError(f"logs --rank {rank}: job {job} has ranks 0-{spec.world_size - 1}")
+    files = JobFiles(log_dir, job, spec.log_unit, spec.ranks_per_log)
+    if rank is not None:  # in torchrun mode one file per node holds all its ranks
+        return files.rank_log(rank)
+    if record.scheduler == "slurm":
+        return files.batch_log
+    if record.scheduler == "pbs":
+        # qsub -o DIR/: PBS Pro writes DIR/<full id>.OU, Torque DIR/<name>.o<number>; mpiexec tags each
+        # line with its rank, so one file holds every rank's output.
+        full = str(record.data.get("pbs_job_id", job))
+        for name in sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []:
+            if name.startswith(f"{full}.") or name.endswith(f".o{job}"):
+                return os.path.join(log_dir, name)
+        return os.path.join(log_dir, f"{full}.OU")
+    return files.log(0)
+
+
+def _list_state(row: Mapping[str, Any], live: Mapping[str, str] | None, accounted: Mapping[str, str]) -> str:
+    """A quick state for `list`: a local job's own, a batch job's from squeue or sacct (one call each for
+    all), or from the exit code its script wrote; `status` asks the scheduler properly. ``live``: None when
+    squeue could not be asked."""
+    try:
+        data = json.loads(read_bounded(row["record"]).decode("utf-8"))
+    except (OSError, ValueError):
+        return "record gone"
+    try:
+        record = JobRecord.from_data(data, row["job_id"])
+    except ValueError:
+        return "?"
+    if record.scheduler == "local":
+        return local_state(record)[0]
+    short = row["job_id"].split(".", 1)[0]
+    if live is not None and short in live:
+        return live[short]
+    ended = _exit_file(record)
+    if ended is not None:
+        return "COMPLETED" if ended[0] == 0 else f"FAILED {ended[0]}"
+    if short in accounted:  # an array (no job-level exit code), or a job stopped before its script's end
+        return accounted[short]
+    if record.scheduler == "pbs" and not record.remote:
+        return _pbs_list_state(record)
+    return "ENDED?" if live is not None and record.scheduler == "slurm" else "?"
+
+
+def _pbs_list_state(record: JobRecord) -> str:
+    """A PBS job's state from the real qstat (as `status` reads it: a running array's job_state B is RUNNING,
+    a finished one's subjobs say how it ended); "?" when qstat cannot tell (the server gone, the job's
+    history expired). One qstat per PBS job that left no exit code: PBS has no squeue of all jobs at once
+    that keeps finished ones with their exit status."""
+    try:
+        info = status(record)
+    except (SlurmLaunchError, OSError, ValueError):  # list shows every row, whatever one of them meets
+        return "?"
+    code = info.get("exit_code")
+    return f"{info['state']} {code}" if info["state"] == "FAILED" and code else str(info["state"])
+
+
+def _list_record(row: Mapping[str, Any]) -> JobRecord | None:
+    try:
+        data = json.loads(read_bounded(row["record"]).decode("utf-8"))
+        return JobRecord.from_data(data, row["job_id"])
+    except (OSError, ValueError):
+        return None
+
+
+def _squeue_states() -> dict[str, str] | None:
+    """The user's queued and running Slurm jobs, job id -> state, in one squeue call (None without Slurm,
+    or when squeue fails)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("squeue") is None:
+        return None
+    try:
+        out = subprocess.run(["squeue", "-h", "--me", "-o", "%F %T"], capture_output=True, text=True, timeout=10,
+                             errors="replace")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+
+
+def _accounted(rows: list[dict[str, Any]], live: Mapping[str, str] | None) -> dict[str, str]:
+    """sacct's states, in one call, of the Slurm jobs of ``rows`` that squeue no longer shows and whose
+    script left no exit code (an array's elements have theirs; a cancelled job's script never wrote one)."""
+    from ...schedulers.slurm import accounted_states
+
+    ids = []
+    for row in rows:
+        short = row["job_id"].split(".", 1)[0]
+        if row["scheduler"] != "slurm" or row.get("remote") or (live is not None and short in live):
+            continue
+        record = _list_record(row)
+        if record is not None and _exit_file(record) is None:
+            ids.append(short)
+    return accounted_states(ids)
+
+
+def cmd_list(as_json: bool) -> int:
+    """Every job this user submitted (the index is per user), newest last, with the directory of its files
+    and a quick state."""
+    rows = entries()
+    slurm = any(r["scheduler"] == "slurm" and not r.get("remote") for r in rows)
+    live = _squeue_states() if slurm else None
+    accounted = _accounted(rows, live) if slurm else {}
+    remote_live: dict[str, dict[str, str] | None] = {}  # per destination: one squeue over ssh for all its jobs
+    shown = []
+    for row in rows:
+        if row.get("remote"):
+            from ..remote import jobs as remote_jobs
+
+            shown.append(remote_jobs.list_row(row, remote_live))
+        else:
+            shown.append({**row, "state": _list_state(row, live, accounted),
+                          "directory": os.path.dirname(row["record"])})
+    if as_json:
+        print(json.dumps(shown))
+        return 0
+    if not shown:
+        print(f"no jobs submitted yet (the index is {index_path()})")
+        return 0
+    width = max(6, *(len(r["job_id"]) for r in shown))
+    print(f"{'JOB ID':>{width}}  {'SCHED':<6} {'STATE':<10} {'SUBMITTED':<24} {'NAME':<20} DIRECTORY")
+    for r in shown:
+        print(f"{r['job_id']:>{width}}  {r['scheduler']:<6} {r['state']:<10} {r['submitted_at']:<24} "
+              f"{r['name']:<20} {r['directory']}")
+    return 0
+
+
+def cmd_status(job_id: str, as_json: bool) -> int:
+    record = find(job_id, gone_ok=True)
+    if "record_gone" in record.data:
+        sys.stderr.write(f"slurmlaunch: job {job_id}: its record {record.data['record_gone']!r} is gone (its "
+                         f"directory was removed); what {record.scheduler} says of it:\n")
+    info = status(record)
+    if as_json:
+        print(json.dumps(info))
+    else:
+        code = "" if info["exit_code"] is None else f", exit code {info['exit_code']}"
+        nodes = f" on {info['nodes']}" if info["nodes"] else ""
+        elapsed = f", elapsed {info['elapsed']}" if info.get("elapsed") else ""
+        note = f" ({info['note']})" if info.get("note") else ""
+        print(f"job {info['job_id']} ({info['scheduler']}): {info['state']}{nodes}{elapsed}{code}{note}")
+        for index, state in info.get("elements", {}).items():
+            print(f"  {info['job_id']}_{index}: {state}")
+    return 0
+
+
+def cmd_logs(job_id: str, rank: int | None, follow: bool) -> int:
+    record = find(job_id)
+    path = log_path(record, rank)
+    if record.remote:
+        from ..remote import jobs as remote_jobs
+
+        return remote_jobs.logs(record, path, follow)
+    if not follow:
+        try:
+            with open(path, "rb") as f:
+                sys.stdout.buffer.write(f.read())
+        except OSError as e:
+            raise JobStateError(f"no log {path!r} yet ({e.strerror})") from None
+        return 0
+    from ..follow import follow as follow_job
+
+    edge = _edge(record)
+    return follow_job(record.tag, lambda: edge.status(record.full_id, record.log_dir), path)
+
+
+def cmd_cancel(job_id: str) -> int:
+    record = find(job_id)
+    if record.remote:
+        from ..remote import jobs as remote_jobs
+
+        remote_jobs.cancel(record)
+    else:
+        _edge(record).cancel(record.full_id)
+    print(f"cancelled job {record.full_id}")
+    return 0

@@ -1,0 +1,120 @@
+"""The job commands for jobs that live on a remote Slurm or PBS cluster (a record with a "remote" key).
+
+The laptop keeps the record (the index points at it, with the destination), so `status`, `logs`, `cancel`
+and `list` know where to ask. They ask through the scheduler's own edge (schedulers.slurm / schedulers.pbs)
+with the ssh runner plugged in (remote_runner.SshRunner): the code that answers for a job of this machine
+answers for a remote one. `submit --remote` is remote_submit; following a job, remote_follow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ...core.errors import JobStateError, SchedulerError
+from ...schedulers.interface import Scheduler
+from ...schedulers.runner import READ_LIMIT, use_runner
+from ..records import JobRecord
+from .dest import parse_destination
+from .follow import RemoteFollower
+from .runner import SshRunner
+from .ssh import Connection
+from .submit import _project_name, submit_remote
+
+__all__ = ["_project_name", "cancel", "list_row", "logs", "status",
+           "submit_remote"]
+
+
+# -- the job commands, for a record with a "remote" key: the edge of its scheduler, over the ssh runner --
+
+@contextlib.contextmanager
+def login_node(record: JobRecord) -> Iterator[tuple[SshRunner, Scheduler]]:
+    """The record's scheduler edge with its commands (and file reads) on the record's login node."""
+    from ...schedulers.choice import scheduler
+
+    edge = scheduler(record.scheduler)
+    with Connection(parse_destination(str(record.remote)), tuple(record.data.get("remote_setup") or ())) as conn:
+        runner = SshRunner(conn)
+        with use_runner(runner):
+            yield runner, edge
+
+
+def status(record: JobRecord) -> dict[str, Any]:
+    with login_node(record) as (_, edge):
+        st = edge.status(record.full_id, record.log_dir)
+    return {"job_id": record.full_id, "scheduler": record.scheduler, "remote": record.remote, "state": st.state,
+            "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
+
+
+def logs(record: JobRecord, path: str, follow: bool) -> int:
+    """Print the remote log ``path`` (with ``follow``: as it grows, until the job ends), in bounded reads."""
+    from ..follow import follow as follow_job
+
+    with login_node(record) as (runner, edge):
+        if follow:
+            return follow_job(record.full_id, RemoteFollower(runner, edge, record.full_id, record.log_dir, path),
+                              None)
+        offset = 0
+        while True:
+            data = runner.read(path, offset, READ_LIMIT)
+            if data is None and offset == 0:
+                raise JobStateError(f"no log {path!r} on {runner.conn.dest.target} yet")
+            sys.stdout.buffer.write(data or b"")
+            offset += len(data or b"")
+            if data is None or len(data) < READ_LIMIT:
+                sys.stdout.flush()
+                return 0
+
+
+def cancel(record: JobRecord) -> None:
+    with login_node(record) as (_, edge):
+        edge.cancel(record.full_id)
+
+
+def _queue_states(record: JobRecord, row: Mapping[str, Any]) -> dict[str, str]:
+    """The destination's jobs, id -> state: Slurm's in one `squeue --me`, and the month's finished ones in
+    one `sacct` where the login node has it (COMPLETED, FAILED... rather than "ENDED?"); a PBS job's own
+    (qstat, which knows a finished job's state)."""
+    from ...schedulers.runner import run_command
+
+    with login_node(record) as (runner, edge):
+        if record.scheduler == "pbs":
+            return {str(row["job_id"]): edge.status(record.full_id, record.log_dir).state}
+        out = run_command(["squeue", "-h", "--me", "-o", "%F %T"], timeout=30).stdout
+        ended = ""
+        if runner.which("sacct"):
+            with contextlib.suppress(SchedulerError):  # no accounting there: the queue alone
+                ended = run_command(["sacct", "-X", "-n", "-P", "-o", "JobIDRaw,State", "-S", "now-30days"],
+                                    timeout=30).stdout
+    states = {job: state.split()[0] for job, _, state in (line.partition("|") for line in ended.splitlines())
+              if state.strip()}
+    states.update(line.partition(" ")[::2] for line in out.splitlines() if " " in line)
+    return states
+
+
+def list_row(row: Mapping[str, Any], live: dict[str, dict[str, str] | None]) -> dict[str, Any]:
+    """`list`'s row for a remote job: a quick state from one `squeue --me` (and `sacct`) per destination and
+    --remote-setup lines (``live`` caches it; PBS: the job's qstat), its files' place as DEST:DIR. `status`
+    asks properly."""
+    from ...schedulers.index import read_bounded
+
+    target = str(row["remote"])
+    try:
+        record = JobRecord.from_json(read_bounded(str(row["record"])).decode("utf-8"), str(row["job_id"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return {**row, "state": "record gone", "directory": f"{target}:?"}
+    # the setup lines too: another job's may be what makes this destination's squeue reachable
+    setup = "\n".join(record.data.get("remote_setup") or ())
+    key = f"{target}\0{setup}" if record.scheduler == "slurm" else f"{target}\0{setup}\0{row['job_id']}"
+    if key not in live:
+        try:
+            live[key] = _queue_states(record, row)
+        except SchedulerError as e:  # unreachable now: no quick state, and one line saying why
+            live[key] = None
+            sys.stderr.write(f"slurmlaunch: list: no states from {target}: {e}\n")
+    known = live[key]
+    state = "?" if known is None else known.get(str(row["job_id"]), "ENDED?")
+    return {**row, "state": state, "directory": f"{target}:{record.log_dir}"}
+

@@ -1,0 +1,198 @@
+"""`submit --remote`: the script rendered here for the remote directory, the project synced there
+(remote_sync), the package sent (remote_ship), sbatch or qsub on the login node with the script on its
+standard input (never inside a shell string), and the record kept here, so that the job commands know where
+to ask (remote_jobs)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from typing import Any
+
+from ...core.errors import SpecError
+from ...core.jobfiles import JobFiles
+from ...core.spec import JobSpec
+from ...schedulers.interface import SchedulerName
+from ..records import JobRecord
+from .dest import Destination, parse_destination, shell_command
+from .runner import SshRunner
+from .shell import RemoteError
+from .ship import check_python, pythonpath_setup, ship_argv, ship_package, shipped_path
+from .ssh import Connection
+from .sync import parse_size, plural, resolve_directory, sync, sync_argv
+
+DEFAULT_SYNC_LIMIT_TEXT = "1G"  # --sync-limit's default, as written
+
+
+def _project_name(workdir: str) -> str:
+    name = os.path.basename(os.path.normpath(workdir)) or "project"
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+
+
+def _refuse_unsupported_remote(ns: Any, spec: JobSpec) -> None:
+    """What --remote does not do yet: say so instead of doing something else."""
+    if ns.scheduler not in ("auto", "slurm", "pbs"):
+        raise SpecError(f"--remote with --scheduler {ns.scheduler}: over ssh the cluster's Slurm or PBS runs the "
+                        f"job (leave out --scheduler, or --scheduler slurm or pbs)")
+    if spec.container:
+        raise SpecError("--remote with --container-image/--apptainer is not supported yet (the container mounts "
+                        "this machine's slurmlaunch); submit on the login node")
+    if spec.is_array:
+        raise SpecError("--remote with --array/--sweep is not supported yet; submit on the login node")
+
+
+def remote_scheduler(requested: str, runner: SshRunner) -> SchedulerName:
+    """--scheduler for a login node: slurm or pbs as given; auto: Slurm where sbatch is on the login node's
+    PATH (after the --remote-setup lines), else PBS where qsub is (one `command -v` round trip for both)."""
+    if requested in ("slurm", "pbs"):
+        return "slurm" if requested == "slurm" else "pbs"
+    target = runner.conn.dest.target
+    chosen: SchedulerName
+    if runner.which("sbatch"):
+        chosen, why = "slurm", "sbatch is on its PATH"
+    elif runner.which("qsub"):
+        chosen, why = "pbs", "qsub is on its PATH and sbatch is not"
+    else:
+        raise SpecError(f"--remote {runner.conn.dest}: neither sbatch nor qsub is on the PATH of {target}; add the "
+                        f"--remote-setup line that puts them there (e.g. 'module load slurm'), or --scheduler "
+                        f"slurm or pbs")
+    sys.stderr.write(f"slurmlaunch: --scheduler auto chose {chosen} on {target} ({why})\n")
+    return chosen
+
+
+def _parse_job_id(name: SchedulerName, out: str) -> str | None:
+    from ...schedulers import pbs, slurm
+
+    return (slurm.parse_job_id if name == "slurm" else pbs.parse_job_id)(out)
+
+
+def _checked_excludes(ns: Any, spec: JobSpec) -> list[str]:
+    excludes = list(ns.remote_exclude or [])
+    for pattern in excludes:
+        if not pattern or not pattern.isprintable():
+            raise SpecError(f"--remote-exclude {pattern!r} is not a pattern (expected an rsync --exclude "
+                            f"pattern on one line, e.g. data/ or *.ckpt)")
+    if not os.path.isabs(spec.output_dir):
+        excludes.append(f"/{spec.output_dir.strip('/')}/")  # the job's logs are the remote's, never sent over
+    return excludes
+
+
+def _show_dry_run(conn: Connection, workdir: str | None, remote_dir: str, excludes: list[str], submit_line: str,
+                  script: str) -> int:
+    """--dry-run: the script on stdout; on stderr the rsync (``workdir``: None with --no-sync), the package's
+    rsync and the remote command that would run."""
+    if workdir is not None:
+        sys.stderr.write("# would run here: " + shlex.join(sync_argv(conn, workdir, remote_dir, excludes)) + "\n")
+    sys.stderr.write("# would run here: " + shlex.join(ship_argv(conn, remote_dir)) + "\n")
+    sys.stderr.write(f"# would run on {conn.dest.target} (this script on its stdin):\n"
+                     + "".join(f"#   {line}\n" for line in submit_line.splitlines()))
+    sys.stdout.write(script)
+    return 0
+
+
+def _queue(conn: Connection, name: SchedulerName, rspec: JobSpec, command: list[str], submit_line: str,
+           script: str) -> str:
+    """sbatch or qsub there, the script on its stdin; the record kept here and the index told. Returns the
+    scheduler's job id."""
+    from ...schedulers.index import remember
+
+    dest = conn.dest
+    sent = conn.run(submit_line, input_bytes=script.encode(), what=shlex.join(command))
+    out = sent.stdout.decode(errors="replace").strip()
+    full_id = out.splitlines()[-1].strip() if out else ""
+    job_id = _parse_job_id(name, full_id)
+    if job_id is None:
+        raise RemoteError(f"on {dest.target}: {shlex.join(command)} printed {out!r}, not a job id")
+    if name == "slurm":
+        full_id = job_id  # 1234;cluster is 1234 to squeue and scancel
+    record = write_local_record(dest, conn.setup, rspec, job_id, full_id, name, command, script)
+    remember(full_id, name, record, rspec.name, remote=dest.target)
+    return full_id
+
+
+def submit_remote(ns: Any, spec_from_args: Callable[[Any], JobSpec]) -> int:
+    """`submit --remote DEST`: render here, sync, sbatch or qsub there, follow from here with --wait."""
+    from ...core.support import refuse_unsupported
+    from ...schedulers.choice import scheduler
+
+    dest = parse_destination(ns.remote)
+    # --sync-limit's default (None) is 1G; an empty value is refused like any other that is not a size
+    limit = parse_size(DEFAULT_SYNC_LIMIT_TEXT if ns.sync_limit is None else ns.sync_limit)
+    # The ranks' interpreter is the cluster's (python3 there, or --python's path there): validated as one
+    # of this machine's would be, it would have to exist here.
+    python = ns.python or "python3"
+    ns.python = sys.executable
+    spec = replace(spec_from_args(ns), python=python)
+    _refuse_unsupported_remote(ns, spec)
+    origins = getattr(ns, "option_origins", {})
+    if ns.scheduler != "auto":
+        refuse_unsupported(spec, ns.scheduler, origins)  # before any ssh
+    excludes = _checked_excludes(ns, spec)
+    with Connection(dest, ns.remote_setup or ()) as conn:
+        runner = SshRunner(conn)
+        name = remote_scheduler(ns.scheduler, runner)
+        if ns.scheduler == "auto":
+            refuse_unsupported(spec, name, origins)
+        edge = scheduler(name)
+        if not ns.dry_run or python.startswith("~"):  # a dry run asks only for the remote home
+            spec = replace(spec, python=check_python(conn, python))  # ~/ expanded there
+        remote_dir = dest.directory if dest.directory and dest.directory.startswith("/") and ns.dry_run else \
+            resolve_directory(conn, dest.directory, _project_name(spec.workdir), create=not ns.dry_run)
+        # The launcher travels with the job (remote.ship_package): the ranks import the package sent below.
+        package = shipped_path(remote_dir)
+        rspec = replace(spec, workdir=remote_dir, setup=(*spec.setup, pythonpath_setup(package)))
+        script = edge.render(rspec, ns.template_dir)
+        command = edge.submit_command(rspec, "-")[:-1]  # no file: sbatch and qsub read the script from stdin
+        submit_line = shell_command(f"umask 077 && mkdir -p -m 700 -- {shlex.quote(rspec.log_dir)} && "
+                                    f"{shlex.join(command)}", conn.setup)
+        if ns.dry_run:
+            return _show_dry_run(conn, spec.workdir if ns.sync else None, remote_dir, excludes, submit_line, script)
+        if ns.sync:
+            summary = sync(conn, spec.workdir, remote_dir, excludes,
+                           limit if limit is not None else parse_size(DEFAULT_SYNC_LIMIT_TEXT))
+            sys.stderr.write(summary.line(f"{dest.path_target}:{remote_dir}") + "\n")
+        ship_package(conn, remote_dir)
+        full_id = _queue(conn, name, rspec, command, submit_line, script)
+        sys.stderr.write(f"slurmlaunch: submitted job {full_id} on {dest.target} ({plural(rspec.world_size, 'rank')} "
+                         f"on {plural(rspec.nodes, 'node')}); working directory {remote_dir}\n")
+        print(full_id)
+        sys.stdout.flush()
+        if not ns.wait:
+            return 0
+        from .follow import wait_remote
+
+        return wait_remote(runner, edge, rspec, full_id, ns.cancel_on_interrupt, ns.wait_timeout)
+
+
+def _records_dir(dest: Destination) -> str:
+    from ...core.paths import state_dir
+
+    tag = hashlib.sha256(dest.target.encode()).hexdigest()[:12]
+    return os.path.join(state_dir(), "remote", tag)
+
+
+def write_local_record(dest: Destination, setup: tuple[str, ...], spec: JobSpec, job_id: str, full_id: str,
+                       scheduler: SchedulerName, command: list[str], script: str) -> str:
+    """The job's record and script on this machine (private), for status/logs/cancel later. ``job_id`` names
+    the job's files; ``full_id`` is the scheduler's (PBS: 1234.server)."""
+    from ...schedulers import rank_log, write_private
+
+    directory = _records_dir(dest)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    files = JobFiles(directory, job_id)
+    script_path = files.script("sbatch" if scheduler == "slurm" else "qsub")
+    write_private(script_path, script, 0o600)
+    record = {
+        "job_id": job_id, "scheduler": scheduler, "remote": dest.target, "remote_setup": list(setup),
+        "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command, "log_dir": spec.log_dir,
+        "rank_log": rank_log(spec, job_id, 0), "script": script_path, "spec": asdict(spec),
+        **({"pbs_job_id": full_id} if full_id != job_id else {}),
+    }
+    path = files.record
+    write_private(path, JobRecord(record, job_id).to_json(), 0o600)
+    return path

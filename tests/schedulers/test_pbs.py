@@ -1,0 +1,227 @@
+"""PBS: golden qsub scripts, time conversion, and the qsub/qstat/qdel edges against an EMULATION of those
+commands (small scripts standing in for a PBS server, which cannot be installed here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slurmlaunch.core.errors import SchedulerError, SpecError
+from slurmlaunch.render import pbs_script
+from tests.helpers import EXAMPLES, GOLDEN, golden_spec, no_slurm_env, run_cli
+
+PBS_GOLDEN = {
+    "pbs_pro_openmpi.qsub": golden_spec(time="1-00:00:00", partition="gpuq", account="proj42", mem="64G",
+                                        cpus_per_gpu=8, env=(("WANDB_MODE", "offline"),),
+                                        setup=("module load openmpi",)),
+    "pbs_torque_mpich.qsub": golden_spec(pbs_flavour="torque", mpi="mpich", time="90", exclusive=True),
+    "pbs_pro_pals.qsub": golden_spec(mpi="pals", time="2:00:00", cpus_per_task=16, exclusive=True),
+    "pbs_pro_sweep.qsub": golden_spec(time="30", sweep=(("lr", ("0.1", "0.01")), ("seed", ("1", "2"))),
+                                      max_parallel=2, requeue=True),
+    "pbs_torque_array.qsub": golden_spec(pbs_flavour="torque", mpi="mpich", time="30", array="1,3,5-6"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PBS_GOLDEN))
+def test_golden_pbs_scripts(name: str) -> None:
+    text = pbs_script.render_script(PBS_GOLDEN[name])
+    path = GOLDEN / name
+    if os.environ.get("SLURMLAUNCH_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"rendered script differs from {path} (SLURMLAUNCH_UPDATE_GOLDEN=1)"
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+
+
+@pytest.mark.parametrize(("slurm_time", "walltime"), [
+    ("90", "1:30:00"), ("30:15", "0:30:15"), ("2:00:00", "2:00:00"), ("1-00:00:00", "24:00:00"),
+    ("2-3", "51:00:00"), ("1-2:30", "26:30:00"), ("1:99", "0:02:39"),
+])
+def test_walltime(slurm_time: str, walltime: str) -> None:
+    assert pbs_script.walltime(slurm_time) == walltime
+
+
+@pytest.mark.parametrize("slurm_time", ["UNLIMITED", "infinite", "0", "0:00:00"])
+def test_no_limit_is_refused_not_a_walltime_of_nothing(slurm_time: str) -> None:
+    """Slurm's no-limit spellings (0 among them) have no PBS walltime: refused, never walltime=0:00:00."""
+    with pytest.raises(SpecError) as e:
+        pbs_script.walltime(slurm_time)
+    zero = "" if slurm_time.upper() in ("UNLIMITED", "INFINITE") else "Slurm reads a time of 0 as no limit, and "
+    assert str(e.value) == (f"--time {slurm_time}: {zero}PBS has no unlimited walltime (sites such as ALCF require "
+                            f"-l walltime); give a time such as 1:00:00, or leave --time out for the queue's default")
+
+
+def fake_pbs(tmp_path: Path, exit_status: int = 0) -> dict[str, str]:
+    """EMULATION: qsub records its argv and prints a job id; qstat reports the job finished in the text form
+    only, as Torque's does (-F json refused); qdel records."""
+    bin_dir = tmp_path / "fake-pbs"
+    bin_dir.mkdir()
+    rec = tmp_path / "pbs-calls.jsonl"
+    recorder = ("#!/usr/bin/env python3\nimport json, sys\n"
+                f"open({str(rec)!r}, 'a').write(json.dumps(sys.argv) + '\\n')\n")
+    (bin_dir / "qsub").write_text(recorder + "print('77.pbs-server')\n")
+    (bin_dir / "qstat").write_text(recorder + "if '-F' in sys.argv: sys.exit(\"qstat: invalid option -- 'F'\")\n"
+                                   "print('Job Id: 77.pbs-server')\nprint('    job_state = F')\n"
+                                   f"print('    Exit_status = {exit_status}')\n")
+    (bin_dir / "qdel").write_text(recorder)
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = no_slurm_env(tmp_path)
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    return env
+
+
+def calls(tmp_path: Path) -> list[list[str]]:
+    return [json.loads(line) for line in (tmp_path / "pbs-calls.jsonl").read_text().splitlines()]
+
+
+def test_submit_wait_through_emulated_pbs(tmp_path: Path) -> None:
+    env = fake_pbs(tmp_path, exit_status=3)
+    name = "job-1.x+y_z"  # every kind of character the real qsub takes in a name (a "$(" it refuses)
+    r = run_cli("submit", "--nodes", "2", "--gpus-per-node", "4", f"--job-name={name}", "--wait",
+                str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
+    assert r.returncode == 3, r.stderr
+    assert "auto chose pbs (qsub is on PATH and sbatch is not)" in r.stderr
+    assert "job 77.pbs-server ended FAILED, exit code 3" in r.stderr
+    qsub = calls(tmp_path)[0]
+    assert qsub[1:4] == ["-N", name, "-o"]
+    record = json.loads((tmp_path / "slurmlaunch-logs" / "job-77.json").read_text())
+    assert record["scheduler"] == "pbs" and record["pbs_job_id"] == "77.pbs-server"
+    assert record["command"][:3] == ["qsub", "-N", name] and record["command"][-1].endswith("job-77.qsub")
+    script = Path(record["command"][-1]).read_text()
+    assert "#PBS -l select=2:ncpus=4:mpiprocs=4:ngpus=4" in script and "mpiexec -np 8" in script
+    qstats = [[Path(c[0]).name, *c[1:]] for c in calls(tmp_path)[1:3]]  # the JSON form first, then the text
+    assert qstats == [["qstat", "-x", "-f", "-F", "json", "77.pbs-server"], ["qstat", "-x", "-f", "77.pbs-server"]]
+
+
+def test_pbs_dry_run_and_refusals(tmp_path: Path) -> None:
+    env = fake_pbs(tmp_path)
+    r = run_cli("submit", "--scheduler", "pbs", "--dry-run", "--mpi", "mpich", "--pbs-flavour", "torque",
+                str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
+    assert r.returncode == 0 and "#PBS -l nodes=1:ppn=1" in r.stdout and "# would run: qsub -N" in r.stderr
+    r = run_cli("submit", "--scheduler", "pbs", "--mpi", "intel", str(EXAMPLES / "train_ddp.py"), env=env,
+                cwd=tmp_path)
+    assert r.returncode == 2 and "--mpi" in r.stderr and r.stderr.count("\n") == 1
+    r = run_cli("submit", "--scheduler", "pbs", str(EXAMPLES / "train_ddp.py"), env=no_slurm_env(tmp_path),
+                cwd=tmp_path)
+    assert r.returncode == 2 and "qsub is not on PATH" in r.stderr
+
+
+def test_pbs_logs_are_the_jobs_one_output(tmp_path: Path) -> None:
+    env = fake_pbs(tmp_path)
+    r = run_cli("submit", "--scheduler", "pbs", str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "slurmlaunch-logs" / "77.pbs-server.OU").write_text("0: hello\n1: hello\n")  # as PBS Pro names it
+    assert run_cli("logs", "77", env=env).stdout == "0: hello\n1: hello\n"
+    r = run_cli("logs", "77", "--rank", "1", env=env)
+    assert r.returncode == 2 and "tagged by mpiexec" in r.stderr
+
+
+def test_array_status_and_cancel_through_emulated_pbs(tmp_path: Path) -> None:
+    """EMULATION: qsub prints an array's id (77[].pbs-server); qstat -t lists the array and its subjobs in the
+    layout of PBS Pro's qstat -f (one "Job Id:" block each)."""
+    env = fake_pbs(tmp_path)
+    bin_dir = tmp_path / "fake-pbs"
+    rec = tmp_path / "pbs-calls.jsonl"
+    recorder = ("#!/usr/bin/env python3\nimport json, sys\n"
+                f"open({str(rec)!r}, 'a').write(json.dumps(sys.argv) + '\\n')\n")
+    (bin_dir / "qsub").write_text(recorder + "print('77[].pbs-server')\n")
+    states = tmp_path / "states"
+    states.write_text("F 0\nR\nQ\n")
+    (bin_dir / "qstat").write_text(recorder + f"""
+lines = open({str(states)!r}).read().split('\\n')
+print('Job Id: 77[].pbs-server\\n    job_state = B')
+for i, line in enumerate(l for l in lines if l):
+    state, _, code = line.partition(' ')
+    print(f'Job Id: 77[{{i}}].pbs-server\\n    job_state = {{state}}\\n    exec_host = n{{i}}/0*4')
+    if code:
+        print(f'    Exit_status = {{code}}')
+""")
+    r = run_cli("submit", "--scheduler", "pbs", "--array", "0-2", str(EXAMPLES / "train_ddp.py"), env=env,
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "slurmlaunch-logs" / "job-77.json").exists()
+    r = run_cli("status", "77", "--json", env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["state"] == "RUNNING" and st["elements"] == {"0": "COMPLETED 0", "1": "RUNNING", "2": "PENDING"}, st
+    assert calls(tmp_path)[-1][1:] == ["-x", "-f", "-t", "77[]"]
+    states.write_text("F 0\nF 3\nF 0\n")
+    (tmp_path / "slurmlaunch-logs" / "job-77_2.exitcode").write_text("5\n")  # the script's own word wins
+    st = json.loads(run_cli("status", "77", "--json", env=env, cwd=tmp_path).stdout)
+    assert st["state"] == "FAILED" and st["exit_code"] == 3 and st["elements"]["2"] == "FAILED 5", st
+    run_cli("status", "77_1", env=env, cwd=tmp_path)
+    assert calls(tmp_path)[-1][1:] == ["-x", "-f", "77[1]"]
+    for job, qdel in (("77", "77[].pbs-server"), ("77_2", "77[2]")):
+        r = run_cli("cancel", job, env=env, cwd=tmp_path)
+        assert r.returncode == 0 and calls(tmp_path)[-1][1:] == [qdel], r.stderr
+
+
+def test_the_scripts_exit_code_wins_over_a_qstat_without_one(tmp_path: Path) -> None:
+    """EMULATION of a Torque-style qstat (Slurm's slurm-wlm-torque wrapper prints no exit status)."""
+    env = fake_pbs(tmp_path)
+    (tmp_path / "fake-pbs" / "qstat").write_text("#!/bin/sh\necho 'Job Id: 77'\necho '    job_state = C'\n")
+    r = run_cli("submit", "--scheduler", "pbs", str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(run_cli("status", "77", "--json", env=env, cwd=tmp_path).stdout)["state"] == "COMPLETED"
+    (tmp_path / "slurmlaunch-logs" / "job-77.exitcode").write_text("4\n")
+    st = json.loads(run_cli("status", "77", "--json", env=env, cwd=tmp_path).stdout)
+    assert st["state"] == "FAILED" and st["exit_code"] == 4, st
+
+
+# What a real OpenPBS 23.06's `qstat -x -f -F json` showed for each kind of job (tests/real/test_pbs_real.py puts
+# jobs in each of these and checks the same mapping against the server itself).
+@pytest.mark.parametrize(("attrs", "code_file", "state", "code"), [
+    ({"job_state": "Q", "substate": 10}, None, "PENDING", None),
+    ({"job_state": "H", "substate": 20}, None, "PENDING", None),
+    ({"job_state": "R", "substate": 41}, None, "RUNNING", None),  # PRERUN: sent to the MoM
+    ({"job_state": "R", "substate": 42}, None, "RUNNING", None),
+    ({"job_state": "F", "substate": 92, "Exit_status": 0}, None, "COMPLETED", 0),
+    ({"job_state": "F", "substate": 92, "Exit_status": 0}, 5, "FAILED", 5),  # the script's own word wins
+    ({"job_state": "F", "substate": 93, "Exit_status": 7}, None, "FAILED", 7),
+    ({"job_state": "F", "substate": 93, "Exit_status": 265}, None, "FAILED", 137),  # 256 + SIGKILL
+    ({"job_state": "F", "substate": 93, "Exit_status": -29}, None, "TIMEOUT", 1),  # past its walltime
+    ({"job_state": "F", "substate": 93, "Exit_status": -1}, None, "FAILED", 1),  # JOB_EXEC_FAIL1
+    ({"job_state": "F", "substate": 91, "Exit_status": 0}, None, "CANCELLED", 1),  # qdel'd while running
+    ({"job_state": "F", "substate": 91, "Exit_status": 0}, 0, "CANCELLED", 1),
+    ({"job_state": "F", "substate": 91}, None, "CANCELLED", 1),  # qdel'd before it ran
+    ({"job_state": "F", "substate": 91, "Exit_status": 7}, None, "CANCELLED", 7),
+])
+def test_real_pbs_states_map(attrs: dict[str, object], code_file: int | None, state: str, code: int | None) -> None:
+    from slurmlaunch.schedulers.pbs import job_status
+
+    st = job_status({**attrs, "exec_host": "node1/0*2"}, code_file)
+    assert (st.state, st.exit_code, st.nodes) == (state, code, "node1/0*2")
+
+
+def test_an_unknown_pbs_state_is_named() -> None:
+    from slurmlaunch.schedulers.pbs import job_status
+
+    with pytest.raises(SchedulerError, match="unknown job_state 'Z'"):
+        job_status({"job_state": "Z"})
+
+
+def test_tmrsh_agent_runs_open_mpis_command_line_through_pbs_tmrsh() -> None:
+    """Open MPI gives the agent HOST and the words of one shell command line (as to ssh); pbs_tmrsh runs an
+    argv without a shell, so the words go to /bin/sh -c. pbs_tmrsh is found through PBS_EXEC, pbs.conf,
+    PATH or /opt/pbs; with none, ssh (Open MPI's default)."""
+    from slurmlaunch.allocation import tmrsh
+
+    words = ["PATH=/x:$PATH", ";", "export", "PATH", ";", "orted", "-mca", "ess", "env"]
+    assert tmrsh.command(["node2", *words], "/p/bin/pbs_tmrsh") == [
+        "/p/bin/pbs_tmrsh", "node2", "/bin/sh", "-c",
+        f"PATH=/x:$PATH ; export PATH ; orted -mca ess env\nrc=$?; sleep {tmrsh.LINGER_S}; exit $rc"]
+    assert tmrsh.command(["node2", *words], None) == ["ssh", "node2", *words]
+    with pytest.raises(ValueError, match="expected HOST COMMAND"):
+        tmrsh.command(["node2"], None)
+    conf = {"/etc/pbs.conf": "PBS_EXEC=/srv/pbs\nPBS_SERVER=head\n"}
+    on = {"/srv/pbs/bin/pbs_tmrsh", "/usr/local/bin/pbs_tmrsh", "/opt/pbs/bin/pbs_tmrsh", "/e/bin/pbs_tmrsh"}
+    find = tmrsh.find_tmrsh
+    assert find({"PBS_EXEC": "/e", "PATH": "/usr/local/bin"}, on.__contains__, conf.get) == "/e/bin/pbs_tmrsh"
+    assert find({"PATH": "/usr/local/bin"}, on.__contains__, conf.get) == "/srv/pbs/bin/pbs_tmrsh"
+    assert find({"PATH": "/usr/local/bin"}, on.__contains__, {}.get) == "/usr/local/bin/pbs_tmrsh"
+    assert find({}, on.__contains__, {}.get) == "/opt/pbs/bin/pbs_tmrsh"
+    assert find({}, set().__contains__, conf.get) is None
