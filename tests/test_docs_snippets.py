@@ -179,6 +179,19 @@ def parse_error(argv: list[str]) -> str | None:
     return None
 
 
+def profile_scheduler(argv: list[str], project: Path) -> str:
+    """The scheduler the --profile of a submit command line sets (auto without one)."""
+    import json
+
+    name = next((argv[i + 1] for i, w in enumerate(argv[:-1]) if w == "--profile"), None)
+    if name is None:
+        return "auto"
+    r = subprocess.run([sys.executable, "-m", "slurmlaunch", "config", "show", "--profile", name, "--json"],
+                       cwd=project, env=clean_env(project), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return str(json.loads(r.stdout)["options"]["scheduler"]["value"])
+
+
 CLI = [b for b in ALL if b.mark == "cli"]
 
 
@@ -192,10 +205,13 @@ def test_cli_block(block: Block, tmp_path: Path) -> None:
         assert parse_error(argv) is None, (argv, parse_error(argv))
         if argv[0] != "submit" or any(w.startswith("--remote") for w in argv):
             continue  # --remote --dry-run still asks the ssh destination: the parse is the check here
-        scheduler = [] if any(w.startswith("--scheduler") for w in argv) else ["--scheduler", "slurm"]
-        r = subprocess.run([sys.executable, "-m", "slurmlaunch", "submit", "--dry-run", *scheduler, *argv[1:]],
+        # Slurm's script unless the command, or its profile (polaris is a PBS site), names the scheduler
+        named = any(w.startswith("--scheduler") for w in argv) or profile_scheduler(argv, project) != "auto"
+        r = subprocess.run([sys.executable, "-m", "slurmlaunch", "submit", "--dry-run",
+                            *([] if named else ["--scheduler", "slurm"]), *argv[1:]],
                            cwd=project, env=clean_env(project), capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0 and "would run: sbatch" in r.stdout + r.stderr, (argv, r.stderr[-2000:])
+        assert r.returncode == 0, (argv, r.stderr[-2000:])
+        assert re.search(r"would run: (sbatch|qsub) ", r.stdout + r.stderr), (argv, r.stdout[-2000:], r.stderr[-2000:])
 
 
 RUN = [b for b in ALL if b.mark == "run"]
