@@ -25,9 +25,16 @@ import argparse
 import inspect
 import os
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+# The checkout's own code, not whatever slurmlaunch the environment has installed: the site describes this tree.
+_TREE = str(Path(__file__).resolve().parents[2])
+if _TREE not in sys.path:
+    sys.path.insert(0, _TREE)
 
 MARKER = re.compile(r"^<!-- generated: ([a-z-]+)(?: ([a-z-]+))? -->[ \t]*$", re.M)
 
