@@ -82,7 +82,8 @@ def test_every_code_block_is_checked_or_marked_illustrative() -> None:
     unmarked = [f"{b.where} ({b.text.splitlines()[0] if b.text else ''})" for b in ALL if b.mark is None]
     assert unmarked == [], ("code blocks with no <!-- snippet: ... --> line before them (tests/test_docs_snippets.py "
                             "says which kinds there are)")
-    stray = [f"{page.relative_to(ROOT)}: {m}" for page in PAGES for m in MARK.findall(page.read_text())]
+    stray = [f"{page.relative_to(ROOT)}: {m}" for page in PAGES
+             for m in re.findall(r"^[ \t]*" + MARK.pattern + r"[ \t]*$", page.read_text(), re.M)]
     assert len(stray) == len(ALL), "a snippet comment that is not right before a code block"
     # the illustrative ones stay the exception: most of what the docs show runs
     illustrative = [b for b in ALL if b.mark and b.mark.startswith("illustrative")]
