@@ -128,7 +128,7 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
             help="under PBS: the MPI whose mpiexec starts the ranks (flags differ; default openmpi); under Slurm: "
             "srun --mpi=TYPE, the PMI your MPI library talks to (e.g. pmix; default: the cluster's MpiDefault)"),
     )),
-    ("PBS site resources (docs: PBS sites; shipped profiles polaris, aurora, gadi, torque)", (
+    ("PBS site resources (README: PBS; shipped profiles polaris, aurora, gadi, torque)", (
         Opt("--pbs-resource", action="append", default=(), metavar="KEY[=VALUE]",
             help="a job-wide resource, #PBS -l KEY=VALUE (e.g. filesystems=home:eagle, storage=gdata/ab1, "
             "jobfs=100GB, wd)"),
@@ -173,7 +173,7 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
         Opt("--max-parallel", type=Count("--max-parallel", 1, MAX_ARRAY_ELEMENTS), metavar="N",
             help="run at most N array elements at once"),
     )),
-    ("from your laptop (docs: From your laptop)", (
+    ("from your laptop (README: From your laptop)", (
         Opt("--remote", metavar="[USER@]HOST[:DIR]",
             help="submit on this ssh destination (an alias of ~/.ssh/config works): the project is synced to DIR "
             "(default ~/slurmlaunch-projects/<this directory's name>) and sbatch runs there"),
