@@ -259,11 +259,11 @@ PYTHON = [b for b in ALL if b.mark in ("python", "python-run")]
 
 
 def api_classes() -> dict[str, list[type]]:
-    """What each API function returns (its handles' classes), for the method names a snippet calls (a
+    """What each API function returns (a handle's class; map_array: a list of them), for the names a snippet calls (a
     RemoteJob answers the same questions as a Job: tests/real/test_remote_api.py)."""
     from slurmlaunch.app.api import Batch, Job
 
-    return {"submit": [Job], "submit_script": [Job], "map_array": [Job], "batch": [Batch]}
+    return {"submit": [Job], "submit_script": [Job], "map_array": [list], "batch": [Batch]}
 
 
 @pytest.mark.parametrize("block", PYTHON, ids=[b.where for b in PYTHON])
