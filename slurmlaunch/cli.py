@@ -386,7 +386,7 @@ def cmd_env(as_json: bool) -> int:
     origins = {k: dist.origins.get(k) or dist.origins.get(same_as.get(k, ""), "") for k in exports}
     origins.setdefault("ROLE_NAME", "torchrun's default role")
     if "SLURMLAUNCH_LOCAL_DEVICE" in exports:
-        origins["SLURMLAUNCH_LOCAL_DEVICE"] = "CUDA_VISIBLE_DEVICES / LOCAL_RANK (README: GPU rule)"
+        origins["SLURMLAUNCH_LOCAL_DEVICE"] = "CUDA_VISIBLE_DEVICES / LOCAL_RANK (docs: the launcher, GPU rule)"
     rows = [(k, mask(k, v), origins[k] or "fixed for " + dist.source) for k, v in exports.items()]
     width = max((len(k) + len(v) for k, v, _ in rows), default=0) + 1
     for k, v, origin in rows:

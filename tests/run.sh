@@ -56,7 +56,7 @@ if [ "$(id -u)" -eq 0 ]; then
 else
     echo "tests/run.sh: not root, cannot install OpenPBS: the real-PBS tests will skip" >&2
 fi
-.venv/bin/python -m ruff check slurmlaunch tests examples benchmarks
+.venv/bin/python -m ruff check slurmlaunch tests examples benchmarks docs/hooks
 .venv/bin/python -m mypy
 .venv/bin/lint-imports --no-cache  # the layers (pyproject: [tool.importlinter]; docs/explanation/architecture.md)
 # The documentation site: a broken internal link, a missing page or a page outside the nav fails (mkdocs.yml)

@@ -4,11 +4,13 @@ anchor or a page outside the nav fails it). mkdocs comes with the `docs` extra, 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,3 +64,123 @@ def test_strict_build(tmp_path: Path) -> None:
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert (tmp_path / "site" / "how-to" / "pbs" / "index.html").is_file()
+
+
+# --- the reference written from the code (docs/hooks/reference.py, run by mkdocs at build time) -----------------
+
+
+def reference_hook() -> Any:
+    """docs/hooks/reference.py as a module: the functions mkdocs runs, run here on their own."""
+    spec = importlib.util.spec_from_file_location("slurmlaunch_docs_reference_hook", DOCS / "hooks" / "reference.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def hand_written_text() -> dict[str, str]:
+    """README.md and every page of docs/, as written (the generated parts are markers there)."""
+    return {str(p.relative_to(ROOT)): p.read_text() for p in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]}
+
+
+def code_spans(text: str) -> list[str]:
+    """The inline code spans of a Markdown text (fenced blocks left out: tests/test_docs_snippets.py)."""
+    prose = re.sub(r"^(\s*)```.*?^\1```", "", text, flags=re.S | re.M)
+    return [span.strip() for span in re.findall(r"(?<!`)`([^`\n]+)`(?!`)", prose)]
+
+
+FLAG = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*")
+LONG_FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
+
+# Flags of other tools that the docs name on their own, in a code span: sbatch/srun, mpiexec (Open MPI, MPICH
+# and PALS), apptainer, pyxis, rsync, git, squeue, pip, torchrun (the ones `run` refuses), the benchmarks.
+OTHER_TOOLS = {
+    "sbatch/srun": "--gres --ntasks --ntasks-per-node --kill-on-bad-exit --comment --wckey --distribution "
+                   "--test-only --overlap --jobid --container-mounts --gpus-per-task --me --batch --cpu-only",
+    "mpiexec": "--hostfile --ppn --depth --cpu-bind --gpu-bind --pmi --hosts --mca --map-by --native",
+    "apptainer": "--nv --bind --pwd",
+    "rsync, git, pip": "--files-from --chmod --cached --others --exclude-standard --no-build-isolation",
+    "torchrun": "--redirects --tee --local-ranks-filter --logs-specs --local-rank --local_rank --rdzv-conf --role "
+                "--run-path --local-addr --event-log-handler --numa-binding --signals-to-handle --virtual-local-rank",
+    "benchmarks and examples": "--quick --pairs --jobs --count-queries --also --epochs --lr --bs",
+}
+
+
+def slurmlaunch_options() -> dict[str, set[str]]:
+    """Every option of every command, by command (launch's from its usage text)."""
+    from slurmlaunch.allocation.launch import USAGE
+
+    hook = reference_hook()
+    options = {name: {o for a in hook.visible_options(parser) for o in a.option_strings}
+               for name, (parser, _) in hook.subcommands().items()}
+    flag_lines = re.findall(r"^  (-.*?)(?:  |$)", USAGE.split("\noptions:\n")[1].split("\nenvironment:")[0], re.M)
+    options["launch"] = set(FLAG.findall(" ".join(flag_lines))) - {"-h", "--help"}
+    return options
+
+
+def test_the_options_reference_lists_every_option_of_every_command() -> None:
+    hook = reference_hook()
+    page = hook.render((DOCS / "reference" / "options.md").read_text())
+    assert "<!-- generated" not in page
+    sections = dict(re.findall(r"^## `slurmlaunch ([\w-]+)`\n(.*?)(?=^## |\Z)", page, re.S | re.M))
+    options = slurmlaunch_options()
+    assert {"submit", "run", "launch", "doctor", "stacks"} <= set(sections)
+    for command, flags in options.items():
+        if not flags:
+            continue
+        assert command in sections, f"options.md has no section for `slurmlaunch {command}`"
+        shown = set(FLAG.findall(sections[command])) if command == "launch" else set(  # launch's: its --help text
+            re.findall(r"`(-[^`]+)`", sections[command]))
+        missing = sorted(flags - shown)
+        assert missing == [], f"options.md's `slurmlaunch {command}` lacks {missing}"
+    commands = hook.render((DOCS / "reference" / "commands.md").read_text())
+    assert [c for c in options if f"| `{c}` |" not in commands] == []
+
+
+def test_every_option_is_explained() -> None:
+    """An option without a help line is explained on a page of its own subject (it is named in a code span
+    there), or it is undocumented: the reference would show its name and nothing else."""
+    hook = reference_hook()
+    named = {FLAG.findall(span)[0] for text in hand_written_text().values() for span in code_spans(text)
+             if FLAG.match(span)}
+    unexplained = [f"{command} {a.option_strings[0]}" for command, (parser, _) in hook.subcommands().items()
+                   for a in hook.visible_options(parser) if not a.help and not set(a.option_strings) & named]
+    assert unexplained == [], "options with no help line that no page names (add a help= or explain them)"
+
+
+def test_the_options_the_docs_name_exist() -> None:
+    """A flag in a code span of README or docs/ is an option of slurmlaunch (of the command the span names,
+    when it starts with `slurmlaunch COMMAND`), or one of another tool's that OTHER_TOOLS lists."""
+    options = slurmlaunch_options()
+    ours = set().union(*options.values(), {"--help"})
+    others = {flag for flags in OTHER_TOOLS.values() for flag in flags.split()}
+    unknown = []
+    for page, text in hand_written_text().items():
+        for span in code_spans(text):
+            words = span.split()
+            if words[:1] == ["slurmlaunch"] and len(words) > 1 and words[1] in options:
+                flags = {f.split("=")[0] for f in FLAG.findall(" ".join(words[2:]).split(" SCRIPT")[0])}
+                if words[1] == "submit" and len(words) > 2 and not words[2].startswith("-"):
+                    flags = set()  # `slurmlaunch submit train.py --lr 0.1`: the script's own flags
+                unknown += [(page, span, f) for f in flags - options[words[1]] - {"-h", "--help"}
+                            if not f.endswith("-")]
+            elif LONG_FLAG.match(span):  # a short one alone (`-l`, `-P`) is as often qsub's or srun's as ours
+                flag = LONG_FLAG.findall(span)[0]
+                if flag not in ours and flag not in others and not flag.endswith("-"):
+                    unknown.append((page, span, flag))
+    assert unknown == [], "flags the docs name that no command has (a typo, a removed option, or OTHER_TOOLS)"
+
+
+def test_the_python_api_reference_has_every_public_name_and_its_docstring() -> None:
+    import inspect
+
+    import slurmlaunch
+
+    page = reference_hook().render((DOCS / "reference" / "python-api.md").read_text())
+    for name in slurmlaunch.__all__:
+        assert f"### `{name}`" in page, name
+        if name != "__version__":
+            doc = inspect.getdoc(getattr(slurmlaunch, name))
+            assert doc, f"slurmlaunch.{name} has no docstring: the reference would say nothing"
+            first_word = doc.split()[0].strip("`")
+            assert first_word in page, (name, first_word)

@@ -53,7 +53,7 @@ def init_process_group(backend: str | None = None, *, rendezvous_timeout: float 
     """``torch.distributed.init_process_group`` from the variables slurmlaunch (or torchrun) exported.
 
     Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK and SLURMLAUNCH_LOCAL_DEVICE (which GPU
-    among the visible ones, see the README's GPU rule), SLURMLAUNCH_RDZV_TIMEOUT.
+    among the visible ones: the GPU rule, docs/explanation/launcher.md), SLURMLAUNCH_RDZV_TIMEOUT.
 
     * ``backend=None``: nccl when CUDA is available, xccl when Intel GPUs are (torch.xpu), else gloo; on a
       GPU the rank's device is selected.

@@ -299,7 +299,7 @@ def teardown_aborts(aborted: Sequence[int], returned_dir: str) -> list[int]:
 
 def teardown_message(rank: int) -> str:
     return (f"rank {rank} aborted in torch's teardown after the script returned (SIGABRT at interpreter exit, "
-            f"its work had finished; see the README's 'Teardown aborts'); the job counts as failed")
+            f"its work had finished; docs: Debugging, 'Teardown aborts'); the job counts as failed")
 
 
 def main(argv: Sequence[str]) -> int:

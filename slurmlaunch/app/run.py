@@ -58,7 +58,7 @@ REFUSED: tuple[tuple[tuple[str, ...], bool, str], ...] = (
     (("--signals-to-handle", "--signals_to_handle"), True,
      "SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 are always forwarded to every rank; drop the flag"),
     (("--virtual-local-rank", "--virtual_local_rank"), False,
-     "each rank's device follows from LOCAL_RANK and CUDA_VISIBLE_DEVICES (README: the GPU rule); drop the flag"),
+     "each rank's device follows from LOCAL_RANK and CUDA_VISIBLE_DEVICES (docs: the GPU rule); drop the flag"),
 )
 
 

@@ -106,7 +106,7 @@ def array_ranges(text: str) -> list[range]:
         total += len(r)
         if total > MAX_ARRAY_ELEMENTS:
             raise SpecError(f"--array {shown(text)} names more than {MAX_ARRAY_ELEMENTS} elements (expected at "
-                            f"most {MAX_ARRAY_ELEMENTS}: each element is a whole distributed job; README: Limits)")
+                            f"most {MAX_ARRAY_ELEMENTS}: each element is a whole distributed job; docs: Limits)")
         ranges.append(r)
     return ranges
 
@@ -137,7 +137,7 @@ def parse_sweep(items: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
         if points > MAX_ARRAY_ELEMENTS:
             raise SpecError(f"--sweep: the grid has more than {MAX_ARRAY_ELEMENTS} points (expected at most "
                             f"{MAX_ARRAY_ELEMENTS}: one distributed job each, all listed in the script; "
-                            f"README: Limits)")
+                            f"docs: Limits)")
     return tuple(out)
 
 

@@ -328,7 +328,7 @@ def _validate_counts(spec: JobSpec) -> None:
                         f"(expected at most {MAX_WORLD}: torch.distributed ranks are 32-bit integers)")
     if spec.cpus_per_task is not None and spec.cpus_per_task * spec.ntasks_per_node > MAX_PER_NODE:
         raise SpecError(f"--cpus-per-task {spec.cpus_per_task} x {spec.ntasks_per_node} ranks per node is more "
-                        f"than the {MAX_PER_NODE} CPUs a node may have (README: Limits)")
+                        f"than the {MAX_PER_NODE} CPUs a node may have (docs: Limits)")
     if spec.cpus_per_task is not None and spec.cpus_per_gpu is not None:
         raise SpecError("--cpus-per-task and --cpus-per-gpu cannot be used together (give one of them)")
     if spec.cpus_per_gpu is not None and spec.gpus_per_node == 0:

@@ -309,7 +309,7 @@ def asked_before_abort(what: str, spec: JobSpec, result: Outcome, stopped: Reaso
     code = 128 + int(signal.Signals["SIG" + spec.warning[0]])
     if recorded_exit(files.exit_mark(rank)) != code:
         return result
-    _say(f"{what}: rank {rank} aborted in torch's teardown after the script exited {code} (see the README's 'Teardown "
+    _say(f"{what}: rank {rank} aborted in torch's teardown after the script exited {code} (docs: Debugging, 'Teardown "
          f"aborts'); the job counts as exit code {code}")
     return replace(result, exit_code=code, codes={**result.codes, rank: code},
                    signaled={r: n for r, n in result.signaled.items() if r != rank})

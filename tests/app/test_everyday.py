@@ -151,41 +151,7 @@ def test_run_shutdown_timeout_is_the_grace_before_sigkill(tmp_path: Path) -> Non
     assert time.monotonic() - start < 60  # bounded; the default (10 s) would also pass: the parse test names it
 
 
-# --- item 6: the docs' option lists are the parser's -------------------------------------------------------------
-
-
-def _docs_list(page: str, marker: str) -> str:
-    """The backquoted list that follows ``marker`` in the docs page ``page`` (docs/reference/options.md, ...)."""
-    text = (Path(__file__).resolve().parents[2] / "docs" / page).read_text()
-    after = text[text.index(marker) + len(marker):]
-    return after.split("`", 2)[1]
-
-
-@pytest.mark.parametrize(("command", "page", "marker"), [
-    ("submit", "reference/options.md",
-     "* Options (the same list as `slurmlaunch submit --help`; a test keeps them in step):"),
-    ("run", "how-to/run.md",
-     "Options (the same list as `slurmlaunch run --help`, underscore spellings aside; a test keeps them in step):"),
-])
-def test_docs_option_list_is_the_parsers(command: str, page: str, marker: str) -> None:
-    import re
-
-    from slurmlaunch.cli import _parser
-
-    top = _parser()
-    parser = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
-    actions = [a for a in parser._actions if a.option_strings and a.dest != "help" and a.help != argparse.SUPPRESS]
-    listed = _docs_list(page, marker)
-    words = re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*(?: \{[^}]*\})?", listed)
-    flags = {w.split()[0]: w.partition(" ")[2] for w in words}
-    every_spelling = {o for a in actions for o in a.option_strings}
-    assert set(flags) - every_spelling == set(), "the docs list options the parser does not have"
-    missing = [a.option_strings for a in actions if not set(a.option_strings) & set(flags)]
-    assert missing == [], "the docs' list lacks these options"
-    for a in actions:
-        for o in a.option_strings:
-            if o in flags and a.choices:
-                assert flags[o] == "{" + ",".join(map(str, a.choices)) + "}", (o, flags[o])
+# --- item 6: the docs' option lists are the parser's: tests/test_docs.py (the reference is written from it) ---
 
 
 # --- item 12: a non-master `run` node says what it waits for, with the time so far -------------------------------

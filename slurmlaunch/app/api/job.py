@@ -226,7 +226,7 @@ class Job:
         """Where every rank is: their Python stacks grouped by the main thread's (``.grouping.groups``: the
         odd ones first, each with its ranks, nodes, frames and summary line; ``.data()`` as JSON-ready data),
         live while the job runs, else those its ranks saved when they were stopped. Each node answers within
-        ``timeout`` seconds or its ranks are named as not reached (slurmlaunch stacks JOB, README)."""
+        ``timeout`` seconds or its ranks are named as not reached (slurmlaunch stacks JOB; docs/how-to/debugging.md)."""
         from ...core.jobfiles import JobFiles
         from ..jobs.stacks import collect_stacks
 
