@@ -152,3 +152,66 @@ def test_a_login_node_without_sbatch_or_qsub_is_one_line(laptop: sshd.Laptop, tm
                   "--dry-run", "train.py", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "neither sbatch nor qsub" in r.stderr, r.stderr
     assert masters_left(laptop) == []
+
+
+API_SCRIPT = """\
+import json, os, socket, sys
+import slurmlaunch
+
+def where(tag):  # defined in __main__: it travels by value
+    rank = int(os.environ["RANK"])
+    print("hello from rank", rank, flush=True)
+    if tag == "fail" and rank == 1:
+        raise ValueError("rank one refuses: " + tag)
+    return [rank, int(os.environ["WORLD_SIZE"]), os.environ["MASTER_ADDR"], socket.gethostname(), tag]
+
+dest, setup, python, as_root = json.loads(sys.argv[1])
+common = dict(remote=dest, remote_setup=setup, remote_python=python, nodes=2, tasks_per_node=1, env=as_root,
+              time="00:10:00")
+out = {}
+job = slurmlaunch.submit(where, "x y $(id)", **common)  # auto: the login node has qsub and no sbatch
+out["id"], out["values"], out["state"] = job.job_id, job.results(), job.state
+out["logs"] = job.logs(rank=0)
+bad = slurmlaunch.submit(where, "fail", scheduler="pbs", **common)
+try:
+    bad.results()
+except slurmlaunch.RankFailed as e:
+    out["failed"] = [type(e).__name__, e.rank, e.trace]
+out["array"] = [j.results() for j in slurmlaunch.map_array(where, ["a", "b"], scheduler="pbs", **common)]
+print("OUT " + json.dumps(out))
+"""
+
+
+@pytest.mark.pbs
+def test_the_api_from_the_laptop_on_the_real_pbs(laptop: sshd.Laptop, pbs_env: dict[str, str],
+                                                 tmp_path: Path) -> None:
+    """slurmlaunch.submit(fn, remote=...) to the PBS login host: auto chooses PBS there, each rank's value comes
+    back from its own host, a failing rank's exception reaches the laptop (RankFailed, rank 1, its
+    traceback), map_array is one PBS array; the laptop's `list` and `status` know the jobs as PBS ones."""
+    setup = login_path(tmp_path, pbs_env)
+    path_line = setup[1]
+    project = tmp_path / "notebook"
+    project.mkdir()
+    (project / "run.py").write_text(API_SCRIPT)
+    as_root = dict(a.split("=", 1) for a in AS_ROOT[1::2])
+    argv = json.dumps([f"login:{tmp_path / 'cluster'}", [path_line], sys.executable, as_root])
+    r = subprocess.run(["python3", "run.py", argv], capture_output=True, text=True, env=laptop.env, cwd=project,
+                       timeout=600, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and "OUT " in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    out = json.loads(r.stdout.split("OUT ", 1)[1])
+    values = out["values"]
+    assert [v[:2] for v in values] == [[0, 2], [1, 2]], out
+    hosts = [v[3] for v in values]
+    assert len(set(hosts)) == 2 and all(v[2] == hosts[0] and v[4] == "x y $(id)" for v in values), out
+    assert out["state"] == "COMPLETED" and "hello from rank 0" in out["logs"], out
+    kind, rank, trace = out["failed"]
+    assert (kind, rank) == ("RankFailed", 1) and "ValueError: rank one refuses: fail" in trace, trace
+    assert [[v[:2] + v[4:] for v in element] for element in out["array"]] == \
+        [[[0, 2, "a"], [1, 2, "a"]], [[0, 2, "b"], [1, 2, "b"]]], out["array"]
+    raw = qstat(pbs_env, f"{out['id']}.head")
+    assert raw["job_state"] == "F" and raw["Exit_status"] == 0, raw
+    rows = {row["job_id"]: row for row in json.loads(on_laptop(laptop, "list", "--json", cwd=project).stdout)}
+    assert rows and all(row["scheduler"] == "pbs" for row in rows.values()), rows
+    st = json.loads(on_laptop(laptop, "status", out["id"], "--json", cwd=project).stdout)
+    assert (st["scheduler"], st["state"], st["remote"]) == ("pbs", "COMPLETED", "login"), st
+    assert masters_left(laptop) == []
