@@ -54,8 +54,8 @@ def test_doctor_names_a_missing_queue_and_a_probe_job_that_never_runs(pbs_env: d
     # 4 hosts of 3: the server keeps it queued ("Can Never Run"); doctor stops waiting, cancels it, says so
     r = run_cli("doctor", "--scheduler", "pbs", "--allocate", "4", "--timeout", "15", env=env, cwd=tmp_path,
                 timeout=120)
-    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("slurmlaunch: error: doctor: probe job "), \
-        r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and last.startswith("slurmlaunch: error: doctor: probe job "), r.stderr
     assert "did not finish within 15s (still PENDING; cancelled)" in r.stderr, r.stderr
     job = r.stderr.split("probe job ", 1)[1].split()[0]
     raw = json.loads(subprocess.run(["qstat", "-x", "-f", "-F", "json", job], env=env, capture_output=True,

@@ -57,7 +57,8 @@ def submit(fn: Callable[..., Any], *args: Any, scheduler: str = "auto", remote: 
     configure the job, the others go to ``fn``. Validation is the CLI's: a bad option raises SpecError.
 
     ``remote="[user@]host[:dir]"`` (or a ``profile=`` with a remote key): from a laptop, on that login node's
-    Slurm or PBS cluster over ssh (``scheduler``: auto is PBS where the login node has qsub and no sbatch) (the working directory synced there, ``remote_setup`` lines run first,
+    Slurm or PBS cluster over ssh (``scheduler``: auto is PBS where the login node has qsub and no sbatch;
+    the working directory synced there, ``remote_setup`` lines run first,
     ``remote_python`` the training environment's interpreter there, default python3, with submitit); a
     RemoteJob answers as a Job does (see remote_api)."""
     where = _where(options, scheduler, remote, remote_setup, remote_python)

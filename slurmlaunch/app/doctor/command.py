@@ -13,23 +13,14 @@ import re
 import shutil
 import sys
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any
 
 from ...core.errors import SpecError
 from ..site import cluster_name, remember_site, try_command
+from .check import Check
 from .probe import ProbeJob, Report, allocate, gpu_problem, probe_job, rank_rows
 
 COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel")
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    state: Literal["ok", "warn", "fail"]
-    detail: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"name": self.name, "state": self.state, "detail": self.detail}
 
 
 @dataclass(frozen=True)
@@ -180,7 +171,8 @@ def cmd_doctor(partition: str | None, as_json: bool, nodes: int | None, gpus: in
     if name == "pbs":
         from .pbs import login_checks as pbs_login_checks
 
-        checks, partitions, facts = pbs_login_checks(partition)
+        checks, facts = pbs_login_checks(partition)
+        partitions: list[Partition] = []  # PBS has no partition table of sinfo's shape
     else:
         checks, partitions, facts = login_checks(partition)
     failed = any(c.state == "fail" for c in checks)

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import alive, run_cli, wait_for_files
-from tests.test_pbs_real import AS_ROOT, _qsub, _raw, _until
-from tests.test_pbs_real_more import _status_until
+from tests.real.test_pbs_real import AS_ROOT, _qsub, _raw, _until
+from tests.real.test_pbs_real_more import _status_until
 
 pytestmark = pytest.mark.pbs
 
@@ -79,8 +79,8 @@ def test_qrerun_of_a_requeue_job_reruns_it_and_the_second_run_has_the_last_word(
         assert st["note"] == "PBS stopped run 1 and queued it again to rerun (qrerun)", st
         deadline = time.monotonic() + 60
         while any(alive(p) for p in first) or " PENDING (" not in said.read_text():
-            assert time.monotonic() < deadline, f"60 s after qrerun: ranks {first} alive {[alive(p) for p in first]}, " \
-                f"--wait said {said.read_text()!r}"
+            assert time.monotonic() < deadline, \
+                f"60 s after qrerun: ranks {first} alive {[alive(p) for p in first]}, --wait said {said.read_text()!r}"
             time.sleep(0.2)
         _qmgr(pbs_env, "set server scheduling = True")
         paused = False
