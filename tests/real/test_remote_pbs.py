@@ -22,10 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import sshd
 from tests.helpers import SLEEPER, alive, wait_for_files
 from tests.real.test_pbs_real import AS_ROOT
-
-from tests import sshd
 from tests.sshd import masters_left, on_laptop
 
 

@@ -1,6 +1,6 @@
 """`slurmlaunch doctor --scheduler pbs`: what a PBS Pro / OpenPBS site offers, checked from the login node
 through its own clients (qstat -B/-Q -f -F json, pbsnodes -a -F json); --allocate's probe job is the same as
-under Slurm (doctor_probe.py), rendered as a qsub script and followed through the PBS edge.
+under Slurm (doctor/probe.py), rendered as a qsub script and followed through the PBS edge.
 
 Checked against a real OpenPBS 23.06 (the PBS dev cluster, tests/real/test_pbs_real_doctor.py). Torque's clients
 have no JSON form: there the server check fails and says so.
