@@ -159,7 +159,7 @@ def _add_submit(sub: Any, profiles: bool) -> None:
 
 def _add_doctor(sub: Any) -> None:
     doc = sub.add_parser("doctor", allow_abbrev=False,
-                         help="check what this Slurm site accepts before spending an allocation; --allocate N "
+                         help="check what this Slurm or PBS site accepts before spending an allocation; --allocate N "
                               "runs a tiny job that checks MASTER_ADDR, the port, GPUs and torch from every rank")
     doc.add_argument("--partition", "-p", help="check requests against this partition (default: the default one)")
     doc.add_argument("--allocate", type=Count("--allocate", 1, MAX_NODES), metavar="N",
