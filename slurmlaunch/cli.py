@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .core.errors import SlurmLaunchError
+from .core.errors import SlurmLaunchError, SpecError
 from .core.limits import MAX_NODES, MAX_PER_NODE, MAX_WORLD, Count, Seconds, shown
 
 TYPE_CHECKING = False
@@ -159,7 +159,7 @@ def _add_submit(sub: Any, profiles: bool) -> None:
 
 def _add_doctor(sub: Any) -> None:
     doc = sub.add_parser("doctor", allow_abbrev=False,
-                         help="check what this Slurm site accepts before spending an allocation; --allocate N "
+                         help="check what this Slurm or PBS site accepts before spending an allocation; --allocate N "
                               "runs a tiny job that checks MASTER_ADDR, the port, GPUs and torch from every rank")
     doc.add_argument("--partition", "-p", help="check requests against this partition (default: the default one)")
     doc.add_argument("--allocate", type=Count("--allocate", 1, MAX_NODES), metavar="N",
@@ -170,6 +170,8 @@ def _add_doctor(sub: Any) -> None:
                      help="with --allocate: seconds to wait for the probe job, queueing included (default 300; "
                           "it is cancelled after)")
     doc.add_argument("--json", action="store_true")
+    doc.add_argument("--scheduler", choices=("auto", "slurm", "pbs"), default="auto",
+                     help="whose site to check: auto (default) is PBS where qsub is on PATH and sbatch is not")
     doc.add_argument("--remote", metavar="[USER@]HOST[:DIR]",
                      help="run the checks on that login node over ssh (this slurmlaunch is sent along to DIR, "
                           "default as for submit --remote)")
@@ -338,12 +340,15 @@ def _dispatch(args: list[str]) -> int:
         if ns.remote is not None:
             from .app.remote.doctor import cmd_doctor_remote
 
+            if ns.scheduler == "pbs":
+                raise SpecError("doctor --remote --scheduler pbs: not yet (run slurmlaunch doctor --scheduler pbs "
+                                "on the login node itself)")
             return cmd_doctor_remote(ns.remote, ns.remote_setup, ns.python, ns.partition, ns.json, ns.allocate,
                                      ns.gpus_per_node, ns.timeout)
         from .app.doctor.command import cmd_doctor
 
         return cmd_doctor(ns.partition, ns.json, ns.allocate, ns.gpus_per_node, ns.timeout,
-                          remote_setup=ns.remote_setup, python=ns.python)
+                          remote_setup=ns.remote_setup, python=ns.python, scheduler=ns.scheduler)
     raise AssertionError(ns.command)
 
 

@@ -80,6 +80,11 @@ def _fields(block: str) -> dict[str, str]:
 SUBSTATE_TERMINATED = 91
 # Negative Exit_status values are PBS's own (JOB_EXEC_*): the job did not end by itself.
 EXIT_KILLED_WALLTIME = -29  # JOB_EXEC_KILL_WALLTIME: resources_used.walltime passed Resource_List.walltime
+# What a job queued again for a rerun carries until it starts again (Exit_status of the run that was stopped):
+# JOB_EXEC_RERUN (qrerun; seen on the real server: Q, substate 10, run_count still the stopped run's),
+# _RERUN_SIS_FAIL (a sister host lost), _HOOK_RERUN, _FAILHOOK_RERUN, _RERUN_MS_FAIL (mother superior lost).
+EXIT_RERUN = {-11: "qrerun", -14: "a host of it failed", -18: "a hook asked", -16: "a hook refused to start it",
+              -20: "its first host failed"}
 
 
 def job_status(attrs: dict[str, Any], code_file: int | None = None) -> JobStatus:
@@ -94,10 +99,10 @@ def job_status(attrs: dict[str, Any], code_file: int | None = None) -> JobStatus
     state = _STATES[letter]
     nodes = attrs.get("exec_host")
     elapsed = (attrs.get("resources_used") or {}).get("walltime")
-    if state != "COMPLETED":
-        return JobStatus(state, None, nodes, elapsed=elapsed)
     raw = attrs.get("Exit_status")
     code = int(raw) if isinstance(raw, int) or (isinstance(raw, str) and raw.lstrip("-").isdigit()) else None
+    if state != "COMPLETED":
+        return JobStatus(state, None, nodes, elapsed=elapsed, note=_rerun_note(state, code, attrs.get("run_count")))
     if _substate(attrs) == SUBSTATE_TERMINATED:
         state = "CANCELLED"
     elif code == EXIT_KILLED_WALLTIME:
@@ -113,6 +118,17 @@ def job_status(attrs: dict[str, Any], code_file: int | None = None) -> JobStatus
     if code is None or code < 0 or (code == 0 and state != "COMPLETED"):
         code = 0 if state == "COMPLETED" else 1
     return JobStatus(state, code, nodes, elapsed=elapsed)
+
+
+def _rerun_note(state: str, code: int | None, run_count: object) -> str | None:
+    """A rerunnable (-r y) job that PBS stopped and queued again, from the start of its script: while it waits
+    (its Exit_status is the stopped run's JOB_EXEC_*RERUN* code) and while it runs again (run_count > 1)."""
+    runs = int(run_count) if isinstance(run_count, int) or (isinstance(run_count, str) and run_count.isdigit()) else 0
+    if state == "PENDING" and code in EXIT_RERUN:
+        return f"PBS stopped run {runs or 1} and queued it again to rerun ({EXIT_RERUN[code]})"
+    if state == "RUNNING" and runs > 1:
+        return f"run {runs}: PBS reran it from the start"
+    return None
 
 
 def _substate(attrs: dict[str, Any]) -> int | None:

@@ -532,3 +532,22 @@ def test_through_a_jump_host_the_line_that_says_why_is_shown() -> None:
                            f"{first}\nkex_exchange_identification: Connection closed by remote host\n"
                            "Connection closed by UNKNOWN port 65535\n")
         assert said is not None and first in said, said
+
+
+@pytest.mark.parametrize(("tools", "requested", "chosen"), [
+    (("qsub",), "auto", "pbs"), (("qsub", "sbatch"), "auto", "slurm"), (("sbatch",), "auto", "slurm"),
+    ((), "auto", "slurm"), (("qsub", "sbatch"), "pbs", "pbs"), (("qsub",), "slurm", "slurm"),
+])
+def test_the_login_nodes_runner_chooses_as_submit_remote_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              tools: tuple[str, ...], requested: str,
+                                                              chosen: str) -> None:
+    """The API's remote= runner (on the login node) and `doctor`: auto is PBS where qsub is on PATH and sbatch
+    is not, else Slurm (never the local scheduler); a named one as named. The tools are never run."""
+    from slurmlaunch.app.api.runner import login_scheduler
+    from slurmlaunch.app.doctor.command import doctor_scheduler
+
+    for tool in tools:
+        (tmp_path / tool).write_text("#!/bin/sh\nexit 99\n")
+        (tmp_path / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert login_scheduler(requested) == chosen and doctor_scheduler(requested) == chosen

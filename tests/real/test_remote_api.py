@@ -79,7 +79,7 @@ def test_api_from_the_laptop_returns_4_ranks_and_a_failing_ranks_exception(
     assert "hello from rank 3" in out["logs"], out["logs"]
     kind, rank, trace = out["failed"]
     assert (kind, rank) == ("RankFailed", 1) and "ValueError: rank one refuses: fail" in trace, trace
-    assert "nodes" in out["refused"] and "only Slurm clusters" in out["local"]
+    assert "nodes" in out["refused"] and "only Slurm and PBS clusters" in out["local"]
     assert out["script"] == [0, 0, 0, 0]  # the synced script, its arguments as given, on every rank
     assert not Path("/tmp/slurmlaunch-pwned-api").exists()
     assert (remote_dir / "run.py").is_file() and (remote_dir / "run.py").stat().st_mode & 0o077 == 0

@@ -197,6 +197,26 @@ def test_real_pbs_states_map(attrs: dict[str, object], code_file: int | None, st
     assert (st.state, st.exit_code, st.nodes) == (state, code, "node1/0*2")
 
 
+# A -r y job across a rerun, as the real server showed it (tests/real/test_pbs_real_rerun.py): queued again with
+# the stopped run's Exit_status (-11 after qrerun) and run_count; run_count + 1 once it runs again.
+@pytest.mark.parametrize(("attrs", "state", "note"), [
+    ({"job_state": "Q", "substate": 10, "Exit_status": -11, "run_count": 1}, "PENDING",
+     "PBS stopped run 1 and queued it again to rerun (qrerun)"),
+    ({"job_state": "Q", "substate": 10, "Exit_status": -20, "run_count": 2}, "PENDING",
+     "PBS stopped run 2 and queued it again to rerun (its first host failed)"),
+    ({"job_state": "R", "substate": 42, "run_count": 2}, "RUNNING", "run 2: PBS reran it from the start"),
+    ({"job_state": "R", "substate": 42, "run_count": 1}, "RUNNING", None),
+    ({"job_state": "Q", "substate": 10}, "PENDING", None),
+    ({"job_state": "Q", "substate": 10, "Exit_status": -29, "run_count": 1}, "PENDING", None),  # not a rerun code
+    ({"job_state": "F", "substate": 93, "Exit_status": 3, "run_count": 2}, "FAILED", None),  # ended: no note
+])
+def test_a_rerun_is_noted(attrs: dict[str, object], state: str, note: str | None) -> None:
+    from slurmlaunch.schedulers.pbs import job_status
+
+    st = job_status(attrs)
+    assert (st.state, st.note) == (state, note)
+
+
 def test_an_unknown_pbs_state_is_named() -> None:
     from slurmlaunch.schedulers.pbs import job_status
 

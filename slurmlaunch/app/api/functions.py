@@ -27,6 +27,7 @@ class _Where:
     remote: str | None = None
     setup: tuple[str, ...] = ()
     python: str = "python3"
+    scheduler: str = "auto"  # the login node's: auto (its qsub without sbatch is PBS, else Slurm), slurm, pbs
 
 
 def _where(options: dict[str, Any], scheduler: str, remote: str | None, setup: Sequence[str],
@@ -43,10 +44,10 @@ def _where(options: dict[str, Any], scheduler: str, remote: str | None, setup: S
         if setup or python is not None:
             raise SpecError("remote_setup/remote_python: only with remote='[user@]host[:dir]'")
         return _Where()
-    if scheduler not in ("auto", "slurm"):
-        raise SpecError(f"scheduler {scheduler!r} with remote=: only Slurm clusters are supported over ssh "
-                        f"(leave scheduler out)")
-    return _Where(remote, tuple(setup), "python3" if python is None else python)
+    if scheduler not in ("auto", "slurm", "pbs"):
+        raise SpecError(f"scheduler {scheduler!r} with remote=: only Slurm and PBS clusters are supported over "
+                        f"ssh (expected auto, slurm or pbs)")
+    return _Where(remote, tuple(setup), "python3" if python is None else python, scheduler)
 
 
 def submit(fn: Callable[..., Any], *args: Any, scheduler: str = "auto", remote: str | None = None,
@@ -56,7 +57,8 @@ def submit(fn: Callable[..., Any], *args: Any, scheduler: str = "auto", remote: 
     configure the job, the others go to ``fn``. Validation is the CLI's: a bad option raises SpecError.
 
     ``remote="[user@]host[:dir]"`` (or a ``profile=`` with a remote key): from a laptop, on that login node's
-    Slurm cluster over ssh (the working directory synced there, ``remote_setup`` lines run first,
+    Slurm or PBS cluster over ssh (``scheduler``: auto is PBS where the login node has qsub and no sbatch;
+    the working directory synced there, ``remote_setup`` lines run first,
     ``remote_python`` the training environment's interpreter there, default python3, with submitit); a
     RemoteJob answers as a Job does (see remote_api)."""
     where = _where(options, scheduler, remote, remote_setup, remote_python)
@@ -67,7 +69,7 @@ def submit(fn: Callable[..., Any], *args: Any, scheduler: str = "auto", remote: 
         from ..remote.api import submit_remote
 
         return submit_remote(where.remote, fn, args, {**job_options, **kwargs}, setup=where.setup,
-                             python=where.python)
+                             python=where.python, scheduler=where.scheduler)
     chosen = _choose(scheduler)
     job = _executor(spec, chosen).submit(_wrap(spec, fn, args, kwargs))
     return Job(job, spec, chosen)
@@ -87,7 +89,7 @@ def submit_script(path: str, args: Iterable[str] = (), *, scheduler: str = "auto
         from ..remote.api import submit_remote
 
         return submit_remote(where.remote, None, list(args), job_options, path=path, setup=where.setup,
-                             python=where.python)
+                             python=where.python, scheduler=where.scheduler)
     chosen = _choose(scheduler)
     job = _executor(spec, chosen).submit(_ScriptCall(spec))
     return Job(job, spec, chosen)
@@ -108,7 +110,7 @@ def map_array(fn: Callable[..., Any], *iterables: Iterable[Any], scheduler: str 
 
         columns = [list(column) for column in zip(*points, strict=True)] if points else []
         return map_remote(where.remote, fn, columns, {**job_options, **kwargs}, setup=where.setup,
-                          python=where.python)
+                          python=where.python, scheduler=where.scheduler)
     chosen = _choose(scheduler)
     ex = _executor(spec, chosen)
     calls = [_wrap(spec, fn, point, kwargs) for point in points]
@@ -151,7 +153,7 @@ class Batch:
             from ..remote.api import batch_remote
 
             self.jobs = batch_remote(self.where.remote, self._remote_calls, self._options, setup=self.where.setup,
-                                     python=self.where.python)
+                                     python=self.where.python, scheduler=self.where.scheduler)
             return
         chosen = _choose(self.scheduler)
         submitted = _executor(self.spec, chosen).submit_array(self._calls)

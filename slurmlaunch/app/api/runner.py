@@ -3,7 +3,8 @@
 slurmlaunch that was shipped with the call; it prints one line, base64 of a pickled dict (an ``error`` key: a
 SlurmLaunchError).
 
-ACTION submit, map_array, batch: submit with this same API on Slurm, and answer with the jobs (each
+ACTION submit, map_array, batch: submit with this same API on the login node's Slurm or PBS (login_scheduler),
+and answer with the jobs (each
 pickled whole), the spec and submitit's batch script, for the laptop's job index. state, wait, logs,
 cancel: a question about one pickled job.
 """
@@ -46,7 +47,18 @@ def link_logs(job: Job) -> None:
                 pass
 
 
-def _submitted(jobs: Sequence[Job]) -> None:
+def login_scheduler(requested: str) -> str:
+    """The scheduler the laptop's call goes to here: as named (slurm, pbs); auto: PBS where qsub is on PATH
+    and sbatch is not (as `submit --remote` chooses), else Slurm. Never the local scheduler: a login node
+    does not run the laptop's job itself."""
+    import shutil
+
+    if requested == "auto":
+        return "pbs" if shutil.which("qsub") and not shutil.which("sbatch") else "slurm"
+    return requested
+
+
+def _submitted(jobs: Sequence[Job], scheduler: str) -> None:
     for job in jobs:
         link_logs(job)
     script_path = str(getattr(jobs[0]._job.paths, "submission_file", ""))
@@ -56,23 +68,25 @@ def _submitted(jobs: Sequence[Job]) -> None:
     except OSError:
         script = ""
     _reply(jobs=[{"job_id": j.job_id, "job": pickle.dumps(j), "world": j.spec.world_size} for j in jobs],
-           spec=jobs[0].spec, script=script, script_path=script_path)
+           spec=jobs[0].spec, script=script, script_path=script_path, scheduler=scheduler)
 
 
 def _submit(action: str, data: dict[str, Any]) -> None:
+    scheduler = login_scheduler(str(data.pop("scheduler", "slurm")))  # a laptop before PBS over ssh: Slurm
     if action == "submit":
         fn = data.pop("fn")
-        job = submit(fn, *data.pop("args"), scheduler="slurm", **data) if fn is not None else \
-            submit_script(data.pop("path"), data.pop("args"), scheduler="slurm", **data)
-        _submitted([job])  # type: ignore[list-item]  # without remote=: Jobs
+        job = submit(fn, *data.pop("args"), scheduler=scheduler, **data) if fn is not None else \
+            submit_script(data.pop("path"), data.pop("args"), scheduler=scheduler, **data)
+        _submitted([job], scheduler)  # type: ignore[list-item]  # without remote=: Jobs
     elif action == "map_array":
-        _submitted(map_array(data.pop("fn"), *data.pop("iterables"), scheduler="slurm", **data))  # type: ignore[arg-type]
+        _submitted(map_array(data.pop("fn"), *data.pop("iterables"), scheduler=scheduler, **data),  # type: ignore[arg-type]
+                   scheduler)
     else:
         calls = data.pop("calls")
-        with batch(scheduler="slurm", **data) as b:
+        with batch(scheduler=scheduler, **data) as b:
             for fn, args, kwargs in calls:
                 b.submit(fn, *args, **kwargs)
-        _submitted(b.jobs)  # type: ignore[arg-type]
+        _submitted(b.jobs, scheduler)  # type: ignore[arg-type]
 
 
 def _question(action: str, data: dict[str, Any]) -> None:

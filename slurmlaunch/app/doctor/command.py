@@ -13,23 +13,14 @@ import re
 import shutil
 import sys
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any
 
 from ...core.errors import SpecError
 from ..site import cluster_name, remember_site, try_command
+from .check import Check
 from .probe import ProbeJob, Report, allocate, gpu_problem, probe_job, rank_rows
 
 COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel")
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    state: Literal["ok", "warn", "fail"]
-    detail: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"name": self.name, "state": self.state, "detail": self.detail}
 
 
 @dataclass(frozen=True)
@@ -154,24 +145,44 @@ class DoctorReport:
         return out
 
 
+def doctor_scheduler(requested: str) -> str:
+    """slurm or pbs: as named; auto is PBS where qsub is on PATH and sbatch is not, else Slurm (whose checks
+    then say what is missing)."""
+    from ...schedulers import pbs, slurm
+
+    if requested == "auto":
+        return "pbs" if pbs.available() and not slurm.available() else "slurm"
+    if requested not in ("slurm", "pbs"):
+        raise SpecError(f"--scheduler {requested!r} is not valid for doctor (expected auto, slurm or pbs)")
+    return requested
+
+
 def cmd_doctor(partition: str | None, as_json: bool, nodes: int | None, gpus: int, timeout: float, *,
                remote_setup: list[str] | None = None, python: str | None = None,
-               job: ProbeJob | None = None) -> int:
-    """`slurmlaunch doctor` here (doctor --remote: remote_doctor); ``job``: the probe job rendered elsewhere."""
+               job: ProbeJob | None = None, scheduler: str = "auto") -> int:
+    """`slurmlaunch doctor` here (doctor --remote: remote_doctor); ``job``: the probe job rendered elsewhere.
+    ``scheduler``: auto, slurm or pbs (doctor_scheduler); PBS's checks are doctor/pbs.py's."""
     if nodes is not None and nodes < 1:
         raise SpecError(f"--allocate {nodes} is not valid (expected a number of nodes >= 1)")
     if remote_setup or python:
         raise SpecError(f"{'--remote-setup' if remote_setup else '--python'}: only with doctor --remote "
                         f"[USER@]HOST[:DIR] (leave it out, or add --remote)")
-    checks, partitions, facts = login_checks(partition)
+    name = job.scheduler if job is not None else doctor_scheduler(scheduler)
+    if name == "pbs":
+        from .pbs import login_checks as pbs_login_checks
+
+        checks, facts = pbs_login_checks(partition)
+        partitions: list[Partition] = []  # PBS has no partition table of sinfo's shape
+    else:
+        checks, partitions, facts = login_checks(partition)
     failed = any(c.state == "fail" for c in checks)
-    cluster = cluster_name() if not failed else None
-    if cluster and facts:
+    cluster = (facts.get("pbs_server") if name == "pbs" else cluster_name()) if not failed else None
+    if cluster and facts and name == "slurm":  # what submit learns from it (the GPU request style) is Slurm's
         remember_site(cluster, facts)
     reports: list[Report] = []
     job_id = None
     if nodes is not None and not failed:
-        reports, job_id = allocate(job or probe_job(nodes, gpus, partition, timeout), timeout)
+        reports, job_id = allocate(job or probe_job(nodes, gpus, partition, timeout, scheduler=name), timeout)
     healthy = rank_rows(reports)[1]
     problem = gpu_problem(reports, gpus) if reports else None
     problems = [*(f"{c.name}: {c.detail}" for c in checks if c.state == "fail"), *([problem] if problem else [])]

@@ -40,15 +40,17 @@ class ProbeJob:
     spec: JobSpec
     script: str
     out_dir: str  # where the ranks write their reports
+    scheduler: str = "slurm"  # whose script it is: slurm or pbs
 
     def to_json(self) -> str:
-        return json.dumps({"spec": asdict(self.spec), "script": self.script, "out_dir": self.out_dir})
+        return json.dumps({"spec": asdict(self.spec), "script": self.script, "out_dir": self.out_dir,
+                           "scheduler": self.scheduler})
 
     @classmethod
     def from_json(cls, text: str) -> ProbeJob:
         data = json.loads(text)
         return cls(JobSpec(**{k: _tuples(v) for k, v in data["spec"].items()}), str(data["script"]),
-                   str(data["out_dir"]))
+                   str(data["out_dir"]), str(data.get("scheduler", "slurm")))
 
 
 def _tuples(value: Any) -> Any:
@@ -56,13 +58,20 @@ def _tuples(value: Any) -> Any:
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
+# Open MPI refuses to start ranks as root unless both are set; PBS passes nothing of the submitting shell's
+# environment, so a probe job submitted by root under PBS carries them when doctor was given them (never
+# otherwise: the consent is the user's).
+_OMPI_AS_ROOT = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
+
+
 def probe_job(nodes: int, gpus: int, partition: str | None, timeout: float, *, workdir: str | None = None,
-              python: str | None = None, setup: tuple[str, ...] = ()) -> ProbeJob:
-    """The probe job on ``nodes`` nodes, validated and rendered here; ``workdir``, ``python`` and ``setup``:
-    the remote's, for a job rendered here and submitted there (validated as this machine's would be)."""
+              python: str | None = None, setup: tuple[str, ...] = (), scheduler: str = "slurm") -> ProbeJob:
+    """The probe job on ``nodes`` nodes, validated and rendered here for ``scheduler`` (slurm, pbs);
+    ``workdir``, ``python`` and ``setup``: the remote's, for a job rendered here and submitted there (validated
+    as this machine's would be). Reads OMPI_ALLOW_RUN_AS_ROOT[_CONFIRM] for a PBS job (see _OMPI_AS_ROOT)."""
     from dataclasses import replace
 
-    from ...render.slurm_script import render_script
+    from ...schedulers.choice import scheduler as edge
     from ..resolve import resolve
 
     base = workdir or os.getcwd()
@@ -71,27 +80,29 @@ def probe_job(nodes: int, gpus: int, partition: str | None, timeout: float, *, w
         script="slurmlaunch.allocation.probe", module=True, args=(out_dir,), nodes=nodes, gpus_per_node=gpus,
         partition=partition, time="5", job_name="slurmlaunch-doctor", signal="none",
         env=(("SLURMLAUNCH_PROBE_TIMEOUT", f"{max(10.0, min(timeout / 2, 120.0)):g}"),
-             ("SLURMLAUNCH_NO_PREFLIGHT", "1")),
+             ("SLURMLAUNCH_NO_PREFLIGHT", "1"),
+             *((k, os.environ[k]) for k in _OMPI_AS_ROOT if scheduler == "pbs" and os.environ.get(k))),
     ))
     if workdir is not None:
         spec = replace(spec, workdir=workdir, python=python or "python3", setup=(*spec.setup, *setup))
-    return ProbeJob(spec, render_script(spec), out_dir)
+    return ProbeJob(spec, edge(scheduler).render(spec), out_dir, scheduler)
 
 
 def allocate(job: ProbeJob, timeout: float) -> tuple[list[Report], str]:
     """Submit the probe job and wait for it; returns the ranks' reports and the job id."""
-    from ...schedulers import slurm
+    from ...schedulers.choice import scheduler
 
+    edge = scheduler(job.scheduler)
     spec = job.spec
     os.makedirs(job.out_dir, exist_ok=True)
-    sub = slurm.submit(spec, job.script)
+    sub = edge.submit(spec, job.script)
     sys.stderr.write(f"slurmlaunch doctor: probe job {sub.job_id} on {spec.nodes} node(s), {spec.world_size} "
                      f"rank(s); waiting at most {timeout:.0f}s\n")
     start = time.monotonic()
     deadline = start + timeout
     seen, next_report = "", start + REPORT_EVERY
     while True:
-        st = slurm.status(sub.job_id, spec.log_dir)
+        st = edge.status(sub.job_id, spec.log_dir)
         now = time.monotonic()
         # What is waited for, with the time so far: each state change, and a line every REPORT_EVERY s.
         if st.state != seen or now >= next_report:
@@ -102,7 +113,7 @@ def allocate(job: ProbeJob, timeout: float) -> tuple[list[Report], str]:
         if st.finished:
             break
         if now > deadline:
-            slurm.cancel(sub.job_id)
+            edge.cancel(sub.job_id)
             raise SchedulerError(f"doctor: probe job {sub.job_id} did not finish within {timeout:.0f}s (still "
                                  f"{st.state}; cancelled); is the partition busy? (--timeout S waits longer)")
         time.sleep(1)

@@ -152,27 +152,27 @@ def _run(conn: Connection, directory: str, package: str, python: str, action: st
 
 def submit_remote(remote: str, fn: Any, args: Sequence[Any], options: dict[str, Any], *,
                   path: str | None = None, setup: Sequence[str] = (), python: str = "python3",
-                  sync_dir: bool = True, excludes: Sequence[str] = ()) -> RemoteJob:
+                  sync_dir: bool = True, excludes: Sequence[str] = (), scheduler: str = "auto") -> RemoteJob:
     """Submit ``fn(*args, **kwargs)`` (or with ``path``, a script with ``args``) on ``remote``'s cluster.
     ``options`` are the API's keyword arguments (job options and the function's keyword arguments), checked
     there by the same code. The working directory is synced first (``sync_dir``), as `submit --remote` does,
     so that modules the function imports are there."""
-    payload = {"fn": fn, "args": list(args), **({"path": path} if path is not None else {})}
+    payload = {"fn": fn, "args": list(args), "scheduler": scheduler, **({"path": path} if path is not None else {})}
     return _submit(remote, "submit", payload, options, setup, python, sync_dir, excludes)[0]
 
 
 def map_remote(remote: str, fn: Any, iterables: Sequence[Sequence[Any]], options: dict[str, Any], *,
-               setup: Sequence[str] = (), python: str = "python3") -> list[RemoteJob]:
+               setup: Sequence[str] = (), python: str = "python3", scheduler: str = "auto") -> list[RemoteJob]:
     """map_array on ``remote``'s cluster: one job array, one handle per element (sharing one connection)."""
-    return _submit(remote, "map_array", {"fn": fn, "iterables": [list(i) for i in iterables]}, options, setup,
-                   python)
+    return _submit(remote, "map_array", {"fn": fn, "iterables": [list(i) for i in iterables],
+                                         "scheduler": scheduler}, options, setup, python)
 
 
 def batch_remote(remote: str, calls: Sequence[tuple[Any, Sequence[Any], dict[str, Any]]], options: dict[str, Any],
-                 *, setup: Sequence[str] = (), python: str = "python3") -> list[RemoteJob]:
+                 *, setup: Sequence[str] = (), python: str = "python3", scheduler: str = "auto") -> list[RemoteJob]:
     """batch on ``remote``'s cluster: the calls (function, arguments, keyword arguments) as one job array."""
-    return _submit(remote, "batch", {"calls": [(fn, list(a), dict(k)) for fn, a, k in calls]}, options, setup,
-                   python)
+    return _submit(remote, "batch", {"calls": [(fn, list(a), dict(k)) for fn, a, k in calls],
+                                     "scheduler": scheduler}, options, setup, python)
 
 
 def _submit(remote: str, action: str, payload: dict[str, Any], options: dict[str, Any], setup: Sequence[str],
@@ -212,12 +212,15 @@ def _remember(dest: Destination, setup: tuple[str, ...], answer: dict[str, Any],
     from dataclasses import replace
 
     from ...schedulers.index import remember
+    from ...schedulers.interface import SchedulerName
     from .submit import write_local_record
 
     spec = answer["spec"]
     base = ids[0].partition("_")[0]
     if "_" in ids[0]:
         spec = replace(spec, array=",".join(i.partition("_")[2] for i in ids))
-    command = ["sbatch", answer["script_path"]] if answer.get("script_path") else ["sbatch"]
-    record = write_local_record(dest, setup, spec, base, base, "slurm", command, str(answer.get("script", "")))
-    remember(base, "slurm", record, spec.name, remote=dest.target)
+    scheduler: SchedulerName = "pbs" if answer.get("scheduler") == "pbs" else "slurm"  # runner.login_scheduler's
+    tool = "qsub" if scheduler == "pbs" else "sbatch"
+    command = [tool, answer["script_path"]] if answer.get("script_path") else [tool]
+    record = write_local_record(dest, setup, spec, base, base, scheduler, command, str(answer.get("script", "")))
+    remember(base, scheduler, record, spec.name, remote=dest.target)
