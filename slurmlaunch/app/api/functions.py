@@ -17,6 +17,7 @@ from .job_options import OPTION_NAMES, _spec, _split_options, profile_remote
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ...schedulers.interface import Scheduler
     from ..remote.api import RemoteJob
 
 
@@ -27,6 +28,13 @@ class _Where:
     remote: str | None = None
     setup: tuple[str, ...] = ()
     python: str = "python3"
+
+
+def _over_ssh() -> list[Scheduler]:
+    """The schedulers remote= runs on: queued ones submitit runs itself (on the login node, app/remote/api.py)."""
+    from ...schedulers.registry import NAMES, scheduler
+
+    return [e for e in map(scheduler, NAMES) if e.queued and e.submitit_executor is not None]
 
 
 def _where(options: dict[str, Any], scheduler: str, remote: str | None, setup: Sequence[str],
@@ -43,9 +51,12 @@ def _where(options: dict[str, Any], scheduler: str, remote: str | None, setup: S
         if setup or python is not None:
             raise SpecError("remote_setup/remote_python: only with remote='[user@]host[:dir]'")
         return _Where()
-    if scheduler not in ("auto", "slurm"):
-        raise SpecError(f"scheduler {scheduler!r} with remote=: only Slurm clusters are supported over ssh "
-                        f"(leave scheduler out)")
+    from ...schedulers.registry import canonical
+
+    over_ssh = _over_ssh()
+    if scheduler != "auto" and canonical(scheduler) not in {e.name for e in over_ssh}:
+        raise SpecError(f"scheduler {scheduler!r} with remote=: only {' or '.join(e.title for e in over_ssh)} "
+                        f"clusters are supported over ssh (leave scheduler out)")
     return _Where(remote, tuple(setup), "python3" if python is None else python)
 
 
