@@ -46,8 +46,9 @@ def _os_error(e: OSError) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in ("launch", "torchrun-node") and os.environ.get("SLURMLAUNCH_SCHEDULER") == "local":
-        # The local scheduler's task: its pid is known only here (slurmstepd sets it in the forked task).
+    if args and args[0] in ("launch", "torchrun-node") and os.environ.get("SLURMLAUNCH_SCHEDULER"):
+        # A task of the local scheduler (the one that marks its tasks, schedulers/local.py): its pid is known
+        # only here (slurmstepd sets it in the forked task).
         os.environ.setdefault("SLURM_TASK_PID", str(os.getpid()))
     try:
         if args and args[0] == "launch":

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-SCHEDULERS = ("local", "slurm", "pbs")
+from ..schedulers.registry import NAMES
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class JobRecord:
         """The record of a parsed file; ValueError when it is not one of ours (a JSON object with a log
         directory and a known scheduler)."""
         if not isinstance(data, dict) or not isinstance(data.get("log_dir"), str) or \
-                data.get("scheduler") not in SCHEDULERS:
+                data.get("scheduler") not in NAMES:
             raise ValueError("not a slurmlaunch job record")
         return cls(data, full_id)
 

@@ -1,4 +1,4 @@
-"""`slurmlaunch submit`: options -> validated JobSpec -> scheduler (slurm or local) -> follow."""
+"""`slurmlaunch submit`: options -> validated JobSpec -> scheduler (a queued one, or local) -> follow."""
 
 from __future__ import annotations
 
@@ -73,14 +73,15 @@ def adapt_to_site(spec: JobSpec, origins: dict[str, str]) -> JobSpec:
     return replace(spec, gpu_flag=learned[0])
 
 
-def adapt_to_client(spec: JobSpec, origins: dict[str, str], scheduler: str) -> JobSpec:
+def adapt_to_client(spec: JobSpec, origins: dict[str, str], edge: Scheduler) -> JobSpec:
     """Send Lightning the warning signal it saves and requeues on, unless --signal was given (README: Time
-    limits, preemption, requeue). Under Slurm, Lightning's rank 0 then requeues the job itself and the batch
-    shell does not; the local scheduler, which Lightning's scontrol cannot reach, requeues as before."""
+    limits, preemption, requeue), where the scheduler sends a warning signal. Under Slurm (a scheduler a rank
+    may requeue its job on), Lightning's rank 0 then requeues the job itself and the batch shell does not;
+    the local scheduler, which Lightning's scontrol cannot reach, requeues as before."""
     from . import clients
     from .profiles import BUILTIN
 
-    if scheduler not in ("slurm", "local") or spec.no_python:
+    if not edge.warning_signal or spec.no_python:
         return spec
     source = clients.script_source(spec.script, spec.module, spec.workdir)
     found = clients.lightning_signal(source) if source is not None else None
@@ -103,12 +104,12 @@ def adapt_to_client(spec: JobSpec, origins: dict[str, str], scheduler: str) -> J
             return spec
     else:
         spec = replace(spec, signal=f"{found.signal}@{spec.asked_warning[1] if spec.asked_warning else 90}")
-    if scheduler == "slurm":
+    if edge.script_requeues:
         spec = replace(spec, requeued_by="script")
         how = (f"{found.client} saves a checkpoint on it and requeues the job itself, so the batch script will "
                f"not requeue it again")
     else:
-        how = f"{found.client} saves a checkpoint on it" + ("; the local scheduler requeues" if spec.requeue else "")
+        how = f"{found.client} saves a checkpoint on it" + (f"; {edge.title} requeues" if spec.requeue else "")
     seconds = spec.warning[1] if spec.warning else 90
     sys.stderr.write(f"slurmlaunch: {what}: warning signal SIG{found.signal} {seconds}s before the time limit; "
                      f"{how} (--signal NAME@SECONDS overrides)\n")
@@ -125,20 +126,17 @@ def cmd_submit(ns: Any) -> int:
 
     refuse_remote_only(ns)
     spec = spec_from_args(ns)
-    scheduler = choose_scheduler(ns.scheduler, preview=ns.dry_run)
-    from ..core.support import refuse_unsupported
+    from ..schedulers.registry import scheduler
 
-    refuse_unsupported(spec, scheduler, getattr(ns, "option_origins", {}))
-    spec = adapt_to_client(spec, getattr(ns, "option_origins", {}), scheduler)
+    edge = scheduler(choose_scheduler(ns.scheduler, preview=ns.dry_run))
+    edge.refuse_unsupported(spec, getattr(ns, "option_origins", {}))
+    spec = adapt_to_client(spec, getattr(ns, "option_origins", {}), edge)
     if spec.warning_note:
         sys.stderr.write(f"slurmlaunch: {spec.warning_note}\n")
-    if scheduler == "local":
+    if not edge.queued:
         return submit_local(spec, ns)
-    if scheduler == "slurm":
+    if edge.site_gpu_flag:
         spec = adapt_to_site(spec, getattr(ns, "option_origins", {}))
-    from ..schedulers.choice import scheduler as edge_for
-
-    edge = edge_for(scheduler)
     script = edge.render(spec, ns.template_dir)
     if ns.dry_run:
         sys.stderr.write("# would run: " + shlex.join(edge.submit_command(spec, "<this script>")) + "\n")
@@ -149,7 +147,7 @@ def cmd_submit(ns: Any) -> int:
         sys.stderr.write(f"slurmlaunch: {sub.note}\n")
     from ..schedulers.index import remember
 
-    remember(sub.job_id, scheduler, sub.record_path, spec.name)
+    remember(sub.job_id, edge.name, sub.record_path, spec.name)
     sys.stderr.write(f"slurmlaunch: submitted job {sub.job_id} ({spec.world_size} ranks on {spec.nodes} "
                      f"node(s)); script {sub.script_path}\n")
     describe_array(spec, sub.job_id)
@@ -161,7 +159,6 @@ def cmd_submit(ns: Any) -> int:
 
 def submit_local(spec: JobSpec, ns: Any) -> int:
     """Run the job on the local scheduler, in the foreground (or print its commands for --dry-run)."""
-    from ..core.support import shown_not_enforced
     from ..schedulers import local
 
     for given, why in ((ns.template_dir, "--template-dir: the local scheduler renders no batch script"),
@@ -176,7 +173,7 @@ def submit_local(spec: JobSpec, ns: Any) -> int:
     if ns.dry_run:
         sys.stdout.write(local.dry_run(spec, os.environ))
         return 0
-    shown = shown_not_enforced(spec)
+    shown = local.shown_not_enforced(spec)
     if shown:
         sys.stderr.write(f"slurmlaunch: the local scheduler shows {', '.join(shown)} to the tasks as Slurm "
                          f"would (SLURM_* variables) but reserves and enforces nothing on this machine\n")

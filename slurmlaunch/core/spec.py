@@ -41,7 +41,6 @@ from .parse import parse_sweep as parse_sweep
 from .parse import time_minutes as time_minutes
 from .parse import time_seconds as time_seconds
 
-SCHEDULERS = ("auto", "slurm", "pbs", "local")
 # The closed choices, as types (mypy checks the code's own values) and as tuples (validate checks the user's:
 # a JobSpec built from options or the API holds whatever string it was given until then).
 Mode = Literal["srun", "torchrun"]  # srun: one Slurm task per rank; torchrun: one task per node running torchrun

@@ -1,78 +1,64 @@
-"""Which scheduler: the one definition of --scheduler auto/slurm/pbs/local, for the CLI and the Python API."""
+"""Which scheduler: the one definition of --scheduler auto or a name, for the CLI, the Python API and
+--remote (where the clients are looked for on the login node)."""
 
 from __future__ import annotations
 
-import os
-import re
 import sys
-from collections.abc import Sequence
-from typing import cast
+from collections.abc import Callable, Sequence
 
-from ..core.errors import SchedulerError, SpecError
+from ..core.errors import SpecError
 from .interface import Scheduler, SchedulerName
+from .registry import ACCEPTED, NAMES, canonical, scheduler
 
-NAMES: tuple[SchedulerName, ...] = ("slurm", "pbs", "local")
-
-
-def scheduler(name: str) -> Scheduler:
-    """The edge called ``name`` (imported only when asked for: the local one brings the launcher's modules)."""
-    if name == "slurm":
-        from . import slurm
-
-        return slurm.EDGE
-    if name == "pbs":
-        from . import pbs
-
-        return pbs.EDGE
-    if name == "local":
-        from . import local
-
-        return local.EDGE
-    raise SpecError(f"scheduler {name!r} is not valid (expected auto, {', '.join(NAMES)})")
+__all__ = ["NAMES", "auto_choice", "choose", "scheduler"]
 
 
 def choose(requested: str, *, preview: bool = False, allowed: Sequence[SchedulerName] = NAMES,
            check_client: bool = True, announce: bool = True) -> SchedulerName:
-    """The scheduler to use for ``requested`` (auto or one of ``allowed``). auto: Slurm where sbatch is on
-    PATH and a controller answers `scontrol ping`, else PBS where qsub is (when allowed), else local.
-    auto never chooses local where a Slurm cluster is configured and its controller is silent: SchedulerError.
-    A named one must have its client on PATH (``check_client``), except for ``preview`` (--dry-run):
-    previewing a script must not need the scheduler. ``announce``: say on stderr what auto chose and why."""
-    if requested != "auto" and requested not in allowed:
-        raise SpecError(f"scheduler {requested!r} is not valid here (expected auto, {', '.join(allowed)})")
-    if requested != "auto":
-        name = cast(SchedulerName, requested)
-        if check_client and not preview and name != "local" and not scheduler(name).available():
-            client = "sbatch" if name == "slurm" else "qsub"
-            raise SpecError(f"--scheduler {name}: {client} is not on PATH (use --scheduler local on this machine)")
+    """The scheduler to use for ``requested`` (auto or one of ``allowed``; see :func:`auto_choice`). A named
+    one must have its client on PATH (``check_client``), except for ``preview`` (--dry-run): previewing a
+    script must not need the scheduler. ``announce``: say on stderr what auto chose and why."""
+    name = canonical(requested) if requested != "auto" else None
+    if requested != "auto" and name not in allowed:
+        valid = [n for n in ACCEPTED if canonical(n) in allowed]
+        raise SpecError(f"scheduler {requested!r} is not valid here (expected auto, {', '.join(valid)})")
+    if name is not None:
+        edge = scheduler(name)
+        if check_client and not preview and not edge.available():
+            raise SpecError(f"--scheduler {name}: {edge.client} is not on PATH (use --scheduler local on this "
+                            f"machine)")
         return name
-    from . import pbs, slurm
-
-    chosen: SchedulerName
-    if not slurm.available():
-        chosen, why = ("pbs", "qsub is on PATH and sbatch is not") if "pbs" in allowed and pbs.available() else \
-            ("local", "no sbatch or qsub on PATH")
-    else:
-        up, said = slurm.controller_answers()
-        if not up and slurm.cluster_configured(said):
-            # Never run a cluster's job on the submitting host (a login node) because its controller blinked.
-            raise SchedulerError(
-                f"--scheduler auto: a Slurm cluster is configured here{_conf_shown()} but its controller does "
-                f"not answer ({_first_words(said)}); nothing was run: retry when "
-                f"`scontrol ping` says UP, or pass --scheduler local to run on this machine")
-        chosen, why = ("slurm", "sbatch is on PATH and slurmctld answers") if up else \
-            ("local", "sbatch is on PATH but no Slurm cluster is configured here")
+    chosen, why = auto_choice([scheduler(n) for n in NAMES if n in allowed], lambda edge: edge.available())
     if announce:
-        sys.stderr.write(f"slurmlaunch: --scheduler auto chose {chosen} ({why})\n")
-    return chosen
+        sys.stderr.write(f"slurmlaunch: --scheduler auto chose {chosen.name} ({why})\n")
+    return chosen.name
 
 
-def _conf_shown() -> str:
-    conf = os.environ.get("SLURM_CONF")
-    return f" (SLURM_CONF={conf})" if conf else ""
-
-
-def _first_words(said: str) -> str:
-    """scontrol's answer without its banner of asterisks ("RESTORE SLURMCTLD DAEMON TO SERVICE")."""
-    parts = [p.strip() for p in re.split(r"\n| \| ", said)]
-    return " | ".join(p for p in parts if any(c.isalnum() for c in p) and "RESTORE SLURMCTLD" not in p) or "no output"
+def auto_choice(candidates: Sequence[Scheduler], has_client: Callable[[Scheduler], bool], *, where: str = "PATH",
+                check: bool = True, none_found: Callable[[list[str]], str] | None = None) -> tuple[Scheduler, str]:
+    """--scheduler auto among ``candidates`` (in the registry's order): the first whose client is found
+    (``has_client``) decides: itself where its :meth:`~.interface.Scheduler.auto_check` agrees (``check``),
+    else the fallback (a candidate without a client: the local scheduler); with no client found, the
+    fallback. Returns it and why, in words ("qsub is on PATH and sbatch is not"); SpecError naming the
+    clients looked for where there is no fallback (``where``: whose PATH; ``none_found``: the message, from
+    the clients' names)."""
+    queued = [c for c in candidates if c.client is not None]
+    fallback = next((c for c in candidates if c.client is None), None)
+    missing: list[str] = []
+    for edge in queued:
+        assert edge.client is not None
+        if not has_client(edge):
+            missing.append(edge.client)
+            continue
+        ok, said = edge.auto_check() if check else (True, "")
+        found = f"{edge.client} is on {where}"
+        if ok:
+            return edge, found + (f" and {said}" if said else "") + (f" and {' or '.join(missing)} is not"
+                                                                       if missing else "")
+        if fallback is None:
+            raise SpecError(f"--scheduler auto: {found} but {said}")
+        return fallback, f"{found} but {said}"
+    if fallback is None:
+        raise SpecError(none_found(missing) if none_found else
+                        f"--scheduler auto: neither {' nor '.join(missing)} is on {where}")
+    return fallback, f"no {' or '.join(missing)} on {where}" if missing else "the only one allowed"

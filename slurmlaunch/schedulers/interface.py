@@ -1,34 +1,116 @@
-"""The one interface app code sees a scheduler through; slurm.py, pbs.py and local.py each implement it."""
+"""The one interface app code sees a scheduler through; slurm.py, pbs.py and local.py each implement it, and
+registry.py lists them. Everything app/ needs to know of a scheduler is here as an attribute or a method: what
+it can do (a capability), never which one it is (app/ compares no scheduler names: tests/schedulers/
+test_registry.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..core.spec import JobSpec
 from . import JobStatus, Submission
+from .support import Refusals, refuse
 
-SchedulerName = Literal["slurm", "pbs", "local"]
+SchedulerName = str  # a name of registry.PLUGINS
+
+
+@dataclass(frozen=True)
+class QuickStates:
+    """`list`'s states of many jobs from one or two scheduler calls: ``live``, the queue's (job id -> state;
+    None when the queue could not be asked) and ``ended``, the accounting's for jobs the queue no longer shows."""
+
+    live: dict[str, str] | None
+    ended: dict[str, str] = field(default_factory=dict)
 
 
 class Scheduler(Protocol):
     @property
     def name(self) -> SchedulerName:
-        """The name records, the index and --scheduler use."""
+        """The name records, the index and --scheduler use (its registry line's)."""
+        ...
+
+    @property
+    def title(self) -> str:
+        """How messages name it: "Slurm", "PBS", "the local scheduler"."""
+        ...
+
+    @property
+    def client(self) -> str | None:
+        """The command whose presence on PATH says the scheduler is there (sbatch, qsub); None: always there."""
         ...
 
     @property
     def queued(self) -> bool:
-        """Whether jobs go to a queue (submit, then status/cancel by id); False: they run in the foreground."""
+        """Whether jobs go to a queue (submit, then status/cancel by id); False: they run in the foreground, and
+        the job commands read the state its supervisor wrote (app/jobs.py's local_state)."""
+        ...
+
+    @property
+    def readers(self) -> tuple[str, ...]:
+        """The in-allocation readers (core.detect / core.detect_mpi functions) that read its ranks' places."""
+        ...
+
+    @property
+    def refusals(self) -> Refusals:
+        """The options it cannot carry out, and the values only it takes (schedulers/support.py)."""
+        ...
+
+    @property
+    def script_suffix(self) -> str:
+        """The suffix of its saved batch script (job-ID.sbatch); "" where there is none."""
+        ...
+
+    @property
+    def warning_signal(self) -> bool:
+        """Whether its jobs get --signal's warning before the time limit (else --signal is refused)."""
+        ...
+
+    @property
+    def script_requeues(self) -> bool:
+        """Whether a rank may requeue its own job (Lightning's `scontrol requeue`): then the batch script leaves
+        requeueing to it."""
+        ...
+
+    @property
+    def site_gpu_flag(self) -> bool:
+        """Whether the GPU request style `slurmlaunch doctor` learned for the site applies (--gpu-flag)."""
+        ...
+
+    @property
+    def shared_output(self) -> str | None:
+        """Why `logs --rank` has no file of its own to show: every rank writes the job's one output; None
+        where each rank has its file."""
+        ...
+
+    @property
+    def lists_in_one_call(self) -> bool:
+        """Whether :meth:`quick_states` answers for many jobs at once (else `list` asks status per job)."""
+        ...
+
+    @property
+    def submitit_executor(self) -> str | None:
+        """The Python API's way: the submitit executor of submitit's own that runs its jobs (its watcher and
+        the scheduler's queue answer for them), or None where the API's own executor does, through this edge."""
         ...
 
     def available(self) -> bool:
         """Whether this machine has the scheduler's client (no command is run)."""
         ...
 
+    def auto_check(self) -> tuple[bool, str]:
+        """With its client on PATH: whether --scheduler auto takes it, and why in a few words ("slurmctld
+        answers"; "" when the client says enough). SchedulerError where auto must not fall back either."""
+        ...
+
     def render(self, spec: JobSpec, template_dir: str | None = None) -> str:
         """What --dry-run prints: the batch script (or the local scheduler's plan); nothing is submitted."""
+        ...
+
+    def refuse_unsupported(self, spec: JobSpec, origins: Mapping[str, str] | None = None) -> None:
+        """SpecError for the first option of ``spec`` it cannot carry out (``origins``: where values came from),
+        or that it would refuse (PBS: render/pbs_script.py's check); before anything is written or submitted."""
         ...
 
     def submit_command(self, spec: JobSpec, script_path: str) -> list[str]:
@@ -38,8 +120,22 @@ class Scheduler(Protocol):
     def submit(self, spec: JobSpec, script_text: str) -> Submission:
         ...
 
-    def status(self, job_id: str, log_dir: str, indices: Sequence[int] = ()) -> JobStatus:
-        """The job's state; with ``indices``, a job array's (all its elements at once)."""
+    def parse_job_id(self, out: str) -> str | None:
+        """The short job id (the one that names the job's files) in what the submit command printed, or None."""
+        ...
+
+    def command_id(self, out: str) -> str:
+        """The id its commands (status, cancel) take, from what the submit command printed."""
+        ...
+
+    def status(self, job_id: str, log_dir: str | None, indices: Sequence[int] = ()) -> JobStatus:
+        """The job's state; with ``indices``, a job array's (all its elements at once). ``log_dir``: where the
+        job's files are (its exit-code file is the script's own word), None to ask the scheduler alone."""
+        ...
+
+    def quick_states(self, job_ids: Sequence[str] | None) -> QuickStates:
+        """`list`'s states of ``job_ids`` (None: every job of the user it still knows) in one or two calls;
+        SchedulerError when the queue cannot be asked. Only where :attr:`lists_in_one_call`."""
         ...
 
     def cancel(self, job_id: str) -> None:
@@ -54,6 +150,11 @@ class Scheduler(Protocol):
         """The batch script's own output file where slurmlaunch names it, else None."""
         ...
 
+    def output_log(self, log_dir: str, job: str, printed_id: str) -> str | None:
+        """The file `slurmlaunch logs JOB` shows without --rank (``job``: the id its files carry,
+        ``printed_id``: as the submit command printed it); None: rank 0's log."""
+        ...
+
     def node_commands(self, job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, list[str]]:
         """For a running job on ``nodes`` (its status' words), node -> the command that runs ``argv`` on that
         node, next to the job's ranks (`slurmlaunch stacks`); {} where there is no such way."""
@@ -63,26 +164,54 @@ class Scheduler(Protocol):
 @dataclass(frozen=True)
 class QueuedEdge:
     """A batch scheduler's edge (slurm.py's, pbs.py's) as a :class:`Scheduler`, made of its module's
-    functions: the delegation is written once, each module says only what differs."""
+    functions and facts: the delegation is written once, each module says only what differs."""
 
     name: SchedulerName
+    title: str
+    client: str
+    readers: tuple[str, ...]
+    refusals: Refusals
+    script_suffix: str
     is_available: Callable[[], bool]
+    check_auto: Callable[[], tuple[bool, str]]
     render_script: Callable[[JobSpec, str | None], str]
     submit_script_command: Callable[[JobSpec, str], list[str]]
     submit_script: Callable[[JobSpec, str], Submission]
-    job_status: Callable[[str, str], JobStatus]
+    parse_id: Callable[[str], str | None]
+    job_status: Callable[[str, str | None], JobStatus]
     array_status: Callable[[str, str, list[int]], JobStatus]
     cancel_job: Callable[[str], None]
     rank_log_of: Callable[[JobSpec, str, int], str | None]
     batch_log_of: Callable[[JobSpec, str], str | None]
+    output_log_of: Callable[[str, str, str], str | None]
     node_commands_of: Callable[[str, str, Sequence[str]], dict[str, list[str]]] | None = None
+    quick_states_of: Callable[[Sequence[str] | None], QuickStates] | None = None
+    command_id_of: Callable[[str], str] | None = None  # None: the id as printed
+    check_request: Callable[[JobSpec], None] | None = None  # more refusals, of the request's meaning there
+    warning_signal: bool = True
+    script_requeues: bool = False
+    site_gpu_flag: bool = False
+    shared_output: str | None = None
+    submitit_executor: str | None = None
     queued: bool = True
+
+    @property
+    def lists_in_one_call(self) -> bool:
+        return self.quick_states_of is not None
 
     def available(self) -> bool:
         return self.is_available()
 
+    def auto_check(self) -> tuple[bool, str]:
+        return self.check_auto()
+
     def render(self, spec: JobSpec, template_dir: str | None = None) -> str:
         return self.render_script(spec, template_dir)
+
+    def refuse_unsupported(self, spec: JobSpec, origins: Mapping[str, str] | None = None) -> None:
+        refuse(spec, self.name, self.refusals, origins)
+        if self.check_request is not None:
+            self.check_request(spec)
 
     def submit_command(self, spec: JobSpec, script_path: str) -> list[str]:
         return self.submit_script_command(spec, script_path)
@@ -90,8 +219,21 @@ class QueuedEdge:
     def submit(self, spec: JobSpec, script_text: str) -> Submission:
         return self.submit_script(spec, script_text)
 
-    def status(self, job_id: str, log_dir: str, indices: Sequence[int] = ()) -> JobStatus:
-        return self.array_status(job_id, log_dir, list(indices)) if indices else self.job_status(job_id, log_dir)
+    def parse_job_id(self, out: str) -> str | None:
+        return self.parse_id(out)
+
+    def command_id(self, out: str) -> str:
+        return self.command_id_of(out) if self.command_id_of is not None else out
+
+    def status(self, job_id: str, log_dir: str | None, indices: Sequence[int] = ()) -> JobStatus:
+        if indices and log_dir is not None:
+            return self.array_status(job_id, log_dir, list(indices))
+        return self.job_status(job_id, log_dir)
+
+    def quick_states(self, job_ids: Sequence[str] | None) -> QuickStates:
+        if self.quick_states_of is None:
+            raise NotImplementedError(f"{self.title} has no call that answers for many jobs at once")
+        return self.quick_states_of(job_ids)
 
     def cancel(self, job_id: str) -> None:
         self.cancel_job(job_id)
@@ -101,6 +243,9 @@ class QueuedEdge:
 
     def batch_log(self, spec: JobSpec, job_id: str) -> str | None:
         return self.batch_log_of(spec, job_id)
+
+    def output_log(self, log_dir: str, job: str, printed_id: str) -> str | None:
+        return self.output_log_of(log_dir, job, printed_id)
 
     def node_commands(self, job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, list[str]]:
         return self.node_commands_of(job_id, nodes, argv) if self.node_commands_of is not None else {}

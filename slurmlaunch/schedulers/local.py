@@ -35,10 +35,12 @@ from ..core.errors import JobStateError, SchedulerError, SpecError
 from ..core.jobfiles import JobFiles
 from ..core.paths import state_dir
 from ..core.spec import JobSpec
-from ..core.stepenv import GPU_LISTS, Submitter, step_env
 from ..render.launch import launch_command, script_env
 from . import JobStatus, Submission, current_umask, make_log_dir, rank_log, write_private, write_record
+from .interface import QuickStates
+from .local_stepenv import GPU_LISTS, Submitter, step_env
 from .supervisor import Outcome, RankProcess, supervise
+from .support import Refusals, default, flag, refuse
 
 # Emulated node I is named 127.0.0.1 + I: an address is its own name to every resolver (getaddrinfo, gloo,
 # NCCL, `getent hosts`: no /etc/hosts entry or DNS needed, and no root to add one), and on Linux the whole of
@@ -106,7 +108,7 @@ def submitter() -> Submitter:
 def rank_env(spec: JobSpec, job_id: str, rank: int, environ: Mapping[str, str],
              gpus: list[str] | None) -> dict[str, str]:
     """The environment a real srun step would give task ``rank`` of ``spec``, on emulated nodes: ``environ``
-    without its SLURM_* and SLURMD_* variables, then --env, then the step's variables (slurmlaunch.core.stepenv)."""
+    without its SLURM_* and SLURMD_* variables, then --env, then the step's variables (local_stepenv.py)."""
     # The emulated step must not mix with a real Slurm job's variables we might be running inside.
     env = {k: v for k, v in environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
     env.update(script_env(spec))  # --env, --master-port, --rdzv-timeout: what a batch script exports
@@ -480,15 +482,75 @@ _NO_QUEUE = ("the local scheduler has no queue to submit to: it runs the job in 
              "(slurmlaunch submit --scheduler local)")
 
 
+# What the local scheduler cannot carry out (schedulers/support.py).
+REFUSALS = Refusals(not_carried_out={
+    "constraint": "the local scheduler has one kind of node, this machine: no features to ask for (leave "
+                  "it out, or --scheduler slurm)",
+    "sbatch_args": "there is no batch script to add directives to (leave it out, or --scheduler slurm/pbs)",
+    "container_image": "it uses Slurm's pyxis plugin through srun (use --apptainer IMAGE here)",
+    "pbs_flavour": "it is for PBS (leave it out, or --scheduler pbs)",
+    "mpi": "it chooses how PBS's mpiexec or Slurm's srun starts MPI ranks, and the local scheduler offers "
+           "MPI no PMI (leave it out, or --scheduler slurm/pbs)",
+    "pbs_resources": "it is a PBS site resource (leave it out, or --scheduler pbs)",
+    "pbs_chunk": "it is a PBS select-chunk resource (leave it out, or --scheduler pbs)",
+    "project": "it is PBS's -P project (leave it out; --account is the account charged)",
+    "pbs_request": "it chooses how a PBS job asks for resources (leave it out, or --scheduler pbs)",
+    "pbs_queues": "it chooses a PBS queue by node count (leave it out; --partition chooses the partition)",
+    "mpiexec_args": "it starts the ranks itself, without mpiexec (leave it out, or --scheduler pbs)",
+})
+# What the local scheduler shows the tasks as Slurm would (SLURM_MEM_PER_NODE, SLURM_JOB_PARTITION, ...) but
+# cannot reserve or enforce on one machine: said in one line at submission, never silently.
+SHOWN_NOT_ENFORCED = ("mem", "partition", "account", "qos", "exclusive", "gpu_flag")
+
+
+def shown_not_enforced(spec: JobSpec) -> list[str]:
+    """The options of ``spec`` (as "--flag value") the local scheduler only shows its tasks."""
+    out = []
+    for name in SHOWN_NOT_ENFORCED:
+        value = getattr(spec, name)
+        if value != default(name) and value not in (None, False):
+            out.append(flag(name) if value is True else f"{flag(name)} {value}")
+    return out
+
+
 class LocalScheduler:
     """The local scheduler as a :class:`~.interface.Scheduler`: it renders its plan (--dry-run) and runs a job
     with :func:`run`, in the foreground; there is no queue, so nothing to submit, ask about or cancel later."""
 
     name: Final = "local"
+    title: Final = "the local scheduler"
+    client: Final = None
     queued: Final = False
+    readers: Final = ("read_slurm",)  # its ranks get a Slurm step's variables (local_stepenv.py)
+    refusals: Final = REFUSALS
+    script_suffix: Final = ""
+    warning_signal: Final = True
+    script_requeues: Final = False  # Lightning's scontrol cannot reach it: it requeues itself
+    site_gpu_flag: Final = False
+    shared_output: Final = None
+    lists_in_one_call: Final = False
+    submitit_executor: Final = "local"
 
     def available(self) -> bool:
         return True
+
+    def auto_check(self) -> tuple[bool, str]:
+        return True, ""  # the fallback: this machine is always there
+
+    def refuse_unsupported(self, spec: JobSpec, origins: Mapping[str, str] | None = None) -> None:
+        refuse(spec, self.name, self.refusals, origins)
+
+    def parse_job_id(self, out: str) -> str | None:
+        return out if out.isdigit() else None
+
+    def command_id(self, out: str) -> str:
+        return out
+
+    def quick_states(self, job_ids: Sequence[str] | None) -> QuickStates:
+        raise SchedulerError(_NO_QUEUE)
+
+    def output_log(self, log_dir: str, job: str, printed_id: str) -> str | None:
+        return None  # rank 0's
 
     def render(self, spec: JobSpec, template_dir: str | None = None) -> str:
         if template_dir is not None:
@@ -502,7 +564,7 @@ class LocalScheduler:
     def submit(self, spec: JobSpec, script_text: str) -> Submission:
         raise SchedulerError(_NO_QUEUE)
 
-    def status(self, job_id: str, log_dir: str, indices: Sequence[int] = ()) -> JobStatus:
+    def status(self, job_id: str, log_dir: str | None, indices: Sequence[int] = ()) -> JobStatus:
         raise JobStateError(f"job {job_id} ran on the local scheduler, in the foreground: it has ended")
 
     def cancel(self, job_id: str) -> None:

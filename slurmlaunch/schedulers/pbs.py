@@ -19,12 +19,35 @@ from typing import Any
 
 from ..core.errors import SchedulerError
 from ..core.jobfiles import JobFiles
-from ..core.spec import JobSpec
-from ..render.pbs_script import job_name
+from ..core.spec import MPI_FLAVOURS, JobSpec
+from ..render.pbs_script import check, job_name
 from ..render.pbs_script import render_script as render_script  # the edge renders what it submits
 from . import JobStatus, Submission, array_outcome, run_command, submit_with
 from .interface import QueuedEdge
 from .runner import read_file
+from .support import Refusals
+
+_TORQUE = {"exclusive": "Torque's qsub script has no exclusive placement (leave it out, or --pbs-flavour pro)"}
+# What PBS cannot carry out (schedulers/support.py).
+REFUSALS = Refusals(
+    not_carried_out={
+        "qos": "PBS has no QOS (a site's equivalent is a queue, --partition, or a resource, --pbs-resource "
+               "KEY=VALUE)",
+        "constraint": "PBS has no node features list (ask for a site resource of every node with --pbs-chunk "
+                      "KEY=VALUE, e.g. system=polaris)",
+        "gpu_flag": "it only chooses how sbatch is asked for GPUs (leave it out)",
+        "container_image": "it uses Slurm's pyxis plugin through srun (use --apptainer IMAGE under PBS)",
+        "max_requeues": "PBS reruns a -r y job itself and slurmlaunch does not count them (leave it out)",
+        "signal": "the qsub script asks PBS for no warning signal before the walltime (leave it out; PBS sends "
+                  "SIGTERM at the walltime, then SIGKILL after the server's kill_delay)",
+        "mode": "under PBS mpiexec starts one launcher per rank (leave out --mode)",
+    },
+    values={"mpi": (MPI_FLAVOURS, "the MPI whose mpiexec starts the ranks")},
+    more=lambda spec: _TORQUE if spec.pbs_flavour == "torque" else {},
+)
+# `slurmlaunch logs --rank`: no file of a rank's own
+SHARED_OUTPUT = "under PBS every rank's lines are in the job's one output, tagged by mpiexec"
+SCRIPT_SUFFIX = "qsub"
 
 # job_state letters; F (PBS Pro) and C (Torque) are finished: the exit status says how.
 _STATES = {"Q": "PENDING", "H": "PENDING", "W": "PENDING", "T": "PENDING", "S": "SUSPENDED", "R": "RUNNING",
@@ -33,6 +56,10 @@ _STATES = {"Q": "PENDING", "H": "PENDING", "W": "PENDING", "T": "PENDING", "S": 
 
 def available() -> bool:
     return shutil.which("qsub") is not None
+
+
+def auto_check() -> tuple[bool, str]:
+    return True, ""  # qsub on PATH says enough (no cheap "is the server up" to ask)
 
 
 def qsub_command(spec: JobSpec, script_path: str) -> list[str]:
@@ -48,7 +75,7 @@ def parse_job_id(out: str) -> str | None:
 
 def submit(spec: JobSpec, script_text: str) -> Submission:
     """Save the script beside the logs, qsub it, and keep a record; SchedulerError when PBS refuses."""
-    return submit_with(spec, script_text, "pbs", "qsub", qsub_command, parse_job_id)
+    return submit_with(spec, script_text, "pbs", SCRIPT_SUFFIX, qsub_command, parse_job_id)
 
 
 def _array_base(job_id: str) -> str:
@@ -254,6 +281,16 @@ def _batch_log(spec: JobSpec, job_id: str) -> str | None:
     return None  # PBS names it after the job id inside the -o directory
 
 
+def _output_log(log_dir: str, job: str, printed_id: str) -> str:
+    """qsub -o DIR/: PBS Pro writes DIR/<full id>.OU, Torque DIR/<name>.o<number>; mpiexec tags each line with
+    its rank, so one file holds every rank's output. (Listed here: a remote job's directory is not, and
+    then the PBS Pro name is the guess.)"""
+    for name in sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []:
+        if name.startswith(f"{printed_id}.") or name.endswith(f".o{job}"):
+            return os.path.join(log_dir, name)
+    return os.path.join(log_dir, f"{printed_id}.OU")
+
+
 def node_commands(job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, list[str]]:
     """ssh to each execution host of the running job (exec_host "n1/0*2+n2/0*2"): PBS sites let a job's owner
     onto the hosts the job holds (pbs_attach / the PAM module put the session into the job); pbsdsh and
@@ -264,5 +301,13 @@ def node_commands(job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, lis
 
 
 # The pbs edge as a Scheduler (schedulers.interface)
-EDGE = QueuedEdge("pbs", available, render_script, qsub_command, submit, status, array_status, cancel, _rank_log,
-                  _batch_log, node_commands)
+EDGE = QueuedEdge(
+    name="pbs", title="PBS", client="qsub", readers=("read_mpi", "read_pbs_script"), refusals=REFUSALS,
+    script_suffix=SCRIPT_SUFFIX, is_available=available, check_auto=auto_check, render_script=render_script,
+    submit_script_command=qsub_command, submit_script=submit, parse_id=parse_job_id, job_status=status,
+    array_status=array_status, cancel_job=cancel, rank_log_of=_rank_log, batch_log_of=_batch_log,
+    output_log_of=_output_log, node_commands_of=node_commands, check_request=check,
+    warning_signal=False,  # the qsub script asks for none (REFUSALS: signal)
+    shared_output=SHARED_OUTPUT,
+    submitit_executor=None,  # the API's own PBS executor (app/api/pbs.py) runs its jobs through this edge
+)

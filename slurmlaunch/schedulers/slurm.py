@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import shutil
@@ -11,12 +12,30 @@ from collections.abc import Sequence
 from ..core.errors import SchedulerError, SpecError
 from ..core.hostlist import expand
 from ..core.jobfiles import JobFiles
-from ..core.spec import JobSpec
+from ..core.spec import SRUN_MPI_TYPES, JobSpec
 from ..render.slurm_script import file_tag
 from ..render.slurm_script import render_script as render_script  # the edge renders what it submits
 from . import JobStatus, Submission, array_outcome, is_final, rank_log, run_command, submit_with
-from .interface import QueuedEdge
+from .interface import QueuedEdge, QuickStates
 from .runner import read_file, which
+from .support import Refusals
+
+# What Slurm cannot carry out (schedulers/support.py): PBS's own options.
+REFUSALS = Refusals(
+    not_carried_out={
+        "pbs_flavour": "it is for PBS (leave it out, or --scheduler pbs)",
+        "pbs_resources": "it is a PBS site resource (leave it out, or --scheduler pbs)",
+        "pbs_chunk": "it is a PBS select-chunk resource (leave it out, or --scheduler pbs)",
+        "project": "it is PBS's -P project (leave it out; --account is the account charged)",
+        "pbs_request": "it chooses how a PBS job asks for resources (leave it out, or --scheduler pbs)",
+        "pbs_queues": "it chooses a PBS queue by node count (leave it out; --partition chooses the partition)",
+        "mpiexec_args": "under Slurm srun starts the ranks (leave it out, or --scheduler pbs)",
+    },
+    values={"mpi": (SRUN_MPI_TYPES, "srun's --mpi plugin type")},
+)
+
+
+SCRIPT_SUFFIX = "sbatch"
 
 
 def available() -> bool:
@@ -43,6 +62,33 @@ def cluster_configured(ping_output: str) -> bool:
     """Whether `scontrol ping`'s output (or the error it failed with) shows a configured Slurm cluster: every
     answer except the client's own "no configuration source at all" does, a silent controller included."""
     return not all(words in ping_output for words in _NO_CONFIG)
+
+
+def auto_check() -> tuple[bool, str]:
+    """--scheduler auto with sbatch on PATH: Slurm where a controller answers `scontrol ping`; not where no
+    cluster is configured (an installed client alone); SchedulerError where one is configured and its
+    controller is silent: never run a cluster's job on the submitting host (a login node) because its
+    controller blinked."""
+    up, said = controller_answers()
+    if up:
+        return True, "slurmctld answers"
+    if cluster_configured(said):
+        raise SchedulerError(
+            f"--scheduler auto: a Slurm cluster is configured here{_conf_shown()} but its controller does "
+            f"not answer ({_first_words(said)}); nothing was run: retry when "
+            f"`scontrol ping` says UP, or pass --scheduler local to run on this machine")
+    return False, "no Slurm cluster is configured here"
+
+
+def _conf_shown() -> str:
+    conf = os.environ.get("SLURM_CONF")
+    return f" (SLURM_CONF={conf})" if conf else ""
+
+
+def _first_words(said: str) -> str:
+    """scontrol's answer without its banner of asterisks ("RESTORE SLURMCTLD DAEMON TO SERVICE")."""
+    parts = [p.strip() for p in re.split(r"\n| \| ", said)]
+    return " | ".join(p for p in parts if any(c.isalnum() for c in p) and "RESTORE SLURMCTLD" not in p) or "no output"
 
 
 # A token of ours in every job's comment: after sbatch failed without Slurm's answer (a stalled controller
@@ -122,6 +168,11 @@ def parse_job_id(out: str) -> str | None:
     return job_id if job_id.isdigit() else None
 
 
+def command_id(out: str) -> str:
+    """1234;cluster is 1234 to squeue and scancel."""
+    return parse_job_id(out) or out
+
+
 def mpi_plugins(listing: str) -> list[str]:
     """The --mpi types in what `srun --mpi=list` printed: the plugin names (one per indented line) and the
     versioned ones of its "specific pmix plugin versions available: pmix_v4,..." line."""
@@ -155,7 +206,7 @@ def submit(spec: JobSpec, script_text: str) -> Submission:
     if spec.mpi is not None:
         check_mpi_plugin(spec.mpi)
     token = new_token()
-    return submit_with(spec, script_text, "slurm", "sbatch", lambda s, path: sbatch_command(s, path, token),
+    return submit_with(spec, script_text, "slurm", SCRIPT_SUFFIX, lambda s, path: sbatch_command(s, path, token),
                        parse_job_id, lambda error: accepted_after(error, token))
 
 
@@ -339,12 +390,47 @@ def cancel(job_id: str) -> None:
     run_command(["scancel", job_id], timeout=30)
 
 
+def queue_lines(job_ids: Sequence[str], fields: str, timeout: float = 60.0) -> list[str] | None:
+    """squeue -t all's lines (``fields``: its -o format) for ``job_ids``, ended jobs included while slurmctld
+    keeps them (MinJobAge); [] when squeue knows none of them ("Invalid job id"), None when it could not be
+    asked."""
+    try:
+        out = run_command(["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", fields], timeout=timeout)
+    except SchedulerError as e:
+        return [] if "Invalid job id" in str(e) else None
+    return out.stdout.splitlines()
+
+
+def quick_states(job_ids: Sequence[str] | None) -> QuickStates:
+    """`list`'s states: this user's queued and running jobs in one `squeue --me` (SchedulerError when it
+    fails), and the ended ones in one sacct where there is accounting: of ``job_ids`` that squeue no longer
+    shows (an array's state as :func:`accounted_states` sums it up), or with None, every job of the last 30
+    days."""
+    out = run_command(["squeue", "-h", "--me", "-o", "%F %T"], timeout=30).stdout
+    live = dict(line.partition(" ")[::2] for line in out.splitlines() if " " in line)
+    if job_ids is not None:
+        return QuickStates(live, accounted_states([j for j in job_ids if j not in live]))
+    ended = ""
+    if which("sacct"):
+        try:
+            ended = run_command(["sacct", "-X", "-n", "-P", "-o", "JobIDRaw,State", "-S", "now-30days"],
+                                timeout=30).stdout
+        except SchedulerError:
+            pass  # no accounting there: the queue alone
+    return QuickStates(live, {job: state.split()[0] for job, _, state in (line.partition("|") for line in
+                                                                          ended.splitlines()) if state.strip()})
+
+
 def _rank_log(spec: JobSpec, job_id: str, rank: int) -> str | None:
     return None if spec.is_array else rank_log(spec, job_id, rank)  # srun writes one file per rank
 
 
 def _batch_log(spec: JobSpec, job_id: str) -> str | None:
     return None if spec.is_array else JobFiles(spec.log_dir, job_id).batch_log
+
+
+def _output_log(log_dir: str, job: str, printed_id: str) -> str:
+    return JobFiles(log_dir, job).batch_log  # the batch script's own output (sbatch --output)
 
 
 def node_commands(job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, list[str]]:
@@ -355,5 +441,14 @@ def node_commands(job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, lis
 
 
 # The slurm edge as a Scheduler (schedulers.interface)
-EDGE = QueuedEdge("slurm", available, render_script, sbatch_command, submit, status, array_status, cancel, _rank_log,
-                  _batch_log, node_commands)
+EDGE = QueuedEdge(
+    name="slurm", title="Slurm", client="sbatch", readers=("read_slurm",), refusals=REFUSALS,
+    script_suffix=SCRIPT_SUFFIX, is_available=available, check_auto=auto_check, render_script=render_script,
+    submit_script_command=sbatch_command, submit_script=submit, parse_id=parse_job_id, job_status=status,
+    array_status=array_status, cancel_job=cancel, rank_log_of=_rank_log, batch_log_of=_batch_log,
+    output_log_of=_output_log, node_commands_of=node_commands, quick_states_of=quick_states,
+    command_id_of=command_id,
+    script_requeues=True,  # Lightning's rank 0 runs `scontrol requeue` itself (app/submit.py adapt_to_client)
+    site_gpu_flag=True,  # --gpus-per-node or --gres, as `slurmlaunch doctor` found the cluster wants
+    submitit_executor="slurm",
+)

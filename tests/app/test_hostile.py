@@ -306,7 +306,7 @@ def test_control_characters_on_every_submit_option(project: tuple[Path, dict[str
             if flag == "--scheduler":
                 companions = []
                 base_here = ["submit", "--dry-run"]
-            elif action.dest in PBS_ONLY:  # PBS's own options: Slurm refuses them (support.py)
+            elif action.dest in PBS_ONLY:  # PBS's own options: Slurm refuses them (schedulers/slurm.py REFUSALS)
                 base_here = ["submit", "--dry-run", "--scheduler", "pbs"]
             else:
                 base_here = base

@@ -15,15 +15,19 @@ import pytest
 
 from slurmlaunch.app.options import SUBMIT_OPTIONS
 from slurmlaunch.core.errors import SpecError
-from slurmlaunch.core.spec import MPI_FLAVOURS, SRUN_MPI_TYPES
-from slurmlaunch.core.support import refuse_unsupported
+from slurmlaunch.core.spec import MPI_FLAVOURS, SRUN_MPI_TYPES, JobSpec
 from slurmlaunch.render import pbs_script, slurm_script
 from slurmlaunch.schedulers import slurm
+from slurmlaunch.schedulers.registry import scheduler
 from tests.helpers import golden_spec, run_cli, skip_or_fail
 
 # Where Debian's Slurm 22.05 build (--with-pmix=/usr/lib/x86_64-linux-gnu/pmix2) dlopens libpmix.so from: the
 # unversioned name only libpmix-dev installs. Without it `srun --mpi=pmix` fails to start the step.
 DEBIAN_LIBPMIX = Path("/usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so")
+
+
+def refuse_unsupported(spec: JobSpec, name: str) -> None:
+    scheduler(name).refuse_unsupported(spec)
 
 
 # --- the request: what --mpi means under each scheduler -------------------------------------------------------

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from slurmlaunch.allocation.gpus import dev_gpu_ids
-from slurmlaunch.core import hostlist, stepenv
+from slurmlaunch.core import hostlist
 from slurmlaunch.core.spec import JobSpec
+from slurmlaunch.schedulers import local_stepenv as stepenv
 from slurmlaunch.schedulers.local import rank_env
 from tests.helpers import run_cli
 

@@ -66,25 +66,28 @@ def _private_folder(spec: JobSpec) -> Path:
     return base / "%j"
 
 
-def _executor(spec: JobSpec, scheduler: str) -> Any:
+def _executor(spec: JobSpec, name: str) -> Any:
+    """The submitit executor of scheduler ``name``: submitit's own local one (ours, app/api/local.py) for a
+    scheduler without a queue; submitit's own for a scheduler it knows (Slurm: set up below); else the API's
+    own executor, which goes through the scheduler's edge (PBS: app/api/pbs.py)."""
     import submitit
 
-    if scheduler == "pbs":  # what PBS cannot carry out is refused as the CLI refuses it, before any file is written
-        from ...core.support import refuse_unsupported
-        from ...render.pbs_script import check
+    from ...schedulers.registry import scheduler
 
-        refuse_unsupported(spec, "pbs")
-        check(spec)
+    edge = scheduler(name)
+    own = edge.queued and edge.submitit_executor is None
+    if own:  # what the edge cannot carry out is refused as the CLI refuses it, before any file is written
+        edge.refuse_unsupported(spec)
     folder = _private_folder(spec)
     tpn = spec.ntasks_per_node
     if spec.warning_note:  # the CLI's line: the warning moved half-way (a time limit too short for it)
         sys.stderr.write(f"slurmlaunch: {spec.warning_note}\n")
-    if scheduler == "local":
+    if not edge.queued:
         local = _local_executor(str(folder), spec.python)
         local.update_parameters(tasks_per_node=spec.world_size, nodes=1, timeout_min=_minutes(spec.time),
                                 signal_delay_s=spec.warning[1] if spec.warning else 90)
         return local
-    if scheduler == "pbs":
+    if own:
         from .pbs import PbsExecutor
 
         pbs = PbsExecutor(str(folder), spec)
@@ -122,12 +125,15 @@ def _executor(spec: JobSpec, scheduler: str) -> Any:
     return ex
 
 
-def _choose(scheduler: str) -> str:
-    """--scheduler's one definition (schedulers/choice.py), within what the API runs on, quietly: PBS when
-    named (app/api/pbs.py); auto keeps to Slurm or local."""
+def _choose(requested: str) -> str:
+    """--scheduler's one definition (schedulers/choice.py), within what the API runs on, quietly: auto keeps to
+    the schedulers submitit runs itself (Slurm, local); one the API's own executor runs (PBS, app/api/pbs.py)
+    only when named, and then its client must be there."""
     from ...schedulers.choice import choose
-    from ...schedulers.interface import SchedulerName
+    from ...schedulers.registry import NAMES, canonical, scheduler
 
-    allowed: tuple[SchedulerName, ...] = ("slurm", "local", "pbs") if scheduler == "pbs" else ("slurm", "local")
-    return choose(scheduler, allowed=allowed, check_client=scheduler == "pbs", announce=False)
+    named = canonical(requested)
+    own = named is not None and scheduler(named).submitit_executor is None
+    allowed = tuple(n for n in NAMES if n == named or scheduler(n).submitit_executor is not None)
+    return choose(requested, allowed=allowed, check_client=own, announce=False)
 

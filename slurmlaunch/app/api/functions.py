@@ -17,6 +17,7 @@ from .job_options import OPTION_NAMES, _spec, _split_options, profile_remote
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ...schedulers.interface import Scheduler
     from ..remote.api import RemoteJob
 
 
@@ -28,6 +29,13 @@ class _Where:
     setup: tuple[str, ...] = ()
     python: str = "python3"
     scheduler: str = "auto"  # the login node's: auto (its qsub without sbatch is PBS, else Slurm), slurm, pbs
+
+
+def _over_ssh() -> list[Scheduler]:
+    """The schedulers remote= runs on: queued ones submitit runs itself (on the login node, app/remote/api.py)."""
+    from ...schedulers.registry import NAMES, scheduler
+
+    return [e for e in map(scheduler, NAMES) if e.queued and e.submitit_executor is not None]
 
 
 def _where(options: dict[str, Any], scheduler: str, remote: str | None, setup: Sequence[str],
@@ -44,10 +52,15 @@ def _where(options: dict[str, Any], scheduler: str, remote: str | None, setup: S
         if setup or python is not None:
             raise SpecError("remote_setup/remote_python: only with remote='[user@]host[:dir]'")
         return _Where()
-    if scheduler not in ("auto", "slurm", "pbs"):
-        raise SpecError(f"scheduler {scheduler!r} with remote=: only Slurm and PBS clusters are supported over "
-                        f"ssh (expected auto, slurm or pbs)")
-    return _Where(remote, tuple(setup), "python3" if python is None else python, scheduler)
+    from ...schedulers.registry import canonical
+
+    over_ssh = _over_ssh()
+    if scheduler != "auto" and canonical(scheduler) not in {e.name for e in over_ssh}:
+        raise SpecError(f"scheduler {scheduler!r} with remote=: only {' or '.join(e.title for e in over_ssh)} "
+                        f"clusters are supported over ssh (expected auto or one of "
+                        f"{', '.join(e.name for e in over_ssh)})")
+    return _Where(remote, tuple(setup), "python3" if python is None else python,
+                  "auto" if scheduler == "auto" else canonical(scheduler))
 
 
 def submit(fn: Callable[..., Any], *args: Any, scheduler: str = "auto", remote: str | None = None,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import weakref
 from pathlib import Path
@@ -15,6 +14,7 @@ from .collect import _STOPPED_STATES, _collect, _outcome
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ...schedulers.interface import Scheduler
     from ..jobs.stacks import Stacks
 
 # How a wait under Slurm asks (README: From Python, and Benchmarks). The scheduler is asked at
@@ -34,8 +34,9 @@ _FINAL_QUEUE_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL
 # preempted), or was stopped from outside (the full wait then says so, as it does without the early end).
 _UNCONFIRMED = ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD",
                 "SUSPENDED", "STOPPED", "SIGNALING", *_STOPPED_STATES)
-# schedulers/pbs.py's final states (in Slurm's words), and ENDED: gone from the server's history
-_PBS_FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "ENDED")
+# The final states (in Slurm's words) of a job the API's own executor runs (PBS: schedulers/pbs.py's), and
+# ENDED: gone from the server's history
+_EDGE_FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "ENDED")
 
 
 class Job:
@@ -50,13 +51,25 @@ class Job:
         self._returned: set[int] = set()  # ranks whose value (or sys.exit(0)) is on disk
         self._confirm_asked = False
         self._confirmed: str | None = None  # squeue's state, asked once every rank had returned
-        if scheduler == "slurm":
+        if self._watched:
             self._register()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update({"_returned": set(), "_confirm_asked": False, "_confirmed": None, **state})
-        if self.scheduler == "slurm":  # a handle sent back and forth (remote=): a job this process waits for
+        if self._watched:  # a handle sent back and forth (remote=): a job this process waits for
             self._register()
+
+    @property
+    def _edge(self) -> Scheduler:
+        from ...schedulers.registry import scheduler
+
+        return scheduler(self.scheduler)
+
+    @property
+    def _watched(self) -> bool:
+        """Whether submitit's own executor runs it on a queue (Slurm): its sacct watcher and squeue answer."""
+        edge = self._edge
+        return edge.queued and edge.submitit_executor is not None
 
     def _register(self) -> None:
         """A job this process may wait for: known to the confirmation and to the sacct watcher from the start.
@@ -75,14 +88,14 @@ class Job:
         INTERRUPTED) exactly when done() is true. Under Slurm, sacct's (at most 2 s old), and PENDING for a
         job submitted but not in accounting yet; squeue's while sacct has no record, or once every rank
         returned (its values may come before accounting has caught up with the job's end)."""
-        if self.scheduler == "local":
+        if not self._edge.queued:
             return str(self._job.state)
         return self._scheduler_state()[0]
 
     def done(self) -> bool:
         """Whether the job has ended (under Slurm: sacct, or squeue as for state, says so; rank result files
         alone do not end a job, so state and done() agree: result() may return before done() is true)."""
-        if self.scheduler == "local":
+        if not self._edge.queued:
             return bool(self._job.done())
         return self._scheduler_state()[1]
 
@@ -91,8 +104,8 @@ class Job:
         off at this site, or not caught up yet: without it a site without accounting would wait forever),
         and where every rank has returned (squeue knows a job's end at once, sacct some time later). squeue
         knows a job until MinJobAge after its end (with its final state), and not at all after ("ENDED")."""
-        if self.scheduler == "pbs":
-            return self._pbs_state()
+        if not self._watched:
+            return self._edge_state()
         watcher = _watcher()
         state = str(watcher.get_state(self.job_id, mode="standard"))
         if state != "UNKNOWN" and watcher.is_done(self.job_id, mode="cache"):
@@ -108,42 +121,36 @@ class Job:
             return ("PENDING" if queued is None else queued), False
         return (queued or state), False
 
-    def _pbs_state(self) -> tuple[str, bool]:
-        """(state, whether it is final) under PBS: the real qstat -x -f -F json's, read by the CLI's own
-        mapping (schedulers/pbs.py: a qdel'd job is CANCELLED), asked at most once per _SACCT_EVERY_S; a job
-        the server no longer knows (its history expired) has ended."""
+    def _edge_state(self) -> tuple[str, bool]:
+        """(state, whether it is final) of a job the API's own executor runs, from the scheduler's edge (PBS:
+        the real qstat -x -f -F json's, read by the CLI's own mapping, schedulers/pbs.py: a qdel'd job is
+        CANCELLED), asked at most once per _SACCT_EVERY_S; a job the server no longer knows (its history
+        expired) has ended."""
         from ...core.errors import SchedulerError
-        from ...schedulers import pbs
 
         now = time.monotonic()
         if self._queued is None or now - self._queue_asked >= _SACCT_EVERY_S:
             self._queue_asked = now
             try:
-                self._queued = pbs.status(self.job_id).state
+                self._queued = self._edge.status(self.job_id, None).state
             except SchedulerError as e:
                 if "Unknown Job Id" in str(e):
                     self._queued = "ENDED"
         state = self._queued or "PENDING"
-        return state, state in _PBS_FINAL
+        return state, state in _EDGE_FINAL
 
     def _queue_state(self, force: bool = False) -> str | None:
         """squeue's state of the job (final states too, while slurmctld keeps them), "" when squeue does not
         know it, None when squeue could not be asked; at most one squeue per _SACCT_EVERY_S per job (unless
         ``force``)."""
+        from ...schedulers import slurm  # the queue of submitit's own queued executor: Slurm's
+
         now = time.monotonic()
         if not force and now - self._queue_asked < _SACCT_EVERY_S:
             return self._queued
         self._queue_asked = now
-        try:
-            r = subprocess.run(["squeue", "-h", "-t", "all", "-j", self.job_id, "-o", "%T"], capture_output=True,
-                               text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            self._queued = None
-            return None
-        if r.returncode != 0:  # "Invalid job id specified": gone from slurmctld's memory
-            self._queued = "" if "Invalid job id" in r.stderr else None
-        else:
-            self._queued = r.stdout.strip().split("\n")[0].strip()
+        lines = slurm.queue_lines([self.job_id], "%T")  # []: "Invalid job id", gone from slurmctld's memory
+        self._queued = None if lines is None else lines[0].strip() if lines else ""
         return self._queued
 
     def _all_returned(self) -> bool:
@@ -169,8 +176,8 @@ class Job:
     def _early_end(self) -> str | None:
         """squeue's state when every rank returned and squeue (asked once) does not say the job was
         stopped or queued again since; None otherwise (the wait goes on to the job's end)."""
-        if self.scheduler == "pbs":  # no early end: the job's end comes from qstat (mpiexec ends with the ranks)
-            return None
+        if not self._watched:  # no early end: the job's end comes from the edge (PBS: qstat; mpiexec ends with
+            return None        # the ranks)
         if self._confirmed is None and not self._confirm_asked and self._all_returned():
             _confirm([self, *(j for j in _WAITING if j is not self and not j._confirm_asked and j._all_returned())])
         return self._confirmed
@@ -180,7 +187,7 @@ class Job:
         (None locally; under Slurm the confirmed squeue state when every rank's value came first)."""
         start = time.monotonic()
         deadline = None if limit is None else start + limit
-        if self.scheduler == "local":
+        if not self._edge.queued:
             while not self._job.done():  # the controller has ended: every rank has, and it wrote its status
                 if deadline is not None and time.monotonic() >= deadline:
                     return False, None
@@ -232,10 +239,8 @@ class Job:
 
         live = not self.done()
         nodes = None
-        if live and self.scheduler == "slurm":
-            r = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%N"], capture_output=True, text=True,
-                               timeout=60)
-            nodes = r.stdout.strip() or None
+        if live and self._watched:
+            nodes = self._edge.status(self.job_id, None).nodes
         return collect_stacks(self.scheduler, self.job_id, JobFiles(self.spec.log_dir, self.job_id),
                               self.spec.world_size, self.spec.python, live, nodes, timeout)
 
@@ -251,16 +256,14 @@ _WAITING: weakref.WeakSet[Job] = weakref.WeakSet()
 def _confirm(jobs: list[Job]) -> None:
     """One squeue for ``jobs`` (every rank of each returned): each gets its state (a job squeue no longer
     knows has ended: "ENDED") unless it was stopped or queued again; squeue failing confirms none."""
+    from ...schedulers import slurm  # the queue of submitit's own queued executor: Slurm's
+
     for job in jobs:
         job._confirm_asked = True
-    try:
-        r = subprocess.run(["squeue", "-h", "-t", "all", "-j", ",".join(j.job_id for j in jobs), "-o", "%i %T"],
-                           capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
+    lines = slurm.queue_lines([j.job_id for j in jobs], "%i %T")
+    if lines is None:
         return
-    if r.returncode != 0 and "Invalid job id" not in r.stderr:
-        return
-    states = dict(line.split(None, 1) for line in r.stdout.splitlines() if len(line.split(None, 1)) == 2)
+    states = dict(line.split(None, 1) for line in lines if len(line.split(None, 1)) == 2)
     for job in jobs:
         state = states.get(job.job_id, "").strip()
         if state.split(" ")[0] not in _UNCONFIRMED:

@@ -12,15 +12,16 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ...core.errors import JobStateError, SlurmLaunchError, SpecError
+from ...core.errors import JobStateError, SchedulerError, SlurmLaunchError, SpecError
 from ...core.jobfiles import JobFiles
 from ...schedulers.index import index_path, read_bounded
+from ...schedulers.registry import NAMES, scheduler
 from ..records import JobRecord
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ...core.spec import JobSpec
-    from ...schedulers.interface import Scheduler
+    from ...schedulers.interface import QuickStates, Scheduler
 
 
 _FIELDS = ("job_id", "scheduler", "record")
@@ -78,7 +79,8 @@ def find(job_id: str, gone_ok: bool = False) -> JobRecord:
             try:
                 data = json.loads(read_bounded(entry["record"]).decode("utf-8"))
             except FileNotFoundError:
-                if gone_ok and entry["scheduler"] in ("slurm", "pbs") and not entry.get("remote"):
+                if gone_ok and entry["scheduler"] in NAMES and scheduler(entry["scheduler"]).queued and \
+                        not entry.get("remote"):
                     return JobRecord.from_data({"job_id": entry["job_id"].split(".", 1)[0].removesuffix("[]"),
                                                 "scheduler": entry["scheduler"], "record_gone": entry["record"],
                                                 "log_dir": os.path.dirname(entry["record"])}, entry["job_id"])
@@ -93,11 +95,9 @@ def find(job_id: str, gone_ok: bool = False) -> JobRecord:
 
 
 def _edge(record: JobRecord) -> Scheduler:
-    from ...schedulers.choice import scheduler
-
     edge = scheduler(record.scheduler)
     if not edge.queued:
-        raise JobStateError(f"job {record.job_id} ran on the local scheduler, in the foreground: it has ended")
+        raise JobStateError(f"job {record.job_id} ran on {edge.title}, in the foreground: it has ended")
     return edge
 
 
@@ -126,10 +126,10 @@ def status(record: JobRecord) -> dict[str, Any]:
 
         return remote_jobs.status(record)
     shown_id = record.tag
-    if record.scheduler == "local":
+    if not scheduler(record.scheduler).queued:
         whole = record.whole()
         state, code = local_state(whole)
-        info: dict[str, Any] = {"job_id": shown_id, "scheduler": "local", "state": state, "exit_code": code,
+        info: dict[str, Any] = {"job_id": shown_id, "scheduler": record.scheduler, "state": state, "exit_code": code,
                                 "nodes": None, "elapsed": None}
         if array_indices(record):
             elements = local_elements(whole, state)
@@ -163,7 +163,7 @@ def _exit_file(record: JobRecord) -> tuple[int, str | None] | None:
 
 
 def local_elements(record: JobRecord, job_state: str) -> dict[str, str]:
-    """A local array's elements, index -> "STATE CODE" or "STATE". The local scheduler runs them one after
+    """A foreground (local) array's elements, index -> "STATE CODE" or "STATE". The local scheduler runs them one after
     another: while the job runs, the first without an exit file is RUNNING and the rest PENDING; elements a
     stopped job never reached are CANCELLED."""
     out: dict[str, str] = {}
@@ -182,7 +182,7 @@ def local_elements(record: JobRecord, job_state: str) -> dict[str, str]:
 
 
 def local_state(record: JobRecord) -> tuple[str, int | None]:
-    """A local job's (state, exit code): from its exit file once it has ended; RUNNING while the process
+    """A foreground (local) job's (state, exit code): from its exit file once it has ended; RUNNING while the process
     that supervises it (the same pid with the same start time) is alive; else FAILED without a code:
     that process was killed before it could record anything."""
     ended = _exit_file(record)
@@ -204,32 +204,24 @@ def log_path(record: JobRecord, rank: int | None) -> str:
     if indices and record.element is None:
         raise SpecError(f"job {job} is an array of {len(indices)} jobs: name one, e.g. {job}_{indices[0]} "
                         f"(its elements: {_shown_indices(indices)})")
-    if rank is not None and record.scheduler == "pbs":
-        raise SpecError("logs --rank: under PBS every rank's lines are in the job's one output, tagged by "
-                        "mpiexec (leave out --rank)")
+    edge = scheduler(record.scheduler)
+    if rank is not None and edge.shared_output:
+        raise SpecError(f"logs --rank: {edge.shared_output} (leave out --rank)")
     spec = recorded_spec(record)
     if rank is not None and not 0 <= rank < spec.world_size:
         raise SpecError(f"logs --rank {rank}: job {job} has ranks 0-{spec.world_size - 1}")
     files = JobFiles(log_dir, job, spec.log_unit, spec.ranks_per_log)
     if rank is not None:  # in torchrun mode one file per node holds all its ranks
         return files.rank_log(rank)
-    if record.scheduler == "slurm":
-        return files.batch_log
-    if record.scheduler == "pbs":
-        # qsub -o DIR/: PBS Pro writes DIR/<full id>.OU, Torque DIR/<name>.o<number>; mpiexec tags each
-        # line with its rank, so one file holds every rank's output.
-        full = str(record.data.get("pbs_job_id", job))
-        for name in sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []:
-            if name.startswith(f"{full}.") or name.endswith(f".o{job}"):
-                return os.path.join(log_dir, name)
-        return os.path.join(log_dir, f"{full}.OU")
-    return files.log(0)
+    printed = str(record.data.get(f"{record.scheduler}_job_id", job))  # as submit printed it (PBS: 1234.server)
+    return edge.output_log(log_dir, job, printed) or files.log(0)
 
 
-def _list_state(row: Mapping[str, Any], live: Mapping[str, str] | None, accounted: Mapping[str, str]) -> str:
-    """A quick state for `list`: a local job's own, a batch job's from squeue or sacct (one call each for
-    all), or from the exit code its script wrote; `status` asks the scheduler properly. ``live``: None when
-    squeue could not be asked."""
+def _list_state(row: Mapping[str, Any], quick: Mapping[str, QuickStates | None]) -> str:
+    """A quick state for `list`: a foreground job's own; a queued job's from its scheduler's queue or
+    accounting (one call each for all its jobs, ``quick``, by scheduler: its live states None when the queue
+    could not be asked), else from the exit code its script wrote, else from the scheduler's status where it
+    has no such call (PBS); `status` asks the scheduler properly."""
     try:
         data = json.loads(read_bounded(row["record"]).decode("utf-8"))
     except (OSError, ValueError):
@@ -238,26 +230,29 @@ def _list_state(row: Mapping[str, Any], live: Mapping[str, str] | None, accounte
         record = JobRecord.from_data(data, row["job_id"])
     except ValueError:
         return "?"
-    if record.scheduler == "local":
+    edge = scheduler(record.scheduler)
+    if not edge.queued:
         return local_state(record)[0]
     short = row["job_id"].split(".", 1)[0]
+    states = quick.get(record.scheduler)
+    live = states.live if states is not None else None
     if live is not None and short in live:
         return live[short]
     ended = _exit_file(record)
     if ended is not None:
         return "COMPLETED" if ended[0] == 0 else f"FAILED {ended[0]}"
-    if short in accounted:  # an array (no job-level exit code), or a job stopped before its script's end
-        return accounted[short]
-    if record.scheduler == "pbs" and not record.remote:
-        return _pbs_list_state(record)
-    return "ENDED?" if live is not None and record.scheduler == "slurm" else "?"
+    if states is not None and short in states.ended:  # an array (no job-level exit code), or a job stopped
+        return states.ended[short]                    # before its script's end
+    if not edge.lists_in_one_call and not record.remote:
+        return _asked_list_state(record)
+    return "ENDED?" if live is not None else "?"
 
 
-def _pbs_list_state(record: JobRecord) -> str:
-    """A PBS job's state from the real qstat (as `status` reads it: a running array's job_state B is RUNNING,
-    a finished one's subjobs say how it ended); "?" when qstat cannot tell (the server gone, the job's
-    history expired). One qstat per PBS job that left no exit code: PBS has no squeue of all jobs at once
-    that keeps finished ones with their exit status."""
+def _asked_list_state(record: JobRecord) -> str:
+    """A job's state from its scheduler's status (PBS: the real qstat, as `status` reads it: a running
+    array's job_state B is RUNNING, a finished one's subjobs say how it ended); "?" when it cannot tell (the
+    server gone, the job's history expired). One call per such job that left no exit code: PBS has no squeue
+    of all jobs at once that keeps finished ones with their exit status."""
     try:
         info = status(record)
     except (SlurmLaunchError, OSError, ValueError):  # list shows every row, whatever one of them meets
@@ -274,47 +269,37 @@ def _list_record(row: Mapping[str, Any]) -> JobRecord | None:
         return None
 
 
-def _squeue_states() -> dict[str, str] | None:
-    """The user's queued and running Slurm jobs, job id -> state, in one squeue call (None without Slurm,
-    or when squeue fails)."""
-    import shutil
-    import subprocess
+def _quick_states(rows: list[dict[str, Any]]) -> dict[str, QuickStates | None]:
+    """By scheduler (those of ``rows`` of this machine that answer for many jobs at once): its quick states,
+    asked once for all; accounting is asked only of the jobs whose script left no exit code (an array's
+    elements have theirs; a cancelled job's script never wrote one). None where the queue could not be asked."""
+    from ...schedulers.interface import QuickStates
 
-    if shutil.which("squeue") is None:
-        return None
-    try:
-        out = subprocess.run(["squeue", "-h", "--me", "-o", "%F %T"], capture_output=True, text=True, timeout=10,
-                             errors="replace")
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    return dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
-
-
-def _accounted(rows: list[dict[str, Any]], live: Mapping[str, str] | None) -> dict[str, str]:
-    """sacct's states, in one call, of the Slurm jobs of ``rows`` that squeue no longer shows and whose
-    script left no exit code (an array's elements have theirs; a cancelled job's script never wrote one)."""
-    from ...schedulers.slurm import accounted_states
-
-    ids = []
+    ids: dict[str, list[str]] = {}
     for row in rows:
-        short = row["job_id"].split(".", 1)[0]
-        if row["scheduler"] != "slurm" or row.get("remote") or (live is not None and short in live):
+        if row.get("remote") or row["scheduler"] not in NAMES:
             continue
+        edge = scheduler(row["scheduler"])
+        if not edge.queued or not edge.lists_in_one_call:
+            continue
+        wanted = ids.setdefault(edge.name, [])
         record = _list_record(row)
         if record is not None and _exit_file(record) is None:
-            ids.append(short)
-    return accounted_states(ids)
+            wanted.append(row["job_id"].split(".", 1)[0])
+    out: dict[str, QuickStates | None] = {}
+    for name, job_ids in ids.items():
+        try:
+            out[name] = scheduler(name).quick_states(job_ids)
+        except SchedulerError:
+            out[name] = QuickStates(None)
+    return out
 
 
 def cmd_list(as_json: bool) -> int:
     """Every job this user submitted (the index is per user), newest last, with the directory of its files
     and a quick state."""
     rows = entries()
-    slurm = any(r["scheduler"] == "slurm" and not r.get("remote") for r in rows)
-    live = _squeue_states() if slurm else None
-    accounted = _accounted(rows, live) if slurm else {}
+    quick = _quick_states(rows)
     remote_live: dict[str, dict[str, str] | None] = {}  # per destination: one squeue over ssh for all its jobs
     shown = []
     for row in rows:
@@ -323,7 +308,7 @@ def cmd_list(as_json: bool) -> int:
 
             shown.append(remote_jobs.list_row(row, remote_live))
         else:
-            shown.append({**row, "state": _list_state(row, live, accounted),
+            shown.append({**row, "state": _list_state(row, quick),
                           "directory": os.path.dirname(row["record"])})
     if as_json:
         print(json.dumps(shown))

@@ -126,7 +126,9 @@ def _remote(record: JobRecord, world: int, timeout: float, ranks: Collection[int
 
 def _running(record: JobRecord) -> tuple[bool, str | None]:
     """(whether the job runs now, its nodes in the scheduler's words)."""
-    if record.scheduler == "local":
+    from ...schedulers.registry import scheduler
+
+    if not scheduler(record.scheduler).queued:
         return local_state(record)[0] == "RUNNING", None
     st = _edge(record).status(record.full_id, record.log_dir)
     return st.state == "RUNNING", st.nodes
@@ -152,8 +154,9 @@ def collect_stacks(scheduler_name: str, job_id: str, files: JobFiles, world: int
                    nodes: str | None, timeout: float = 10.0, ranks: Collection[int] | None = None) -> Stacks:
     """The stacks of a job of ``scheduler_name`` (``job_id`` as the scheduler knows it; its files): live
     when it runs (on ``nodes``, the scheduler's words), else what its ranks saved when they were stopped."""
-    from ...schedulers.choice import scheduler
+    from ...schedulers.registry import scheduler
 
+    edge = scheduler(scheduler_name)
     started = time.monotonic()
     unreached: dict[str, str] = {}
     record_tag = files.job
@@ -162,11 +165,11 @@ def collect_stacks(scheduler_name: str, job_id: str, files: JobFiles, world: int
         if not entries:
             raise JobStateError(f"job {record_tag} is not running and its ranks saved no stacks when they ended "
                                 f"(in {files.stacks})")
-    elif scheduler_name == "local":
+    elif not edge.queued:  # every (emulated) node is this machine: signal the ranks here
         entries = collect(files.stacks, None, timeout, ranks)
     else:
         argv = [python, "-m", "slurmlaunch", "stacks-node", files.stacks, "--timeout", f"{timeout:g}"]
-        commands = scheduler(scheduler_name).node_commands(job_id, nodes or "", argv)
+        commands = edge.node_commands(job_id, nodes or "", argv)
         if not commands:
             raise JobStateError(f"stacks: job {record_tag} runs on no node the scheduler names ({nodes!r})")
         entries, unreached = _on_nodes(commands, timeout)

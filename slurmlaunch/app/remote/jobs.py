@@ -32,7 +32,7 @@ __all__ = ["_project_name", "cancel", "list_row", "logs", "status",
 @contextlib.contextmanager
 def login_node(record: JobRecord) -> Iterator[tuple[SshRunner, Scheduler]]:
     """The record's scheduler edge with its commands (and file reads) on the record's login node."""
-    from ...schedulers.choice import scheduler
+    from ...schedulers.registry import scheduler
 
     edge = scheduler(record.scheduler)
     with Connection(parse_destination(str(record.remote)), tuple(record.data.get("remote_setup") or ())) as conn:
@@ -74,24 +74,14 @@ def cancel(record: JobRecord) -> None:
 
 
 def _queue_states(record: JobRecord, row: Mapping[str, Any]) -> dict[str, str]:
-    """The destination's jobs, id -> state: Slurm's in one `squeue --me`, and the month's finished ones in
-    one `sacct` where the login node has it (COMPLETED, FAILED... rather than "ENDED?"); a PBS job's own
-    (qstat, which knows a finished job's state)."""
-    from ...schedulers.runner import run_command
-
-    with login_node(record) as (runner, edge):
-        if record.scheduler == "pbs":
+    """The destination's jobs, id -> state, where the scheduler answers for many at once (Slurm: one
+    `squeue --me`, and the month's finished ones in one `sacct` where the login node has it: COMPLETED,
+    FAILED... rather than "ENDED?"); else the job's own (PBS: qstat, which knows a finished job's state)."""
+    with login_node(record) as (_, edge):
+        if not edge.lists_in_one_call:
             return {str(row["job_id"]): edge.status(record.full_id, record.log_dir).state}
-        out = run_command(["squeue", "-h", "--me", "-o", "%F %T"], timeout=30).stdout
-        ended = ""
-        if runner.which("sacct"):
-            with contextlib.suppress(SchedulerError):  # no accounting there: the queue alone
-                ended = run_command(["sacct", "-X", "-n", "-P", "-o", "JobIDRaw,State", "-S", "now-30days"],
-                                    timeout=30).stdout
-    states = {job: state.split()[0] for job, _, state in (line.partition("|") for line in ended.splitlines())
-              if state.strip()}
-    states.update(line.partition(" ")[::2] for line in out.splitlines() if " " in line)
-    return states
+        quick = edge.quick_states(None)
+    return {**quick.ended, **(quick.live or {})}
 
 
 def list_row(row: Mapping[str, Any], live: dict[str, dict[str, str] | None]) -> dict[str, Any]:
@@ -107,7 +97,11 @@ def list_row(row: Mapping[str, Any], live: dict[str, dict[str, str] | None]) -> 
         return {**row, "state": "record gone", "directory": f"{target}:?"}
     # the setup lines too: another job's may be what makes this destination's squeue reachable
     setup = "\n".join(record.data.get("remote_setup") or ())
-    key = f"{target}\0{setup}" if record.scheduler == "slurm" else f"{target}\0{setup}\0{row['job_id']}"
+    from ...schedulers.registry import scheduler
+
+    # one answer per destination where the scheduler lists many jobs at once, else one per job
+    key = f"{target}\0{setup}\0{record.scheduler}" + ("" if scheduler(record.scheduler).lists_in_one_call else
+                                                      f"\0{row['job_id']}")
     if key not in live:
         try:
             live[key] = _queue_states(record, row)

@@ -17,7 +17,8 @@ from typing import Any
 from ...core.errors import SpecError
 from ...core.jobfiles import JobFiles
 from ...core.spec import JobSpec
-from ...schedulers.interface import SchedulerName
+from ...schedulers.interface import Scheduler, SchedulerName
+from ...schedulers.registry import ACCEPTED, NAMES, canonical, scheduler
 from ..records import JobRecord
 from .dest import Destination, parse_destination, shell_command
 from .runner import SshRunner
@@ -34,11 +35,18 @@ def _project_name(workdir: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
 
 
+def _queued() -> list[Scheduler]:
+    """The schedulers that run a job over ssh: those with a queue, in the registry's order."""
+    return [edge for edge in map(scheduler, NAMES) if edge.queued]
+
+
 def _refuse_unsupported_remote(ns: Any, spec: JobSpec) -> None:
     """What --remote does not do yet: say so instead of doing something else."""
-    if ns.scheduler not in ("auto", "slurm", "pbs"):
-        raise SpecError(f"--remote with --scheduler {ns.scheduler}: over ssh the cluster's Slurm or PBS runs the "
-                        f"job (leave out --scheduler, or --scheduler slurm or pbs)")
+    if ns.scheduler != "auto" and (ns.scheduler not in ACCEPTED or not scheduler(ns.scheduler).queued):
+        edges = _queued()
+        raise SpecError(f"--remote with --scheduler {ns.scheduler}: over ssh the cluster's "
+                        f"{' or '.join(e.title for e in edges)} runs the job (leave out --scheduler, or --scheduler "
+                        f"{' or '.join(e.name for e in edges)})")
     if spec.container:
         raise SpecError("--remote with --container-image/--apptainer is not supported yet (the container mounts "
                         "this machine's slurmlaunch); submit on the login node")
@@ -47,28 +55,26 @@ def _refuse_unsupported_remote(ns: Any, spec: JobSpec) -> None:
 
 
 def remote_scheduler(requested: str, runner: SshRunner) -> SchedulerName:
-    """--scheduler for a login node: slurm or pbs as given; auto: Slurm where sbatch is on the login node's
-    PATH (after the --remote-setup lines), else PBS where qsub is (one `command -v` round trip for both)."""
-    if requested in ("slurm", "pbs"):
-        return "slurm" if requested == "slurm" else "pbs"
+    """--scheduler for a login node: a queued one as given; auto: the registry's first whose client is on the
+    login node's PATH (after the --remote-setup lines): Slurm where sbatch is, else PBS where qsub is (one
+    `command -v` round trip for both). No controller is asked and nothing falls back to this machine."""
+    name = canonical(requested)
+    if name is not None:
+        return name
+    from ...schedulers.choice import auto_choice
+
     target = runner.conn.dest.target
-    chosen: SchedulerName
-    if runner.which("sbatch"):
-        chosen, why = "slurm", "sbatch is on its PATH"
-    elif runner.which("qsub"):
-        chosen, why = "pbs", "qsub is on its PATH and sbatch is not"
-    else:
-        raise SpecError(f"--remote {runner.conn.dest}: neither sbatch nor qsub is on the PATH of {target}; add the "
-                        f"--remote-setup line that puts them there (e.g. 'module load slurm'), or --scheduler "
-                        f"slurm or pbs")
-    sys.stderr.write(f"slurmlaunch: --scheduler auto chose {chosen} on {target} ({why})\n")
-    return chosen
+    edges = _queued()
 
+    def none_found(clients: list[str]) -> str:
+        return (f"--remote {runner.conn.dest}: neither {' nor '.join(clients)} is on the PATH of {target}; add the "
+                f"--remote-setup line that puts them there (e.g. 'module load slurm'), or --scheduler "
+                f"{' or '.join(e.name for e in edges)}")
 
-def _parse_job_id(name: SchedulerName, out: str) -> str | None:
-    from ...schedulers import pbs, slurm
-
-    return (slurm.parse_job_id if name == "slurm" else pbs.parse_job_id)(out)
+    chosen, why = auto_choice(edges, lambda edge: runner.which(str(edge.client)), where="its PATH", check=False,
+                              none_found=none_found)
+    sys.stderr.write(f"slurmlaunch: --scheduler auto chose {chosen.name} on {target} ({why})\n")
+    return chosen.name
 
 
 def _checked_excludes(ns: Any, spec: JobSpec) -> list[str]:
@@ -105,11 +111,11 @@ def _queue(conn: Connection, name: SchedulerName, rspec: JobSpec, command: list[
     sent = conn.run(submit_line, input_bytes=script.encode(), what=shlex.join(command))
     out = sent.stdout.decode(errors="replace").strip()
     full_id = out.splitlines()[-1].strip() if out else ""
-    job_id = _parse_job_id(name, full_id)
+    edge = scheduler(name)
+    job_id = edge.parse_job_id(full_id)
     if job_id is None:
         raise RemoteError(f"on {dest.target}: {shlex.join(command)} printed {out!r}, not a job id")
-    if name == "slurm":
-        full_id = job_id  # 1234;cluster is 1234 to squeue and scancel
+    full_id = edge.command_id(full_id)  # Slurm: 1234;cluster is 1234 to squeue and scancel
     record = write_local_record(dest, conn.setup, rspec, job_id, full_id, name, command, script)
     remember(full_id, name, record, rspec.name, remote=dest.target)
     return full_id
@@ -117,9 +123,6 @@ def _queue(conn: Connection, name: SchedulerName, rspec: JobSpec, command: list[
 
 def submit_remote(ns: Any, spec_from_args: Callable[[Any], JobSpec]) -> int:
     """`submit --remote DEST`: render here, sync, sbatch or qsub there, follow from here with --wait."""
-    from ...core.support import refuse_unsupported
-    from ...schedulers.choice import scheduler
-
     dest = parse_destination(ns.remote)
     # --sync-limit's default (None) is 1G; an empty value is refused like any other that is not a size
     limit = parse_size(DEFAULT_SYNC_LIMIT_TEXT if ns.sync_limit is None else ns.sync_limit)
@@ -131,14 +134,14 @@ def submit_remote(ns: Any, spec_from_args: Callable[[Any], JobSpec]) -> int:
     _refuse_unsupported_remote(ns, spec)
     origins = getattr(ns, "option_origins", {})
     if ns.scheduler != "auto":
-        refuse_unsupported(spec, ns.scheduler, origins)  # before any ssh
+        scheduler(ns.scheduler).refuse_unsupported(spec, origins)  # before any ssh
     excludes = _checked_excludes(ns, spec)
     with Connection(dest, ns.remote_setup or ()) as conn:
         runner = SshRunner(conn)
         name = remote_scheduler(ns.scheduler, runner)
-        if ns.scheduler == "auto":
-            refuse_unsupported(spec, name, origins)
         edge = scheduler(name)
+        if ns.scheduler == "auto":
+            edge.refuse_unsupported(spec, origins)
         if not ns.dry_run or python.startswith("~"):  # a dry run asks only for the remote home
             spec = replace(spec, python=check_python(conn, python))  # ~/ expanded there
         remote_dir = dest.directory if dest.directory and dest.directory.startswith("/") and ns.dry_run else \
@@ -177,7 +180,7 @@ def _records_dir(dest: Destination) -> str:
 
 
 def write_local_record(dest: Destination, setup: tuple[str, ...], spec: JobSpec, job_id: str, full_id: str,
-                       scheduler: SchedulerName, command: list[str], script: str) -> str:
+                       name: SchedulerName, command: list[str], script: str) -> str:
     """The job's record and script on this machine (private), for status/logs/cancel later. ``job_id`` names
     the job's files; ``full_id`` is the scheduler's (PBS: 1234.server)."""
     from ...schedulers import rank_log, write_private
@@ -185,13 +188,13 @@ def write_local_record(dest: Destination, setup: tuple[str, ...], spec: JobSpec,
     directory = _records_dir(dest)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     files = JobFiles(directory, job_id)
-    script_path = files.script("sbatch" if scheduler == "slurm" else "qsub")
+    script_path = files.script(scheduler(name).script_suffix)
     write_private(script_path, script, 0o600)
     record = {
-        "job_id": job_id, "scheduler": scheduler, "remote": dest.target, "remote_setup": list(setup),
+        "job_id": job_id, "scheduler": name, "remote": dest.target, "remote_setup": list(setup),
         "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command, "log_dir": spec.log_dir,
         "rank_log": rank_log(spec, job_id, 0), "script": script_path, "spec": asdict(spec),
-        **({"pbs_job_id": full_id} if full_id != job_id else {}),
+        **({f"{name}_job_id": full_id} if full_id != job_id else {}),
     }
     path = files.record
     write_private(path, JobRecord(record, job_id).to_json(), 0o600)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .spec import JobSpec
+from ..core.spec import JobSpec
 
 NOT_EMULATED = (
     "SLURM_SRUN_COMM_HOST",  # where srun listens for its tasks' messages

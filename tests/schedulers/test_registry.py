@@ -1,0 +1,147 @@
+"""Schedulers as plug-ins: the registry lists each once, every edge implements the whole interface with facts
+that point at real things (JobSpec fields, core.detect readers, the CLI's choices), and nothing outside
+schedulers/ asks which scheduler it holds (it asks what the scheduler can do)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import slurmlaunch
+from slurmlaunch.app.options import SUBMIT_OPTIONS
+from slurmlaunch.core import detect, detect_mpi
+from slurmlaunch.core.errors import SpecError
+from slurmlaunch.core.spec import JobSpec
+from slurmlaunch.schedulers import interface, registry
+from slurmlaunch.schedulers.registry import ACCEPTED, NAMES, PLUGINS, scheduler
+from slurmlaunch.schedulers.support import flag
+
+ROOT = Path(slurmlaunch.__file__).parent
+EVERY_NAME = frozenset(ACCEPTED)
+
+
+def _members(protocol: type) -> list[str]:
+    return sorted(n for n in vars(protocol) if not n.startswith("_"))
+
+
+def test_names_and_aliases_are_unique() -> None:
+    assert len(ACCEPTED) == len(set(ACCEPTED)) and "auto" not in ACCEPTED
+    assert len({p.module for p in PLUGINS}) == len(PLUGINS)
+
+
+@pytest.mark.parametrize("plugin", PLUGINS, ids=[p.name for p in PLUGINS])
+def test_each_edge_implements_the_interface(plugin: registry.Plugin) -> None:
+    edge = scheduler(plugin.name)
+    assert edge.name == plugin.name and all(scheduler(a) is edge for a in plugin.aliases)
+    members = _members(interface.Scheduler)
+    assert len(members) > 20
+    for member in members:
+        assert hasattr(edge, member), f"{plugin.name}: no {member}"
+        declared = vars(interface.Scheduler)[member]
+        if inspect.isfunction(declared):  # a method there is a method here, taking the same parameters
+            mine = getattr(edge, member)
+            assert callable(mine), f"{plugin.name}.{member}"
+            wanted = list(inspect.signature(declared).parameters)[1:]
+            assert list(inspect.signature(mine).parameters) == wanted, f"{plugin.name}.{member}"
+    assert edge.title and isinstance(edge.queued, bool)
+    # a queued scheduler has a client to look for and a script to keep; the fallback needs neither
+    assert (edge.client is not None) == edge.queued == bool(edge.script_suffix)
+    readers = {f.__name__ for f in (*detect.READERS, detect_mpi.read_mpi)}
+    assert edge.readers and set(edge.readers) <= readers, edge.readers
+
+
+@pytest.mark.parametrize("plugin", PLUGINS, ids=[p.name for p in PLUGINS])
+def test_each_refusal_names_an_option_of_the_request(plugin: registry.Plugin) -> None:
+    edge = scheduler(plugin.name)
+    fields = {f.name for f in dataclasses.fields(JobSpec)}
+    flags = {o.flags[0] for _, group in SUBMIT_OPTIONS for o in group}
+    tables = [edge.refusals.not_carried_out, edge.refusals.values,
+              edge.refusals.more(JobSpec(script="", pbs_flavour="torque")) if edge.refusals.more else {}]
+    for table in tables:
+        for name in table:
+            assert name in fields and flag(name) in flags, (plugin.name, name)
+    for name, (values, _) in edge.refusals.values.items():
+        assert values and all(isinstance(v, str) for v in values), (plugin.name, name)
+
+
+def test_auto_tries_the_queued_ones_then_falls_back() -> None:
+    edges = [scheduler(n) for n in NAMES]
+    fallbacks = [e.name for e in edges if e.client is None]
+    assert fallbacks == [NAMES[-1]], "one scheduler needs no client, and --scheduler auto tries it last"
+
+
+def test_the_cli_offers_the_registrys_names() -> None:
+    """options.py stays cheap to import (it cannot import the schedulers package), so it spells the names
+    itself: they must be the registry's."""
+    opt = next(o for _, group in SUBMIT_OPTIONS for o in group if o.flags[0] == "--scheduler")
+    assert tuple(opt.choices or ()) == ("auto", *ACCEPTED)
+
+
+def test_an_unknown_name_is_refused_naming_the_valid_ones() -> None:
+    with pytest.raises(SpecError, match=r"scheduler 'lsf' is not valid \(expected auto, " + ", ".join(ACCEPTED)):
+        scheduler("lsf")
+
+
+# --- no scheduler-name branch outside schedulers/ ------------------------------------------------------------
+
+def _names_in(node: ast.AST) -> Iterator[str]:
+    """The scheduler names a comparison operand, a match pattern or a dict key spells out."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in EVERY_NAME:
+        yield node.value
+    elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        for element in node.elts:
+            yield from _names_in(element)
+
+
+def scheduler_branches(source: str) -> list[tuple[int, str]]:
+    """(line, code) of each place ``source`` branches on a scheduler's name: a comparison with one (==, !=,
+    in, not in: `name == "pbs"`, `name in ("slurm", "local")`), a match case on one, or a table keyed by
+    them ({"slurm": ...}: a branch written as data)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            if any(True for operand in (node.left, *node.comparators) for _ in _names_in(operand)):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.MatchValue):
+            if any(True for _ in _names_in(node.value)):
+                found.append((node.lineno, f"case {ast.unparse(node)}"))
+        elif isinstance(node, ast.Dict):
+            if any(True for key in node.keys if key is not None for _ in _names_in(key)):
+                found.append((node.lineno, ast.unparse(node)[:80]))
+    return found
+
+
+def test_the_branch_finder_finds_branches() -> None:
+    """The guard below cannot pass by finding nothing: each form of a name branch is caught, and what only
+    names a scheduler (a call's argument, a record's value) is not."""
+    caught = ('if edge_name == "pbs": pass', 'x = kind in ("slurm", "local")', 'y = "slurm" != s',
+              'match s:\n    case "local":\n        pass', 'T = {"pbs": 1}')
+    for source in caught:
+        assert scheduler_branches(source), source
+    for source in ('remember(job_id, "slurm", record, name)', 'd = {"scheduler": "local"}', 'x = a == "slurmd"',
+                   'x = kind in ("srun", "torchrun")'):
+        assert not scheduler_branches(source), source
+
+
+# (file name, code) -> why it is not a scheduler branch. Kept by file name and code, not line: rooms move.
+EXEMPT = {
+    ("cli.py", "ns.scheduler == 'pbs'"): "`dev-cluster --scheduler pbs` picks which test cluster to start "
+                                         "(app/devcluster/), not a scheduler edge",
+}
+
+
+def test_no_scheduler_name_is_branched_on_outside_schedulers() -> None:
+    """app/, core/, render/, allocation/ and the CLI ask a scheduler what it can do (interface.py), never
+    which one it is: a new scheduler then needs no change there (README: Where to add a scheduler)."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if (ROOT / "schedulers") in path.parents:
+            continue
+        found += [f"{path.relative_to(ROOT)}:{line}: {code}" for line, code in scheduler_branches(path.read_text())
+                  if (path.name, code) not in EXEMPT]
+    assert not found, "scheduler names branched on outside schedulers/ (ask the edge instead):\n" + "\n".join(found)
