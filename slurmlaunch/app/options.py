@@ -9,7 +9,6 @@ Kept cheap to import (no typing, no dataclasses): every argparse command builds 
 from __future__ import annotations
 
 from ..core.limits import MAX_ARRAY_ELEMENTS, MAX_PER_NODE, MAX_RESTARTS, Count, Seconds
-from ..core.parse import parse_env, parse_sweep
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,12 +23,13 @@ class SubmitOption:
     default, type (a converter from core.limits), metavar, choices and action: store (a value, when none is
     named), store_true, append (repeatable; the default is a fresh list per parser) or toggle (--X / --no-X,
     argparse's BooleanOptionalAction). ``field``: the JobSpec field its value fills (default: its dest; None:
-    not a JobSpec field, the CLI's own); ``to_spec``: the parser that makes the value the field's (default: a
-    list becomes a tuple). Built once per process, at import: kept to a few attributes."""
+    not a JobSpec field, the CLI's own); ``to_spec``: the name of the core.parse function that makes the value
+    the field's (default: a list becomes a tuple; a name, so that building a parser does not import it).
+    Built once per process, at import: kept to a few attributes."""
 
     __slots__ = ("flags", "settings", "field", "to_spec")
 
-    def __init__(self, *flags: str, field: str | None = "", to_spec: Callable[[Any], Any] | None = None,
+    def __init__(self, *flags: str, field: str | None = "", to_spec: str | None = None,
                  **settings: Any) -> None:
         self.flags, self.settings, self.to_spec = flags, settings, to_spec
         self.field = self.dest if field == "" else field
@@ -105,7 +105,7 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
         Opt("--job-name", "-J"),
         Opt("--output-dir", "-o", default="slurmlaunch-logs",
             help="logs, the rendered script and the submission record (default ./slurmlaunch-logs)"),
-        Opt("--env", to_spec=parse_env, action="append", default=(), metavar="KEY=VALUE",
+        Opt("--env", to_spec="parse_env", action="append", default=(), metavar="KEY=VALUE",
             help="export KEY=VALUE to every rank, byte for byte (repeatable)"),
         Opt("--setup", action="append", default=(), metavar="'SHELL LINE'",
             help="a shell line run before the ranks start, e.g. 'module load cuda' (repeatable; this one IS run "
@@ -175,7 +175,7 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
         Opt("--array", metavar="INDICES",
             help="a job array: one distributed job per index, e.g. 0-9 or 1,3,5-7 ($SLURM_ARRAY_TASK_ID tells "
             "SCRIPT which)"),
-        Opt("--sweep", to_spec=parse_sweep, action="append", default=(), metavar="KEY=V1,V2,...",
+        Opt("--sweep", to_spec="parse_sweep", action="append", default=(), metavar="KEY=V1,V2,...",
             help="a grid, one array element per point; each point adds --KEY=VALUE to SCRIPT's arguments "
             "(repeatable: the product of all)"),
         Opt("--max-parallel", type=Count("--max-parallel", 1, MAX_ARRAY_ELEMENTS), metavar="N",
@@ -235,7 +235,9 @@ def spec_options() -> list[SubmitOption]:
 def spec_value(option: SubmitOption, value: Any) -> Any:
     """An option's value (as argparse or a profile gives it) as its JobSpec field's."""
     if option.to_spec is not None:
-        return option.to_spec(value)
+        from ..core import parse
+
+        return getattr(parse, option.to_spec)(value)
     return tuple(value) if isinstance(value, list) else value
 
 
