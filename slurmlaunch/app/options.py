@@ -136,7 +136,7 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
             help="under PBS: the MPI whose mpiexec starts the ranks (flags differ; default openmpi); under Slurm: "
             "srun --mpi=TYPE, the PMI your MPI library talks to (e.g. pmix; default: the cluster's MpiDefault)"),
     )),
-    ("PBS site resources (README: PBS; shipped profiles polaris, aurora, gadi, torque)", (
+    ("PBS site resources (docs: PBS sites; shipped profiles polaris, aurora, gadi, torque)", (
         Opt("--pbs-resource", field="pbs_resources", action="append", default=(), metavar="KEY[=VALUE]",
             help="a job-wide resource, #PBS -l KEY=VALUE (e.g. filesystems=home:eagle, storage=gdata/ab1, "
             "jobfs=100GB, wd)"),
@@ -181,7 +181,7 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
         Opt("--max-parallel", type=Count("--max-parallel", 1, MAX_ARRAY_ELEMENTS), metavar="N",
             help="run at most N array elements at once"),
     )),
-    ("from your laptop (README: From your laptop)", (
+    ("from your laptop (docs: From your laptop)", (
         Opt("--remote", field=None, metavar="[USER@]HOST[:DIR]",
             help="submit on this ssh destination (an alias of ~/.ssh/config works): the project is synced to DIR "
             "(default ~/slurmlaunch-projects/<this directory's name>) and sbatch runs there"),
@@ -202,7 +202,7 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
         Opt("--legacy-local-rank-arg", action="store_true",
             help="pass --local-rank=N to SCRIPT, as torch.distributed.launch did (every mode and scheduler)"),
         Opt("--dry-run", field=None, action="store_true", help="print the script (or local commands); submit nothing"),
-        # Every boolean a profile may set has its --no- undo (README: Profiles); -m, --no-python and
+        # Every boolean a profile may set has its --no- undo (docs: Profiles); -m, --no-python and
         # --legacy-local-rank-arg are not taken from files (profiles.CHANGES_WHAT_RUNS), so they have none.
         Opt("--wait", field=None, action="toggle", default=False,
             help="follow the job until it ends; exit with its code"),

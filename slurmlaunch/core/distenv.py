@@ -111,7 +111,7 @@ def check_master_addr(value: str, label: str = "MASTER_ADDR") -> None:
 
 def omp_threads(environ: Mapping[str, str], cpus: int | None, ranks_on_node: int, cpus_shared_by: int = 1
                 ) -> int | None:
-    """OMP_NUM_THREADS to export (README: OMP_NUM_THREADS), for the launcher and torchrun mode alike: None
+    """OMP_NUM_THREADS to export (docs: the launcher, OMP_NUM_THREADS), for the launcher and torchrun mode alike: None
     when the user set it (never overridden); else the CPUs per task (SLURM_CPUS_PER_TASK) shared among
     ``cpus_shared_by`` ranks (torchrun mode: one task per node holds all of its workers' CPUs), at least 1;
     else 1 when several ranks share the node, as torchrun does (each rank's thread pool would otherwise take
