@@ -1,4 +1,7 @@
-"""The in-allocation launcher: the only module that reads os.environ and calls exec.
+"""The in-allocation launcher (`slurmlaunch launch`): reads this task's os.environ, maps it (core.detect) and
+execs the rank's script, so that the script is the task. It is not the only module here that execs: torchrun
+mode (torchrun_mode.py, once per node: torchrun), torchrun's workers (torchrun_worker.py) and PBS's rsh agent
+for Open MPI (tmrsh.py) do too, each after reading the variables it needs.
 
 Runs once per rank on possibly thousands of ranks, so it imports only small standard-library modules:
 no torch, jinja2, submitit, argparse or subprocess.

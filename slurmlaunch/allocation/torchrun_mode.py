@@ -1,11 +1,12 @@
 """--mode torchrun: one task per node runs torchrun, which starts that node's ranks.
 
 `slurmlaunch torchrun-node [options] SCRIPT [ARGS...]` runs once per node inside the allocation. It reads
-the Slurm step (SLURM_JOB_ID, SLURM_STEP_ID, SLURM_STEP_NODELIST or SLURM_JOB_NODELIST, SLURMD_NODENAME,
-SLURM_NODEID) and execs ``python -m torch.distributed.run`` with a c10d rendezvous on the first node of the
-step: endpoint MASTER_ADDR if set, else that node's name; port MASTER_PORT if set, else the one the launcher
-derives from the job and step ids; rendezvous id the job id. The first node is told it hosts the rendezvous
-store (is_host), so nothing depends on the node name matching the machine's host name. The warning signal
+the Slurm step with the launcher's own reader (core.detect.read_slurm: this node's task is rank NODEID of a
+world of one task per node) and execs ``python -m torch.distributed.run`` with a c10d rendezvous where the
+launcher would put rank 0: endpoint MASTER_ADDR if set, else the step's first node; port MASTER_PORT if set,
+else the one derived from the job and step ids; rendezvous id the job id. The node that runs the step's
+rank 0 is told it hosts the rendezvous store (is_host), so nothing depends on the node name matching the
+machine's host name. The warning signal
 is added to the signals torchrun passes on to its workers (PET_SIGNALS_TO_HANDLE, torch >= 2.9), and
 SLURMLAUNCH_RDZV_TIMEOUT (--rdzv-timeout) becomes the rendezvous' join_timeout.
 Standard library only, like the launcher.
@@ -18,12 +19,12 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 
-from ..core.envvars import cpus_per_task, derive_port, first_set, int_var, master_from
+from ..core.detect import Context, read_slurm, slurm_step_ids
+from ..core.distenv import DistEnv, omp_note, omp_threads
 from ..core.errors import SlurmLaunchError
-from ..core.hostlist import first_host
 from ..core.limits import MAX_JOB_ID, bounded_int
 from ..core.rdzv import RDZV_TIMEOUT_VAR, parse_rendezvous_timeout
-from .launch import RETURNED_DIR, python_argv
+from .launch import RETURNED_DIR, context, python_argv
 from .torchrun_worker import AS_WORKER
 
 USAGE = """usage: slurmlaunch torchrun-node --nproc-per-node N [--nnodes N|MIN:MAX] [--max-restarts N]
@@ -172,14 +173,21 @@ def parse(argv: Sequence[str]) -> tuple[dict[str, str], list[str], list[str]]:
     return values, flags, list(argv[i:])
 
 
-def _step_nodelist(env: Mapping[str, str]) -> str | None:
-    return env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+def read_step(env: Mapping[str, str], ctx: Context | None = None) -> tuple[int, DistEnv]:
+    """(job id, this node's task's place) as the launcher reads a task of a step (core.detect.read_slurm): a
+    bad or inconsistent variable is the launcher's one line."""
+    ids = slurm_step_ids(env)
+    step = read_slurm(env, ctx or Context()) if ids is not None else None
+    if ids is None or step is None:
+        raise SlurmLaunchError("torchrun-node: not inside a Slurm step (SLURM_JOB_ID or SLURM_STEP_ID is unset); "
+                               "it is what `slurmlaunch submit --mode torchrun` runs on each node")
+    return ids[0], step
 
 
-def _is_first_node(env: Mapping[str, str], head: str) -> bool:
-    """This node is the step's first: by SLURMD_NODENAME when set, else SLURM_NODEID (0)."""
-    me = env.get("SLURMD_NODENAME")
-    return me == head if me else env.get("SLURM_NODEID", "0") == "0"
+def _hosts_store(step: DistEnv) -> bool:
+    """This node runs the step's rank 0, where the launcher puts MASTER_ADDR (read_slurm's this_host: by
+    SLURMD_NODENAME when set, else by SLURM_NODEID)."""
+    return step.this_host == step.rank0_host
 
 
 def rendezvous_conf(env: Mapping[str, str], is_host: bool) -> str:
@@ -193,21 +201,6 @@ def rendezvous_conf(env: Mapping[str, str], is_host: bool) -> str:
         if timeout > 0:
             conf += f",join_timeout={timeout:g}"
     return conf
-
-
-def _endpoint(env: Mapping[str, str]) -> tuple[str, str, str, int]:
-    """(job id, the step's first node, rendezvous host, port) from the step's variables, each read as the
-    launcher reads it (core.envvars): a bad SLURM_JOB_ID, SLURM_STEP_ID or MASTER_PORT is one line."""
-    job = first_set(env, "SLURM_JOB_ID", "SLURM_JOBID")
-    nodelist = _step_nodelist(env)
-    if job is None or not nodelist:
-        raise SlurmLaunchError("torchrun-node: not inside a Slurm step (SLURM_JOB_ID and SLURM_STEP_NODELIST "
-                               "are unset); it is what `slurmlaunch submit --mode torchrun` runs on each node")
-    step = first_set(env, "SLURM_STEP_ID", "SLURM_STEPID")
-    step_id = int_var(*step) if step else 0
-    head = first_host(nodelist)
-    host, port, _ = master_from(env, head, "", derive_port(int_var(*job), step_id), "")
-    return job[1], head, host, port
 
 
 def _worker_command(env: Mapping[str, str], nproc: str, flags: Sequence[str], script: Sequence[str],
@@ -236,7 +229,7 @@ def _worker_command(env: Mapping[str, str], nproc: str, flags: Sequence[str], sc
     return ["--no-python"], [python, "-c", wrapper, *inner]
 
 
-def _extra_env(env: Mapping[str, str], values: Mapping[str, str]) -> dict[str, str]:
+def _extra_env(env: Mapping[str, str], values: Mapping[str, str], step: DistEnv) -> dict[str, str]:
     """The variables torchrun_command adds: PET_SIGNALS_TO_HANDLE with the warning signal, OMP_NUM_THREADS."""
     extra: dict[str, str] = {}
     signame = values.get("forward-signal")
@@ -245,45 +238,39 @@ def _extra_env(env: Mapping[str, str], values: Mapping[str, str]) -> dict[str, s
         wanted = "SIG" + signame.upper().removeprefix("SIG")
         if wanted not in handled.split(","):
             extra["PET_SIGNALS_TO_HANDLE"] = f"{handled},{wanted}"
-    cpus = cpus_per_task(env)  # a value that is not a count is one line, as in the launcher
     nproc = bounded_int(values["nproc-per-node"], MAX_JOB_ID)
-    # slurmlaunch's rule (README: OMP_NUM_THREADS), as the launcher's: the user's value stands; else the
-    # task's CPUs shared among the node's workers; else 1 with several workers, as torchrun would set it
-    # itself, but said once (the first node) instead of by every node's torchrun.
-    if "OMP_NUM_THREADS" not in env and nproc:
-        if cpus is not None:
-            extra["OMP_NUM_THREADS"] = str(max(1, cpus // nproc))
-        elif nproc > 1:
-            extra["OMP_NUM_THREADS"] = "1"
+    # The launcher's rule (core.distenv.omp_threads), this node task's CPUs shared among its workers; torchrun
+    # would set 1 itself with several workers, but then every node's torchrun would say so.
+    threads = omp_threads(env, step.omp_num_threads, nproc, nproc) if nproc else None
+    if threads is not None:
+        extra["OMP_NUM_THREADS"] = str(threads)
     return extra
 
 
 def torchrun_command(env: Mapping[str, str], values: Mapping[str, str], flags: Sequence[str],
-                     script: Sequence[str], python: str) -> tuple[list[str], dict[str, str]]:
-    """(the torchrun argv, variables to add). Reads the step's variables from ``env``: SLURM_JOB_ID >
-    SLURM_JOBID; SLURM_STEP_NODELIST > SLURM_JOB_NODELIST > SLURM_NODELIST; SLURM_STEP_ID > SLURM_STEPID;
-    MASTER_ADDR, MASTER_PORT; SLURMD_NODENAME, SLURM_NODEID; SLURMLAUNCH_RDZV_TIMEOUT; SLURM_STEP_NUM_NODES >
-    SLURM_NNODES (without --nnodes); SLURM_CPUS_PER_TASK, OMP_NUM_THREADS, PET_SIGNALS_TO_HANDLE."""
-    job, head, host, port = _endpoint(env)
-    conf = rendezvous_conf(env, _is_first_node(env, head))
-    nnodes = values.get("nnodes") or env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+                     script: Sequence[str], python: str, ctx: Context | None = None
+                     ) -> tuple[list[str], dict[str, str]]:
+    """(the torchrun argv, variables to add). Reads the step as the launcher does (core.detect.read_slurm,
+    which names the variables and their precedence; ``ctx`` reads SLURM_HOSTFILE), and
+    SLURMLAUNCH_RDZV_TIMEOUT, OMP_NUM_THREADS, PET_SIGNALS_TO_HANDLE."""
+    job, step = read_step(env, ctx)
+    conf = rendezvous_conf(env, _hosts_store(step))
+    nnodes = values.get("nnodes") or str(step.num_nodes)
     flags, script = _worker_command(env, values["nproc-per-node"], flags, script, python)
     argv = [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
             f"--nproc-per-node={values['nproc-per-node']}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={host}:{port}", f"--rdzv-id={job}", f"--rdzv-conf={conf}",
+            f"--rdzv-endpoint={step.master_addr}:{step.master_port}", f"--rdzv-id={job}", f"--rdzv-conf={conf}",
             f"--max-restarts={values.get('max-restarts', '0')}", *flags, *script]
-    return argv, _extra_env(env, values)
+    return argv, _extra_env(env, values, step)
 
 
-def omp_note(env: Mapping[str, str], values: Mapping[str, str], extra: Mapping[str, str]) -> str | None:
-    """The line the first node prints when OMP_NUM_THREADS=1 came from the several-workers rule (``extra``:
-    torchrun_command's); None on the other nodes and otherwise."""
-    first = _is_first_node(env, first_host(_step_nodelist(env) or ""))
-    if not first or extra.get("OMP_NUM_THREADS") != "1" or "SLURM_CPUS_PER_TASK" in env:
+def first_node_note(env: Mapping[str, str], values: Mapping[str, str], ctx: Context | None = None) -> str | None:
+    """core.distenv.omp_note for this node's workers, said by the node that hosts the store only."""
+    _, step = read_step(env, ctx)
+    nproc = bounded_int(values["nproc-per-node"], MAX_JOB_ID)
+    if not nproc or not _hosts_store(step):
         return None
-    return (f"OMP_NUM_THREADS=1 for every rank ({values['nproc-per-node']} ranks share a node and neither "
-            f"OMP_NUM_THREADS nor the CPUs per task were given; torchrun does the same): set OMP_NUM_THREADS, "
-            f"or submit --cpus-per-task N, to use more threads per rank")
+    return omp_note(env, step.omp_num_threads, nproc)
 
 
 def aborted_workers(log_text: str) -> list[int]:
@@ -307,8 +294,9 @@ def main(argv: Sequence[str]) -> int:
         sys.stdout.write(USAGE)
         return 0
     values, flags, script = parse(argv)
-    cmd, extra = torchrun_command(os.environ, values, flags, script, sys.executable)
-    note = omp_note(os.environ, values, extra)
+    ctx = context()
+    cmd, extra = torchrun_command(os.environ, values, flags, script, sys.executable, ctx)
+    note = first_node_note(os.environ, values, ctx)
     if note:
         sys.stderr.write(f"slurmlaunch: {note}\n")
     os.environ.update(extra)

@@ -1,6 +1,8 @@
 """The options of `submit`, defined once, as a table of named records (:data:`SUBMIT_OPTIONS`): the CLI's
 `submit`, `config show` and the Python API's profiles (slurmlaunch.submit(profile=...)) all build their
-parser from it with :func:`add_submit_options`, and profiles read their option table from that parser.
+parser from it with :func:`add_submit_options`, and profiles read their option table from that parser. Each
+record also says which JobSpec field its value fills and how (:func:`spec_values`), so `submit` and the
+API's profiles copy no option by hand and a renamed field (--sbatch-arg -> sbatch_args) is written once.
 
 Kept cheap to import (no typing, no dataclasses): every argparse command builds the `submit` parser."""
 
@@ -20,12 +22,17 @@ class SubmitOption:
     """One option of `submit`: its flags (the long one first) and argparse's settings for it, by name: help,
     default, type (a converter from core.limits), metavar, choices and action: store (a value, when none is
     named), store_true, append (repeatable; the default is a fresh list per parser) or toggle (--X / --no-X,
-    argparse's BooleanOptionalAction). Built once per process, at import: kept to two attributes."""
+    argparse's BooleanOptionalAction). ``field``: the JobSpec field its value fills (default: its dest; None:
+    not a JobSpec field, the CLI's own); ``to_spec``: the name of the core.parse function that makes the value
+    the field's (default: a list becomes a tuple; a name, so that building a parser does not import it).
+    Built once per process, at import: kept to a few attributes."""
 
-    __slots__ = ("flags", "settings")
+    __slots__ = ("flags", "settings", "field", "to_spec")
 
-    def __init__(self, *flags: str, **settings: Any) -> None:
-        self.flags, self.settings = flags, settings
+    def __init__(self, *flags: str, field: str | None = "", to_spec: str | None = None,
+                 **settings: Any) -> None:
+        self.flags, self.settings, self.to_spec = flags, settings, to_spec
+        self.field = self.dest if field == "" else field
 
     @property
     def flag(self) -> str:
@@ -72,9 +79,10 @@ Opt = SubmitOption
 # (group title, its options), in --help's order.
 SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
     ("resources", (
-        Opt("--profile", help="defaults from [profiles.NAME] of slurmlaunch.toml or the per-user config (see "
-            "slurmlaunch config show); options given here override them"),
-        Opt("--nodes", "-N", default=1, metavar="N|MIN:MAX",
+        Opt("--profile", field=None, help="defaults from [profiles.NAME] of slurmlaunch.toml or the per-user "
+            "config (see slurmlaunch config show); options given here override them"),
+        # two fields, nodes and min_nodes: spec_values
+        Opt("--nodes", "-N", field=None, default=1, metavar="N|MIN:MAX",
             help="nodes (default 1); MIN:MAX for an elastic job in --mode torchrun"),
         Opt("--gpus-per-node", type=Count("--gpus-per-node", 0, MAX_PER_NODE), default=0,
             help="GPUs per node; one rank per GPU (default 0)"),
@@ -97,12 +105,12 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
         Opt("--job-name", "-J"),
         Opt("--output-dir", "-o", default="slurmlaunch-logs",
             help="logs, the rendered script and the submission record (default ./slurmlaunch-logs)"),
-        Opt("--env", action="append", default=(), metavar="KEY=VALUE",
+        Opt("--env", to_spec="parse_env", action="append", default=(), metavar="KEY=VALUE",
             help="export KEY=VALUE to every rank, byte for byte (repeatable)"),
         Opt("--setup", action="append", default=(), metavar="'SHELL LINE'",
             help="a shell line run before the ranks start, e.g. 'module load cuda' (repeatable; this one IS run "
             "by the shell)"),
-        Opt("--sbatch-arg", action="append", default=(), metavar="--OPTION=VALUE",
+        Opt("--sbatch-arg", field="sbatch_args", action="append", default=(), metavar="--OPTION=VALUE",
             help="extra sbatch (or qsub) option, written as an #SBATCH (#PBS) line (repeatable)"),
         Opt("--master-port", type=Count("--master-port", 1, 65535),
             help="MASTER_PORT (default: derived from the job id)"),
@@ -114,11 +122,11 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
             help="with --requeue: at most this many (default 3)"),
         Opt("--rdzv-timeout", type=Seconds("--rdzv-timeout"),
             help="seconds a rank waits for MASTER_ADDR:MASTER_PORT before it is stopped (default 900)"),
-        Opt("--python", help="interpreter for the ranks (default: the one running slurmlaunch; python3 inside a "
-            "container)"),
-        Opt("--template-dir", help="look for templates here first ($SLURMLAUNCH_TEMPLATE_DIR, "
+        Opt("--python", field=None,  # app.resolve's
+            help="interpreter for the ranks (default: the one running slurmlaunch; python3 inside a container)"),
+        Opt("--template-dir", field=None, help="look for templates here first ($SLURMLAUNCH_TEMPLATE_DIR, "
             "~/.config/slurmlaunch/templates, then the shipped ones)"),
-        Opt("--scheduler", choices=("auto", "slurm", "pbs", "local"), default="auto",
+        Opt("--scheduler", field=None, choices=("auto", "slurm", "pbs", "local"), default="auto",
             help="auto: slurm when a Slurm controller answers, pbs when qsub is on PATH and sbatch is not, else "
             "local"),
         Opt("--pbs-flavour", choices=("pro", "torque"), default="pro",
@@ -128,8 +136,8 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
             help="under PBS: the MPI whose mpiexec starts the ranks (flags differ; default openmpi); under Slurm: "
             "srun --mpi=TYPE, the PMI your MPI library talks to (e.g. pmix; default: the cluster's MpiDefault)"),
     )),
-    ("PBS site resources (README: PBS; shipped profiles polaris, aurora, gadi, torque)", (
-        Opt("--pbs-resource", action="append", default=(), metavar="KEY[=VALUE]",
+    ("PBS site resources (docs: PBS sites; shipped profiles polaris, aurora, gadi, torque)", (
+        Opt("--pbs-resource", field="pbs_resources", action="append", default=(), metavar="KEY[=VALUE]",
             help="a job-wide resource, #PBS -l KEY=VALUE (e.g. filesystems=home:eagle, storage=gdata/ab1, "
             "jobfs=100GB, wd)"),
         Opt("--pbs-chunk", action="append", default=(), metavar="KEY=VALUE",
@@ -138,7 +146,7 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
         Opt("--pbs-request", choices=("select", "nodes", "totals"), default="select",
             help="select: select=N:ncpus=..:mpiprocs=..:ngpus=.. (default); nodes: select=N and the --pbs-chunk "
             "resources only (ALCF); totals: job-wide -l ncpus/ngpus/mem (NCI Gadi)"),
-        Opt("--mpiexec-arg", action="append", default=(), metavar="--FLAG[=VALUE]",
+        Opt("--mpiexec-arg", field="mpiexec_args", action="append", default=(), metavar="--FLAG[=VALUE]",
             help="under PBS: an extra mpiexec flag, e.g. Aurora's --cpu-bind=list:... / --gpu-bind=list:... (a "
             "--cpu-bind here replaces slurmlaunch's own)"),
         Opt("--pbs-queues", metavar="QUEUE:MIN-MAX,...",
@@ -158,7 +166,7 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
             help="run every task in IMAGE with Slurm's pyxis/enroot plugin (srun --container-image)"),
         Opt("--apptainer", metavar="IMAGE",
             help="run every task in an Apptainer/Singularity IMAGE (apptainer exec [--nv] IMAGE ...)"),
-        Opt("--container-mount", action="append", default=(), metavar="SRC:DST[:FLAGS]",
+        Opt("--container-mount", field="container_mounts", action="append", default=(), metavar="SRC:DST[:FLAGS]",
             help="bind mount (repeatable); the working directory is always mounted at its own path"),
         Opt("--container-workdir", metavar="DIR",
             help="working directory inside the container (default: the working directory's own path)"),
@@ -167,25 +175,25 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
         Opt("--array", metavar="INDICES",
             help="a job array: one distributed job per index, e.g. 0-9 or 1,3,5-7 ($SLURM_ARRAY_TASK_ID tells "
             "SCRIPT which)"),
-        Opt("--sweep", action="append", default=(), metavar="KEY=V1,V2,...",
+        Opt("--sweep", to_spec="parse_sweep", action="append", default=(), metavar="KEY=V1,V2,...",
             help="a grid, one array element per point; each point adds --KEY=VALUE to SCRIPT's arguments "
             "(repeatable: the product of all)"),
         Opt("--max-parallel", type=Count("--max-parallel", 1, MAX_ARRAY_ELEMENTS), metavar="N",
             help="run at most N array elements at once"),
     )),
-    ("from your laptop (README: From your laptop)", (
-        Opt("--remote", metavar="[USER@]HOST[:DIR]",
+    ("from your laptop (docs: From your laptop)", (
+        Opt("--remote", field=None, metavar="[USER@]HOST[:DIR]",
             help="submit on this ssh destination (an alias of ~/.ssh/config works): the project is synced to DIR "
             "(default ~/slurmlaunch-projects/<this directory's name>) and sbatch runs there"),
-        Opt("--remote-setup", action="append", default=(), metavar="'SHELL LINE'",
+        Opt("--remote-setup", field=None, action="append", default=(), metavar="'SHELL LINE'",
             help="with --remote: a shell line run before every remote command, e.g. 'module load slurm' "
             "(repeatable; the remote shell is a non-login one)"),
-        Opt("--sync", action="toggle", default=True,
+        Opt("--sync", field=None, action="toggle", default=True,
             help="with --remote: rsync the working directory first (default; --no-sync: the code is there)"),
-        Opt("--remote-exclude", action="append", default=(), metavar="PATTERN",
+        Opt("--remote-exclude", field=None, action="append", default=(), metavar="PATTERN",
             help="with --remote: leave PATTERN out of the sync (rsync's --exclude; .gitignore files and .git/ are "
             "always honoured; repeatable)"),
-        Opt("--sync-limit", metavar="SIZE",  # None: 1G (remote_submit), and "given" can be told apart
+        Opt("--sync-limit", field=None, metavar="SIZE",  # None: 1G (remote_submit), and "given" can be told apart
             help="with --remote: refuse a sync that would send more than SIZE (default 1G)"),
     )),
     ("what and how", (
@@ -193,12 +201,14 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
         Opt("--no-python", action="store_true", help="SCRIPT is an executable"),
         Opt("--legacy-local-rank-arg", action="store_true",
             help="pass --local-rank=N to SCRIPT, as torch.distributed.launch did (every mode and scheduler)"),
-        Opt("--dry-run", action="store_true", help="print the script (or local commands); submit nothing"),
-        # Every boolean a profile may set has its --no- undo (README: Profiles); -m, --no-python and
+        Opt("--dry-run", field=None, action="store_true", help="print the script (or local commands); submit nothing"),
+        # Every boolean a profile may set has its --no- undo (docs: Profiles); -m, --no-python and
         # --legacy-local-rank-arg are not taken from files (profiles.CHANGES_WHAT_RUNS), so they have none.
-        Opt("--wait", action="toggle", default=False, help="follow the job until it ends; exit with its code"),
-        Opt("--wait-timeout", type=Seconds("--wait-timeout"), help="give up following after this many seconds"),
-        Opt("--cancel-on-interrupt", action="toggle", default=False,
+        Opt("--wait", field=None, action="toggle", default=False,
+            help="follow the job until it ends; exit with its code"),
+        Opt("--wait-timeout", field=None, type=Seconds("--wait-timeout"),
+            help="give up following after this many seconds"),
+        Opt("--cancel-on-interrupt", field=None, action="toggle", default=False,
             help="with --wait: Ctrl-C cancels the job without asking"),
     )),
 )
@@ -215,6 +225,30 @@ def add_submit_options(s: Any) -> None:
             option.add_to(group, argparse.BooleanOptionalAction)
     s.add_argument("script", metavar="SCRIPT")
     s.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to SCRIPT unchanged")
+
+
+def spec_options() -> list[SubmitOption]:
+    """The options whose values are JobSpec fields, in the table's order."""
+    return [o for _, group in SUBMIT_OPTIONS for o in group if o.field is not None]
+
+
+def spec_value(option: SubmitOption, value: Any) -> Any:
+    """An option's value (as argparse or a profile gives it) as its JobSpec field's."""
+    if option.to_spec is not None:
+        from ..core import parse
+
+        return getattr(parse, option.to_spec)(value)
+    return tuple(value) if isinstance(value, list) else value
+
+
+def spec_values(ns: Any) -> dict[str, Any]:
+    """The JobSpec fields the options in ``ns`` give, by field name, --nodes as nodes and min_nodes;
+    SCRIPT, its ARGS and the interpreter (app.resolve's) are the caller's."""
+    from ..core.parse import parse_nodes
+
+    values = {o.field: spec_value(o, getattr(ns, o.dest)) for o in spec_options() if o.field is not None}
+    values["nodes"], values["min_nodes"] = parse_nodes(ns.nodes)
+    return values
 
 
 def refuse_remote_only(ns: Any) -> None:

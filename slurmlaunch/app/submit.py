@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import SpecError
-from ..core.spec import JobSpec, parse_env, parse_nodes, parse_sweep, validate_local
+from ..core.spec import JobSpec, validate_local
 from .resolve import resolve
 
 if TYPE_CHECKING:
@@ -18,26 +18,12 @@ if TYPE_CHECKING:
 
 
 def spec_from_args(ns: Any) -> JobSpec:
+    """The request the options in ``ns`` make (every field from the options table: app/options.py)."""
+    from .options import spec_values
+
     if ns.module and ns.no_python:
         raise SpecError("-m/--module and --no-python cannot be used together")
-    nodes, min_nodes = parse_nodes(ns.nodes)
-    return resolve(JobSpec(
-        script=ns.script, args=tuple(ns.args), module=ns.module, no_python=ns.no_python,
-        legacy_local_rank_arg=ns.legacy_local_rank_arg,
-        nodes=nodes, min_nodes=min_nodes, mode=ns.mode, nproc_per_node=ns.nproc_per_node,
-        max_restarts=ns.max_restarts, gpus_per_node=ns.gpus_per_node, tasks_per_node=ns.tasks_per_node,
-        cpus_per_task=ns.cpus_per_task, cpus_per_gpu=ns.cpus_per_gpu, mem=ns.mem, time=ns.time,
-        partition=ns.partition, account=ns.account, qos=ns.qos, constraint=ns.constraint,
-        exclusive=ns.exclusive, job_name=ns.job_name, output_dir=ns.output_dir, env=parse_env(ns.env),
-        setup=tuple(ns.setup), sbatch_args=tuple(ns.sbatch_arg), master_port=ns.master_port,
-        gpu_flag=ns.gpu_flag, signal=ns.signal, requeue=ns.requeue,
-        max_requeues=ns.max_requeues, rdzv_timeout=ns.rdzv_timeout, pbs_flavour=ns.pbs_flavour, mpi=ns.mpi,
-        pbs_resources=tuple(ns.pbs_resource), pbs_chunk=tuple(ns.pbs_chunk), project=ns.project,
-        pbs_request=ns.pbs_request, pbs_queues=ns.pbs_queues, mpiexec_args=tuple(ns.mpiexec_arg),
-        array=ns.array, max_parallel=ns.max_parallel, sweep=parse_sweep(ns.sweep),
-        container_image=ns.container_image, apptainer=ns.apptainer, container_mounts=tuple(ns.container_mount),
-        container_workdir=ns.container_workdir,
-    ), python=ns.python)
+    return resolve(JobSpec(script=ns.script, args=tuple(ns.args), **spec_values(ns)), python=ns.python)
 
 
 def choose_scheduler(requested: str, preview: bool = False) -> str:

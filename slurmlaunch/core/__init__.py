@@ -1,5 +1,8 @@
 """The pure core: node lists, the distributed environment and its readers per launcher, the job request and
-its validation, time/size parsing. Standard library only; no processes, no files (pyproject: import-linter).
+its validation, time/size parsing. Standard library only (pyproject: import-linter); no processes, no files,
+and the process's state comes in as arguments, with one exception: paths.py's per-user directories take
+os.environ when the caller gives no mapping, and the home directory from os.path.expanduser (HOME, else the
+password database). tests/core/test_spec.py keeps every other module free of both.
 
 The version lives here, at the bottom of the layers, so that every layer (the scripts' header) may read it."""
 

@@ -31,6 +31,9 @@ from .envvars import local_device as local_device
 from .errors import EnvironmentMappingError, HostlistError
 from .limits import MAX_JOB_ID, bounded_int, shown
 
+#: Where a task of a step finds its node list, first set wins (see _slurm_nodes).
+NODELIST_VARIABLES = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+
 
 def read_torchrun(env: Env, ctx: Context) -> DistEnv | None:
     """torchrun (torch.distributed.elastic) already set everything: report it, change nothing. Not a rank
@@ -57,8 +60,9 @@ def read_torchrun(env: Env, ctx: Context) -> DistEnv | None:
     )
 
 
-def _slurm_step_ids(env: Env) -> tuple[int, int] | None:
-    """(job id, step id) of a task of a step; None outside Slurm and in the batch step of a one-task job."""
+def slurm_step_ids(env: Env) -> tuple[int, int] | None:
+    """(job id, step id) of a task of a step; None outside Slurm and in the batch step of a one-task job.
+    Reads SLURM_JOB_ID > SLURM_JOBID, SLURM_STEP_ID > SLURM_STEPID, SLURM_NTASKS (the batch step's refusal)."""
     job = first_set(env, "SLURM_JOB_ID", "SLURM_JOBID")
     if job is None:
         return None
@@ -79,8 +83,12 @@ def _slurm_step_ids(env: Env) -> tuple[int, int] | None:
 
 
 def _slurm_nodes(env: Env) -> tuple[str, str, int]:
-    """(the node list's variable, the node list, the step's node count), which must agree."""
-    nodelist_name, nodelist = require(env, "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
+    """(the node list's variable, the node list, the step's node count), which must agree.
+
+    The step's own list first; without it the job's, by its name (sbatch(1), salloc(1): SLURM_NODELIST is
+    SLURM_JOB_NODELIST's name "included for backwards compatibility"; within a step Slurm 22.05 sets both
+    to the job's list, and SLURM_STEP_NODELIST to the step's)."""
+    nodelist_name, nodelist = require(env, *NODELIST_VARIABLES)
     try:
         hosts_in_list = hostlist.count(nodelist)
     except HostlistError as e:
@@ -162,12 +170,12 @@ def read_slurm(env: Env, ctx: Context) -> DistEnv | None:
     """A task of a Slurm job step (started by srun).
 
     Reads, step-scoped first: SLURM_PROCID; SLURM_STEP_NUM_TASKS > SLURM_NTASKS; SLURM_STEP_NODELIST >
-    SLURM_NODELIST > SLURM_JOB_NODELIST; SLURM_STEP_NUM_NODES > SLURM_NNODES; SLURM_STEP_TASKS_PER_NODE >
+    SLURM_JOB_NODELIST > SLURM_NODELIST; SLURM_STEP_NUM_NODES > SLURM_NNODES; SLURM_STEP_TASKS_PER_NODE >
     SLURM_TASKS_PER_NODE; SLURM_NODEID; SLURM_LOCALID; SLURMD_NODENAME; SLURM_JOB_ID; SLURM_STEP_ID;
     SLURM_CPUS_PER_TASK; SLURM_DISTRIBUTION and SLURM_HOSTFILE (arbitrary distribution: rank 0 runs
     on the hostfile's first host, not on the first host of the sorted node list).
     """
-    ids = _slurm_step_ids(env)
+    ids = slurm_step_ids(env)
     if ids is None:
         return None
     procid_name, procid_text = require(env, "SLURM_PROCID")

@@ -109,6 +109,30 @@ def check_master_addr(value: str, label: str = "MASTER_ADDR") -> None:
     raise EnvironmentMappingError(f"{given} is not valid: {hint}")
 
 
+def omp_threads(environ: Mapping[str, str], cpus: int | None, ranks_on_node: int, cpus_shared_by: int = 1
+                ) -> int | None:
+    """OMP_NUM_THREADS to export (docs: the launcher, OMP_NUM_THREADS), for the launcher and torchrun mode alike: None
+    when the user set it (never overridden); else the CPUs per task (SLURM_CPUS_PER_TASK) shared among
+    ``cpus_shared_by`` ranks (torchrun mode: one task per node holds all of its workers' CPUs), at least 1;
+    else 1 when several ranks share the node, as torchrun does (each rank's thread pool would otherwise take
+    every core of the node); else None, the runtime's own default."""
+    if "OMP_NUM_THREADS" in environ:
+        return None
+    if cpus:
+        return max(1, cpus // cpus_shared_by)
+    return 1 if ranks_on_node > 1 else None
+
+
+def omp_note(environ: Mapping[str, str], cpus: int | None, ranks_on_node: int) -> str | None:
+    """The line said once per job (by rank 0, or torchrun mode's first node) when OMP_NUM_THREADS=1 came from
+    the several-ranks-per-node rule of :func:`omp_threads`; None otherwise."""
+    if cpus or omp_threads(environ, cpus, ranks_on_node) != 1:
+        return None
+    return (f"OMP_NUM_THREADS=1 for every rank ({ranks_on_node} ranks share a node and neither OMP_NUM_THREADS "
+            f"nor the CPUs per task were given; torchrun does the same): set OMP_NUM_THREADS, or submit "
+            f"--cpus-per-task N, to use more threads per rank")
+
+
 _FIELDS = ("source", "rank", "local_rank", "world_size", "local_world_size", "node_rank", "num_nodes",
            "master_addr", "master_port", "rank0_host", "this_host", "omp_num_threads", "local_device",
            "owned_by_torchrun", "origins", "notes")
@@ -190,26 +214,14 @@ class DistEnv:
         return out
 
     def omp_threads(self, environ: Mapping[str, str]) -> int | None:
-        """OMP_NUM_THREADS to export (README: OMP_NUM_THREADS): None when the user set it (never overridden);
-        else the CPUs per task (SLURM_CPUS_PER_TASK) when known; else 1 when several ranks share the node,
-        as torchrun does (each rank's thread pool would otherwise take every core of the node); else None,
-        the runtime's own default."""
-        if "OMP_NUM_THREADS" in environ:
-            return None
-        if self.omp_num_threads is not None:
-            return self.omp_num_threads
-        return 1 if self.local_world_size > 1 else None
+        """OMP_NUM_THREADS to export: :func:`omp_threads` for this rank's CPUs and node."""
+        return omp_threads(environ, self.omp_num_threads, self.local_world_size)
 
     def omp_note(self, environ: Mapping[str, str]) -> str | None:
-        """The line rank 0 prints when OMP_NUM_THREADS=1 came from the several-ranks-per-node rule (said once
-        per job, not per rank), None otherwise."""
-        if self.owned_by_torchrun or self.rank != 0 or self.omp_num_threads is not None:
+        """:func:`omp_note` on rank 0 (said once per job, not per rank), None on the others."""
+        if self.owned_by_torchrun or self.rank != 0:
             return None
-        if self.omp_threads(environ) != 1:
-            return None
-        return (f"OMP_NUM_THREADS=1 for every rank ({self.local_world_size} ranks share a node and neither "
-                f"OMP_NUM_THREADS nor the CPUs per task were given; torchrun does the same): set OMP_NUM_THREADS, "
-                f"or submit --cpus-per-task N, to use more threads per rank")
+        return omp_note(environ, self.omp_num_threads, self.local_world_size)
 
     def summary(self) -> str:
         """One line for --print-env: what this rank will see."""

@@ -1,5 +1,6 @@
-"""The parsers of a request's option values, shared by the CLI, the API and validation: Slurm's times,
---array index expressions, --sweep grids, --env items, --nodes N or MIN:MAX. Pure: text in, values out;
+"""The parsers of a request's option values, shared by the CLI, the API, validation, the scripts and the
+local scheduler, each written once: Slurm's times, --mem sizes, --signal NAME[@SECONDS], --array index
+expressions, --sweep grids, --env items, --nodes N or MIN:MAX. Pure: text in, values out;
 every refusal is a SpecError naming the value and what would be valid."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from .errors import SpecError
 from .limits import (
     MAX_ARRAY_ELEMENTS,
     MAX_ARRAY_INDEX,
+    MAX_MEM_BYTES,
     MAX_NODES,
     MAX_TIME_MINUTES,
     bounded_int,
@@ -29,47 +31,97 @@ ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Slurm's --array indices: 0-15, 1,3,5-7, 0-15:4 (the %N limit is --max-parallel).
 _ARRAY_PART = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
 _SWEEP_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+# Slurm's --mem: an integer and an optional unit K, M, G or T (powers of 1024); no unit is M.
+_MEM = re.compile(r"([0-9]+)([KMGT]?)", re.IGNORECASE)
+# Signals a batch script may ask Slurm for before the time limit. USR2 is the default (submitit's too); USR1
+# is Lightning's, and NCCL only catches it when NCCL_PROXY_DUMP_SIGNAL asks it to (since NCCL 2.14).
+WARNING_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP", "ALRM", "URG", "XCPU", "CONT")
+DEFAULT_WARNING_SECONDS = 90  # how long before the time limit the warning comes when --signal names no time
 
 
 UNLIMITED = ("UNLIMITED", "INFINITE")
 
 
-def time_seconds(text: str) -> int | None:
-    """A time in one of Slurm's --time formats (already validated) in seconds; None for no limit: UNLIMITED,
-    INFINITE, and any time of 0 (sbatch: "A time limit of zero requests that no time limit be imposed")."""
-    if text.upper() in UNLIMITED:
-        return None
-    day_text, dash, rest = text.partition("-")
-    parts = [int(p) for p in (rest if dash else text).split(":")]
-    if dash:  # D-H, D-H:M, D-H:M:S
-        h, m, s = (parts + [0, 0])[:3]
-    elif len(parts) == 3:  # H:M:S
-        h, m, s = parts
-    else:  # M or M:S
-        h, m, s = 0, parts[0], parts[1] if len(parts) == 2 else 0
-    return ((int(day_text) if dash else 0) * 86400 + h * 3600 + m * 60 + s) or None
-
-
-def time_minutes(text: str) -> int | None:
-    """Slurm's --time (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in whole minutes rounded up; None when malformed."""
+def _seconds(text: str) -> int | None:
+    """A time in one of Slurm's --time formats in seconds; None when malformed. A field too long to be a time
+    Slurm keeps counts as one minute more than MAX_TIME_MINUTES (no digit string is converted whole)."""
     m = _TIME.fullmatch(text)
     if m is None:
         return None
     g = m.groups()
     if g[0] is not None:  # M, M:S, H:M:S
         parts = [p for p in g[:3] if p is not None]
-        numbers = [bounded_int(p, MAX_TIME_MINUTES * 60) for p in parts]
-        if any(n is None for n in numbers):
-            return MAX_TIME_MINUTES + 1
+        bound = MAX_TIME_MINUTES * 60
         weights = {1: [60], 2: [60, 1], 3: [3600, 60, 1]}[len(parts)]
     else:  # D-H, D-H:M, D-H:M:S
         parts = [p for p in g[3:] if p is not None]
-        numbers = [bounded_int(p, MAX_TIME_MINUTES) for p in parts]
-        if any(n is None for n in numbers):
-            return MAX_TIME_MINUTES + 1
+        bound = MAX_TIME_MINUTES
         weights = [86400, 3600, 60, 1][:len(parts)]
-    seconds = sum(n * w for n, w in zip(numbers, weights, strict=True) if n is not None)
-    return -(-seconds // 60)
+    numbers = [bounded_int(p, bound) for p in parts]
+    if any(n is None for n in numbers):
+        return (MAX_TIME_MINUTES + 1) * 60
+    return sum(n * w for n, w in zip(numbers, weights, strict=True) if n is not None)
+
+
+def not_a_time(text: str) -> SpecError:
+    return SpecError(f"--time {shown(text)} is not a time Slurm accepts "
+                     f"(expected minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)")
+
+
+def time_seconds(text: str) -> int | None:
+    """A time in one of Slurm's --time formats in seconds; None for no limit: UNLIMITED, INFINITE, and any
+    time of 0 (sbatch: "A time limit of zero requests that no time limit be imposed"). SpecError when it is
+    no time."""
+    if text.upper() in UNLIMITED:
+        return None
+    seconds = _seconds(text)
+    if seconds is None:
+        raise not_a_time(text)
+    return seconds or None
+
+
+def time_minutes(text: str) -> int | None:
+    """Slurm's --time (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in whole minutes rounded up; None when malformed."""
+    seconds = _seconds(text)
+    return None if seconds is None else -(-seconds // 60)
+
+
+def _mem_shift(unit: str) -> int:
+    return 10 * ("KMGT".index(unit) + 1)  # bytes = amount << this
+
+
+def parse_mem(text: str) -> tuple[int, str]:
+    """--mem as (amount, unit): the unit one of K, M, G, T (powers of 1024), M when none is written, as Slurm
+    reads it. SpecError when it is no size, or more than MAX_MEM_BYTES."""
+    m = _MEM.fullmatch(text)
+    if m is None:
+        raise SpecError(f"--mem {shown(text)} is not valid (expected a size such as 4000, 16G or 512M)")
+    unit = (m.group(2) or "M").upper()
+    amount = bounded_int(m.group(1), MAX_MEM_BYTES)
+    if amount is None or amount << _mem_shift(unit) > MAX_MEM_BYTES:
+        raise SpecError(f"--mem {shown(text)} is more than any node has (expected at most 1 EiB, e.g. 512G)")
+    return amount, unit
+
+
+def mem_mb(text: str) -> int:
+    """--mem in megabytes, as SLURM_MEM_PER_NODE gives it (kilobytes rounded up)."""
+    amount, unit = parse_mem(text)
+    return -(-(amount << _mem_shift(unit)) >> 20)
+
+
+def parse_signal(text: str | None) -> tuple[str, int] | None:
+    """--signal NAME[@SECONDS] as (NAME without SIG, in capitals; seconds before the time limit, default
+    DEFAULT_WARNING_SECONDS); None for no warning (none, or nothing). SpecError unless NAME is one of
+    WARNING_SIGNALS and SECONDS 0..65535 (Slurm: "sig_time must have an integer value between 0 and 65535")."""
+    if not text or text.lower() == "none":
+        return None
+    name, _, when = text.partition("@")
+    name = name.upper().removeprefix("SIG")
+    seconds = bounded_int(when, 65535) if when else DEFAULT_WARNING_SECONDS
+    if name not in WARNING_SIGNALS or seconds is None:
+        raise SpecError(f"--signal {shown(text)} is not valid (expected NAME[@SECONDS] with NAME one of "
+                        f"{', '.join(WARNING_SIGNALS)}, e.g. USR2@90; or none)")
+    return name, seconds
 
 
 def parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:

@@ -9,7 +9,6 @@ exists, --output-dir can be a directory) are app/resolve.py's.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -17,23 +16,24 @@ from .errors import SpecError
 from .limits import (
     MAX_ARRAY_ELEMENTS,
     MAX_LOCAL_RANKS,
-    MAX_MEM_BYTES,
     MAX_NODES,
     MAX_PER_NODE,
     MAX_RESTARTS,
     MAX_SECONDS,
     MAX_TIME_MINUTES,
     MAX_WORLD,
-    bounded_int,
     check_count,
     shown,
 )
 
 # The option values' parsers live in parse.py; they are named here too, where the CLI, the API and the
 # tests have always taken them from.
+from .parse import DEFAULT_WARNING_SECONDS as DEFAULT_WARNING_SECONDS
 from .parse import ENV_KEY as ENV_KEY
 from .parse import UNLIMITED as UNLIMITED
+from .parse import WARNING_SIGNALS as WARNING_SIGNALS
 from .parse import array_ranges as array_ranges
+from .parse import not_a_time, parse_mem, parse_signal
 from .parse import parse_array as parse_array
 from .parse import parse_env as parse_env
 from .parse import parse_nodes as parse_nodes
@@ -55,13 +55,7 @@ GPU_FLAGS: tuple[GpuFlag, ...] = get_args(GpuFlag)
 MPI_FLAVOURS: tuple[MpiFlavour, ...] = get_args(MpiFlavour)
 SRUN_MPI_TYPES: tuple[SrunMpi, ...] = get_args(SrunMpi)
 PBS_FLAVOURS: tuple[PbsFlavour, ...] = get_args(PbsFlavour)
-# Signals a batch script may ask Slurm for before the time limit. USR2 is the default (submitit's too); USR1
-# is Lightning's, and NCCL only catches it when NCCL_PROXY_DUMP_SIGNAL asks it to (since NCCL 2.14).
 REQUEUED_BY = ("slurmlaunch", "script")
-DEFAULT_WARNING_SECONDS = 90  # how long before the time limit the warning comes when --signal names no time
-WARNING_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP", "ALRM", "URG", "XCPU", "CONT")
-
-_MEM = re.compile(r"([0-9]+)([KMGT]?)", re.IGNORECASE)  # fullmatch and [0-9]: see core/parse.py
 
 
 @dataclass(frozen=True)
@@ -145,9 +139,13 @@ class JobSpec:
         """Ranks whose output one log file holds: 1, or a node's in torchrun mode."""
         return self.ntasks_per_node if self.mode == "torchrun" else 1
 
+    def node_range(self, sep: str = ":") -> str:
+        """--nodes as written: N, or an elastic MIN:MAX (torchrun's --nnodes); sbatch's MIN-MAX with sep="-"."""
+        return f"{self.min_nodes}{sep}{self.nodes}" if self.min_nodes is not None else str(self.nodes)
+
     @property
     def nodes_text(self) -> str:
-        return f"{self.min_nodes}:{self.nodes}" if self.min_nodes is not None else str(self.nodes)
+        return self.node_range()
 
     @property
     def is_array(self) -> bool:
@@ -180,10 +178,7 @@ class JobSpec:
     def asked_warning(self) -> tuple[str, int] | None:
         """The warning as --signal asks for it: (signal name without SIG, seconds before the time limit), or
         None for no warning signal. What the job gets is ``warning``."""
-        if not self.signal or self.signal.lower() == "none":
-            return None
-        name, _, when = self.signal.partition("@")
-        return name.upper().removeprefix("SIG"), bounded_int(when, 65535) or 0 if when else DEFAULT_WARNING_SECONDS
+        return parse_signal(self.signal)
 
     @property
     def warning(self) -> tuple[str, int] | None:
@@ -343,34 +338,17 @@ def _validate_time_and_mem(spec: JobSpec) -> None:
     if spec.time is not None and spec.time.upper() not in UNLIMITED:
         minutes = time_minutes(spec.time)
         if minutes is None:
-            raise SpecError(
-                f"--time {shown(spec.time)} is not a time Slurm accepts "
-                f"(expected minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)"
-            )
+            raise not_a_time(spec.time)
         if minutes > MAX_TIME_MINUTES:
             raise SpecError(f"--time {shown(spec.time)} is longer than Slurm can keep (at most {MAX_TIME_MINUTES} "
                             f"minutes; UNLIMITED for no limit)")
     if spec.mem is not None:
-        m = _MEM.fullmatch(spec.mem)
-        if m is None:
-            raise SpecError(f"--mem {shown(spec.mem)} is not valid (expected a size such as 4000, 16G or 512M)")
-        scale = 2 ** (10 * "KMGT".index(m.group(2).upper())) * 1024 if m.group(2) else 2**20  # no unit: MB
-        amount = bounded_int(m.group(1), MAX_MEM_BYTES)
-        if amount is None or amount * scale > MAX_MEM_BYTES:
-            raise SpecError(f"--mem {shown(spec.mem)} is more than any node has (expected at most 1 EiB, e.g. "
-                            f"512G)")
+        parse_mem(spec.mem)
 
 
 def _validate_warning(spec: JobSpec) -> None:
     """The warning signal and what is done on it (requeue)."""
-    if spec.signal and spec.signal.lower() != "none":
-        name, _, when = spec.signal.partition("@")
-        # Slurm: "sig_time must have an integer value between 0 and 65535".
-        if name.upper().removeprefix("SIG") not in WARNING_SIGNALS or (when and bounded_int(when, 65535) is None):
-            raise SpecError(
-                f"--signal {shown(spec.signal)} is not valid (expected NAME[@SECONDS] with NAME one of "
-                f"{', '.join(WARNING_SIGNALS)}, e.g. USR2@90; or none)"
-            )
+    parse_signal(spec.signal)
     _positive("--max-requeues", spec.max_requeues, 0, MAX_RESTARTS)
     if spec.requeued_by not in REQUEUED_BY:
         raise SpecError(f"requeued_by {shown(spec.requeued_by)} is not valid (expected one of "

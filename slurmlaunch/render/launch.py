@@ -35,7 +35,7 @@ def launch_command(spec: JobSpec) -> list[str]:
         cmd = [*entry, "torchrun-node", f"--nproc-per-node={spec.ntasks_per_node}",
                f"--max-restarts={spec.max_restarts}"]
         if spec.min_nodes is not None:
-            cmd.append(f"--nnodes={spec.min_nodes}:{spec.nodes}")
+            cmd.append(f"--nnodes={spec.nodes_text}")
         if spec.warning:
             cmd.append(f"--forward-signal={spec.warning[0]}")
     if spec.module:

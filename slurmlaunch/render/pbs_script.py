@@ -11,6 +11,7 @@ from typing import Any
 from ..core import __version__
 from ..core.errors import SpecError
 from ..core.jobfiles import WRITE_FAILED, JobFiles
+from ..core.parse import parse_mem
 from ..core.spec import MPI_FLAVOURS, UNLIMITED, JobSpec, time_seconds
 from .jinja import render
 from .launch import launch_command, script_env
@@ -66,9 +67,8 @@ def job_name(spec: JobSpec) -> str:
 def _pbs_size(mem: str, times: int = 1) -> str:
     """--mem (validated: digits and an optional K/M/G/T; M by default, as Slurm reads it) in PBS's spelling
     (64gb, 4000mb), multiplied by ``times`` in the same unit."""
-    unit = mem[-1].lower() if mem[-1].isalpha() else "m"
-    number = int(mem[:-1] if mem[-1].isalpha() else mem)
-    return f"{number * times}{unit}b"
+    number, unit = parse_mem(mem)
+    return f"{number * times}{unit.lower()}b"
 
 
 def queue(spec: JobSpec) -> str | None:
@@ -113,7 +113,7 @@ def _check_request(spec: JobSpec) -> None:
                         f"- _ + ., the first a letter or digit; e.g. {job_name(replace(spec, job_name=None))!r})")
     if spec.time is not None:
         walltime(spec.time)
-    if spec.mem is not None and int(spec.mem.rstrip("KMGTkmgt")) == 0:  # Slurm: --mem=0 is all of it
+    if spec.mem is not None and parse_mem(spec.mem)[0] == 0:  # Slurm: --mem=0 is all of it
         raise SpecError(f"--mem {spec.mem}: Slurm reads 0 as all of a node's memory, PBS as a request for none; "
                         f"leave --mem out (the queue's default) or give a size such as 64G")
     if spec.pbs_request not in ("select", "nodes", "totals"):

@@ -19,8 +19,7 @@ TEMPLATE = "slurm.sbatch.j2"
 def directives(spec: JobSpec) -> list[str]:
     """The #SBATCH lines. Free text (job name, log paths) goes on sbatch's command line instead, where
     no quoting rule of the #SBATCH parser can cut or reinterpret it."""
-    nodes = f"{spec.min_nodes}-{spec.nodes}" if spec.min_nodes is not None else str(spec.nodes)
-    out = [f"--nodes={nodes}", f"--ntasks-per-node={spec.slurm_tasks_per_node}"]
+    out = [f"--nodes={spec.node_range('-')}", f"--ntasks-per-node={spec.slurm_tasks_per_node}"]
     if spec.gpus_per_node:
         out.append(f"--gpus-per-node={spec.gpus_per_node}" if spec.gpu_flag == "gpus-per-node"
                    else f"--gres=gpu:{spec.gpus_per_node}")

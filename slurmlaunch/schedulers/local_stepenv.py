@@ -12,9 +12,9 @@ would only send a nested srun, or an MPI's PMI client, to a dead address.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from ..core.parse import mem_mb as mem_mb  # SLURM_MEM_PER_NODE's value
 from ..core.spec import JobSpec
 
 NOT_EMULATED = (
@@ -50,13 +50,6 @@ class Submitter:
 def per_node(value: int, nodes: int) -> str:
     """Slurm's compressed per-node counts for a count shared by every node: ``4``, or ``4(x2)``."""
     return str(value) if nodes == 1 else f"{value}(x{nodes})"
-
-
-def mem_mb(text: str) -> int:
-    """--mem as SLURM_MEM_PER_NODE gives it: megabytes (no suffix: M), kilobytes rounded up."""
-    number, unit = (text[:-1], text[-1].upper()) if text[-1].isalpha() else (text, "M")
-    factor = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]
-    return math.ceil(int(number) * factor)
 
 
 def array_step(expr: str) -> int:

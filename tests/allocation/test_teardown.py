@@ -17,7 +17,7 @@ import pytest
 from slurmlaunch.allocation.script_runner import RUNNER, python_argv, recorded_exit
 from slurmlaunch.allocation.torchrun_mode import RELAY, aborted_workers, parse, teardown_aborts, torchrun_command
 from slurmlaunch.core.jobfiles import JobFiles
-from tests.helpers import no_slurm_env, run_cli, teardown_abort_only
+from tests.helpers import no_slurm_env, run_cli, step_env, teardown_abort_only
 
 TEARDOWN = "rank 1 aborted in torch's teardown after the script returned"
 
@@ -127,8 +127,7 @@ def test_without_the_variable_the_launcher_execs_python_directly() -> None:
 
 
 def test_torchrun_workers_go_through_the_runner() -> None:
-    env = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n[1-2]", "SLURMD_NODENAME": "n1",
-           "SLURMLAUNCH_RETURNED_DIR": "/logs/job-7.returned"}
+    env = step_env("n[1-2]", [1, 1], 0, job=7, SLURMLAUNCH_RETURNED_DIR="/logs/job-7.returned")
     relay = ["--no-python", "/py", "-c", RELAY]  # two workers: each behind the line relay, the RUNNER inside it
     for argv, tail in ((["t.py", "--a"], [*relay, "-u", "-c", RUNNER, "t.py", "--a"]),
                        (["-m", "pkg"], [*relay, "-u", "-c", RUNNER, "-m", "pkg"]),

@@ -12,10 +12,10 @@ from slurmlaunch.allocation.torchrun_mode import RELAY, parse, torchrun_command
 from slurmlaunch.core.errors import SlurmLaunchError, SpecError
 from slurmlaunch.core.rdzv import parse_rendezvous_timeout
 from slurmlaunch.core.spec import JobSpec, parse_nodes, validate
-from tests.helpers import EXAMPLES, assert_refused, no_slurm_env, run_cli, teardown_abort_only
+from tests.helpers import EXAMPLES, assert_refused, no_slurm_env, run_cli, step_env, teardown_abort_only
 
-STEP = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "gpu[07-08]",
-        "SLURM_STEP_NUM_NODES": "2", "SLURMD_NODENAME": "gpu07", "SLURM_NODEID": "0", "SLURM_CPUS_PER_TASK": "32"}
+# The task srun starts on the first of two nodes for --mode torchrun (one task per node).
+STEP = step_env("gpu[07-08]", [1, 1], 0, job=4242, SLURM_CPUS_PER_TASK="32")
 
 # Under torchrun: rank 1 fails in the first attempt only, once rank 0 is surely running (a node whose ranks all
 # finished has left the job, and a restart needs every node back).
@@ -52,8 +52,8 @@ def test_first_node_hosts_the_c10d_store() -> None:
 
 
 def test_other_nodes_connect_and_given_values_win() -> None:
-    env = dict(STEP, SLURMD_NODENAME="gpu08", SLURM_NODEID="1", MASTER_ADDR="10.0.0.7", MASTER_PORT="29500",
-               OMP_NUM_THREADS="2", SLURMLAUNCH_RDZV_TIMEOUT="60")
+    env = dict(step_env("gpu[07-08]", [1, 1], 1, job=4242, SLURM_CPUS_PER_TASK="32"), MASTER_ADDR="10.0.0.7",
+               MASTER_PORT="29500", OMP_NUM_THREADS="2", SLURMLAUNCH_RDZV_TIMEOUT="60")
     cmd, extra = command(env, "--nproc-per-node", "4", "--nnodes", "1:2", "-m", "pkg.train")
     assert "--rdzv-conf=is_host=0,join_timeout=60" in cmd and "--rdzv-endpoint=10.0.0.7:29500" in cmd
     assert "--nnodes=1:2" in cmd
@@ -115,6 +115,27 @@ def test_bad_node_arguments(argv: list[str], expect: str) -> None:
 def test_outside_slurm_says_so() -> None:
     with pytest.raises(SlurmLaunchError, match="not inside a Slurm step"):
         command({}, "--nproc-per-node=1", "t.py")
+    batch = {k: v for k, v in STEP.items() if k not in ("SLURM_STEP_ID", "SLURM_STEPID")}  # the batch step
+    with pytest.raises(SlurmLaunchError, match="not inside a Slurm step"):
+        command(dict(batch, SLURM_NTASKS="1"), "--nproc-per-node=1", "t.py")
+
+
+def test_node_list_precedence_is_the_launchers() -> None:
+    """Without the step's own list, the job's by its name: SLURM_JOB_NODELIST, then SLURM_NODELIST, the
+    backwards-compatible name Slurm documents for the same list (sbatch(1)). Torchrun mode and the launcher
+    once read these in different orders; both read them with core.detect.read_slurm now."""
+    from slurmlaunch.core.detect import Context, read_slurm
+
+    env = {k: v for k, v in STEP.items() if k != "SLURM_STEP_NODELIST"}
+    env.update(SLURM_JOB_NODELIST="gpu[07-08]", SLURM_NODELIST="cpu[01-02]", SLURMD_NODENAME="gpu07")
+    cmd, _ = command(env, "--nproc-per-node=1", "t.py")
+    assert "--rdzv-endpoint=gpu07:19250" in cmd and "--rdzv-conf=is_host=1" in cmd
+    assert read_slurm(env, Context()).master_addr == "gpu07"  # type: ignore[union-attr]
+    # a step on a subset of the job's nodes: the step's list wins over both
+    sub = dict(env, SLURM_STEP_NODELIST="gpu08", SLURM_STEP_NUM_NODES="1", SLURM_NNODES="1", SLURM_NTASKS="1",
+               SLURM_STEP_NUM_TASKS="1", SLURM_STEP_TASKS_PER_NODE="1", SLURMD_NODENAME="gpu08")
+    cmd, _ = command(sub, "--nproc-per-node=1", "t.py")
+    assert "--rdzv-endpoint=gpu08:19250" in cmd and "--nnodes=1" in cmd and "--rdzv-conf=is_host=1" in cmd
 
 
 @pytest.mark.parametrize(("kw", "expect"), [
@@ -229,7 +250,9 @@ def test_elastic_range_on_the_real_cluster(cluster_env: dict[str, str], tmp_path
 
 # --- what a worker sees of Slurm (issue 27 part 2) ------------------------------------------------------------
 
-NODE_TASK = dict(STEP, SLURM_PROCID="1", SLURM_LOCALID="0", SLURM_NTASKS="2", SLURM_NPROCS="2",
+NODE_TASK = dict({"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "gpu[07-08]",
+                  "SLURM_STEP_NUM_NODES": "2", "SLURMD_NODENAME": "gpu07", "SLURM_NODEID": "0",
+                  "SLURM_CPUS_PER_TASK": "32"}, SLURM_PROCID="1", SLURM_LOCALID="0", SLURM_NTASKS="2", SLURM_NPROCS="2",
                  SLURM_STEP_NUM_TASKS="2", SLURM_NTASKS_PER_NODE="1", SLURM_TASKS_PER_NODE="1(x2)",
                  SLURM_STEP_TASKS_PER_NODE="1(x2)", SLURM_GTIDS="1", SLURM_STEPID="0", SLURM_JOB_NODELIST="gpu[07-08]",
                  SLURM_JOB_NUM_NODES="2")
@@ -298,8 +321,8 @@ def test_real_torchrun_workers_see_their_own_task_variables(nproc: str, tmp_path
         port = str(s.getsockname()[1])
     (tmp_path / "view.py").write_text(WORKER_VIEW)
     env = dict(no_slurm_env(tmp_path), **NODE_TASK)
-    env.update(SLURM_PROCID="0", SLURM_STEP_NUM_NODES="1", SLURM_STEP_NODELIST="gpu07", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=port)
+    env.update(step_env("gpu07", [1], 0, job=4242), SLURM_NPROCS="1", SLURM_NTASKS_PER_NODE="1", SLURM_GTIDS="0",
+               SLURM_JOB_NUM_NODES="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     values, flags, script = parse([f"--nproc-per-node={nproc}", "view.py", str(tmp_path)])
     cmd, extra = torchrun_command(env, values, flags, script, sys.executable)
     r = subprocess.run(cmd, env=dict(env, **extra), cwd=tmp_path, capture_output=True, text=True, timeout=180)

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.allocation.torchrun_mode import RELAY, omp_note, parse, torchrun_command
+from slurmlaunch.allocation.torchrun_mode import RELAY, first_node_note, parse, torchrun_command
 from slurmlaunch.allocation.torchrun_worker import AS_WORKER
 from slurmlaunch.core.distenv import DistEnv
 from slurmlaunch.core.spec import JobSpec, validate
 from slurmlaunch.render.launch import launch_command
-from tests.helpers import clean_env, no_slurm_env, run_cli
+from tests.helpers import clean_env, no_slurm_env, run_cli, step_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,7 +72,7 @@ def test_submit_puts_the_option_in_every_schedulers_command(mode: str, tmp_path:
 
 
 def test_torchrun_node_passes_the_local_rank_right_after_the_script() -> None:
-    env = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n1", "SLURMD_NODENAME": "n1"}
+    env = step_env("n1", [1], 0, job=7)
     for nproc, expect in (("1", ["--max-restarts=0", "--no-python", "/py", "-c", AS_WORKER, "-u", "t.py",
                                  "--local-rank=${local_rank}", "--lr", "1"]),
                           ("2", ["--max-restarts=0", "--no-python", "/py", "-c", RELAY, "-u", "t.py",
@@ -215,18 +215,17 @@ def test_omp_note_is_said_by_rank_0_only() -> None:
 
 @pytest.mark.parametrize(("env", "nproc", "expect", "noted"), [
     ({}, "4", "1", True),
-    ({"SLURMD_NODENAME": "n2", "SLURM_NODEID": "1"}, "4", "1", False),  # said by the first node only
+    ({"SLURMD_NODENAME": "n2", "SLURM_NODEID": "1", "SLURM_PROCID": "1"}, "4", "1", False),  # the first node only
     ({}, "1", None, False),
     ({"SLURM_CPUS_PER_TASK": "8"}, "4", "2", False),
     ({"OMP_NUM_THREADS": "5"}, "4", None, False),
 ])
 def test_omp_rule_in_torchrun_mode(env: dict[str, str], nproc: str, expect: str | None, noted: bool) -> None:
-    step = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n[1-2]", "SLURMD_NODENAME": "n1",
-            "SLURM_NODEID": "0", **env}
+    step = step_env("n[1-2]", [1, 1], 0, job=7, **env)
     values, flags, script = parse([f"--nproc-per-node={nproc}", "t.py"])
     _, extra = torchrun_command(step, values, flags, script, "/py")
     assert extra.get("OMP_NUM_THREADS") == expect
-    assert (omp_note(step, values, extra) is not None) == noted
+    assert (first_node_note(step, values) is not None) == noted
 
 
 @pytest.mark.parametrize(("options", "expect"), [

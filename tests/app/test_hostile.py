@@ -27,7 +27,7 @@ from slurmlaunch.core import limits
 from slurmlaunch.core.detect import Context, detect
 from slurmlaunch.core.errors import EnvironmentMappingError, SpecError
 from slurmlaunch.core.spec import JobSpec, parse_array, parse_nodes, validate
-from tests.helpers import ROOT, no_slurm_env
+from tests.helpers import ROOT, no_slurm_env, step_env
 
 MEMORY_LIMIT = 100 * 2**20  # the bound for any rejected input: ~100 MB of address space
 
@@ -187,7 +187,7 @@ def test_torchrun_node_other_numbers_are_one_short_line(name: str, value: str) -
     from slurmlaunch.allocation.torchrun_mode import torchrun_command
     from slurmlaunch.core.errors import EnvironmentMappingError
 
-    env = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n1", name: value}
+    env = dict(step_env("n1", [1], 0, job=7), **{name: value})
     with pytest.raises(EnvironmentMappingError) as e:
         torchrun_command(env, {"nproc-per-node": "2"}, [], ["t.py"], "python")
     assert str(e.value).startswith(f"{name}=") and "\n" not in str(e.value) and len(str(e.value)) < 300

@@ -32,6 +32,16 @@ def test_step_variables_win_over_job_variables() -> None:
     assert d.world_size == 2 and d.num_nodes == 2 and d.master_addr == "node3" and d.node_rank == 1
 
 
+def test_without_the_steps_list_the_jobs_canonical_name_wins() -> None:
+    # sbatch(1): SLURM_NODELIST is SLURM_JOB_NODELIST's name kept for backwards compatibility. The reader once
+    # preferred it (torchrun mode did not); a set-up that gives them different values now reads the job's.
+    env = step_env("node[1-2]", [1, 1], 1, SLURM_NODELIST="other[1-2]")
+    del env["SLURM_STEP_NODELIST"]
+    d = detect(env)
+    assert d.master_addr == "node1" and d.this_host == "node2"
+    assert d.origins["GROUP_WORLD_SIZE"] == "SLURM_JOB_NODELIST=node[1-2]"
+
+
 def test_uneven_tasks_per_node() -> None:
     counts = [3, 3, 1]
     seen = []

@@ -15,9 +15,6 @@ CLI_ONLY = frozenset({"array", "max_parallel", "sweep", "mode", "nproc_per_node"
                       "container_image", "apptainer", "container_mounts", "container_workdir", "template_dir"})
 OPTION_NAMES = frozenset(f.name for f in fields(JobSpec)) - {"script", "args", "module", "no_python", "python",
                                                              "workdir", "legacy_local_rank_arg"} - CLI_ONLY
-# A profile's keys (the CLI's option names) as JobSpec fields, where they differ.
-_PROFILE_FIELDS = {"sbatch_arg": "sbatch_args", "container_mount": "container_mounts", "pbs_resource": "pbs_resources",
-                   "mpiexec_arg": "mpiexec_args"}
 
 
 # A profile's keys that say where the job goes from a laptop (README: From your laptop), as the API's
@@ -54,12 +51,15 @@ def profile_options(name: str) -> dict[str, Any]:
     """The job options profile ``name`` (with the files' [defaults]) sets, as keyword arguments (README:
     Profiles). Settings the API does not carry out (mode, containers, ...) are refused; the scheduler,
     template and --wait settings are the CLI's and are not taken."""
-    from ...core.spec import parse_env, parse_nodes
+    from ...core.spec import parse_nodes
+    from ..options import spec_options, spec_value
 
     table, given = _profile_values(name)
+    records = {o.dest: o for o in spec_options()}  # a profile's keys are the CLI's dests
     out: dict[str, Any] = {}
     for dest, value in given.items():
-        field = _PROFILE_FIELDS.get(dest, dest)
+        record = records.get(dest)
+        field = record.field if record is not None and record.field is not None else dest
         if field in CLI_ONLY and value:
             raise SpecError(f"profile {name!r} sets {table[dest].flag.lstrip('-')}, which only `slurmlaunch "
                             f"submit` carries out (from Python: leave it out of the profile, or use the CLI)")
@@ -67,10 +67,8 @@ def profile_options(name: str) -> dict[str, Any]:
             value, low = parse_nodes(value)
             if low is not None:
                 raise SpecError(f"profile {name!r}: nodes = {low}:{value} needs `slurmlaunch submit --mode torchrun`")
-        elif field == "env":
-            value = parse_env(value)
-        elif isinstance(value, list):
-            value = tuple(value)
+        elif record is not None:
+            value = spec_value(record, value)
         if field in OPTION_NAMES:
             out[field] = value
     return out
