@@ -73,6 +73,35 @@ def warning_fix(name: str, requeue: bool) -> str:
             f"or --signal none")
 
 
+def warning_code(name: str) -> int:
+    """The exit code that says "saved, requeue me" for the warning signal SIG``name``: 128 + its number."""
+    return 128 + int(Signals["SIG" + name])
+
+
+def wants_requeue(warned: bool, code: int, killed: bool, asked: int) -> bool:
+    """The requeue rule: a run that got the warning and did not finish, or whose ranks exited with ``asked``
+    (128 + the warning signal) after saving a checkpoint; not one whose ranks died of the signal (``killed``:
+    no handler, nothing saved), nor one that finished (exit 0) after the warning."""
+    return not killed and ((warned and code != 0) or code == asked)
+
+
+def keeps_asked_code(recorded: int | None, asked: int, aborted_first: bool) -> bool:
+    """The teardown-abort rule: a rank that torch's teardown killed by SIGABRT after its script exited with
+    ``asked`` (128 + the warning signal; ``recorded``: the RUNNER's exit mark) keeps that code when its abort
+    is the first failure (``aborted_first``): the request is not lost to the abort."""
+    return aborted_first and recorded == asked
+
+
+def asked_abort_message(rank: int, code: int) -> str:
+    return (f"rank {rank} aborted in torch's teardown after the script exited {code} (docs: Debugging, 'Teardown "
+            f"aborts'); the job counts as exit code {code}")
+
+
+def stopped_line(who: str, code: int, text: str, others: str, first: bool = True) -> str:
+    """The first failure when slurmlaunch stopped the rank itself (``who``: "rank 3 on node2")."""
+    return f"{who} failed{' first' if first else ''} with exit code {code} (stopped by slurmlaunch: {text}){others}"
+
+
 def _say(text: str) -> None:
     sys.stderr.write(f"slurmlaunch: {text}\n")
     sys.stderr.flush()
@@ -293,9 +322,8 @@ class Step:
         a = self.args
         stopped = read_first(self.files.reasons)
         if stopped is not None:
-            who = "a task" if stopped.rank is None else f"rank {stopped.rank}"
-            return stopped.code, (f"{who} on {stopped.host} failed first with exit code {stopped.code} (stopped by "
-                                  f"slurmlaunch: {stopped.text}){self.others()}"), ""
+            who = f"{'a task' if stopped.rank is None else f'rank {stopped.rank}'} on {stopped.host}"
+            return stopped.code, stopped_line(who, stopped.code, stopped.text, self.others()), ""
         if a.scheduler == "slurm":
             skip = (strsignal(self.warning) or "") if self.warning is not None else ""
             found = srun_first(lines, skip)
@@ -335,12 +363,12 @@ class Step:
         for r in ranks:
             if os.path.exists(self.files.returned_mark(r)):
                 _say(teardown_message(r))
-            if self.warning is not None and not self.args.torchrun:
-                code = 128 + self.warning.value
-                if (not summary or first_signal.endswith("SIGABRT")) and recorded_exit(self.files.exit_mark(r)) == code:
+            if self.args.warning and not self.args.torchrun:
+                code = warning_code(self.args.warning)
+                aborted_first = not summary or first_signal.endswith("SIGABRT")
+                if keeps_asked_code(recorded_exit(self.files.exit_mark(r)), code, aborted_first):
                     rc = code
-                    _say(f"rank {r} aborted in torch's teardown after the script exited {code} (see the README's "
-                         f"'Teardown aborts'); the job counts as exit code {code}")
+                    _say(asked_abort_message(r, code))
         return rc
 
     def finish(self, rc: int) -> int:
@@ -367,14 +395,14 @@ class Step:
         shutil.rmtree(f.reasons, ignore_errors=True)
         killed = ""
         if self.warning is not None and a.scheduler == "slurm":
-            code = 128 + self.warning.value
+            code = warning_code(a.warning)
             # srun stops the rest of a failed step with SIGTERM as well: only after the warning is it the warning's
             if self.warning != signal.SIGTERM or self.warned:
                 killed = srun_killed_by(lines, strsignal(self.warning) or "")
             if killed:  # no handler for it, so nothing was saved: not the "exited 128+N" that asks for a requeue
                 fix = warning_fix(a.warning, a.requeue is not None)
                 _say(f"{killed} killed by SIG{a.warning}, the warning signal: {fix}")
-            elif a.requeue is not None and not a.requeued_by_script and ((self.warned and rc != 0) or rc == code):
+            elif a.requeue is not None and not a.requeued_by_script and wants_requeue(self.warned, rc, False, code):
                 if self.requeue(a.requeue):
                     return 0
             if killed:  # end as the ranks did, killed by the signal: sacct's ExitCode then reads 0:N

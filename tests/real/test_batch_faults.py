@@ -30,7 +30,7 @@ from slurmlaunch.allocation import batch_step
 from slurmlaunch.app import faults
 from slurmlaunch.core.jobfiles import WRITE_FAILED
 from slurmlaunch.core.spec import JobSpec
-from slurmlaunch.render import pbs_script, slurm_script
+from slurmlaunch.render import pbs_script
 from tests.allocation.test_stop_reasons import FAKE_MPIEXEC
 from tests.helpers import golden_spec, no_slurm_env, run_cli, skip_or_fail
 
@@ -441,7 +441,7 @@ def test_pbs_script_full_output_directory_starts_no_rank(tmp_path: Path) -> None
     """The pre-flight write test, on a real full file system (a 64 KiB tmpfs) where root can mount one."""
     logs = tmp_path / "logs"
     logs.mkdir()
-    spec = golden_spec(mpi="mpich", workdir=str(tmp_path), output_dir=str(logs))
+    spec = golden_spec(mpi="mpich", workdir=str(tmp_path), output_dir=str(logs), python=sys.executable)
     script = tmp_path / "job.qsub"
     script.write_text(pbs_script.render_script(spec))
     bin_dir = tmp_path / "bin"
