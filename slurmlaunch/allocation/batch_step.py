@@ -214,7 +214,7 @@ class Step:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.files = JobFiles(args.log_dir, args.job, args.unit)
+        self.files = JobFiles(args.log_dir or "", args.job or "", args.unit)
         self.warning = Signals["SIG" + args.warning] if args.warning else None
         self.warned = False
         self.stopped = False
@@ -223,19 +223,29 @@ class Step:
 
     # --- signals -------------------------------------------------------------------------------------------
 
+    def _ended(self) -> bool:
+        """Whether COMMAND has ended, asked without reaping it: from a signal handler, while the main thread
+        waits for it (Popen.poll would answer None then: wait() holds its lock)."""
+        if self.proc is None:
+            return False
+        try:
+            return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True
+
     def _forward(self, signum: int, frame: FrameType | None) -> None:
         self.warned = True
         extra = " (the script's framework saves and requeues the job itself)" if self.args.requeued_by_script else ""
         _say(f"SIG{self.args.warning} received, passing it on to the ranks{extra}")
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signum)
+        if self.proc is not None and not self._ended():
+            os.kill(self.proc.pid, signum)
 
     def _stacks_at_stop(self, signum: int, frame: FrameType | None) -> None:
         """Slurm's SIGTERM (the time limit, scancel): once the ranks have written their stacks (3 s at most),
         say where they were, then end by the signal as the shell would."""
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         for _ in range(30):
-            if self.proc is None or self.proc.poll() is not None:
+            if self.proc is None or self._ended():
                 break
             time.sleep(0.1)
         summary_main([self.files.stacks])
@@ -294,7 +304,7 @@ class Step:
         with Open MPI's naming lines kept (PBS)."""
         self._arm()
         openmpi = self.openmpi
-        if self.args.scheduler == "slurm":
+        if self.args.scheduler == "slurm" and self.args.log_dir:
             with open(self.files.srun_log, "ab") as log:
                 self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=log)
         elif self.args.mpi == "openmpi":
@@ -432,8 +442,8 @@ class Step:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="slurmlaunch batch-step", description="the batch script's last command")
     p.add_argument("--scheduler", choices=("slurm", "pbs"), required=True)
-    p.add_argument("--log-dir", required=True)
-    p.add_argument("--job", required=True, help="the job's tag in its file names")
+    p.add_argument("--log-dir", help="the job's output directory (without: the warning is passed on, no more)")
+    p.add_argument("--job", help="the job's tag in its file names")
     p.add_argument("--unit", choices=("rank", "node"), default="rank", help="what one output file holds")
     p.add_argument("--ranks", type=int, default=1, help="the world size")
     p.add_argument("--nodes", type=int, default=1)
@@ -456,7 +466,12 @@ def main(argv: Sequence[str]) -> int:
     if not command:
         _say("error: batch-step needs a COMMAND after --")
         return 2
+    if args.log_dir is not None and not args.job:
+        _say("error: batch-step --log-dir needs --job (the job's tag in its file names)")
+        return 2
     step = Step(args)
+    if args.log_dir is None:  # the API's submitit script: the warning passed on, srun's status the job's
+        return step.run(command)
     code = step.prepare()
     if code is not None:
         return code

@@ -38,8 +38,6 @@ REFUSALS = Refusals(
         "gpu_flag": "it only chooses how sbatch is asked for GPUs (leave it out)",
         "container_image": "it uses Slurm's pyxis plugin through srun (use --apptainer IMAGE under PBS)",
         "max_requeues": "PBS reruns a -r y job itself and slurmlaunch does not count them (leave it out)",
-        "signal": "the qsub script asks PBS for no warning signal before the walltime (leave it out; PBS sends "
-                  "SIGTERM at the walltime, then SIGKILL after the server's kill_delay)",
         "mode": "under PBS mpiexec starts one launcher per rank (leave out --mode)",
     },
     values={"mpi": (MPI_FLAVOURS, "the MPI whose mpiexec starts the ranks")},
