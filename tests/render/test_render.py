@@ -31,7 +31,7 @@ def test_the_scripts_take_the_job_file_names_from_jobfiles(mode: str) -> None:
     text = slurm_script.render_script(spec)
     assert "job-" not in text.replace("job-<id>.json", "").replace("job-%j", "")  # the batch step names them
     assert f' --unit {spec.log_unit} ' in text and ' --log-dir "$log_dir" --job "$job_tag" -- ' in text
-    assert pbs_script.script_context(golden_spec())["files"] == JobFiles("$log_dir", "$job_id")
+    assert ' --log-dir "$log_dir" --job "$job_id" -- ' in pbs_script.render_script(golden_spec())
     srun = slurm_script.srun_args(spec)
     assert srun[srun.index("--output") + 1] == JobFiles(spec.log_dir, "%j", spec.log_unit).log("%t")
 
