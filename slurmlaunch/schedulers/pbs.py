@@ -305,7 +305,9 @@ EDGE = QueuedEdge(
     submit_script_command=qsub_command, submit_script=submit, parse_id=parse_job_id, job_status=status,
     array_status=array_status, cancel_job=cancel, rank_log_of=_rank_log, batch_log_of=_batch_log,
     output_log_of=_output_log, node_commands_of=node_commands, check_request=check,
-    warning_signal=False,  # the qsub script asks for none (REFUSALS: signal)
+    # False: no Lightning adaptation (its requeue on the warning is Slurm's scontrol); --signal itself is carried
+    # out, sent by the batch step before the walltime (allocation/batch_step.py)
+    warning_signal=False,
     shared_output=SHARED_OUTPUT,
     submitit_executor=None,  # the API's own PBS executor (app/api/pbs.py) runs its jobs through this edge
 )
