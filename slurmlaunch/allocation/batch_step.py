@@ -144,11 +144,15 @@ def preflight(log_dir: str) -> str | None:
 
 
 def fresh_dir(path: str, variable: str) -> None:
-    """``path`` as a new private directory (a requeued run starts clean), named to COMMAND in ``variable``."""
+    """``path`` as a new private directory (a requeued run starts clean), named to COMMAND in ``variable``; one
+    that cannot be made is said, and the ranks run without it (what it holds is a report, not the work)."""
     shutil.rmtree(path, ignore_errors=True)
     with suppress(OSError):
-        os.unlink(path)
-    os.mkdir(path, 0o700)
+        os.unlink(path)  # a link planted there: the link itself, never its target
+    try:
+        os.mkdir(path, 0o700)
+    except OSError as e:
+        _say(f"could not create {path}: {e.strerror or e}")
     os.environ[variable] = path
 
 
