@@ -265,7 +265,7 @@ class Step:
     def _arm(self) -> None:
         a = self.args
         if a.stacks and self.warning != signal.SIGTERM:
-            signal.signal(signal.SIGTERM, self._pbs_stop if a.scheduler == "pbs" else self._stacks_at_stop)
+            signal.signal(signal.SIGTERM, self._pbs_stop if a.outlive_stop else self._stacks_at_stop)
         if self.warning is not None:
             signal.signal(self.warning, self._forward)
             if a.walltime is not None and a.warn_before is not None:  # PBS: nobody else sends it
@@ -284,7 +284,7 @@ class Step:
             _say(f"cannot write in the output directory {self.args.log_dir}: {why}; no rank was started "
                  f"(exit code {WRITE_FAILED})")
             return WRITE_FAILED
-        if self.args.scheduler == "slurm":
+        if self.args.srun:
             # What srun creates or appends to is never a link planted in advance (srun follows links).
             for planted in glob.glob(glob.escape(f.log("\0")).replace("\0", "*")):
                 if os.path.islink(planted):
@@ -308,7 +308,7 @@ class Step:
         with Open MPI's naming lines kept (PBS)."""
         self._arm()
         openmpi = self.openmpi
-        if self.args.scheduler == "slurm" and self.args.log_dir:
+        if self.args.srun and self.args.log_dir:
             with open(self.files.srun_log, "ab") as log:
                 self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=log)
         elif self.args.mpi == "openmpi":
@@ -338,7 +338,7 @@ class Step:
         if stopped is not None:
             who = f"{'a task' if stopped.rank is None else f'rank {stopped.rank}'} on {stopped.host}"
             return stopped.code, stopped_line(who, stopped.code, stopped.text, self.others()), ""
-        if a.scheduler == "slurm":
+        if a.srun:
             skip = (strsignal(self.warning) or "") if self.warning is not None else ""
             found = srun_first(lines, skip)
             if found is None:
@@ -389,7 +389,7 @@ class Step:
         """The plan after COMMAND ended: the first failure, the warning's rules, the exit code file."""
         a, f = self.args, self.files
         lines: list[str] = []
-        if a.scheduler == "slurm":
+        if a.srun:
             with suppress(OSError), open(f.srun_log, "rb") as log:
                 data = log.read()
                 sys.stderr.buffer.write(data)
@@ -403,12 +403,12 @@ class Step:
                 _say(summary)
                 if not put_file(f.failure, "slurmlaunch: " + summary):
                     _say(f"could not write {f.failure}")
-            if a.scheduler == "slurm":
+            if a.srun:
                 rc = self.teardown_aborts(rc, summary, first_signal, lines)
         shutil.rmtree(f.returned, ignore_errors=True)
         shutil.rmtree(f.reasons, ignore_errors=True)
         killed = ""
-        if self.warning is not None and a.scheduler == "slurm":
+        if self.warning is not None and a.srun:
             code = warning_code(a.warning)
             # srun stops the rest of a failed step with SIGTERM as well: only after the warning is it the warning's
             if self.warning != signal.SIGTERM or self.warned:
@@ -445,7 +445,10 @@ class Step:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="slurmlaunch batch-step", description="the batch script's last command")
-    p.add_argument("--scheduler", choices=("slurm", "pbs"), required=True)
+    p.add_argument("--srun", action="store_true", help="COMMAND is srun: its stderr goes to the job's srun log, whose "
+                   "words name the first failure; the requeue is scontrol's")
+    p.add_argument("--outlive-stop", action="store_true", help="SIGTERM (PBS's qdel, the walltime): wait for COMMAND, "
+                   "say where the ranks were, write no exit code")
     p.add_argument("--log-dir", help="the job's output directory (without: the warning is passed on, no more)")
     p.add_argument("--job", help="the job's tag in its file names")
     p.add_argument("--unit", choices=("rank", "node"), default="rank", help="what one output file holds")

@@ -293,7 +293,7 @@ def batch_step_plan(spec: JobSpec) -> list[str]:
     """The batch step's plan (allocation/batch_step.py's options, before its --log-dir and --job): the MPI whose
     lines name a failed rank, the world, the warning signal and when to send it (PBS sends none before the
     walltime: the batch step does, --signal's seconds before --time), the stacks at a stop."""
-    plan = ["--scheduler", "pbs", "--mpi", pbs_mpi(spec), "--ranks", str(spec.world_size), "--nodes",
+    plan = ["--outlive-stop", "--mpi", pbs_mpi(spec), "--ranks", str(spec.world_size), "--nodes",
             str(spec.nodes), "--tasks-per-node", str(spec.ntasks_per_node)]
     limit = spec.time_limit_seconds
     if spec.warning and limit is not None:

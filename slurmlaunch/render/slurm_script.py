@@ -79,7 +79,7 @@ def shell_files(spec: JobSpec) -> JobFiles:
 def batch_step_plan(spec: JobSpec) -> list[str]:
     """The batch step's plan (allocation/batch_step.py's options, before its --log-dir and --job): what one
     output file holds, the world, the warning signal, the requeue rule, the stacks at a stop."""
-    plan = ["--scheduler", "slurm", "--unit", spec.log_unit, "--ranks", str(spec.world_size), "--nodes",
+    plan = ["--srun", "--unit", spec.log_unit, "--ranks", str(spec.world_size), "--nodes",
             str(spec.nodes)]
     if spec.mode == "torchrun":
         plan.append("--torchrun")

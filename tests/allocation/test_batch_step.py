@@ -64,7 +64,7 @@ def _step(tmp_path: Path, plan: list[str], words: str = "", code: int = 0, wait:
     logs.mkdir(exist_ok=True)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_WORDS=words, FAKE_CODE=str(code),
                FAKE_WAIT=str(tmp_path / "waiting") if wait else "", SLURM_JOB_ID="77", **(extra_env or {}))
-    cmd = [sys.executable, "-m", "slurmlaunch", "batch-step", "--scheduler", "slurm", "--ranks", "4", *plan,
+    cmd = [sys.executable, "-m", "slurmlaunch", "batch-step", "--srun", "--ranks", "4", *plan,
            "--log-dir", str(logs), "--job", "77", "--", "srun", "true"]
     return subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True), logs
 
@@ -130,6 +130,6 @@ def test_a_planted_link_is_never_written_through(tmp_path: Path) -> None:
 
 
 def test_without_a_command_it_says_so() -> None:
-    r = subprocess.run([sys.executable, "-m", "slurmlaunch", "batch-step", "--scheduler", "slurm"],
+    r = subprocess.run([sys.executable, "-m", "slurmlaunch", "batch-step", "--srun"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr == "slurmlaunch: error: batch-step needs a COMMAND after --\n"

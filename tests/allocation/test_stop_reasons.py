@@ -207,7 +207,7 @@ def test_pbs_script_reports_the_first_stopped_rank(tmp_path: Path, mpi: str) -> 
                        output_dir=str(logs))
     (tmp_path / "train.py").write_text("print('started')")
     text = pbs_script.render_script(spec)
-    assert ' batch-step --scheduler pbs ' in text  # which sets SLURMLAUNCH_REASONS_DIR for mpiexec (seen below)
+    assert ' batch-step --outlive-stop ' in text  # which sets SLURMLAUNCH_REASONS_DIR for mpiexec (seen below)
     if mpi == "openmpi":  # Open MPI forwards only the variables named with -x
         assert "-x SLURMLAUNCH_REASONS_DIR" in text
     script = tmp_path / "job.qsub"

@@ -40,7 +40,7 @@ def _srun_lines(spec: JobSpec, signal_name: str) -> list[str]:
     batch step (allocation/batch_step.py, as the CLI's script does), which the batch shell becomes (exec:
     the warning signal --signal=B: sends reaches it) and which passes the warning on to the ranks through
     srun. Defined after the --setup lines, so that an srun of theirs runs as they wrote it."""
-    step = [*batch_step_command(spec), "--scheduler", "slurm", "--warning", signal_name]
+    step = [*batch_step_command(spec), "--warning", signal_name]
     return ["srun() {  # the batch step runs srun and passes the warning signal on to the ranks",
             f'    exec {shlex.join(step)} -- srun "$@"',
             "}"]
