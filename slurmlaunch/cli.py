@@ -63,6 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .allocation.stacks import node_main
 
             return node_main(args[1:])
+        if args and args[0] == "batch-step":
+            from .allocation.batch_step import main as batch_step_main
+
+            return batch_step_main(args[1:])
         if args and args[0] == "stacks-summary":
             from .allocation.stacks import summary_main
 

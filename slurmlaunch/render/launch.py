@@ -51,6 +51,18 @@ def launch_command(spec: JobSpec) -> list[str]:
 
 
 
+def batch_step_command(spec: JobSpec) -> list[str]:
+    """What a batch script ends with: the batch step's supervisor (allocation/batch_step.py) in this
+    installation. It runs in the batch shell, outside any container: there, with --container-image or
+    --apptainer, the host's python3 runs it from this installation's package (which the container mounts)."""
+    if spec.container:
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        boot = (f'import os, sys; sys.path.insert(0, os.path.dirname("{package}")); '
+                "from slurmlaunch.cli import main; sys.exit(main())")
+        return ["python3", "-c", boot, "batch-step"]
+    return [spec.python, "-m", "slurmlaunch", "batch-step"]
+
+
 def script_env(spec: JobSpec) -> list[tuple[str, str]]:
     """The variables a batch script exports for every rank: --env, then --master-port, --rdzv-timeout."""
     env = list(spec.env)

@@ -10,11 +10,10 @@ from typing import Any
 
 from ..core import __version__
 from ..core.errors import SpecError
-from ..core.jobfiles import WRITE_FAILED, JobFiles
 from ..core.parse import parse_mem
 from ..core.spec import MPI_FLAVOURS, UNLIMITED, JobSpec, time_seconds
 from .jinja import render
-from .launch import launch_command, script_env
+from .launch import batch_step_command, launch_command, script_env
 
 TEMPLATE = "pbs.qsub.j2"
 
@@ -290,6 +289,20 @@ def mpiexec_args(spec: JobSpec, env: list[tuple[str, str]]) -> tuple[list[str], 
     return ["-n", str(spec.world_size), "--ppn", str(tpn), *bind, "--label", *extra], None
 
 
+def batch_step_plan(spec: JobSpec) -> list[str]:
+    """The batch step's plan (allocation/batch_step.py's options, before its --log-dir and --job): the MPI whose
+    lines name a failed rank, the world, the warning signal and when to send it (PBS sends none before the
+    walltime: the batch step does, --signal's seconds before --time), the stacks at a stop."""
+    plan = ["--outlive-stop", "--mpi", pbs_mpi(spec), "--ranks", str(spec.world_size), "--nodes",
+            str(spec.nodes), "--tasks-per-node", str(spec.ntasks_per_node)]
+    limit = spec.time_limit_seconds
+    if spec.warning and limit is not None:
+        plan += ["--warning", spec.warning[0], "--walltime", str(limit), "--warn-before", str(spec.warning[1])]
+    if not spec.container:  # the batch shell runs outside the container, where the ranks' stacks are not said
+        plan.append("--stacks")
+    return plan
+
+
 def script_context(spec: JobSpec) -> dict[str, Any]:
     check(spec)
     env = script_env(spec)
@@ -301,11 +314,8 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
         "workdir": spec.workdir, "mpiexec_args": args, "hostfile_flag": hostfile_flag,
         "launch_cmd": launch_command(spec), "array_index": ARRAY_INDEX[spec.pbs_flavour] if spec.is_array else None,
         "sweep_points": list(enumerate(spec.sweep_points)),
-        "write_failed": WRITE_FAILED,
-        "files": JobFiles("$log_dir", "$job_id"),  # the job's file names, spelled with the script's variables
-        # the batch shell's summary of the stacks the ranks saved when they were stopped (not in a container:
-        # the batch shell runs outside it)
-        "stacks_summary": None if spec.container else [spec.python, "-m", "slurmlaunch", "stacks-summary"],
+        "batch_step": [*batch_step_command(spec), *batch_step_plan(spec)],
+        "warn": spec.warning[1] if spec.warning and spec.time_limit_seconds is not None else None,
     }
 
 

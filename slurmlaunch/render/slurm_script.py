@@ -3,15 +3,14 @@ the template is rendered with. Pure: no sbatch, no files written."""
 
 from __future__ import annotations
 
-from signal import Signals, strsignal
 from typing import Any
 
 from ..core import __version__
 from ..core.errors import SpecError
-from ..core.jobfiles import WRITE_FAILED, JobFiles
+from ..core.jobfiles import JobFiles
 from ..core.spec import SRUN_MPI_TYPES, JobSpec
 from .jinja import render
-from .launch import container_mounts, launch_command, script_env
+from .launch import batch_step_command, container_mounts, launch_command, script_env
 
 TEMPLATE = "slurm.sbatch.j2"
 
@@ -77,32 +76,26 @@ def shell_files(spec: JobSpec) -> JobFiles:
     return JobFiles("$log_dir", "$job_tag", spec.log_unit)
 
 
-def node_logs(files: JobFiles) -> str:
-    """Every output file of the job as a shell word: the names quoted, the index left to the shell's glob."""
-    pattern = files.log("*")
-    cut = len(files.log_dir) + 1 + len(files.stem)
-    return f'"{pattern[:cut]}"{pattern[cut:]}'
-
-
-# The signals whose default action ends a process (signal(7): Term or Core), each as srun words it.
-KILLING = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGKILL", "SIGUSR1",
-           "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGXCPU", "SIGXFSZ", "SIGSYS")
-# Slurm's own word for a task killed by the cgroup's OOM killer (with task/cgroup), besides strsignal's "Killed".
-OUT_OF_MEMORY = "Out Of Memory"
-
-
-def signal_words() -> str:
-    """How srun words a task killed by a signal (strsignal's description: "Killed", "Segmentation fault"),
-    one row per signal: DESCRIPTION, the exit code it counts as (128 + N), and what the failure line says.
-    The batch script's failure summary looks srun's lines up here."""
-    rows = [f"{strsignal(s)}\t{128 + s.value}\tkilled by {s.name}" for s in map(Signals.__getitem__, KILLING)]
-    rows.append(f"{OUT_OF_MEMORY}\t{128 + Signals.SIGKILL.value}\tkilled by SIGKILL: out of memory")
-    return "\n".join(sorted(set(rows)))
+def batch_step_plan(spec: JobSpec) -> list[str]:
+    """The batch step's plan (allocation/batch_step.py's options, before its --log-dir and --job): what one
+    output file holds, the world, the warning signal, the requeue rule, the stacks at a stop."""
+    plan = ["--srun", "--unit", spec.log_unit, "--ranks", str(spec.world_size), "--nodes",
+            str(spec.nodes)]
+    if spec.mode == "torchrun":
+        plan.append("--torchrun")
+    if spec.warning:
+        plan += ["--warning", spec.warning[0]]
+    if spec.requeue:
+        plan += ["--requeue", str(spec.max_requeues)]
+        if spec.requeued_by == "script":
+            plan.append("--requeued-by-script")
+    if not spec.container:  # the batch shell runs outside the container, where the ranks' stacks are not said
+        plan.append("--stacks")
+    return plan
 
 
 def script_context(spec: JobSpec) -> dict[str, Any]:
     env = script_env(spec)
-    files = shell_files(spec)
     return {
         "version": __version__,
         "world_size": spec.world_size,
@@ -116,23 +109,10 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
         "workdir": spec.workdir,
         "srun_args": srun_args(spec),
         "launch_cmd": launch_command(spec),
-        "warning_signal": spec.warning[0] if spec.warning else None,
-        # how srun words a task killed by it (strsignal), and its number: to tell "died of it" from "saved"
-        "warning_description": strsignal(Signals["SIG" + spec.warning[0]]) if spec.warning else None,
-        "warning_number": int(Signals["SIG" + spec.warning[0]]) if spec.warning else 0,
-        "requeue": spec.requeue,
-        "requeued_by_script": spec.requeued_by == "script",
-        "max_requeues": spec.max_requeues,
+        "batch_step": [*batch_step_command(spec), *batch_step_plan(spec)],
         "array": spec.is_array,
         "torchrun": spec.mode == "torchrun",
         "sweep_points": list(enumerate(spec.sweep_points)),
-        "files": files,
-        "node_logs": node_logs(files),
-        "signal_words": signal_words(),
-        "write_failed": WRITE_FAILED,
-        # the batch shell's summary of the stacks the ranks saved when they were stopped (not in a container:
-        # the batch shell runs outside it)
-        "stacks_summary": None if spec.container else [spec.python, "-m", "slurmlaunch", "stacks-summary"],
     }
 
 

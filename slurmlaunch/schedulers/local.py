@@ -24,6 +24,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Final
 
+from ..allocation.batch_step import (
+    asked_abort_message,
+    keeps_asked_code,
+    stopped_line,
+    wants_requeue,
+    warning_code,
+    warning_fix,
+)
 from ..allocation.gpus import dev_gpu_ids, visible_gpus
 from ..allocation.launch import RETURNED_DIR
 from ..allocation.net import free_port
@@ -277,15 +285,6 @@ def _warning(spec: JobSpec) -> tuple[int, float] | None:
     return int(signal.Signals["SIG" + name]), float(seconds)
 
 
-def warning_fix(name: str, requeue: bool) -> str:
-    """What to do when the ranks died of the warning signal SIG``name`` (the batch script says the same)."""
-    number = int(signal.Signals["SIG" + name])
-    return (f"the script does not handle it, so nothing was saved{' and the job is not requeued' if requeue else ''}. "
-            f"Fix: handle SIG{name} in the script (save a checkpoint, exit {128 + number}; see "
-            f"examples/checkpoint_requeue.py), or ask for the signal it handles (--signal USR1@90 for Lightning), "
-            f"or --signal none")
-
-
 def stopped_first(result: Outcome, reasons_dir: str) -> tuple[Outcome, Reason | None]:
     """The outcome as the batch script would report it: when a rank failed and slurmlaunch had stopped a
     rank itself (a refusal, the rendezvous time-out), the earliest such rank is the first failure and its
@@ -308,11 +307,10 @@ def asked_before_abort(what: str, spec: JobSpec, result: Outcome, stopped: Reaso
     if spec.warning is None or spec.mode == "torchrun" or stopped is not None or rank is None \
             or result.codes.get(rank) != SIGABRT_CODE:
         return result
-    code = 128 + int(signal.Signals["SIG" + spec.warning[0]])
-    if recorded_exit(files.exit_mark(rank)) != code:
+    code = warning_code(spec.warning[0])
+    if not keeps_asked_code(recorded_exit(files.exit_mark(rank)), code, True):
         return result
-    _say(f"{what}: rank {rank} aborted in torch's teardown after the script exited {code} (docs: Debugging, 'Teardown "
-         f"aborts'); the job counts as exit code {code}")
+    _say(f"{what}: {asked_abort_message(rank, code)}")
     return replace(result, exit_code=code, codes={**result.codes, rank: code},
                    signaled={r: n for r, n in result.signaled.items() if r != rank})
 
@@ -335,8 +333,7 @@ def _report(what: str, spec: JobSpec, result: Outcome, stopped: Reason | None = 
         _say(f"{what}: reached its time limit (--time {spec.time}); the ranks were stopped (state TIMEOUT)")
     elif stopped is not None:
         others = f"; the other {spec.log_unit}s were stopped" if len(result.codes) > 1 else ""
-        failure = (f"{what}: {stopped.who()} failed{' first' if others else ''} with exit code {result.exit_code} "
-                   f"(stopped by slurmlaunch: {stopped.text}){others}")
+        failure = f"{what}: " + stopped_line(stopped.who(), result.exit_code, stopped.text, others, bool(others))
     elif result.first_failed_rank is not None:
         others = "; the other ranks were stopped" if len(result.codes) > 1 else ""
         # as the batch script says it under Slurm: a signal that ended the rank is named
@@ -405,7 +402,7 @@ def _run_once(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: 
              f"{signal.Signals(warning[0]).name}, the warning signal: "
              + warning_fix(signal.Signals(warning[0]).name.removeprefix("SIG"), spec.requeue))
     # a rank that died of the warning signal had no handler for it and saved nothing
-    saved = warning is not None and not killed and (result.warned or result.exit_code == 128 + warning[0])
+    saved = warning is not None and wants_requeue(result.warned, result.exit_code, bool(killed), 128 + warning[0])
     return result, failure, saved
 
 

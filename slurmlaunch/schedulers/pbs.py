@@ -38,8 +38,6 @@ REFUSALS = Refusals(
         "gpu_flag": "it only chooses how sbatch is asked for GPUs (leave it out)",
         "container_image": "it uses Slurm's pyxis plugin through srun (use --apptainer IMAGE under PBS)",
         "max_requeues": "PBS reruns a -r y job itself and slurmlaunch does not count them (leave it out)",
-        "signal": "the qsub script asks PBS for no warning signal before the walltime (leave it out; PBS sends "
-                  "SIGTERM at the walltime, then SIGKILL after the server's kill_delay)",
         "mode": "under PBS mpiexec starts one launcher per rank (leave out --mode)",
     },
     values={"mpi": (MPI_FLAVOURS, "the MPI whose mpiexec starts the ranks")},
@@ -307,7 +305,9 @@ EDGE = QueuedEdge(
     submit_script_command=qsub_command, submit_script=submit, parse_id=parse_job_id, job_status=status,
     array_status=array_status, cancel_job=cancel, rank_log_of=_rank_log, batch_log_of=_batch_log,
     output_log_of=_output_log, node_commands_of=node_commands, check_request=check,
-    warning_signal=False,  # the qsub script asks for none (REFUSALS: signal)
+    # False: no Lightning adaptation (its requeue on the warning is Slurm's scontrol); --signal itself is carried
+    # out, sent by the batch step before the walltime (allocation/batch_step.py)
+    warning_signal=False,
     shared_output=SHARED_OUTPUT,
     submitit_executor=None,  # the API's own PBS executor (app/api/pbs.py) runs its jobs through this edge
 )

@@ -207,7 +207,7 @@ def test_pbs_script_reports_the_first_stopped_rank(tmp_path: Path, mpi: str) -> 
                        output_dir=str(logs))
     (tmp_path / "train.py").write_text("print('started')")
     text = pbs_script.render_script(spec)
-    assert 'export SLURMLAUNCH_REASONS_DIR="$log_dir/job-$job_id.reasons"' in text
+    assert ' batch-step --outlive-stop ' in text  # which sets SLURMLAUNCH_REASONS_DIR for mpiexec (seen below)
     if mpi == "openmpi":  # Open MPI forwards only the variables named with -x
         assert "-x SLURMLAUNCH_REASONS_DIR" in text
     script = tmp_path / "job.qsub"
@@ -234,7 +234,7 @@ def test_pbs_script_reports_the_first_stopped_rank(tmp_path: Path, mpi: str) -> 
 
 def test_pbs_script_keeps_mpiexecs_code_without_a_reason(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
-    spec = golden_spec(mpi="mpich", workdir=str(tmp_path), output_dir=str(logs))
+    spec = golden_spec(mpi="mpich", workdir=str(tmp_path), output_dir=str(logs), python=sys.executable)
     script = tmp_path / "job.qsub"
     script.write_text(pbs_script.render_script(spec))
     bin_dir = tmp_path / "bin"

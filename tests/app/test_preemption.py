@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmlaunch.allocation import batch_step
 from slurmlaunch.app.clients import lightning_signal, script_source
 from slurmlaunch.core.spec import JobSpec, validate
 from slurmlaunch.render import slurm_script
@@ -63,6 +64,11 @@ def test_script_source_reads_the_script_or_the_module(tmp_path: Path) -> None:
 LIT = "import lightning as L\nL.Trainer().fit(None)\n"
 
 
+def _requeues(script: str) -> bool:
+    """Whether the batch step's plan has it requeue the job itself (scontrol requeue)."""
+    return " --requeue 3 " in script and "--requeued-by-script" not in script
+
+
 def _dry(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "train.py").write_text(source)
     return run_cli("submit", "--scheduler", "slurm", "--dry-run", "--time", "10", *args, "train.py", cwd=tmp_path)
@@ -72,7 +78,7 @@ def test_lightning_script_gets_usr1_and_the_batch_shell_leaves_the_requeue_to_it
     r = _dry(tmp_path, LIT, "--requeue")
     assert r.returncode == 0, r.stderr
     assert "#SBATCH --signal=B:USR1@90" in r.stdout
-    assert 'scontrol requeue "$SLURM_JOB_ID"' not in r.stdout  # Lightning's rank 0 runs it; never both
+    assert not _requeues(r.stdout)  # Lightning's rank 0 runs it; never both
     lines = [line for line in r.stderr.splitlines() if "uses Lightning" in line]
     assert lines == ["slurmlaunch: train.py uses Lightning (imports lightning): warning signal SIGUSR1 90s before "
                      "the time limit; Lightning saves a checkpoint on it and requeues the job itself, so the batch "
@@ -82,21 +88,21 @@ def test_lightning_script_gets_usr1_and_the_batch_shell_leaves_the_requeue_to_it
 def test_plain_script_keeps_usr2_and_slurmlaunch_requeues(tmp_path: Path) -> None:
     r = _dry(tmp_path, "import torch\n", "--requeue")
     assert r.returncode == 0, r.stderr
-    assert "#SBATCH --signal=B:USR2@90" in r.stdout and 'scontrol requeue "$SLURM_JOB_ID"' in r.stdout
+    assert "#SBATCH --signal=B:USR2@90" in r.stdout and _requeues(r.stdout)
     assert "Lightning" not in r.stderr
 
 
 def test_given_signal_decides(tmp_path: Path) -> None:
     r = _dry(tmp_path, LIT, "--requeue", "--signal", "USR1@200")  # Lightning's own, with other seconds
-    assert "#SBATCH --signal=B:USR1@200" in r.stdout and 'scontrol requeue "$SLURM_JOB_ID"' not in r.stdout
+    assert "#SBATCH --signal=B:USR1@200" in r.stdout and not _requeues(r.stdout)
     r = _dry(tmp_path, LIT, "--requeue", "--signal", "USR2@60")  # not Lightning's: said, and obeyed
-    assert "#SBATCH --signal=B:USR2@60" in r.stdout and 'scontrol requeue "$SLURM_JOB_ID"' in r.stdout
+    assert "#SBATCH --signal=B:USR2@60" in r.stdout and _requeues(r.stdout)
     assert "which saves and requeues on SIGUSR1 only: --signal USR2@60 will end its ranks" in r.stderr
     r = _dry(tmp_path, "import lightning\nfrom x import SLURMEnvironment\n"
              "SLURMEnvironment(requeue_signal=signal.SIGUSR2)\n", "--requeue")
-    assert "#SBATCH --signal=B:USR2@90" in r.stdout and 'scontrol requeue "$SLURM_JOB_ID"' not in r.stdout
+    assert "#SBATCH --signal=B:USR2@90" in r.stdout and not _requeues(r.stdout)
     r = _dry(tmp_path, "import lightning\nSLURMEnvironment(auto_requeue=False)\n", "--requeue")
-    assert "#SBATCH --signal=B:USR2@90" in r.stdout and 'scontrol requeue "$SLURM_JOB_ID"' in r.stdout
+    assert "#SBATCH --signal=B:USR2@90" in r.stdout and _requeues(r.stdout)
 
 
 def test_requeued_by_is_validated() -> None:
@@ -109,31 +115,22 @@ def _script(tmp_path: Path, **kw: object) -> str:
     return slurm_script.render_script(validate(JobSpec(script="x.py", workdir=str(tmp_path), **kw)))  # type: ignore[arg-type]
 
 
-def test_batch_script_matches_srun_words_for_the_warning_signal(tmp_path: Path) -> None:
-    """srun writes strsignal()'s words for a task a signal ended: the script looks for exactly those."""
+def test_batch_script_hands_the_warning_signal_to_the_batch_step(tmp_path: Path) -> None:
     text = _script(tmp_path, time="10", requeue=True)
-    assert "want=': User defined signal 2'" in text
-    assert f"-eq {128 + signal.SIGUSR2} ]" in text and "kill -s USR2 $$" in text
+    assert " --warning USR2 --requeue 3 " in text and "#SBATCH --signal=B:USR2@90" in text
 
 
-def test_batch_script_block_reports_killed_ranks(tmp_path: Path) -> None:
-    """The awk of the batch script's warning block, run on srun's lines: only ranks the warning signal
-    ended are named, whatever srun calls the others."""
-    text = _script(tmp_path, time="10")
-    start = text.index("killed=$(awk")
-    block = text[start:text.index('"$srun_log")', start) + len('"$srun_log")')]
-    log = tmp_path / "srun.log"
-    log.write_text("srun: error: node1: task 0: User defined signal 2\n"
-                   "srun: error: node2: tasks 1-3: User defined signal 2 (core dumped)\n"
-                   "srun: error: node3: task 4: Terminated\n"
-                   "srun: error: node3: task 5: Exited with exit code 140\n")
-    out = subprocess.run(["bash", "-c", f'srun_log={log}\n{block}\necho "$killed"'], capture_output=True,
-                         text=True, check=True).stdout
-    assert out == "task 0 on node1, tasks 1-3 on node2\n"
-    log.write_text("srun: error: node3: task 5: Exited with exit code 140\n")
-    out = subprocess.run(["bash", "-c", f'srun_log={log}\n{block}\necho "[$killed]"'], capture_output=True,
-                         text=True, check=True).stdout
-    assert out == "[]\n"
+def test_batch_step_reports_killed_ranks() -> None:
+    """The batch step's warning rule, on srun's lines: only ranks the warning signal ended are named, in
+    srun's words (strsignal's), whatever srun calls the others."""
+    words = signal.strsignal(signal.SIGUSR2) or ""
+    assert words == "User defined signal 2"
+    lines = ["srun: error: node1: task 0: User defined signal 2",
+             "srun: error: node2: tasks 1-3: User defined signal 2 (core dumped)",
+             "srun: error: node3: task 4: Terminated",
+             "srun: error: node3: task 5: Exited with exit code 140"]
+    assert batch_step.srun_killed_by(lines, words) == "task 0 on node1, tasks 1-3 on node2"
+    assert batch_step.srun_killed_by(lines[3:], words) == ""
 
 
 # --- the local scheduler ----------------------------------------------------------------------------

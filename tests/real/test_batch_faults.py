@@ -26,10 +26,11 @@ from pathlib import Path
 import pytest
 
 import slurmlaunch
+from slurmlaunch.allocation import batch_step
 from slurmlaunch.app import faults
 from slurmlaunch.core.jobfiles import WRITE_FAILED
 from slurmlaunch.core.spec import JobSpec
-from slurmlaunch.render import pbs_script, slurm_script
+from slurmlaunch.render import pbs_script
 from tests.allocation.test_stop_reasons import FAKE_MPIEXEC
 from tests.helpers import golden_spec, no_slurm_env, run_cli, skip_or_fail
 
@@ -61,23 +62,18 @@ def _submit_wait(env: dict[str, str], cwd: Path, *args: str) -> tuple[subprocess
 # --- 28.1: a rank killed by a signal is named under Slurm --------------------------------------------------
 
 def test_signal_words_are_strsignals_with_their_codes() -> None:
-    rows = dict((r.split("\t")[0], r.split("\t")[1:]) for r in slurm_script.signal_words().split("\n"))
-    assert rows["Killed"] == ["137", "killed by SIGKILL"]
-    assert rows["Segmentation fault"] == ["139", "killed by SIGSEGV"]
-    assert rows["Terminated"] == ["143", "killed by SIGTERM"]
-    assert rows[slurm_script.OUT_OF_MEMORY] == ["137", "killed by SIGKILL: out of memory"]
+    rows = batch_step.signal_words()
+    assert rows["Killed"] == (137, "killed by SIGKILL")
+    assert rows["Segmentation fault"] == (139, "killed by SIGSEGV")
+    assert rows["Terminated"] == (143, "killed by SIGTERM")
+    assert rows[batch_step.OUT_OF_MEMORY] == (137, "killed by SIGKILL: out of memory")
 
 
-def _summary_of(tmp_path: Path, srun_log: str, **kw: object) -> str:
-    """The Slurm script's failure block, run by bash on a made-up srun log (the real one is tested below)."""
-    text = slurm_script.render_script(golden_spec(**kw))
-    block = text[text.index("    first=$(awk"):text.index("    first_signal=")]
-    log = tmp_path / "srun.log"
-    log.write_text(srun_log)
-    r = subprocess.run(["bash", "-c", f'srun_log={log}\n{block}\nprintf "%s" "$first"'], capture_output=True,
-                       text=True, timeout=30)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
+def _summary_of(srun_log: str) -> str:
+    """The batch step's reading of srun's first word, on a made-up srun log (the real one is tested below),
+    with golden_spec's warning signal (USR2) left to the warning's rule."""
+    found = batch_step.srun_first(srun_log.splitlines(), "User defined signal 2")
+    return "" if found is None else " ".join(map(str, found)).rstrip()
 
 
 @pytest.mark.parametrize(("log", "first"), [
@@ -91,8 +87,8 @@ def _summary_of(tmp_path: Path, srun_log: str, **kw: object) -> str:
     ("srun: error: node1: task 0: User defined signal 2\n", ""),
     ("srun: error: node1: task 0: Something new\n", ""),
 ])
-def test_first_failure_is_srun_first_word(tmp_path: Path, log: str, first: str) -> None:
-    assert _summary_of(tmp_path, log) == first
+def test_first_failure_is_srun_first_word(log: str, first: str) -> None:
+    assert _summary_of(log) == first
 
 
 @pytest.mark.slurm
@@ -445,7 +441,7 @@ def test_pbs_script_full_output_directory_starts_no_rank(tmp_path: Path) -> None
     """The pre-flight write test, on a real full file system (a 64 KiB tmpfs) where root can mount one."""
     logs = tmp_path / "logs"
     logs.mkdir()
-    spec = golden_spec(mpi="mpich", workdir=str(tmp_path), output_dir=str(logs))
+    spec = golden_spec(mpi="mpich", workdir=str(tmp_path), output_dir=str(logs), python=sys.executable)
     script = tmp_path / "job.qsub"
     script.write_text(pbs_script.render_script(spec))
     bin_dir = tmp_path / "bin"

@@ -165,6 +165,7 @@ def test_at_the_walltime_pbs_sends_no_warning(pbs_env: dict[str, str], tmp_path:
     script = tmp_path / "stubborn.py"
     script.write_text(STUBBORN)
     r = run_cli("submit", "--scheduler", "pbs", "--nodes", "2", "--tasks-per-node", "1", "--time", "0:00:10",
+                "--signal", "none",  # what PBS itself sends (slurmlaunch's own warning: the test below)
                 *AS_ROOT, "--wait", "--wait-timeout", "300", str(script), str(tmp_path), env=pbs_env, cwd=tmp_path,
                 timeout=400)
     job = submitted(r.stderr)
@@ -176,6 +177,39 @@ def test_at_the_walltime_pbs_sends_no_warning(pbs_env: dict[str, str], tmp_path:
     signals = {s for names in seen.values() for s in names} - {"START"}
     assert signals <= {"SIGCONT", "SIGTERM"}, seen  # never a warning signal (USR1/USR2)
     assert "SIGTERM" in seen["sig-0"], seen
+
+
+# Each rank waits (at most 240 s) for the warning signal, says which it got, and exits 0: the job ends long
+# before its walltime only if the warning came.
+WARNED = """
+import os, signal, sys, time
+got = []
+for s in (signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(s, lambda n, _: got.append(signal.Signals(n).name))
+deadline = time.monotonic() + 240
+while not got and time.monotonic() < deadline:
+    time.sleep(0.1)
+with open(os.path.join(sys.argv[1], "warned-" + os.environ["RANK"]), "w") as f:
+    f.write(" ".join(got))
+sys.exit(0 if got else 3)
+"""
+
+
+def test_the_batch_step_sends_the_warning_before_the_walltime(pbs_env: dict[str, str], tmp_path: Path) -> None:
+    """PBS sends nothing before the walltime (above), so the batch step sends --signal itself: USR1 50 s
+    before a 1-minute walltime reaches both hosts' ranks, which then end by themselves (COMPLETED, not
+    TIMEOUT); the batch log says it was passed on."""
+    script = tmp_path / "warned.py"
+    script.write_text(WARNED)
+    r = run_cli("submit", "--scheduler", "pbs", "--nodes", "2", "--tasks-per-node", "1", "--time", "0:01:00",
+                "--signal", "USR1@50", *AS_ROOT, "--wait", "--wait-timeout", "280", str(script), str(tmp_path),
+                env=pbs_env, cwd=tmp_path, timeout=400)
+    job = submitted(r.stderr)
+    assert r.returncode == 0 and f"job {job} ended COMPLETED" in r.stderr, r.stderr
+    seen = {p.name: p.read_text() for p in tmp_path.glob("warned-*")}
+    assert seen == {"warned-0": "SIGUSR1", "warned-1": "SIGUSR1"}, seen
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "slurmlaunch-logs").iterdir() if p.is_file())
+    assert "slurmlaunch: SIGUSR1 received, passing it on to the ranks" in logs, logs
 
 
 # The custom resources and queues the shipped profiles use, as the sites define them (qmgr).

@@ -96,6 +96,7 @@ def test_pbs_walltime_leaves_the_summary_in_the_batch_log(pbs_env: dict[str, str
     prints the grouped summary once mpiexec has ended, before the SIGKILL kill_delay later."""
     (tmp_path / "sleepy.py").write_text(SLEEPY)
     r = run_cli("submit", "--scheduler", "pbs", "--nodes", "2", "--tasks-per-node", "2", "--time", "0:30",
+                "--signal", "none",  # the walltime's SIGTERM alone (the batch step's warning would come first)
                 *AS_ROOT, "sleepy.py", str(tmp_path), "3", "0", env=pbs_env, cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
     job = submitted(r.stderr)

@@ -155,7 +155,6 @@ def test_a_users_profile_adds_to_a_shipped_one(site: Path, capsys: pytest.Captur
 REFUSED: dict[str, tuple[list[str], str]] = {
     "qos": (["--qos", "high"], "--qos"),
     "constraint": (["--constraint", "a100"], "--constraint"),
-    "signal": (["--time", "10", "--signal", "USR1@60"], "--signal"),
     "gpu-flag": (["--gpus-per-node", "2", "--gpu-flag", "gres"], "--gpu-flag"),
     "container-image": (["--container-image", "img"], "--container-image"),
     "mode": (["--mode", "torchrun"], "--mode"),

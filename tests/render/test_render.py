@@ -28,10 +28,10 @@ LAUNCH = [PY, "-m", "slurmlaunch", "launch", "/home/me/project/train.py", "--lr"
 def test_the_scripts_take_the_job_file_names_from_jobfiles(mode: str) -> None:
     """The templates spell no name of the job's files: the context gives them, with the scripts' variables."""
     spec = golden_spec(mode=mode, **({"nproc_per_node": 4} if mode == "torchrun" else {}))
-    ctx = slurm_script.script_context(spec)
-    assert ctx["files"] == JobFiles("$log_dir", "$job_tag", spec.log_unit)
-    assert ctx["node_logs"] == f'"$log_dir/job-$job_tag".{spec.log_unit}-*.log'
-    assert pbs_script.script_context(golden_spec())["files"] == JobFiles("$log_dir", "$job_id")
+    text = slurm_script.render_script(spec)
+    assert "job-" not in text.replace("job-<id>.json", "").replace("job-%j", "")  # the batch step names them
+    assert f' --unit {spec.log_unit} ' in text and ' --log-dir "$log_dir" --job "$job_tag" -- ' in text
+    assert ' --log-dir "$log_dir" --job "$job_id" -- ' in pbs_script.render_script(golden_spec())
     srun = slurm_script.srun_args(spec)
     assert srun[srun.index("--output") + 1] == JobFiles(spec.log_dir, "%j", spec.log_unit).log("%t")
 
@@ -97,16 +97,11 @@ def test_apptainer_wraps_the_launcher() -> None:
     assert cmd[-4:] == ["launch", *LAUNCH[4:]]
 
 
-@pytest.mark.parametrize(("signal", "name", "number", "description"), [
-    ("USR2@90", "USR2", 12, "User defined signal 2"),
-    ("USR1@120", "USR1", 10, "User defined signal 1"),
-    ("TERM@60", "TERM", 15, "Terminated"),
-    ("none", None, 0, None),
-])
-def test_script_context_names_the_warning_signal_as_srun_words_it(signal: str, name: str | None, number: int,
-                                                                   description: str | None) -> None:
-    ctx = slurm_script.script_context(golden_spec(signal=signal))
-    assert (ctx["warning_signal"], ctx["warning_number"], ctx["warning_description"]) == (name, number, description)
+@pytest.mark.parametrize(("signal", "name"), [("USR2@90", "USR2"), ("USR1@120", "USR1"), ("TERM@60", "TERM"),
+                                             ("none", None)])
+def test_the_batch_step_is_told_the_warning_signal(signal: str, name: str | None) -> None:
+    plan = slurm_script.batch_step_plan(golden_spec(signal=signal))
+    assert (plan[plan.index("--warning") + 1] if "--warning" in plan else None) == name
 
 
 def test_script_context_is_the_request_spelled_for_the_template() -> None:

@@ -24,10 +24,10 @@ status file, or under Slurm from srun's own report of the step's tasks in the ba
 by time is raised as RankFailed; a job that Slurm cancelled or stopped at its time limit says so instead.
 Only the values asked for are loaded: result() reads rank 0's alone.
 
-The warning signal under Slurm follows the CLI's plan (templates/slurm.sbatch.j2): ``--signal=B:SIG@secs``
-goes to the batch shell, which traps it and passes it on through srun to the ranks, where submitit's
-handler (told the signal's name) checkpoints and requeues. The batch script is submitit's; _batch_lines
-are its setup lines.
+The warning signal under Slurm follows the CLI's plan: ``--signal=B:SIG@secs`` goes to the batch shell,
+which has become the batch step (allocation/batch_step.py, as in the CLI's script) and passes it on through
+srun to the ranks, where submitit's handler (told the signal's name) checkpoints and requeues. The batch
+script is submitit's; executors._batch_lines and _srun_lines are its setup lines.
 """
 
 from __future__ import annotations

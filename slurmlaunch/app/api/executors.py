@@ -10,6 +10,7 @@ from typing import Any
 
 from ...core.errors import SpecError
 from ...core.spec import JobSpec
+from ...render.launch import batch_step_command
 from .collect import _BATCH_MARK
 from .local import _local_executor
 
@@ -24,37 +25,25 @@ def _minutes(time_text: str | None) -> int:
 
 
 def _batch_lines(signal_name: str) -> list[str]:
-    """submitit's batch script, made to follow the CLI's signal plan (templates/slurm.sbatch.j2): these are
-    its setup lines, before its own srun line. That srun runs in the background (a shell runs a trap only
-    between commands), and the trap passes the warning signal on through srun (which forwards signals to
-    the tasks). submitit's handler in the ranks listens to the signal its SUBMITIT_PREEMPT_SIGNAL names."""
-    sig = shlex.quote(signal_name)
+    """The first of submitit's setup lines in its batch script: the job's files private, the mark that the
+    batch shell started (collect.py reads it), the signal submitit's handler in the ranks listens to."""
     return [
         "# slurmlaunch: what this job writes (results, logs) is the user's alone",
         "umask 077",
         f'echo "{_BATCH_MARK} (restart ${{SLURM_RESTART_COUNT:-0}})" >&2',
-        f"export SUBMITIT_PREEMPT_SIGNAL={sig}",
-        "srun() {",
-        '    command srun "$@" &',
-        "    slurmlaunch_srun=$!",
-        "    while :; do  # the trap interrupts wait: keep waiting for srun itself",
-        '        wait "$slurmlaunch_srun"',
-        "        slurmlaunch_rc=$?",
-        '        kill -0 "$slurmlaunch_srun" 2>/dev/null || break',
-        "    done",
-        '    if [ "$slurmlaunch_rc" -gt 128 ]; then  # srun ended while the trap ran: its own status, if kept',
-        '        wait "$slurmlaunch_srun" 2>/dev/null',
-        '        slurmlaunch_late=$?',
-        '        [ "$slurmlaunch_late" -ne 127 ] && slurmlaunch_rc=$slurmlaunch_late',
-        "    fi",
-        '    return "$slurmlaunch_rc"',
-        "}",
-        "slurmlaunch_forward() {",
-        f'    echo "slurmlaunch: SIG{signal_name} received, passing it on to the ranks" >&2',
-        f'    [ -n "${{slurmlaunch_srun:-}}" ] && kill -s {sig} "$slurmlaunch_srun"',
-        "}",
-        f"trap slurmlaunch_forward {sig}",
+        f"export SUBMITIT_PREEMPT_SIGNAL={shlex.quote(signal_name)}",
     ]
+
+
+def _srun_lines(spec: JobSpec, signal_name: str) -> list[str]:
+    """The last of submitit's setup lines: its own srun line, the script's last command, runs through the
+    batch step (allocation/batch_step.py, as the CLI's script does), which the batch shell becomes (exec:
+    the warning signal --signal=B: sends reaches it) and which passes the warning on to the ranks through
+    srun. Defined after the --setup lines, so that an srun of theirs runs as they wrote it."""
+    step = [*batch_step_command(spec), "--warning", signal_name]
+    return ["srun() {  # the batch step runs srun and passes the warning signal on to the ranks",
+            f'    exec {shlex.join(step)} -- srun "$@"',
+            "}"]
 
 
 def _private_folder(spec: JobSpec) -> Path:
@@ -103,7 +92,8 @@ def _executor(spec: JobSpec, name: str) -> Any:
         "nodes": spec.nodes, "ntasks_per_node": tpn, "time": _minutes(spec.time), "job_name": spec.name,
         "srun_args": ["--kill-on-bad-exit=1"],
         # as the CLI's script: the --env exports, then the --setup lines (which may use them)
-        "setup": [*_batch_lines(signal_name), *(f"export {k}={shlex.quote(v)}" for k, v in spec.env), *spec.setup],
+        "setup": [*_batch_lines(signal_name), *(f"export {k}={shlex.quote(v)}" for k, v in spec.env), *spec.setup,
+                  *_srun_lines(spec, signal_name)],
         "signal_delay_s": signal_s,
     }
     if spec.exclusive:  # submitit writes --exclusive=<value>: only pass it when wanted
@@ -115,7 +105,7 @@ def _executor(spec: JobSpec, name: str) -> Any:
             params[name] = getattr(spec, name)
     if spec.per_task_cpus is not None:
         params["cpus_per_task"] = spec.per_task_cpus
-    # B: the batch shell alone gets the warning, and passes it on (_batch_lines); submitit writes USR2, always
+    # B: the batch shell alone gets the warning, and passes it on (_srun_lines); submitit writes USR2, always
     extra: dict[str, Any] = {"signal": f"B:{signal_name}@{signal_s}"}
     for arg in spec.sbatch_args:
         key, _, value = arg.lstrip("-").partition("=")

@@ -1,0 +1,485 @@
+"""The batch step's supervisor: what a Slurm or PBS batch script does once its set-up lines have run.
+
+`slurmlaunch batch-step [PLAN] -- COMMAND...` is the one command a generated script ends with (it `exec`s
+it, so the batch shell's pid, which Slurm's ``--signal=B:`` and PBS's qdel signal, is this process). It
+prepares the job's files, runs COMMAND (srun, or the site's mpiexec) and carries out the plan the renderer
+computed (render/slurm_script.py, render/pbs_script.py) and passed as options:
+
+* the warning signal (``--warning NAME``): passed on to COMMAND, which forwards it to every rank; under PBS,
+  which sends none, sent here ``--warn-before`` seconds before ``--walltime`` (measured from the batch
+  shell's start, which is the job's);
+* the first failure: the earliest line a rank slurmlaunch stopped left in the reasons directory, else
+  srun's first word on a task that ended (or Open MPI's "Process name"/"Exit code" under PBS); its code
+  becomes the job's, its line goes to stderr and to the failure file;
+* the teardown-abort rule: a rank killed by SIGABRT after its script returned is named; one whose script
+  had asked for 128 + the warning signal keeps that code;
+* ranks killed by the warning signal (nothing saved), and the requeue rule (``--requeue MAX``);
+* at a stop (SIGTERM: scancel, qdel, the time limit), the summary of where the ranks were.
+
+It reads $SLURM_JOB_ID and $SLURM_RESTART_COUNT (Slurm), $PBS_NODEFILE (PBS) and the job's files named by
+core.jobfiles; it sets $SLURMLAUNCH_RETURNED_DIR, $SLURMLAUNCH_REASONS_DIR and $SLURMLAUNCH_STACKS_DIR for
+COMMAND. Standard library only: it runs inside the allocation, once per job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from contextlib import suppress
+from signal import Signals, strsignal
+from types import FrameType
+
+from ..core.jobfiles import WRITE_FAILED, JobFiles
+from .reasons import REASONS_DIR, read_first
+from .script_runner import RETURNED_DIR, STACKS_DIR, recorded_exit
+from .stacks import summary_main
+from .torchrun_mode import aborted_workers, teardown_message
+
+# The signals whose default action ends a process (signal(7): Term or Core), each as srun words it.
+KILLING = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGKILL", "SIGUSR1",
+           "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGXCPU", "SIGXFSZ", "SIGSYS")
+# Slurm's own word for a task killed by the cgroup's OOM killer (with task/cgroup), besides strsignal's "Killed".
+OUT_OF_MEMORY = "Out Of Memory"
+_SRUN_ERROR = "srun: error: "
+_SRUN_TASKS = re.compile(r"([^ :]+): tasks? ([0-9,-]+): ")
+_OPENMPI_RANK = re.compile(r"^ *Process name: *\[\[\d*,\d*\],(\d+)\]")
+_OPENMPI_CODE = re.compile(r"^ *Exit code: *(\d+)")
+
+
+def signal_words() -> dict[str, tuple[int, str]]:
+    """How srun words a task killed by a signal (strsignal's description: "Killed", "Segmentation fault"):
+    the exit code it counts as (128 + N) and what the failure line says."""
+    words = {strsignal(s) or s.name: (128 + s.value, f"killed by {s.name}") for s in map(Signals.__getitem__, KILLING)}
+    words[OUT_OF_MEMORY] = (128 + Signals.SIGKILL.value, "killed by SIGKILL: out of memory")
+    return words
+
+
+def warning_fix(name: str, requeue: bool) -> str:
+    """What to do when the ranks died of the warning signal SIG``name`` (the local scheduler says the same)."""
+    number = int(Signals["SIG" + name])
+    return (f"the script does not handle it, so nothing was saved{' and the job is not requeued' if requeue else ''}. "
+            f"Fix: handle SIG{name} in the script (save a checkpoint, exit {128 + number}; see "
+            f"examples/checkpoint_requeue.py), or ask for the signal it handles (--signal USR1@90 for Lightning), "
+            f"or --signal none")
+
+
+def warning_code(name: str) -> int:
+    """The exit code that says "saved, requeue me" for the warning signal SIG``name``: 128 + its number."""
+    return 128 + int(Signals["SIG" + name])
+
+
+def wants_requeue(warned: bool, code: int, killed: bool, asked: int) -> bool:
+    """The requeue rule: a run that got the warning and did not finish, or whose ranks exited with ``asked``
+    (128 + the warning signal) after saving a checkpoint; not one whose ranks died of the signal (``killed``:
+    no handler, nothing saved), nor one that finished (exit 0) after the warning."""
+    return not killed and ((warned and code != 0) or code == asked)
+
+
+def keeps_asked_code(recorded: int | None, asked: int, aborted_first: bool) -> bool:
+    """The teardown-abort rule: a rank that torch's teardown killed by SIGABRT after its script exited with
+    ``asked`` (128 + the warning signal; ``recorded``: the RUNNER's exit mark) keeps that code when its abort
+    is the first failure (``aborted_first``): the request is not lost to the abort."""
+    return aborted_first and recorded == asked
+
+
+def asked_abort_message(rank: int, code: int) -> str:
+    return (f"rank {rank} aborted in torch's teardown after the script exited {code} (docs: Debugging, 'Teardown "
+            f"aborts'); the job counts as exit code {code}")
+
+
+def stopped_line(who: str, code: int, text: str, others: str, first: bool = True) -> str:
+    """The first failure when slurmlaunch stopped the rank itself (``who``: "rank 3 on node2")."""
+    return f"{who} failed{' first' if first else ''} with exit code {code} (stopped by slurmlaunch: {text}){others}"
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"slurmlaunch: {text}\n")
+    sys.stderr.flush()
+
+
+def put_file(path: str, text: str) -> bool:
+    """``text`` and a newline into ``path``, never through a link planted there: a new file (O_EXCL, mode 600,
+    a name nobody could plant beforehand) renamed over whatever ``path`` was (rename replaces a link itself)."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", dir=os.path.dirname(path) or ".")
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text + "\n")
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        with suppress(OSError):
+            os.unlink(tmp)
+        return False
+
+
+def preflight(log_dir: str) -> str | None:
+    """None when the output directory takes a write of 4 KiB (more than a page), else why not. A full file
+    system or one gone read-only would otherwise lose every word of the job, the scheduler's logs included."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".slurmlaunch-probe.", dir=log_dir)
+    except OSError as e:
+        return e.strerror or str(e)
+    try:
+        os.write(fd, bytes(4096))
+    except OSError as e:
+        return e.strerror or str(e)
+    finally:
+        os.close(fd)
+        with suppress(OSError):
+            os.unlink(tmp)
+    return None
+
+
+def fresh_dir(path: str, variable: str) -> None:
+    """``path`` as a new private directory (a requeued run starts clean), named to COMMAND in ``variable``; one
+    that cannot be made is said, and the ranks run without it (what it holds is a report, not the work)."""
+    shutil.rmtree(path, ignore_errors=True)
+    with suppress(OSError):
+        os.unlink(path)  # a link planted there: the link itself, never its target
+    try:
+        os.mkdir(path, 0o700)
+    except OSError as e:
+        _say(f"could not create {path}: {e.strerror or e}")
+    os.environ[variable] = path
+
+
+def srun_first(lines: Sequence[str], skip: str) -> tuple[str, str, int, str] | None:
+    """srun's first word on a task that ended, as (node, tasks, code, how): "node2: task 2: Exited with exit
+    code 7", or for a task killed by a signal its description ("node2: task 2: Killed"). The others' words come
+    after srun stopped them; the warning signal's description (``skip``) is left to the warning's rule."""
+    words = signal_words()
+    for line in lines:
+        if not line.startswith(_SRUN_ERROR):
+            continue
+        text = line[len(_SRUN_ERROR):].removesuffix(" (core dumped)")
+        m = _SRUN_TASKS.match(text)
+        if not m:
+            continue
+        what = text[m.end():]
+        exited = re.fullmatch(r"Exited with exit code (\d+)", what)
+        if exited:
+            return m[1], m[2], int(exited[1]), ""
+        if what in words and what != skip:
+            return m[1], m[2], *words[what]
+    return None
+
+
+def srun_killed_by(lines: Sequence[str], description: str) -> str:
+    """The tasks srun says ``description`` (a signal's words) ended, as "task 0 on node1, tasks 2-3 on node2"."""
+    found = []
+    for line in lines:
+        if line.startswith(_SRUN_ERROR):
+            text = line[len(_SRUN_ERROR):].removesuffix(" (core dumped)")
+            if text.endswith(": " + description):
+                node, _, tasks = text[: -len(description) - 2].partition(": ")
+                found.append(f"{tasks} on {node}")
+    return ", ".join(found)
+
+
+def srun_aborted(lines: Sequence[str]) -> list[int]:
+    """The ranks srun says SIGABRT ended ("node1: tasks 0-1,3: Aborted")."""
+    ranks: set[int] = set()
+    for line in lines:
+        m = re.match(r"srun: error: [^ :]*: tasks? ([0-9,-]*): Aborted", line)
+        for part in (m[1].split(",") if m else []):
+            low, _, high = part.partition("-")
+            if low.isdigit():
+                ranks.update(range(int(low), int(high or low) + 1))
+    return sorted(ranks)
+
+
+def _started_at() -> float:
+    """When this process (the batch shell, which exec'd it) started, in time.time()'s clock."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+class Step:
+    """One run of COMMAND under the plan ``args`` (see :func:`parser`)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.files = JobFiles(args.log_dir or "", args.job or "", args.unit)
+        self.warning = Signals["SIG" + args.warning] if args.warning else None
+        self.warned = False
+        self.stopped = False
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.openmpi: list[str] = []  # Open MPI's lines naming the first rank that failed (PBS)
+
+    # --- signals -------------------------------------------------------------------------------------------
+
+    def _ended(self) -> bool:
+        """Whether COMMAND has ended, asked without reaping it: from a signal handler, while the main thread
+        waits for it (Popen.poll would answer None then: wait() holds its lock)."""
+        if self.proc is None:
+            return False
+        try:
+            return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True
+
+    def _forward(self, signum: int, frame: FrameType | None) -> None:
+        self.warned = True
+        extra = " (the script's framework saves and requeues the job itself)" if self.args.requeued_by_script else ""
+        _say(f"SIG{self.args.warning} received, passing it on to the ranks{extra}")
+        if self.proc is not None and not self._ended():
+            os.kill(self.proc.pid, signum)
+
+    def _stacks_at_stop(self, signum: int, frame: FrameType | None) -> None:
+        """Slurm's SIGTERM (the time limit, scancel): once the ranks have written their stacks (3 s at most),
+        say where they were, then end by the signal as the shell would."""
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for _ in range(30):
+            if self.proc is None or self._ended():
+                break
+            time.sleep(0.1)
+        summary_main([self.files.stacks])
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _pbs_stop(self, signum: int, frame: FrameType | None) -> None:
+        """PBS's SIGTERM (qdel, the walltime): outlive it, so that once mpiexec has ended the stacks are said.
+        A stopped job writes no exit code of its own: PBS's word (deleted; the walltime: -29) is the job's."""
+        self.stopped = True
+        _say("the job was stopped (SIGTERM: qdel, or the walltime)")
+
+    def _arm(self) -> None:
+        a = self.args
+        if a.stacks and self.warning != signal.SIGTERM:
+            signal.signal(signal.SIGTERM, self._pbs_stop if a.outlive_stop else self._stacks_at_stop)
+        if self.warning is not None:
+            signal.signal(self.warning, self._forward)
+            if a.walltime is not None and a.warn_before is not None:  # PBS: nobody else sends it
+                delay = max(0.0, _started_at() + a.walltime - a.warn_before - time.time())
+                timer = threading.Timer(delay, os.kill, (os.getpid(), self.warning))
+                timer.daemon = True
+                timer.start()
+
+    # --- the run -------------------------------------------------------------------------------------------
+
+    def prepare(self) -> int | None:
+        """The job's files before any rank starts; an exit code when they cannot be made."""
+        f = self.files
+        why = preflight(self.args.log_dir)
+        if why is not None:
+            _say(f"cannot write in the output directory {self.args.log_dir}: {why}; no rank was started "
+                 f"(exit code {WRITE_FAILED})")
+            return WRITE_FAILED
+        if self.args.srun:
+            # What srun creates or appends to is never a link planted in advance (srun follows links).
+            for planted in glob.glob(glob.escape(f.log("\0")).replace("\0", "*")):
+                if os.path.islink(planted):
+                    os.unlink(planted)
+            try:
+                with suppress(OSError):
+                    os.unlink(f.srun_log)
+                os.close(os.open(f.srun_log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
+            except OSError:
+                _say(f"cannot create {f.srun_log}")
+                return WRITE_FAILED
+            fresh_dir(f.returned, RETURNED_DIR)  # each rank whose script returned leaves a mark here
+        fresh_dir(f.reasons, REASONS_DIR)  # a rank slurmlaunch stops itself leaves why here
+        with suppress(OSError):
+            os.unlink(f.failure)
+        fresh_dir(f.stacks, STACKS_DIR)  # each rank's stacks, on demand and at a stop; kept after the job
+        return None
+
+    def run(self, command: list[str]) -> int:
+        """COMMAND's exit status (128 + N for a signal), its stderr into srun's log (Slurm) or passed through
+        with Open MPI's naming lines kept (PBS)."""
+        self._arm()
+        openmpi = self.openmpi
+        if self.args.srun and self.args.log_dir:
+            with open(self.files.srun_log, "ab") as log:
+                self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=log)
+        elif self.args.mpi == "openmpi":
+            self.proc = subprocess.Popen(command, stderr=subprocess.PIPE)
+            assert self.proc.stderr is not None
+            for raw in self.proc.stderr:  # line by line, as it comes
+                sys.stderr.buffer.write(raw)
+                sys.stderr.flush()
+                line = raw.decode("utf-8", errors="replace")
+                if _OPENMPI_RANK.match(line) or _OPENMPI_CODE.match(line):
+                    openmpi.append(line)
+        else:
+            self.proc = subprocess.Popen(command)
+        rc = self.proc.wait()
+        return 128 - rc if rc < 0 else rc
+
+    def others(self) -> str:
+        a = self.args
+        if a.torchrun:
+            return "; the other nodes were stopped" if a.nodes > 1 else ""
+        return "; the other ranks were stopped" if a.ranks > 1 else ""
+
+    def first_failure(self, rc: int, lines: Sequence[str]) -> tuple[int, str, str]:
+        """(the job's code, the summary line, how srun's first word says the rank was killed)."""
+        a = self.args
+        stopped = read_first(self.files.reasons)
+        if stopped is not None:
+            who = f"{'a task' if stopped.rank is None else f'rank {stopped.rank}'} on {stopped.host}"
+            return stopped.code, stopped_line(who, stopped.code, stopped.text, self.others()), ""
+        if a.srun:
+            skip = (strsignal(self.warning) or "") if self.warning is not None else ""
+            found = srun_first(lines, skip)
+            if found is None:
+                return rc, "", ""
+            node, tasks, code, how = found
+            shown = f" ({how})" if how else ""
+            if a.torchrun:
+                return code, f"torchrun on {node} (node task {tasks}) failed first with exit code {code}{shown}" \
+                    f"{self.others()}", how
+            return code, f"rank(s) {tasks} on {node} failed first with exit code {code}{shown}{self.others()}", how
+        ranks = [_OPENMPI_RANK.match(x) for x in self.openmpi]
+        codes = [_OPENMPI_CODE.match(x) for x in self.openmpi]
+        rank = next((int(m[1]) for m in ranks if m), None)
+        said = next((int(m[1]) for m in codes if m), None)
+        if rank is None or said is None:
+            return rc, "", ""
+        code = said
+        node = "?"
+        with suppress(OSError):  # the rank's host: its block of the node file's hosts (gone once PBS removed it)
+            with open(os.environ.get("PBS_NODEFILE", "")) as f:
+                hosts = list(dict.fromkeys(h.strip() for h in f if h.strip()))
+            node = hosts[rank // a.tasks_per_node] if rank // a.tasks_per_node < len(hosts) else "?"
+        return code, f"rank {rank} on {node} failed first with exit code {code}{self.others()}", ""
+
+    def teardown_aborts(self, rc: int, summary: str, first_signal: str, lines: Sequence[str]) -> int:
+        """Name the ranks SIGABRT ended after their script returned; one that had asked for 128 + the warning
+        signal (saved, requeue me) keeps that code."""
+        if self.args.torchrun:
+            aborted: set[int] = set()
+            for path in glob.glob(glob.escape(self.files.log("\0")).replace("\0", "*")):
+                with suppress(OSError), open(path, encoding="utf-8", errors="replace") as f:
+                    aborted.update(aborted_workers(f.read()))
+            ranks = sorted(aborted)
+        else:
+            ranks = srun_aborted(lines)
+        for r in ranks:
+            if os.path.exists(self.files.returned_mark(r)):
+                _say(teardown_message(r))
+            if self.args.warning and not self.args.torchrun:
+                code = warning_code(self.args.warning)
+                aborted_first = not summary or first_signal.endswith("SIGABRT")
+                if keeps_asked_code(recorded_exit(self.files.exit_mark(r)), code, aborted_first):
+                    rc = code
+                    _say(asked_abort_message(r, code))
+        return rc
+
+    def finish(self, rc: int) -> int:
+        """The plan after COMMAND ended: the first failure, the warning's rules, the exit code file."""
+        a, f = self.args, self.files
+        lines: list[str] = []
+        if a.srun:
+            with suppress(OSError), open(f.srun_log, "rb") as log:
+                data = log.read()
+                sys.stderr.buffer.write(data)
+                sys.stderr.flush()
+                lines = data.decode("utf-8", errors="replace").splitlines()
+        if a.stacks and rc != 0:
+            summary_main([f.stacks])
+        if rc != 0:
+            rc, summary, first_signal = self.first_failure(rc, lines)
+            if summary:
+                _say(summary)
+                if not put_file(f.failure, "slurmlaunch: " + summary):
+                    _say(f"could not write {f.failure}")
+            if a.srun:
+                rc = self.teardown_aborts(rc, summary, first_signal, lines)
+        shutil.rmtree(f.returned, ignore_errors=True)
+        shutil.rmtree(f.reasons, ignore_errors=True)
+        killed = ""
+        if self.warning is not None and a.srun:
+            code = warning_code(a.warning)
+            # srun stops the rest of a failed step with SIGTERM as well: only after the warning is it the warning's
+            if self.warning != signal.SIGTERM or self.warned:
+                killed = srun_killed_by(lines, strsignal(self.warning) or "")
+            if killed:  # no handler for it, so nothing was saved: not the "exited 128+N" that asks for a requeue
+                fix = warning_fix(a.warning, a.requeue is not None)
+                _say(f"{killed} killed by SIG{a.warning}, the warning signal: {fix}")
+            elif a.requeue is not None and not a.requeued_by_script and wants_requeue(self.warned, rc, False, code):
+                if self.requeue(a.requeue):
+                    return 0
+            if killed:  # end as the ranks did, killed by the signal: sacct's ExitCode then reads 0:N
+                put_file(f.exit_code, str(code))
+                sys.stderr.flush()
+                signal.signal(self.warning, signal.SIG_DFL)
+                os.kill(os.getpid(), self.warning)
+        if not self.stopped and not put_file(f.exit_code, str(rc)):
+            _say(f"could not write {f.exit_code}")
+        return rc
+
+    def requeue(self, most: int) -> bool:
+        """Requeue this Slurm job (no scontrol needed inside the ranks' container): True when it was."""
+        job = os.environ.get("SLURM_JOB_ID", "")
+        text = os.environ.get("SLURM_RESTART_COUNT", "") or "0"
+        restarts = int(text) if text.isdigit() else 0
+        if restarts >= most:
+            _say(f"not requeued: job {job} was already requeued {restarts} time(s) (--max-requeues {most})")
+            return False
+        _say(f"requeueing job {job} (restart {restarts + 1} of at most {most})")
+        if subprocess.run(["scontrol", "requeue", job], stdin=subprocess.DEVNULL).returncode == 0:
+            return True
+        _say(f"scontrol requeue {job} failed")
+        return False
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="slurmlaunch batch-step", description="the batch script's last command")
+    p.add_argument("--srun", action="store_true", help="COMMAND is srun: its stderr goes to the job's srun log, whose "
+                   "words name the first failure; the requeue is scontrol's")
+    p.add_argument("--outlive-stop", action="store_true", help="SIGTERM (PBS's qdel, the walltime): wait for COMMAND, "
+                   "say where the ranks were, write no exit code")
+    p.add_argument("--log-dir", help="the job's output directory (without: the warning is passed on, no more)")
+    p.add_argument("--job", help="the job's tag in its file names")
+    p.add_argument("--unit", choices=("rank", "node"), default="rank", help="what one output file holds")
+    p.add_argument("--ranks", type=int, default=1, help="the world size")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--tasks-per-node", type=int, default=1)
+    p.add_argument("--torchrun", action="store_true", help="one task per node, each running torchrun")
+    p.add_argument("--mpi", help="PBS: the MPI whose mpiexec COMMAND is")
+    p.add_argument("--warning", help="the warning signal's name (USR2)")
+    p.add_argument("--walltime", type=float, help="PBS: the walltime in seconds (the warning is sent here)")
+    p.add_argument("--warn-before", type=float, help="PBS: seconds before the walltime to send the warning")
+    p.add_argument("--requeue", type=int, metavar="MAX", help="requeue after the warning, at most MAX times")
+    p.add_argument("--requeued-by-script", action="store_true", help="the script's framework requeues itself")
+    p.add_argument("--stacks", action="store_true", help="say where the ranks were when they were stopped")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parser().parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        _say("error: batch-step needs a COMMAND after --")
+        return 2
+    if args.log_dir is not None and not args.job:
+        _say("error: batch-step --log-dir needs --job (the job's tag in its file names)")
+        return 2
+    step = Step(args)
+    if args.log_dir is None:  # the API's submitit script: the warning passed on, srun's status the job's
+        return step.run(command)
+    code = step.prepare()
+    if code is not None:
+        return code
+    return step.finish(step.run(command))

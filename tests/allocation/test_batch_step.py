@@ -1,0 +1,135 @@
+"""The batch step's supervisor (allocation/batch_step.py) without a cluster: its rules as tables, and whole runs
+of `slurmlaunch batch-step` in front of a stand-in srun that writes srun's own words (the real Slurm and PBS
+runs are in test_preemption_cluster, test_batch_faults, test_stop_reasons, test_teardown, test_stacks*,
+test_pbs_real*)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurmlaunch.allocation import batch_step
+
+USR2 = 128 + signal.SIGUSR2
+
+
+@pytest.mark.parametrize(("warned", "code", "killed", "want"), [
+    (True, 1, False, True),  # got the warning, did not finish: requeue
+    (True, 0, False, False),  # finished after the warning: done
+    (False, USR2, False, True),  # saved and asked with 128 + the signal
+    (True, USR2, True, False),  # some ranks died of the signal: nothing was saved
+    (False, 1, False, False),  # an ordinary failure
+])
+def test_the_requeue_rule(warned: bool, code: int, killed: bool, want: bool) -> None:
+    assert batch_step.wants_requeue(warned, code, killed, USR2) is want
+
+
+def test_the_teardown_abort_rule() -> None:
+    assert batch_step.keeps_asked_code(USR2, USR2, True)
+    assert not batch_step.keeps_asked_code(USR2, USR2, False)  # another rank failed first
+    assert not batch_step.keeps_asked_code(None, USR2, True)  # the script returned, or asked nothing
+    assert not batch_step.keeps_asked_code(3, USR2, True)
+
+
+def test_aborted_ranks_are_srun_task_ranges() -> None:
+    lines = ["srun: error: node1: tasks 0-1,3: Aborted (core dumped)", "srun: error: node2: task 5: Aborted",
+             "srun: error: node2: task 6: Killed"]
+    assert batch_step.srun_aborted(lines) == [0, 1, 3, 5]
+
+
+# A stand-in srun: writes what $FAKE_WORDS says to stderr (srun's own words), waits for the warning signal
+# when $FAKE_WAIT is set (at most 60 s), and exits with $FAKE_CODE (or the signal's 128 + N, as srun reports it).
+FAKE_SRUN = """#!/bin/bash
+[ -n "$FAKE_WAIT" ] && { trap 'got=1' USR2; echo waiting > "$FAKE_WAIT"; for _ in $(seq 600); do
+    [ -n "$got" ] && break; sleep 0.1; done; }
+printf '%b' "$FAKE_WORDS" >&2
+exit "$FAKE_CODE"
+"""
+
+
+def _step(tmp_path: Path, plan: list[str], words: str = "", code: int = 0, wait: bool = False,
+          extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], Path]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/requeued\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    logs = tmp_path / "logs"
+    logs.mkdir(exist_ok=True)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_WORDS=words, FAKE_CODE=str(code),
+               FAKE_WAIT=str(tmp_path / "waiting") if wait else "", SLURM_JOB_ID="77", **(extra_env or {}))
+    cmd = [sys.executable, "-m", "slurmlaunch", "batch-step", "--srun", "--ranks", "4", *plan,
+           "--log-dir", str(logs), "--job", "77", "--", "srun", "true"]
+    return subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True), logs
+
+
+def _warn_when_waiting(proc: subprocess.Popen[str], tmp_path: Path) -> None:
+    for _ in range(600):  # the stand-in says when its trap is set (60 s at most)
+        if (tmp_path / "waiting").exists():
+            break
+        assert proc.poll() is None
+        subprocess.run(["sleep", "0.1"], check=True)
+    proc.send_signal(signal.SIGUSR2)
+
+
+def test_the_first_failure_is_named_and_its_code_is_the_jobs(tmp_path: Path) -> None:
+    proc, logs = _step(tmp_path, [], "srun: error: node2: task 2: Killed\\nsrun: error: node1: tasks 0-1: "
+                       "Terminated\\n", 143)
+    _, err = proc.communicate(timeout=60)
+    line = "slurmlaunch: rank(s) 2 on node2 failed first with exit code 137 (killed by SIGKILL); the other ranks " \
+           "were stopped"
+    assert proc.returncode == 137 and line in err.splitlines(), err
+    assert (logs / "job-77.failure").read_text() == line + "\n"
+    assert (logs / "job-77.exitcode").read_text() == "137\n"
+    assert sorted(p.name for p in logs.iterdir()) == ["job-77.exitcode", "job-77.failure", "job-77.srun.log",
+                                                     "job-77.stacks"]
+
+
+def test_the_warning_is_passed_on_and_a_saved_run_is_requeued(tmp_path: Path) -> None:
+    proc, logs = _step(tmp_path, ["--warning", "USR2", "--requeue", "3"], code=USR2, wait=True,
+                       extra_env={"SLURM_RESTART_COUNT": "1"})
+    _warn_when_waiting(proc, tmp_path)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "slurmlaunch: SIGUSR2 received, passing it on to the ranks" in err
+    assert "slurmlaunch: requeueing job 77 (restart 2 of at most 3)" in err
+    assert (tmp_path / "requeued").read_text() == "requeue 77\n"
+    assert not (logs / "job-77.exitcode").exists()  # the requeued run's own, later
+
+
+def test_ranks_killed_by_the_warning_end_the_step_by_that_signal(tmp_path: Path) -> None:
+    proc, logs = _step(tmp_path, ["--warning", "USR2", "--requeue", "3"],
+                       "srun: error: node1: tasks 0-3: User defined signal 2\\n", USR2, wait=True)
+    _warn_when_waiting(proc, tmp_path)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGUSR2, err
+    assert "slurmlaunch: tasks 0-3 on node1 killed by SIGUSR2, the warning signal: the script does not handle it, " \
+           "so nothing was saved and the job is not requeued." in err
+    assert not (tmp_path / "requeued").exists()
+    assert (logs / "job-77.exitcode").read_text() == f"{USR2}\n"
+
+
+def test_a_planted_link_is_never_written_through(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("not yours\n")
+    for suffix in ("exitcode", "srun.log", "rank-0.log"):
+        (logs / f"job-77.{suffix}").symlink_to(victim)
+    proc, _ = _step(tmp_path, [], code=3)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, err
+    assert victim.read_text() == "not yours\n"
+    assert (logs / "job-77.exitcode").read_text() == "3\n" and not (logs / "job-77.rank-0.log").exists()
+
+
+def test_without_a_command_it_says_so() -> None:
+    r = subprocess.run([sys.executable, "-m", "slurmlaunch", "batch-step", "--srun"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr == "slurmlaunch: error: batch-step needs a COMMAND after --\n"
