@@ -4,6 +4,7 @@ local scheduler telling "died of the warning signal" from "saved and exited 128+
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -141,8 +142,11 @@ def test_local_rank_killed_by_the_warning_is_not_a_saved_checkpoint(tmp_path: Pa
     r = run_cli("submit", "--scheduler", "local", "--nodes", "2", "--time", "1", "--signal", "USR2@57",
                 "--requeue", "plain.py", cwd=tmp_path, timeout=120)
     assert r.returncode == 128 + signal.SIGUSR2, r.stderr
-    assert "rank(s) 0, 1 killed by SIGUSR2, the warning signal: the script does not handle it, so nothing was " \
-           "saved and the job is not requeued. Fix: handle SIGUSR2 in the script" in r.stderr, r.stderr
+    # both ranks get the warning at once; under load one may still be starting (in the launcher, before its
+    # exec) when the other's death stops the job, and is then stopped by SIGTERM: the line names who died of it
+    assert re.search(r"rank\(s\) (0, 1|0|1) killed by SIGUSR2, the warning signal: the script does not handle it, "
+                     r"so nothing was saved and the job is not requeued\. Fix: handle SIGUSR2 in the script",
+                     r.stderr), r.stderr
     assert "requeued" not in r.stderr.replace("not requeued", "")
 
 
