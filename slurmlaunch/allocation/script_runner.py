@@ -5,7 +5,7 @@ standard library basics only."""
 
 from __future__ import annotations
 
-import _signal  # the C module, as the launcher: `signal` would load enum on the start path
+import _signal  # type: ignore[import-not-found]  # the C module, as the launcher: `signal` loads enum
 from collections.abc import Mapping
 
 from ..core import EXIT_MARK_SUFFIX, STACKS_DUMP_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX
