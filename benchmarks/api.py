@@ -106,11 +106,15 @@ def sample(env: dict[str, str], contender: str, jobs: int, work: Path) -> float:
     kind, _, source = contender.partition(" at ")  # "slurmlaunch at DIR": that source tree's slurmlaunch
     if source:
         env = {**env, "PYTHONPATH": source}
-    r = subprocess.run([sys.executable, "-c", _SAMPLE, kind, str(jobs), folder], env=env, cwd=folder,
-                       capture_output=True, text=True, timeout=900)
-    if r.returncode != 0:
-        raise RuntimeError(f"{contender} x {jobs} failed: {r.stderr[-3000:]}")
-    return float(r.stdout.strip().splitlines()[-1])
+    for attempt in range(3):  # a job the busy dev cluster failed (no output at all) is run again, and said
+        r = subprocess.run([sys.executable, "-c", _SAMPLE, kind, str(jobs), folder], env=env, cwd=folder,
+                           capture_output=True, text=True, timeout=900)
+        if r.returncode == 0:
+            return float(r.stdout.strip().splitlines()[-1])
+        last = r.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        print(f"(a sample of {contender} x {jobs} failed, attempt {attempt + 1} of 3: {last[0][:300]})")
+        folder = tempfile.mkdtemp(dir=work)
+    raise RuntimeError(f"{contender} x {jobs} failed 3 times: {r.stderr[-3000:]}")
 
 
 def compare(env: dict[str, str], jobs: int, pairs: int, work: Path, also: list[str]) -> dict[str, object]:
