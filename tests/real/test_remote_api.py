@@ -287,7 +287,7 @@ def test_a_remote_wait_is_one_round_trip_per_poll(laptop: sshd.Laptop, cluster_e
     """issue 32: a remote job's wait costs the laptop one ssh command (one call of the login node's runner)
     per WAIT_STEP_S at most, whatever the login node's own poll does meanwhile: the runner's calls are counted
     by the remote interpreter, a shim that logs its arguments and runs the real one."""
-    from slurmlaunch.app.remote_api import RUNNER_MODULE, WAIT_STEP_S
+    from slurmlaunch.app.remote.api import RUNNER_MODULE, WAIT_STEP_S
 
     python = python_without_slurmlaunch(tmp_path)
     calls = tmp_path / "runner-calls"
