@@ -162,6 +162,33 @@ def bench_startup(pairs: int) -> list[dict[str, object]]:
     return rows
 
 
+# --- 1b. what runs beside the ranks: the rendezvous watchdog ------------------------------------------
+
+def bench_watchdog(pairs: int, seconds: float = 2.0) -> list[dict[str, object]]:
+    """The CPU that the launcher's watchdog (forked beside every rank but 0) takes while its rank imports
+    torch: rank 1 of 2 sleeps ``seconds`` with nothing listening at MASTER_PORT, then reads its watchdog's
+    CPU time from /proc. On 2 cores that CPU comes out of the ranks' imports, and the later rank 0 is
+    ready, the likelier rank 1 sits out TCPStore's connect back-off (issue 30)."""
+    env = base_env()
+    slurmlaunch = shutil.which("slurmlaunch") or ""
+    rank = str(HERE / "watchdog_rank.py")
+    used: list[float] = []
+    for _ in range(pairs):
+        e = dict(env, **slurm_env(1, [2], job=7100), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        r = subprocess.run([slurmlaunch, "launch", rank, str(seconds)], env=e, capture_output=True, text=True,
+                           timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError(f"the watchdog benchmark's rank failed: {r.stderr[-2000:]}")
+        used.append(float(r.stdout.strip().splitlines()[-1]))
+    med = statistics.median(used)
+    print(f"\n## The rendezvous watchdog beside a rank\n\nCPU the watchdog of rank 1 used while its rank ran "
+          f"{seconds:.0f} s with nothing listening at MASTER_PORT: median {med * 1000:.0f} ms "
+          f"({med / seconds * 100:.1f}% of a core; min-max {min(used) * 1000:.0f}-{max(used) * 1000:.0f} ms, "
+          f"{len(used)} runs, clock ticks of {1000 / os.sysconf('SC_CLK_TCK'):.0f} ms)")
+    return [{"title": "watchdog cpu", "contender": "slurmlaunch launch, rank 1", "median": med, "min": min(used),
+             "max": max(used), "seconds": seconds, "n": len(used)}]
+
+
 # --- 2. time to first barrier, whole job, rendezvous --------------------------------------------------
 
 def _submitit_rank(out: str, t0: float) -> None:
@@ -208,9 +235,12 @@ def bench_barrier_n(n: int, pairs: int, workdir: Path) -> list[dict[str, object]
         assert len(recs) == n, (name, recs)
         first_barrier = max(r["done"] for r in recs) - t0
         rendezvous = max(r["done"] for r in recs) - max(r["ready"] for r in recs)
-        res = results.setdefault(name, {"whole": [], "rdzv": []})
+        res = results.setdefault(name, {"whole": [], "rdzv": [], "rank0_lag": []})
         res["whole"].append(whole)
         res["rdzv"].append(rendezvous)
+        # rank 0 ready (torch imported) after every other rank: they reach its TCPStore before it listens
+        zero = next(r["ready"] for r in recs if r["rank"] == 0)
+        res["rank0_lag"].append(zero - max(r["ready"] for r in recs if r["rank"] != 0))
         return first_barrier
 
     def direct(e: dict[str, str], helper: bool = False) -> None:
@@ -256,6 +286,12 @@ def bench_barrier_n(n: int, pairs: int, workdir: Path) -> list[dict[str, object]
                   "slurmlaunch launch", unit="s", scale=1.0)
     rows += table(f"{n} ranks: rendezvous after the last rank is ready",
                   {nm: results[k]["rdzv"] for nm, k in zip(names, keys, strict=True)}, "torchrun --standalone")
+    print(f"\nrank 0 the last of the {n} ranks to finish importing torch (its lag behind the last other rank):")
+    for nm, k in zip(names, keys, strict=True):
+        lags = results[k]["rank0_lag"]
+        late = [x for x in lags if x > 0]
+        print(f"- {nm}: {len(late)} of {len(lags)} runs" +
+              (f" (lag median {statistics.median(late) * 1000:.0f} ms)" if late else ""))
     return rows
 
 
@@ -362,9 +398,9 @@ def main() -> int:
     p.add_argument("--pairs", type=int, help="alternations per comparison (default 10, --quick 2)")
     p.add_argument("--ranks", default=None, help="rank counts for the barrier benchmark (default 2,4,8)")
     p.add_argument("--json", help="also write every row to this file")
-    p.add_argument("--only", help="comma-separated sections: startup,cli,hostlist,scale,barrier (default all)")
+    p.add_argument("--only", help="comma-separated sections: startup,cli,hostlist,scale,watchdog,barrier (default all)")
     a = p.parse_args()
-    sections = set((a.only or "startup,cli,hostlist,scale,barrier").split(","))
+    sections = set((a.only or "startup,cli,hostlist,scale,watchdog,barrier").split(","))
     pairs = a.pairs or (2 if a.quick else 10)
     ranks = [int(x) for x in (a.ranks or ("2" if a.quick else "2,4,8")).split(",")]
     if not shutil.which("slurmlaunch"):
@@ -388,6 +424,8 @@ def main() -> int:
             rows += bench_hostlist([1000, 10000] if a.quick else [1000, 10000, 100000], 3)
         if "scale" in sections:
             rows += bench_scale(64 if a.quick else 4096, 8)
+        if "watchdog" in sections:
+            rows += bench_watchdog(pairs)
         if "barrier" in sections:
             rows += bench_barrier(ranks, pairs, work)
     if a.json:

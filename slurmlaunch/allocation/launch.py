@@ -9,8 +9,8 @@ no torch, jinja2, submitit, argparse or subprocess.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # the C module (no stub): `signal` loads enum at import
 import os
-import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -19,10 +19,8 @@ from ..core.detect import Context, detect
 from ..core.distenv import DistEnv, check_master_addr, mask
 from ..core.errors import EnvironmentMappingError, HostlistError, PreflightError, SlurmLaunchError
 from ..core.rdzv import RDZV_TIMEOUT_VAR, parse_rendezvous_timeout
-from .gpus import device_count
 from .net import GIVEN_UP, all_loopback, bindable, free_port, holds_connection, wait_listening
 from .net import resolve as resolve_addresses
-from .reasons import BAD_LAUNCH, MAPPING, PREFLIGHT, RDZV_TIMEOUT, record
 from .script_runner import RETURNED_DIR as RETURNED_DIR  # torchrun_mode's too
 from .script_runner import python_argv as python_argv  # torchrun_mode imports it from here
 
@@ -142,9 +140,14 @@ def _read_file(path: str) -> str:
         raise SlurmLaunchError(f"cannot read {path!r}: {e.strerror}") from None
 
 
+def _device_count() -> int:
+    from .gpus import device_count  # asked only when no CUDA_VISIBLE_DEVICES says it: off the common start path
+
+    return device_count(os.environ)
+
+
 def context() -> Context:
-    return Context(hostname=os.uname().nodename, read_file=_read_file,
-                   gpu_device_count=lambda: device_count(os.environ))
+    return Context(hostname=os.uname().nodename, read_file=_read_file, gpu_device_count=_device_count)
 
 
 _LOOPBACK_HINT = (
@@ -204,7 +207,7 @@ def start_watchdog(dist: DistEnv, timeout: float) -> None:
         try:  # die with the rank (PR_SET_PDEATHSIG); in the forked child only: off the rank's path
             import ctypes
 
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+            ctypes.CDLL(None).prctl(1, _signal.SIGKILL)
         except (OSError, AttributeError):
             pass
         me = os.getpid()
@@ -223,6 +226,8 @@ def start_watchdog(dist: DistEnv, timeout: float) -> None:
         message = f"slurmlaunch: rank {dist.rank} on {dist.this_host}: {reason}. Stopping this rank.\n"
         # Before the SIGTERM: the batch script reads the reason once the step has ended, and the rank,
         # dying by a signal, has no exit code of its own to tell why.
+        from .reasons import RDZV_TIMEOUT, record
+
         record(os.environ, RDZV_TIMEOUT, dist.rank, dist.this_host or os.uname().nodename, reason)
         try:  # the rank's own stderr, reopened only now
             err = os.open(f"/proc/{target}/fd/2", os.O_WRONLY | os.O_APPEND)
@@ -230,12 +235,12 @@ def start_watchdog(dist: DistEnv, timeout: float) -> None:
             os.close(err)
         except OSError:
             pass
-        os.kill(target, signal.SIGTERM)
+        os.kill(target, _signal.SIGTERM)
         for _ in range(100):
             time.sleep(0.1)
             if os.getppid() != target:
                 os._exit(0)
-        os.kill(target, signal.SIGKILL)
+        os.kill(target, _signal.SIGKILL)
     except ProcessLookupError:
         pass
     finally:
@@ -310,6 +315,7 @@ def _stated_rank(environ: Mapping[str, str]) -> int | None:
 
 def stop_code(error: SlurmLaunchError) -> int:
     """The documented exit code of a rank this launcher refused to start."""
+    from .reasons import BAD_LAUNCH, MAPPING, PREFLIGHT  # the refusal's path only, as record below
     if isinstance(error, PreflightError):
         return PREFLIGHT
     if isinstance(error, (EnvironmentMappingError, HostlistError)):  # in the launcher, a node list is a variable
@@ -328,6 +334,8 @@ def main(argv: Sequence[str]) -> int | NoReturn:
         environ = os.environ
         rank: int | None = placed[0].rank if placed else _stated_rank(environ)
         host = placed[0].this_host if placed else environ.get("SLURMD_NODENAME", "")
+        from .reasons import record
+
         record(environ, e.exit_code, rank, host or os.uname().nodename, f"refused to start the rank: {e}")
         raise
 

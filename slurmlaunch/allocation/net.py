@@ -94,19 +94,37 @@ def wait_listening(addr: str, port: int, deadline: float, poll: float,
 _ESTABLISHED = "01"  # the state column of /proc/net/tcp{,6} (include/net/tcp_states.h: TCP_ESTABLISHED)
 
 
-def _established_inodes(pid: int) -> set[str]:
-    """The socket inodes of every established TCP connection in ``pid``'s network namespace."""
-    inodes: set[str] = set()
+def _established(pid: int, inodes: set[str]) -> bool:
+    """Whether one of the socket ``inodes`` is an established TCP connection in ``pid``'s network namespace.
+    Reading /proc/PID/net/tcp walks the kernel's whole established hash (262144 buckets on a 24 GiB machine:
+    about 10 ms of CPU per read, however few connections there are), so it is read only for inet sockets,
+    and tcp6 only when tcp did not answer."""
     for table in ("tcp", "tcp6"):
         try:
             with open(f"/proc/{pid}/net/{table}", encoding="ascii", errors="replace") as f:
                 next(f, None)  # the header
                 for line in f:
                     fields = line.split()
-                    if len(fields) > 9 and fields[3] == _ESTABLISHED:
-                        inodes.add(fields[9])
+                    if len(fields) > 9 and fields[3] == _ESTABLISHED and fields[9] in inodes:
+                        return True
         except OSError:
             continue
+    return False
+
+
+def _unix_inodes(pid: int) -> set[str]:
+    """The inodes of the Unix-domain sockets in ``pid``'s network namespace (a cheap table: PMIx's and the
+    scheduler's local links are these, and are no rendezvous)."""
+    inodes: set[str] = set()
+    try:
+        with open(f"/proc/{pid}/net/unix", encoding="ascii", errors="replace") as f:
+            next(f, None)
+            for line in f:
+                fields = line.split()
+                if len(fields) > 6:
+                    inodes.add(fields[6])
+    except OSError:
+        pass
     return inodes
 
 
@@ -132,14 +150,9 @@ def _process_tree(pid: int, exclude: int) -> list[int]:
     return tree
 
 
-def holds_connection(pid: int, exclude: int = -1) -> bool:
-    """Whether ``pid`` or one of its descendants (``exclude`` and its own left out) holds an established TCP
-    connection. Every rendezvous torch offers ends in one: env:// and tcp:// connect to a TCPStore, and a
-    world of several processes joined by gloo or NCCL, whatever its init_method (file:// too), keeps TCP
-    connections between its ranks. Reads /proc (Linux); False where it cannot."""
-    inodes = _established_inodes(pid)
-    if not inodes:
-        return False
+def _socket_inodes(pid: int, exclude: int) -> set[str]:
+    """The inodes of every socket that ``pid`` or a descendant (``exclude`` and its own left out) holds open."""
+    inodes: set[str] = set()
     for member in _process_tree(pid, exclude):
         try:
             fds = os.listdir(f"/proc/{member}/fd")
@@ -150,6 +163,19 @@ def holds_connection(pid: int, exclude: int = -1) -> bool:
                 link = os.readlink(f"/proc/{member}/fd/{fd}")
             except OSError:
                 continue
-            if link.startswith("socket:[") and link[8:-1] in inodes:
-                return True
-    return False
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    return inodes
+
+
+def holds_connection(pid: int, exclude: int = -1) -> bool:
+    """Whether ``pid`` or one of its descendants (``exclude`` and its own left out) holds an established TCP
+    connection. Every rendezvous torch offers ends in one: env:// and tcp:// connect to a TCPStore, and a
+    world of several processes joined by gloo or NCCL, whatever its init_method (file:// too), keeps TCP
+    connections between its ranks. Reads /proc (Linux); False where it cannot. Cheap while the tree holds
+    no inet socket (a rank importing torch): the TCP tables are read only when it does (issue 30: read
+    every 0.25 s by the watchdog beside the ranks, they took ~50 ms of CPU a second from their imports)."""
+    inodes = _socket_inodes(pid, exclude)
+    if inodes:
+        inodes -= _unix_inodes(pid)
+    return bool(inodes) and _established(pid, inodes)

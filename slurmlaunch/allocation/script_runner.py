@@ -5,7 +5,7 @@ standard library basics only."""
 
 from __future__ import annotations
 
-import signal  # the launcher has imported it already
+import _signal  # type: ignore[import-not-found]  # the C module, as the launcher: `signal` loads enum
 from collections.abc import Mapping
 
 from ..core import EXIT_MARK_SUFFIX, STACKS_DUMP_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX
@@ -126,8 +126,8 @@ _ARM = """def _slurmlaunch_arm(stacks):
 RUNNER = _RUNNER.replace("ARM_DEFINITION", _ARM)  # with the names JobFiles spells
 for _name, _value in (("EXIT_MARK_SUFFIX", EXIT_MARK_SUFFIX), ("STACKS_DUMP_SUFFIX", STACKS_DUMP_SUFFIX),
                       ("STACKS_STOP_SUFFIX", STACKS_STOP_SUFFIX), ("STACKS_PID_SUFFIX", STACKS_PID_SUFFIX),
-                      *((f"SIGNAL_{s.name[3:]}", int(s)) for s in (signal.SIGWINCH, signal.SIGTERM, signal.SIGHUP,
-                                                                   signal.SIGUSR1, signal.SIGUSR2))):
+                      *((f"SIGNAL_{name}", int(getattr(_signal, "SIG" + name)))
+                        for name in ("WINCH", "TERM", "HUP", "USR1", "USR2"))):
     RUNNER = RUNNER.replace(_name, repr(_value))
     _ARM = _ARM.replace(_name, repr(_value))
 

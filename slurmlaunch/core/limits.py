@@ -9,8 +9,6 @@ Limits). Every check looks at the number of digits before converting, so a rejec
 
 from __future__ import annotations
 
-import re
-
 from .errors import SlurmLaunchError, SpecError
 
 # Slurm keeps job ids in 32 bits (26 for the local id, 6 for a federation's cluster id: slurm.conf MaxJobId).
@@ -78,6 +76,8 @@ def parse_count(what: str, text: str, minimum: int = 0, maximum: int = MAX_JOB_I
     ``sep`` joins name and value: " " for an option, "=" for a variable."""
     value = bounded_int(text, maximum)
     if value is None or value < minimum:
+        import re  # here, not at the top: this module is on the launcher's start path, which must not load `re`
+
         # an option's number is shown as itself (--nodes -3); a variable's value quoted (SLURM_PROCID='-1')
         plain = sep == " " and re.fullmatch(r"-?[0-9]{1,40}", text) is not None
         raise error(f"{what}{sep}{text if plain else shown(text)} is not valid (expected an integer "
@@ -118,6 +118,8 @@ class Seconds:
         self.__name__ = "seconds"
 
     def __call__(self, text: str) -> float:
+        import re  # see parse_count
+
         if re.fullmatch(r"[0-9]{1,12}(\.[0-9]{1,9})?", text) and float(text) <= MAX_SECONDS:
             return float(text)
         raise SpecError(f"{self.what} {shown(text)} is not valid (expected seconds 0..{MAX_SECONDS}, "

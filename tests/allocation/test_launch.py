@@ -261,6 +261,29 @@ def test_a_connection_in_a_child_counts_and_the_watchdog_own_does_not(tmp_path: 
     assert not holds_connection(2**22 + 12345)  # no such process: False, no error
 
 
+def test_the_tcp_tables_are_read_only_for_a_tree_with_inet_sockets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 30: the watchdog asks every 0.25 s while the ranks import torch; each read of /proc/net/tcp walks
+    the kernel's whole established hash (about 10 ms of CPU), so a tree with no socket, or only Unix-domain
+    ones (PMIx, the scheduler's own links), is answered from its fds alone. The tables' reader is replaced by
+    one that fails the test: the answer must come without it."""
+    from slurmlaunch.allocation import net
+
+    def read_tables(pid: int, inodes: set[str]) -> bool:
+        raise AssertionError(f"the TCP tables were read for {pid} ({inodes})")
+
+    monkeypatch.setattr(net, "_established", read_tables)
+    code = "import socket, time\na, b = socket.socketpair()\nprint('in', flush=True)\ntime.sleep(60)\n"
+    for argv in (["sleep", "60"], [sys.executable, "-c", code]):
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        try:
+            if argv[0] == sys.executable:
+                assert p.stdout is not None and p.stdout.readline() == "in\n"
+            assert not net.holds_connection(p.pid)
+        finally:
+            p.kill()
+            p.wait()
+
+
 def test_bad_options_refused(marker_script: tuple[Path, Path]) -> None:
     script, marker = marker_script
     _refused(["--bogus", str(script)], clean_env(), marker, "'--bogus'", 2)
@@ -315,6 +338,24 @@ def test_launcher_path_imports_nothing_heavy(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_launchers_start_path_loads_no_re_enum_or_signal() -> None:
+    """What `python -m slurmlaunch launch` imports once the interpreter is up (after `site`, which an editable
+    install's finder makes heavier): none of `re`, `enum` (`signal`'s tables, `re`'s flags), `socket`,
+    `typing`, `dataclasses`, `json`, `argparse`, `subprocess` (issue 30: the start is measured against a bare
+    interpreter's in benchmarks/run.py; this guards the structure, not the time). What is left is runpy's
+    own chain (contextlib, collections, functools), which `-m` loads before our first line."""
+    env = clean_env(**step_env("localhost", [2], 1, MASTER_ADDR="127.0.0.1"))
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "slurmlaunch", "launch", "--no-python", "true"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    names = [line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")]
+    assert "site" in names and "slurmlaunch.allocation.launch" in names, r.stderr[-2000:]
+    after_site = set(names[names.index("site") + 1:])
+    heavy = {"re", "enum", "signal", "socket", "selectors", "typing", "dataclasses", "json", "argparse",
+             "subprocess", "inspect", "torch", "jinja2", "submitit", "numpy"}
+    assert sorted(heavy & after_site) == [], sorted(after_site)
 
 
 def test_gloo_all_reduce_through_the_launcher(torch_available: None, tmp_path: Path) -> None:

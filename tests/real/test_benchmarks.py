@@ -16,7 +16,8 @@ def test_benchmark_quick_run(torch_available: None) -> None:
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     for section in ("Launcher start-up", "A no-op job of 2 ranks", "submit --dry-run", "Node lists",
-                    "Scale on paper", "time to first barrier", "whole job", "rendezvous after the last rank"):
+                    "Scale on paper", "time to first barrier", "whole job", "rendezvous after the last rank",
+                    "The rendezvous watchdog beside a rank", "to finish importing torch"):
         assert section in r.stdout, section
     assert "bijection and one master: yes" in r.stdout
 

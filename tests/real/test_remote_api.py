@@ -260,3 +260,56 @@ def test_results_survive_a_connection_drop(laptop: sshd.Laptop, server: sshd.Ssh
             p.wait()
     assert p.returncode == 0 and "OUT [42]" in out, out + err
     assert err.count("lost contact with login") == 1 and "in contact with login again" in err, err
+
+
+ROUNDS_SCRIPT = """\
+import json, sys, time
+import slurmlaunch
+
+def one(x):  # defined in __main__: it travels by value
+    return x + 1
+
+dest, setup, python = json.loads(sys.argv[1])
+common = dict(remote=dest, remote_setup=setup, remote_python=python, nodes=1, tasks_per_node=1)
+out = {}
+start = time.monotonic()
+out["one"] = slurmlaunch.submit(one, 1, **common).result()
+out["one_s"] = time.monotonic() - start
+start = time.monotonic()
+out["map"] = [j.result() for j in slurmlaunch.map_array(one, [1, 2, 3], **common)]
+out["map_s"] = time.monotonic() - start
+print("OUT " + json.dumps(out))
+"""
+
+
+def test_a_remote_wait_is_one_round_trip_per_poll(laptop: sshd.Laptop, cluster_env: dict[str, str],
+                                                   tmp_path: Path) -> None:
+    """issue 32: a remote job's wait costs the laptop one ssh command (one call of the login node's runner)
+    per WAIT_STEP_S at most, whatever the login node's own poll does meanwhile: the runner's calls are counted
+    by the remote interpreter, a shim that logs its arguments and runs the real one."""
+    from slurmlaunch.app.remote.api import RUNNER_MODULE, WAIT_STEP_S
+
+    python = python_without_slurmlaunch(tmp_path)
+    calls = tmp_path / "runner-calls"
+    shim = tmp_path / "python-counted"
+    shim.write_text(f'#!/bin/sh\necho "$*" >> {shlex.quote(str(calls))}\nexec {shlex.quote(python)} "$@"\n')
+    shim.chmod(0o755)
+    project = tmp_path / "rounds"
+    project.mkdir()
+    (project / "run.py").write_text(ROUNDS_SCRIPT)
+    setup = [f"export SLURM_CONF={shlex.quote(cluster_env['SLURM_CONF'])}", "export SLURMLAUNCH_ALLOW_LOOPBACK=1"]
+    argv = json.dumps([f"login:{tmp_path / 'cluster' / 'rounds'}", setup, str(shim)])
+    r = subprocess.run(["python3", "run.py", argv], capture_output=True, text=True, env=laptop.env, cwd=project,
+                       timeout=600, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and "OUT " in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    out = json.loads(r.stdout.split("OUT ", 1)[1])
+    assert out["one"] == 2 and out["map"] == [2, 3, 4], out
+    actions = [line.split(RUNNER_MODULE, 1)[1].split()[0] for line in calls.read_text().splitlines()
+               if RUNNER_MODULE in line]
+    assert actions[0] == "submit" and "map_array" in actions, actions
+    first = actions[:actions.index("map_array")]
+    then = actions[actions.index("map_array"):]
+    # one wait per job, and one more per WAIT_STEP_S that job took; nothing else while waiting
+    assert first.count("wait") <= 1 + out["one_s"] // WAIT_STEP_S and set(first) == {"submit", "wait"}, actions
+    assert then.count("wait") <= 3 + out["map_s"] // WAIT_STEP_S and set(then) == {"map_array", "wait"}, actions
+    print(f"runner calls: {actions} ({out['one_s']:.1f} s, {out['map_s']:.1f} s)")  # shown with -s

@@ -55,12 +55,12 @@ def _where(options: dict[str, Any], scheduler: str, remote: str | None, setup: S
     from ...schedulers.registry import canonical
 
     over_ssh = _over_ssh()
-    if scheduler != "auto" and canonical(scheduler) not in {e.name for e in over_ssh}:
+    name = "auto" if scheduler == "auto" else canonical(scheduler)
+    if name is None or (name != "auto" and name not in {e.name for e in over_ssh}):
         raise SpecError(f"scheduler {scheduler!r} with remote=: only {' or '.join(e.title for e in over_ssh)} "
                         f"clusters are supported over ssh (expected auto or one of "
                         f"{', '.join(e.name for e in over_ssh)})")
-    return _Where(remote, tuple(setup), "python3" if python is None else python,
-                  "auto" if scheduler == "auto" else canonical(scheduler))
+    return _Where(remote, tuple(setup), "python3" if python is None else python, name)
 
 
 def submit(fn: Callable[..., Any], *args: Any, scheduler: str = "auto", remote: str | None = None,
