@@ -10,7 +10,7 @@ from ..core.errors import SpecError
 from .interface import Scheduler, SchedulerName
 from .registry import ACCEPTED, NAMES, canonical, scheduler
 
-__all__ = ["NAMES", "auto_choice", "choose", "scheduler"]
+__all__ = ["NAMES", "auto_choice", "choose", "login_choice", "scheduler"]
 
 
 def choose(requested: str, *, preview: bool = False, allowed: Sequence[SchedulerName] = NAMES,
@@ -62,3 +62,15 @@ def auto_choice(candidates: Sequence[Scheduler], has_client: Callable[[Scheduler
         raise SpecError(none_found(missing) if none_found else
                         f"--scheduler auto: neither {' nor '.join(missing)} is on {where}")
     return fallback, f"no {' or '.join(missing)} on {where}" if missing else "the only one allowed"
+
+
+def login_choice(requested: str, candidates: Sequence[Scheduler]) -> SchedulerName:
+    """The scheduler a login node's own command uses (doctor; the API's remote= runner), among queued
+    ``candidates`` (nothing there falls back to running the job itself): a named one as named; auto: the
+    first whose client is on PATH (Slurm where sbatch is, else PBS where qsub is), else the first (whose checks
+    then say what is missing). No controller is asked."""
+    if requested != "auto":
+        return requested
+    if not any(edge.available() for edge in candidates):
+        return candidates[0].name
+    return auto_choice(candidates, lambda edge: edge.available(), check=False)[0].name

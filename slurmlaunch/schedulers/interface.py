@@ -95,6 +95,19 @@ class Scheduler(Protocol):
         the scheduler's queue answer for them), or None where the API's own executor does, through this edge."""
         ...
 
+    @property
+    def exports_environment(self) -> bool:
+        """Whether its jobs start with the submitting shell's environment (sbatch's --export=ALL); False: with
+        only what the script sets (PBS's qsub without -V), so a variable the job needs goes in the script."""
+        ...
+
+    @property
+    def doctor_checks(self) -> str | None:
+        """The module of app/doctor/ that checks its site from the login node for `slurmlaunch doctor`: its
+        ``login_checks(partition)`` gives (checks, partition rows, facts) and ``cluster(facts)`` the cluster's
+        name; None where doctor has nothing to check (the local scheduler)."""
+        ...
+
     def available(self) -> bool:
         """Whether this machine has the scheduler's client (no command is run)."""
         ...
@@ -193,6 +206,8 @@ class QueuedEdge:
     site_gpu_flag: bool = False
     shared_output: str | None = None
     submitit_executor: str | None = None
+    exports_environment: bool = True
+    doctor_checks: str | None = None
     queued: bool = True
 
     @property

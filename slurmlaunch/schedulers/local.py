@@ -527,6 +527,8 @@ class LocalScheduler:
     shared_output: Final = None
     lists_in_one_call: Final = False
     submitit_executor: Final = "local"
+    exports_environment: Final = True  # its ranks are this shell's children
+    doctor_checks: Final = None
 
     def available(self) -> bool:
         return True

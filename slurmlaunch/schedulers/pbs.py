@@ -310,4 +310,6 @@ EDGE = QueuedEdge(
     warning_signal=False,
     shared_output=SHARED_OUTPUT,
     submitit_executor=None,  # the API's own PBS executor (app/api/pbs.py) runs its jobs through this edge
+    exports_environment=False,  # qsub without -V: the job has the script's environment, not the shell's
+    doctor_checks="pbs",  # app/doctor/pbs.py: the server, the queue, the execution hosts
 )

@@ -451,4 +451,5 @@ EDGE = QueuedEdge(
     script_requeues=True,  # Lightning's rank 0 runs `scontrol requeue` itself (app/submit.py adapt_to_client)
     site_gpu_flag=True,  # --gpus-per-node or --gres, as `slurmlaunch doctor` found the cluster wants
     submitit_executor="slurm",
+    doctor_checks="command",  # app/doctor/command.py: the controller, the partitions, the GPU request style
 )

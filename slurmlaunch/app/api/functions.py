@@ -32,10 +32,11 @@ class _Where:
 
 
 def _over_ssh() -> list[Scheduler]:
-    """The schedulers remote= runs on: queued ones submitit runs itself (on the login node, app/remote/api.py)."""
+    """The schedulers remote= runs on: the queued ones (the login node submits with this API there,
+    app/api/runner.py; never the local scheduler: a login node does not run the laptop's job itself)."""
     from ...schedulers.registry import NAMES, scheduler
 
-    return [e for e in map(scheduler, NAMES) if e.queued and e.submitit_executor is not None]
+    return [e for e in map(scheduler, NAMES) if e.queued]
 
 
 def _where(options: dict[str, Any], scheduler: str, remote: str | None, setup: Sequence[str],
@@ -55,11 +56,11 @@ def _where(options: dict[str, Any], scheduler: str, remote: str | None, setup: S
     from ...schedulers.registry import canonical
 
     over_ssh = _over_ssh()
-    name = "auto" if scheduler == "auto" else canonical(scheduler)
-    if name is None or (name != "auto" and name not in {e.name for e in over_ssh}):
-        raise SpecError(f"scheduler {scheduler!r} with remote=: only {' or '.join(e.title for e in over_ssh)} "
-                        f"clusters are supported over ssh (expected auto or one of "
-                        f"{', '.join(e.name for e in over_ssh)})")
+    names = [e.name for e in over_ssh]
+    name = scheduler if scheduler == "auto" else canonical(scheduler)
+    if name is None or (name != "auto" and name not in names):
+        raise SpecError(f"scheduler {scheduler!r} with remote=: only {' and '.join(e.title for e in over_ssh)} "
+                        f"clusters are supported over ssh (expected auto, {', '.join(names[:-1])} or {names[-1]})")
     return _Where(remote, tuple(setup), "python3" if python is None else python, name)
 
 

@@ -51,11 +51,10 @@ def login_scheduler(requested: str) -> str:
     """The scheduler the laptop's call goes to here: as named (slurm, pbs); auto: PBS where qsub is on PATH
     and sbatch is not (as `submit --remote` chooses), else Slurm. Never the local scheduler: a login node
     does not run the laptop's job itself."""
-    import shutil
+    from ...schedulers.choice import login_choice
+    from ...schedulers.registry import NAMES, scheduler
 
-    if requested == "auto":
-        return "pbs" if shutil.which("qsub") and not shutil.which("sbatch") else "slurm"
-    return requested
+    return login_choice(requested, [e for e in map(scheduler, NAMES) if e.queued])
 
 
 def _submitted(jobs: Sequence[Job], scheduler: str) -> None:

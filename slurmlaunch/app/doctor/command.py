@@ -20,6 +20,10 @@ from ..site import cluster_name, remember_site, try_command
 from .check import Check
 from .probe import ProbeJob, Report, allocate, gpu_problem, probe_job, rank_rows
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ...schedulers.interface import Scheduler
+
 COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel")
 
 
@@ -104,6 +108,11 @@ def login_checks(partition: str | None) -> tuple[list[Check], list[Partition], d
     return checks, rows, facts
 
 
+def cluster(facts: dict[str, Any]) -> str | None:
+    """The cluster's name as Slurm knows it (scontrol show config's ClusterName): its site.json key."""
+    return cluster_name()
+
+
 def gpus_per_node(gres: str) -> str:
     m = re.search(r"gpu(?::[^:(,]+)?:(\d+)", gres)
     return m.group(1) if m else "0"
@@ -145,39 +154,50 @@ class DoctorReport:
         return out
 
 
+def _checked() -> list[Scheduler]:
+    """The schedulers doctor checks (each names its module of app/doctor/), in the registry's order."""
+    from ...schedulers.registry import NAMES, scheduler
+
+    return [e for e in map(scheduler, NAMES) if e.doctor_checks is not None]
+
+
 def doctor_scheduler(requested: str) -> str:
     """slurm or pbs: as named; auto is PBS where qsub is on PATH and sbatch is not, else Slurm (whose checks
     then say what is missing)."""
-    from ...schedulers import pbs, slurm
+    from ...schedulers.choice import login_choice
+    from ...schedulers.registry import canonical
 
-    if requested == "auto":
-        return "pbs" if pbs.available() and not slurm.available() else "slurm"
-    if requested not in ("slurm", "pbs"):
-        raise SpecError(f"--scheduler {requested!r} is not valid for doctor (expected auto, slurm or pbs)")
-    return requested
+    checked = _checked()
+    names = [e.name for e in checked]
+    name = requested if requested == "auto" else canonical(requested)
+    if name is None or (name != "auto" and name not in names):
+        raise SpecError(f"--scheduler {requested!r} is not valid for doctor (expected auto, "
+                        f"{', '.join(names[:-1])} or {names[-1]})")
+    return login_choice(name, checked)
 
 
 def cmd_doctor(partition: str | None, as_json: bool, nodes: int | None, gpus: int, timeout: float, *,
                remote_setup: list[str] | None = None, python: str | None = None,
                job: ProbeJob | None = None, scheduler: str = "auto") -> int:
     """`slurmlaunch doctor` here (doctor --remote: remote_doctor); ``job``: the probe job rendered elsewhere.
-    ``scheduler``: auto, slurm or pbs (doctor_scheduler); PBS's checks are doctor/pbs.py's."""
+    ``scheduler``: auto, slurm or pbs (doctor_scheduler); each one's checks are its doctor_checks module's
+    (Slurm's: login_checks above, PBS's: doctor/pbs.py)."""
+    import importlib
+
+    from ...schedulers.registry import scheduler as edge_of
+
     if nodes is not None and nodes < 1:
         raise SpecError(f"--allocate {nodes} is not valid (expected a number of nodes >= 1)")
     if remote_setup or python:
         raise SpecError(f"{'--remote-setup' if remote_setup else '--python'}: only with doctor --remote "
                         f"[USER@]HOST[:DIR] (leave it out, or add --remote)")
     name = job.scheduler if job is not None else doctor_scheduler(scheduler)
-    if name == "pbs":
-        from .pbs import login_checks as pbs_login_checks
-
-        checks, facts = pbs_login_checks(partition)
-        partitions: list[Partition] = []  # PBS has no partition table of sinfo's shape
-    else:
-        checks, partitions, facts = login_checks(partition)
+    edge = edge_of(name)
+    site = importlib.import_module(f"{__package__}.{edge.doctor_checks}")
+    checks, partitions, facts = site.login_checks(partition)
     failed = any(c.state == "fail" for c in checks)
-    cluster = (facts.get("pbs_server") if name == "pbs" else cluster_name()) if not failed else None
-    if cluster and facts and name == "slurm":  # what submit learns from it (the GPU request style) is Slurm's
+    cluster = site.cluster(facts) if not failed else None
+    if cluster and facts and edge.site_gpu_flag:  # what submit learns from it: the GPU request style
         remember_site(cluster, facts)
     reports: list[Report] = []
     job_id = None

@@ -30,27 +30,27 @@ def _json(argv: list[str], key: str) -> tuple[dict[str, Any] | None, str]:
     return (dict(table) if isinstance(table, dict) else {}), ""
 
 
-def login_checks(queue: str | None) -> tuple[list[Check], dict[str, Any]]:
-    """(checks, facts): the clients, the server (state,
-    version, history of finished jobs), the queue (``queue``, else the server's default) enabled and started,
-    the execution hosts (how many, their state, ncpus and ngpus)."""
+def login_checks(queue: str | None) -> tuple[list[Check], list[Any], dict[str, Any]]:
+    """(checks, partition rows: none, PBS has no table of sinfo's shape, facts): the clients, the server
+    (state, version, history of finished jobs), the queue (``queue``, else the server's default) enabled and
+    started, the execution hosts (how many, their state, ncpus and ngpus)."""
     checks: list[Check] = []
     missing = [c for c in COMMANDS if shutil.which(c) is None]
     checks.append(Check("commands", "fail" if missing else "ok",
                         f"missing: {', '.join(missing)}" if missing else ", ".join(COMMANDS) + " on PATH"))
     if "qsub" in missing or "qstat" in missing:
-        return checks, {}
+        return checks, [], {}
     servers, why = _json(["qstat", "-B", "-f", "-F", "json"], "Server")
     if not servers:
         checks.append(Check("server", "fail", why or "qstat -B names no server"))
-        return checks, {}
+        return checks, [], {}
     name, server = next(iter(servers.items()))
     state = str(server.get("server_state", "?"))
     version = str(server.get("pbs_version", "?"))
     facts: dict[str, Any] = {"pbs_server": name, "pbs_version": version}
     checks.append(Check("server", "ok" if state == "Active" else "fail", f"{name}: {state}, PBS {version}"))
     if state != "Active":
-        return checks, facts
+        return checks, [], facts
     history = str(server.get("job_history_enable", "False")) == "True"
     checks.append(Check("history", "ok" if history else "warn",
                         "job_history_enable: finished jobs stay in qstat -x" if history else
@@ -59,7 +59,7 @@ def login_checks(queue: str | None) -> tuple[list[Check], dict[str, Any]]:
     wanted = queue or str(server.get("default_queue", ""))
     if not wanted:
         checks.append(Check("queue", "fail", "no --partition given and the server has no default_queue"))
-        return checks, facts
+        return checks, [], facts
     queues, why = _json(["qstat", "-Q", "-f", "-F", "json", wanted], "Queue")
     q = (queues or {}).get(wanted)
     if q is None:
@@ -67,7 +67,7 @@ def login_checks(queue: str | None) -> tuple[list[Check], dict[str, Any]]:
         known = sorted({line.split()[0] for line in names.splitlines()[2:] if line.split()})
         checks.append(Check("queue", "fail", f"--partition {wanted}: no such queue here (known: "
                                              f"{', '.join(known) or 'none'})" if queue else f"{why}"))
-        return checks, facts
+        return checks, [], facts
     usable = q.get("enabled") == "True" and q.get("started") == "True"
     checks.append(Check("queue", "ok" if usable else "fail",
                         f"{wanted} ({'given' if queue else 'the default'}): {q.get('queue_type', '?')}, "
@@ -75,7 +75,7 @@ def login_checks(queue: str | None) -> tuple[list[Check], dict[str, Any]]:
     nodes, why = _json(["pbsnodes", "-a", "-F", "json"], "nodes")
     if nodes is None:
         checks.append(Check("nodes", "warn", why))
-        return checks, facts
+        return checks, [], facts
     free = sum(1 for n in nodes.values() if str(n.get("state", "")) == "free")
     shapes = sorted({(str((n.get("resources_available") or {}).get("ncpus", "?")),
                       str((n.get("resources_available") or {}).get("ngpus", 0))) for n in nodes.values()})
@@ -85,4 +85,10 @@ def login_checks(queue: str | None) -> tuple[list[Check], dict[str, Any]]:
     checks.append(Check("gpu request", "ok" if gpus else "warn",
                         "ngpus=G in every select chunk (--gpus-per-node G)" if gpus else
                         "no host offers ngpus: --gpus-per-node would ask for a resource none has"))
-    return checks, facts
+    return checks, [], facts
+
+
+def cluster(facts: dict[str, Any]) -> str | None:
+    """The cluster's name: its server's, as qstat -B named it."""
+    server = facts.get("pbs_server")
+    return str(server) if server is not None else None

@@ -59,8 +59,8 @@ def _tuples(value: Any) -> Any:
 
 
 # Open MPI refuses to start ranks as root unless both are set; PBS passes nothing of the submitting shell's
-# environment, so a probe job submitted by root under PBS carries them when doctor was given them (never
-# otherwise: the consent is the user's).
+# environment (its edge's exports_environment is False), so a probe job submitted by root under PBS carries
+# them when doctor was given them (never otherwise: the consent is the user's).
 _OMPI_AS_ROOT = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
 
 
@@ -74,6 +74,8 @@ def probe_job(nodes: int, gpus: int, partition: str | None, timeout: float, *, w
     from ...schedulers.choice import scheduler as edge
     from ..resolve import resolve
 
+    target = edge(scheduler)
+    passes_env = target.exports_environment  # else the job has only what its script sets
     base = workdir or os.getcwd()
     out_dir = os.path.join(os.path.abspath(base), "slurmlaunch-logs", f"doctor-{int(time.time())}")
     spec = resolve(JobSpec(
@@ -81,11 +83,11 @@ def probe_job(nodes: int, gpus: int, partition: str | None, timeout: float, *, w
         partition=partition, time="5", job_name="slurmlaunch-doctor", signal="none",
         env=(("SLURMLAUNCH_PROBE_TIMEOUT", f"{max(10.0, min(timeout / 2, 120.0)):g}"),
              ("SLURMLAUNCH_NO_PREFLIGHT", "1"),
-             *((k, os.environ[k]) for k in _OMPI_AS_ROOT if scheduler == "pbs" and os.environ.get(k))),
+             *((k, os.environ[k]) for k in _OMPI_AS_ROOT if not passes_env and os.environ.get(k))),
     ))
     if workdir is not None:
         spec = replace(spec, workdir=workdir, python=python or "python3", setup=(*spec.setup, *setup))
-    return ProbeJob(spec, edge(scheduler).render(spec), out_dir, scheduler)
+    return ProbeJob(spec, target.render(spec), out_dir, scheduler)
 
 
 def allocate(job: ProbeJob, timeout: float) -> tuple[list[Report], str]:

@@ -212,15 +212,15 @@ def _remember(dest: Destination, setup: tuple[str, ...], answer: dict[str, Any],
     from dataclasses import replace
 
     from ...schedulers.index import remember
-    from ...schedulers.interface import SchedulerName
+    from ...schedulers.registry import scheduler as edge_of
     from .submit import write_local_record
 
     spec = answer["spec"]
     base = ids[0].partition("_")[0]
     if "_" in ids[0]:
         spec = replace(spec, array=",".join(i.partition("_")[2] for i in ids))
-    scheduler: SchedulerName = "pbs" if answer.get("scheduler") == "pbs" else "slurm"  # runner.login_scheduler's
-    tool = "qsub" if scheduler == "pbs" else "sbatch"
+    edge = edge_of(str(answer.get("scheduler", "slurm")))  # runner.login_scheduler's
+    scheduler, tool = edge.name, str(edge.client)  # its submit command: sbatch, qsub
     command = [tool, answer["script_path"]] if answer.get("script_path") else [tool]
     record = write_local_record(dest, setup, spec, base, base, scheduler, command, str(answer.get("script", "")))
     remember(base, scheduler, record, spec.name, remote=dest.target)

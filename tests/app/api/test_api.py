@@ -218,9 +218,9 @@ def test_a_profiles_remote_keys_are_the_apis_remote_arguments(tmp_path: Path,
     assert profile_remote("plain") == {} and profile_options("booster") == {"nodes": 2}
     with pytest.raises(SpecError, match="nodes"):
         slurmlaunch.submit(print, profile="booster", nodes=0)
-    with pytest.raises(SpecError, match="only Slurm clusters"):
+    with pytest.raises(SpecError, match="only Slurm and PBS clusters"):
         slurmlaunch.map_array(print, [1], profile="booster", scheduler="local")
-    with pytest.raises(SpecError, match="only Slurm clusters"):
+    with pytest.raises(SpecError, match="only Slurm and PBS clusters"):
         slurmlaunch.batch(profile="booster", scheduler="local")
     with pytest.raises(SpecError, match="only with remote="):
         slurmlaunch.map_array(print, [1], remote_setup=["module load slurm"], scheduler="local")
