@@ -249,6 +249,24 @@ def test_the_slurm_edge_answers_over_ssh_as_it_does_here(laptop: sshd.Laptop, tm
     assert there == here == slurm.JobStatus("FAILED", 3, "node2", elapsed="00:00:07")
 
 
+def test_a_job_slurm_forgot_without_accounting_ended_how_is_unknown(laptop: sshd.Laptop, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """squeue and scontrol no longer know the job (MinJobAge passed), there is no sacct, and no exit-code file
+    (an API job's submitit script writes none): it has ended, and how is unknown, not "GONE, exit code 1"."""
+    forgot = ("import sys\nsys.stderr.write('slurm_load_jobs error: Invalid job id specified\\n')\n"
+              "sys.exit(1)\n")
+    bin_dir = sshd.login_bin(tmp_path, {"squeue": forgot, "scontrol": forgot})
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with remote.Connection(remote.parse_destination("login"), setup=[f"export PATH={bin_dir}"]) as conn, \
+            use_runner(SshRunner(conn)):
+        there = slurm.EDGE.status("41", str(logs))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    here = slurm.EDGE.status("41", str(logs))
+    assert there == here == slurm.JobStatus("ENDED", None, note=slurm.FORGOTTEN)
+    assert there.finished and "how it ended is unknown" in str(there.note)
+
+
 def test_the_users_own_control_master_is_used_and_left_running(laptop: sshd.Laptop, server: sshd.Sshd,
                                                                tmp_path: Path) -> None:
     """~/.ssh/config gives the destination a ControlMaster with ControlPersist (a 2FA login asked once a

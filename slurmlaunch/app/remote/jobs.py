@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ...core.errors import JobStateError, SchedulerError
@@ -45,7 +45,8 @@ def status(record: JobRecord) -> dict[str, Any]:
     with login_node(record) as (_, edge):
         st = edge.status(record.full_id, record.log_dir)
     return {"job_id": record.full_id, "scheduler": record.scheduler, "remote": record.remote, "state": st.state,
-            "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
+            "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed,
+            **({"note": st.note} if st.note else {})}
 
 
 def logs(record: JobRecord, path: str, follow: bool) -> int:
@@ -68,9 +69,13 @@ def logs(record: JobRecord, path: str, follow: bool) -> int:
                 return 0
 
 
-def cancel(record: JobRecord) -> None:
+def cancel(record: JobRecord, ended: Callable[[Scheduler], str | None]) -> str | None:
+    """Cancel the job unless ``ended`` (asked over the same connection) says how it already ended."""
     with login_node(record) as (_, edge):
-        edge.cancel(record.full_id)
+        was = ended(edge)
+        if was is None:
+            edge.cancel(record.full_id)
+    return was
 
 
 def _queue_states(record: JobRecord, row: Mapping[str, Any]) -> dict[str, str]:
@@ -109,6 +114,18 @@ def list_row(row: Mapping[str, Any], live: dict[str, dict[str, str] | None]) -> 
             live[key] = None
             sys.stderr.write(f"slurmlaunch: list: no states from {target}: {e}\n")
     known = live[key]
-    state = "?" if known is None else known.get(str(row["job_id"]), "ENDED?")
+    state = "?" if known is None else known.get(str(row["job_id"])) or _ended_state(record)
     return {**row, "state": state, "directory": f"{target}:{record.log_dir}"}
+
+
+def _ended_state(record: JobRecord) -> str:
+    """`list`'s word for a job the destination's queue (and accounting) no longer shows: as `status` reads
+    it there (the exit-code file its script wrote, scontrol's record), "COMPLETED" or "FAILED 3"; ENDED when
+    none of them says how."""
+    try:
+        with login_node(record) as (_, edge):
+            st = edge.status(record.full_id, record.log_dir)
+    except SchedulerError:
+        return "ENDED"
+    return st.state if st.exit_code in (0, None) else f"{st.state} {st.exit_code}"
 
