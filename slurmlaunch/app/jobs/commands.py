@@ -302,6 +302,10 @@ def cmd_list(as_json: bool) -> int:
     rows = entries()
     quick = _quick_states(rows)
     remote_live: dict[str, dict[str, str] | None] = {}  # per destination: one squeue over ssh for all its jobs
+    if any(r.get("remote") for r in rows):
+        from ..remote import jobs as remote_jobs
+
+        remote_jobs.prefetch([r for r in rows if r.get("remote")], remote_live)  # all at once, one bound
     shown = []
     for row in rows:
         if row.get("remote"):
