@@ -330,7 +330,7 @@ def cmd_list(as_json: bool) -> int:
 
 
 def cmd_status(job_id: str, as_json: bool) -> int:
-    from ..schedulers import is_final
+    from ...schedulers import is_final
 
     record = find(job_id, gone_ok=True)
     if "record_gone" in record.data:
@@ -374,7 +374,7 @@ def cmd_logs(job_id: str, rank: int | None, follow: bool) -> int:
 def already_ended(edge: Scheduler, record: JobRecord) -> str | None:
     """How a job that has already ended ended ("COMPLETED, exit code 0"); None while it has not, or when its
     scheduler cannot say now (cancel then asks the scheduler anyway, whose refusal is shown)."""
-    from ..core.errors import SchedulerError
+    from ...core.errors import SchedulerError
 
     indices = array_indices(record) if record.element is None else []
     try:
@@ -388,7 +388,7 @@ def already_ended(edge: Scheduler, record: JobRecord) -> str | None:
 
 def _cancel_here(record: JobRecord) -> str | None:
     """Cancel a job of this machine; how it had ended when it already had (then nothing is sent)."""
-    from ..schedulers.choice import scheduler
+    from ...schedulers.choice import scheduler
 
     edge = scheduler(record.scheduler)
     if not edge.queued:  # the local scheduler runs a job in the foreground of the terminal that submitted it
