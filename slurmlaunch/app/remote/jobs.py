@@ -94,13 +94,13 @@ LIST_BOUND_S = 30.0  # `list` waits this long in all for every destination's ans
 
 def _destination(records: list[tuple[JobRecord, Mapping[str, Any]]], deadline: float) -> dict[str, str]:
     """One destination's states for `list`, over one connection: its queue's, and for each of ``records``
-    the queue no longer shows, how it ended as `status` reads it there."""
+    the queue no longer shows, its state as `status` reads it there."""
     record, row = records[0]
     with login_node(record, deadline) as (_, edge):
         states = _queue_states(edge)
         for record, row in records:
             if str(row["job_id"]) not in states:
-                states[str(row["job_id"])] = _ended_state(record, edge)
+                states[str(row["job_id"])] = _job_state(record, edge)
     return states
 
 
@@ -166,20 +166,19 @@ def _record(row: Mapping[str, Any]) -> JobRecord | None:
 
 
 def _key(record: JobRecord, row: Mapping[str, Any]) -> str:
-    """The cache key of a row's destination: the setup lines too (another job's may be what makes this
-    destination's squeue reachable); PBS: the job itself (its qstat)."""
+    """The cache key of a row's destination, one connection each: the setup lines too (another job's may be
+    what makes this destination's squeue reachable), and the scheduler (whose edge asks)."""
     setup = "\n".join(record.data.get("remote_setup") or ())
-    target = str(row["remote"])
-    return f"{target}\0{setup}" if record.scheduler == "slurm" else f"{target}\0{setup}\0{row['job_id']}"
+    return f"{row['remote']}\0{setup}\0{record.scheduler}"
 
 
-def _ended_state(record: JobRecord, edge: Scheduler) -> str:
-    """`list`'s word for a job the destination's queue (and accounting) no longer shows: as `status` reads
-    it there (the exit-code file its script wrote, scontrol's record), "COMPLETED" or "FAILED 3"; ENDED when
-    none of them says how."""
+def _job_state(record: JobRecord, edge: Scheduler) -> str:
+    """`list`'s word for a job the destination's queue (and accounting) does not show (a PBS job: any): as
+    `status` reads it there (the exit-code file its script wrote, scontrol's record, qstat), "RUNNING",
+    "COMPLETED" or "FAILED 3"; ENDED when none of them says how; "?" when it could not be asked."""
     try:
         st = edge.status(record.full_id, record.log_dir)
     except SchedulerError:
-        return "ENDED"
+        return "?"
     return st.state if st.exit_code in (0, None) else f"{st.state} {st.exit_code}"
 
