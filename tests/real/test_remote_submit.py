@@ -318,7 +318,12 @@ def test_interrupting_remote_wait_cancels_the_job(laptop: sshd.Laptop, cluster_e
     assert p.returncode == 130, err
     job = out.split()[0]
     assert f"cancelled job {job}" in err, err
-    st = on_laptop(laptop, "status", job, "--json", cwd=project)
+    deadline = time.monotonic() + 60  # scancel returns at once; the job may read COMPLETING for a moment
+    while True:
+        st = on_laptop(laptop, "status", job, "--json", cwd=project)
+        if json.loads(st.stdout)["state"] != "COMPLETING" or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert json.loads(st.stdout)["state"] == "CANCELLED", st.stdout + st.stderr
     assert masters_left(laptop) == []
 
