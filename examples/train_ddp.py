@@ -13,11 +13,17 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import warnings
 
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+# torch warns at import when NumPy is not installed ("Failed to initialize NumPy"), once per rank. This example
+# never converts a tensor to NumPy, so that one warning is not for its user; any other warning still shows, and
+# a script that does use NumPy without it installed fails at .numpy() with torch's own error.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=r"Failed to initialize NumPy", category=UserWarning)
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
 def main() -> None:

@@ -134,7 +134,9 @@ def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, 
                               f"{JobFiles(log_dir, job_id).stacks}):\n")
                     err.write("".join(f"slurmlaunch:   {line}\n" for line in stacks))
             where = f" (logs: {log_dir})" if log_dir else ""
-            err.write(f"slurmlaunch: job {job_id} ended {st.state}, exit code {code}{where}\n")
+            said = f"exit code {code}" if st.exit_code is not None else \
+                "exit code unknown" + (f" ({st.note})" if st.note else "")  # still a failure: --wait exits 1
+            err.write(f"slurmlaunch: job {job_id} ended {st.state}, {said}{where}\n")
             return code
         if timeout is not None and now - start > timeout:
             raise WaitTimeout(

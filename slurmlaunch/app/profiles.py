@@ -40,6 +40,10 @@ CHANGES_WHAT_RUNS = {"module": "-m/--module", "no_python": "--no-python",
 SHOW_ALIGN = 48  # `config show`: values up to this wide line their origins up
 # Paths a file may give relative to itself (README: Profiles), so that a file means the same from any directory.
 FILE_RELATIVE = frozenset({"template_dir", "output_dir"})
+# A site fact, not an option: `account-as = "project"` where the site charges the project named by PBS's -P
+# (NCI Gadi) and -A is not what it bills; --account then writes -P. Profiles and [defaults] may hold it.
+ACCOUNT_AS = ("account-as", "account_as")
+ACCOUNT_AS_VALUES = ("account", "project")
 
 
 @dataclass(frozen=True)
@@ -276,8 +280,15 @@ def resolve(ns: argparse.Namespace, table: Mapping[str, Option], environ: Mappin
     values = {dest: (list(o.builtin) if isinstance(o.builtin, list) else o.builtin) for dest, o in table.items()}
     origins = {dest: BUILTIN for dest in table}
     by_name = {o.flag.lstrip("-"): o for o in table.values()} | {dest: o for dest, o in table.items()}
+    account_as: tuple[str, str] | None = None  # (value, where it was set)
     for where, path, layer in _layers(files, profile):
         for key, raw in layer.items():
+            if key in ACCOUNT_AS:
+                if raw not in ACCOUNT_AS_VALUES:
+                    raise SpecError(f"{where}: {key} = {shown_value(raw)} is not valid (expected \"project\": the "
+                                    f"site charges the project named by -P, or \"account\": -A)")
+                account_as = (str(raw), where)
+                continue
             opt = _option_named(key, raw, by_name, table, where)
             value = _convert(opt, raw, where)
             if opt.dest in FILE_RELATIVE:
@@ -288,7 +299,22 @@ def resolve(ns: argparse.Namespace, table: Mapping[str, Option], environ: Mappin
             else:
                 values[opt.dest], origins[opt.dest] = value, where
     _add_command_line(ns, table, values, origins)
+    if account_as is not None and account_as[0] == "project" and "account" in values:
+        _account_as_project(values, origins, account_as[1])
     return Resolved(values, origins, profile, [p for p, _ in files])
+
+
+def _account_as_project(values: dict[str, Any], origins: dict[str, str], where: str) -> None:
+    """--account written as the project (-P) at a site that charges the project: what the user meant by it."""
+    account, project = values.get("account"), values.get("project")
+    if account is None:
+        return
+    if project is not None and project != account:
+        raise SpecError(f"--account {account} and --project {project}: this site charges the project named by -P "
+                        f"and has no separate account (account-as = \"project\" in {where}); give one of them")
+    values["project"], values["account"] = account, None
+    origins["project"] = f"{origins['account']}, as --account (account-as = \"project\" in {where})"
+    origins["account"] = f"written as --project (account-as = \"project\" in {where})"
 
 
 def _files_and_profile(ns: argparse.Namespace, environ: Mapping[str, str],

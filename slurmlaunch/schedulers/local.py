@@ -83,8 +83,8 @@ def gpu_plan(spec: JobSpec, environ: Mapping[str, str]) -> tuple[list[str] | Non
     gpus = visible_gpus(environ)
     need = spec.nodes * spec.gpus_per_node
     if not gpus:
-        return None, (f"no GPU on this machine: the {spec.world_size} ranks run on the CPU "
-                      f"(the example falls back to gloo)")
+        return None, (f"no GPU on this machine: --gpus-per-node {spec.gpus_per_node} starts "
+                      f"{spec.gpus_per_node} ranks per node, and all {spec.world_size} run on the CPU")
     if len(gpus) < need:
         raise SpecError(
             f"--nodes {spec.nodes} --gpus-per-node {spec.gpus_per_node} needs {need} GPUs on this machine "
@@ -350,6 +350,10 @@ def _report(what: str, spec: JobSpec, result: Outcome, stopped: Reason | None = 
     return failure
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _step_ranks(spec: JobSpec, environ: Mapping[str, str], tag: str, step_job: str, extra: dict[str, str],
                 point: list[str], restarts: int) -> tuple[list[RankProcess], JobFiles]:
     """One run's rank processes, with fresh directories for the launcher's "script returned" marks and
@@ -379,8 +383,8 @@ def _run_once(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: 
               restarts: int) -> tuple[Outcome, str | None, bool]:
     """One run of an element: (its outcome, the failure line, whether the ranks saved for a requeue)."""
     tag, step_job, extra, point = step
-    _say(f"{what}: {spec.world_size} rank(s) on {spec.nodes} emulated node(s) {node_list(spec.nodes)}; "
-         f"logs in {spec.log_dir}")
+    _say(f"{what}: {_count(spec.world_size, 'rank')} on {_count(spec.nodes, 'emulated node')} "
+         f"{node_list(spec.nodes)}; logs in {spec.log_dir}")
     ranks, files = _step_ranks(spec, environ, tag, step_job, extra, point, restarts)
     result = supervise(ranks, grace=grace, time_limit=spec.time_limit_seconds, warning=warning)
     result, stopped = stopped_first(result, files.reasons)

@@ -13,6 +13,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
@@ -81,21 +82,31 @@ class LocalRunner:
         return shutil.which(name) is not None
 
 
-_current: list[CommandRunner] = [LocalRunner()]
+_current: list[CommandRunner] = [LocalRunner()]  # the main thread's, which other threads use too ...
+_threads = threading.local()  # ... unless they set their own (`list` asks each destination in a thread)
 
 
 def current_runner() -> CommandRunner:
-    return _current[-1]
+    own: list[CommandRunner] | None = getattr(_threads, "stack", None)
+    return own[-1] if own else _current[-1]
 
 
 @contextlib.contextmanager
 def use_runner(runner: CommandRunner) -> Iterator[CommandRunner]:
-    """Run every scheduler command inside the block through ``runner`` (then the previous one again)."""
-    _current.append(runner)
+    """Run every scheduler command inside the block through ``runner`` (then the previous one again). Set in
+    the main thread, it is every thread's that has not set one of its own; set in another thread, that
+    thread's alone."""
+    if threading.current_thread() is threading.main_thread():
+        stack = _current
+    else:
+        if not hasattr(_threads, "stack"):
+            _threads.stack = []
+        stack = _threads.stack
+    stack.append(runner)
     try:
         yield runner
     finally:
-        _current.remove(runner)
+        stack.remove(runner)
 
 
 def run_command(cmd: Sequence[str], timeout: float = 60.0, input_text: str | None = None,

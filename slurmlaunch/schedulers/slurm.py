@@ -210,6 +210,11 @@ def submit(spec: JobSpec, script_text: str) -> Submission:
                        parse_job_id, lambda error: accepted_after(error, token))
 
 
+# A job neither squeue, sacct nor scontrol knows, whose script wrote no exit code: it has ended (Slurm forgets a
+# job MinJobAge seconds after its end), how is not known.
+ENDED = "ENDED"
+FORGOTTEN = ("Slurm no longer knows the job and has no accounting of it, and no exit-code file of its batch script "
+             "was found: how it ended is unknown")
 _FIELD = re.compile(r"\b(JobState|ExitCode|NodeList|RunTime)=(\S+)")
 
 
@@ -234,7 +239,9 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
     code: int | None = None
     if log_dir:
         code = _exit_code(JobFiles(log_dir, job_id).exit_code)
-    state = fields.get("JobState") or ("COMPLETED" if code == 0 else "FAILED" if code else "GONE")
+    if not fields and code is None:
+        return JobStatus(ENDED, None, note=FORGOTTEN)
+    state = fields.get("JobState") or ("COMPLETED" if code == 0 else "FAILED")
     if code is None and "ExitCode" in fields:
         status_code, _, signal = fields["ExitCode"].partition(":")
         code = int(status_code) if status_code.isdigit() else None

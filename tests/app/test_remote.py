@@ -5,6 +5,9 @@ edges, strings as data, one-line errors for what ssh refuses, and the sync."""
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
+import json
 import os
 import shutil
 import subprocess
@@ -21,6 +24,7 @@ from slurmlaunch.core.errors import SchedulerError, SlurmLaunchError, SpecError
 from slurmlaunch.schedulers import slurm
 from slurmlaunch.schedulers.runner import READ_LIMIT, LocalRunner, use_runner
 from tests import sshd
+from tests.helpers import alive
 
 # The remote calls here run in this process, as the laptop: its environment is this process's (conftest laptop).
 pytestmark = pytest.mark.laptop_env
@@ -247,6 +251,87 @@ def test_the_slurm_edge_answers_over_ssh_as_it_does_here(laptop: sshd.Laptop, tm
     monkeypatch.setenv("PATH", str(bin_dir))
     here = slurm.EDGE.status("41", str(logs))
     assert there == here == slurm.JobStatus("FAILED", 3, "node2", elapsed="00:00:07")
+
+
+def test_a_job_slurm_forgot_without_accounting_ended_how_is_unknown(laptop: sshd.Laptop, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """squeue and scontrol no longer know the job (MinJobAge passed), there is no sacct, and no exit-code file
+    (an API job's submitit script writes none): it has ended, and how is unknown, not "GONE, exit code 1"."""
+    forgot = ("import sys\nsys.stderr.write('slurm_load_jobs error: Invalid job id specified\\n')\n"
+              "sys.exit(1)\n")
+    bin_dir = sshd.login_bin(tmp_path, {"squeue": forgot, "scontrol": forgot})
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with remote.Connection(remote.parse_destination("login"), setup=[f"export PATH={bin_dir}"]) as conn, \
+            use_runner(SshRunner(conn)):
+        there = slurm.EDGE.status("41", str(logs))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    here = slurm.EDGE.status("41", str(logs))
+    assert there == here == slurm.JobStatus("ENDED", None, note=slurm.FORGOTTEN)
+    assert there.finished and "how it ended is unknown" in str(there.note)
+
+
+# A squeue that never answers (slurmctld hung): it says where it runs, and ignores SIGTERM as a process stuck in
+# an RPC may; only KILL ends it.
+HUNG_SQUEUE = ("import os, signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+               "open(os.path.join(os.environ['HUNG_DIR'], f'squeue-{os.getpid()}'), 'w').close()\n"
+               "time.sleep(600)\n")
+
+
+def _hung_ones(where: Path) -> list[int]:
+    return [int(p.name.split("-")[1]) for p in where.glob("squeue-*")]
+
+
+def _gone(pids: list[int], bound: float = 60.0) -> bool:
+    deadline = time.monotonic() + bound
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not any(alive(pid) for pid in pids)
+
+
+def test_a_command_the_laptop_gave_up_on_does_not_run_on(laptop: sshd.Laptop, tmp_path: Path) -> None:
+    """The laptop's bound (here 10 s) ends the ssh session; sshd stops nothing it started without a terminal,
+    so the remote side has the same bound (coreutils timeout, KILL 5 s after TERM): the hung squeue dies."""
+    hung = tmp_path / "hung"
+    hung.mkdir()
+    bin_dir = sshd.login_bin(tmp_path, {"squeue": HUNG_SQUEUE})
+    setup = [f"export PATH={bin_dir}:/usr/bin:/bin", f"export HUNG_DIR={hung}"]
+    with remote.Connection(remote.parse_destination("login"), setup=setup) as conn:
+        with pytest.raises(SchedulerError, match="no answer within 10s"):
+            SshRunner(conn).run(["squeue", "-h", "--me"], timeout=10)
+    started = _hung_ones(hung)
+    assert len(started) == 1
+    assert _gone(started), "the hung squeue still runs on the login node"
+
+
+def test_list_asks_every_destination_at_once_within_one_bound(laptop: sshd.Laptop, tmp_path: Path) -> None:
+    """Two destinations (the same host, set up differently) whose squeue hangs: both are asked at the same
+    time (each hung squeue started: asked one after another within one bound, the second would not be), each
+    row says "?" and one line per destination says why, and no squeue is left running."""
+    from slurmlaunch.app.remote import jobs as remote_jobs
+
+    hung = tmp_path / "hung"
+    hung.mkdir()
+    bin_dir = sshd.login_bin(tmp_path, {"squeue": HUNG_SQUEUE})
+    rows = []
+    for n in (1, 2):
+        record = tmp_path / f"job-{n}.json"
+        record.write_text(json.dumps({"job_id": str(n), "scheduler": "slurm", "log_dir": str(tmp_path),
+                                      "remote": "login", "remote_setup": [
+                                          f"export PATH={bin_dir}:/usr/bin:/bin", f"export HUNG_DIR={hung}",
+                                          f"export DESTINATION={n}"]}))
+        rows.append({"job_id": str(n), "scheduler": "slurm", "record": str(record), "remote": "login"})
+    live: dict[str, dict[str, str] | None] = {}
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        remote_jobs.prefetch(rows, live, bound=10)
+        shown = [remote_jobs.list_row(row, live)["state"] for row in rows]
+    assert shown == ["?", "?"], err.getvalue()
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 2 and all(line.startswith("slurmlaunch: list: no states from login: ") for line in lines)
+    started = _hung_ones(hung)
+    assert len(started) == 2, lines
+    assert _gone(started), "a hung squeue still runs on the login node"
 
 
 def test_the_users_own_control_master_is_used_and_left_running(laptop: sshd.Laptop, server: sshd.Sshd,

@@ -25,6 +25,9 @@ def test_local_job_in_list_and_status(tmp_path: Path) -> None:
     st = json.loads(run_cli("status", job, "--json", env=env).stdout)
     assert (st["state"], st["exit_code"]) == ("COMPLETED", 0)
     assert run_cli("logs", job, "--rank", "1", env=env).stdout.strip() == "hello from 1"
+    c = run_cli("cancel", job, env=env)
+    assert (c.returncode, c.stdout) == (0, f"job {job} had already ended (COMPLETED, exit code 0): nothing to "
+                                           f"cancel\n"), c.stderr
     r = run_cli("status", "999999", env=env)
     assert r.returncode == 2 and "was not submitted from here" in r.stderr
 
@@ -53,6 +56,8 @@ def test_slurm_status_logs_cancel(cluster_env: dict[str, str], tmp_path: Path) -
             break
         time.sleep(0.5)
     assert st["state"] == "CANCELLED" and st["exit_code"] != 0
+    again = run_cli("cancel", job, env=env)  # scancel would say nothing and exit 0: "cancelled" would be a lie
+    assert again.returncode == 0 and again.stdout.startswith(f"job {job} had already ended (CANCELLED"), again
     assert [e["job_id"] for e in json.loads(run_cli("list", "--json", env=env).stdout)] == [job]
     # issue 33.4: list shows the scheduler's state (sacct's) of a job whose script wrote no exit code, not "?"
     assert list_state(env, job) == "CANCELLED"

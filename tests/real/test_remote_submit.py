@@ -145,6 +145,28 @@ def test_hostile_strings_reach_the_remote_job_and_a_failing_rank_code_comes_back
 SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(600)\n"
 
 
+NO_ACCOUNTING = "import sys\nsys.stderr.write('sacct: error: Slurm accounting storage is disabled\\n')\nsys.exit(1)\n"
+
+
+def test_list_from_the_laptop_without_accounting(laptop: sshd.Laptop, cluster_env: dict[str, str],
+                                                 tmp_path: Path) -> None:
+    """A cluster without accounting (its sacct fails as Slurm's does): `list` on the laptop shows how a finished
+    remote job ended, from the exit-code file its script wrote on the cluster, not "ENDED?"."""
+    bin_dir = sshd.login_bin(tmp_path, {"sacct": NO_ACCOUNTING}, basics=())
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "three.py").write_text("import sys\nsys.exit(3)\n")
+    r = on_laptop(laptop, "submit", "--remote", f"login:{tmp_path / 'remote'}", *setup_for(cluster_env),
+                  "--remote-setup", f"export PATH={bin_dir}:$PATH", "--python", sys.executable, "--nodes", "1",
+                  "--wait", "three.py", cwd=project)
+    assert r.returncode == 3, r.stderr
+    job = re.search(r"submitted job (\d+) on login", r.stderr).group(1)  # type: ignore[union-attr]
+    ls = on_laptop(laptop, "list", "--json", cwd=project)
+    assert ls.returncode == 0, ls.stderr
+    assert [(row["job_id"], row["state"]) for row in json.loads(ls.stdout)] == [(job, "FAILED 3")], ls.stdout
+    assert masters_left(laptop) == []
+
+
 def test_cancel_and_follow_from_the_laptop(laptop: sshd.Laptop, cluster_env: dict[str, str], tmp_path: Path) -> None:
     project = tmp_path / "proj"
     project.mkdir()
@@ -167,6 +189,8 @@ def test_cancel_and_follow_from_the_laptop(laptop: sshd.Laptop, cluster_env: dic
     assert "started" in out and "CANCELLED" in err, err
     st = on_laptop(laptop, "status", job, "--json", cwd=project)
     assert json.loads(st.stdout)["state"] == "CANCELLED", st.stdout + st.stderr
+    again = on_laptop(laptop, "cancel", job, cwd=project)
+    assert again.returncode == 0 and again.stdout.startswith(f"job {job} had already ended (CANCELLED"), again
     assert masters_left(laptop) == []
 
 
@@ -294,7 +318,12 @@ def test_interrupting_remote_wait_cancels_the_job(laptop: sshd.Laptop, cluster_e
     assert p.returncode == 130, err
     job = out.split()[0]
     assert f"cancelled job {job}" in err, err
-    st = on_laptop(laptop, "status", job, "--json", cwd=project)
+    deadline = time.monotonic() + 60  # scancel returns at once; the job may read COMPLETING for a moment
+    while True:
+        st = on_laptop(laptop, "status", job, "--json", cwd=project)
+        if json.loads(st.stdout)["state"] != "COMPLETING" or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert json.loads(st.stdout)["state"] == "CANCELLED", st.stdout + st.stderr
     assert masters_left(laptop) == []
 

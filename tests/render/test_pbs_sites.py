@@ -151,6 +151,33 @@ def test_a_users_profile_adds_to_a_shipped_one(site: Path, capsys: pytest.Captur
     assert {"polaris", "aurora", "gadi", "gadi-gpuvolta", "torque"} <= set(capsys.readouterr().out.split())
 
 
+@pytest.mark.parametrize("profile", ["gadi", "gadi-gpuvolta"])
+def test_account_is_the_project_gadi_charges(site: Path, capsys: pytest.CaptureFixture[str], profile: str) -> None:
+    """Gadi charges the project named by -P (NCI_GADI), not PBS's -A account string: --account proj42, as a
+    user coming from Slurm or ALCF writes it, is #PBS -P proj42; with a different --project it is refused."""
+    code, out, err = dry_run(capsys, "--profile", profile, "--account", "proj42")
+    assert code == 0, err
+    assert "-P proj42" in pbs_lines(out) and not [line for line in pbs_lines(out) if line.startswith("-A")]
+    code, out, err = dry_run(capsys, "--profile", profile, "--account", "proj42", "--project", "proj42")
+    assert code == 0 and pbs_lines(out).count("-P proj42") == 1, err
+    code, out, err = dry_run(capsys, "--profile", profile, "--account", "proj42", "--project", "ab12")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert "--account proj42 and --project ab12" in err and "charges the project named by -P" in err
+    assert cli.main(["config", "show", "--profile", profile]) == 0
+    assert "account-as" not in capsys.readouterr().out  # a site fact, not an option
+
+
+def test_account_as_in_a_users_own_site_profile(site: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (site / "slurmlaunch.toml").write_text('[profiles.mysite]\nscheduler = "pbs"\naccount-as = "project"\n'
+                                           'account = "ab12"\n[profiles.bad]\nscheduler = "pbs"\naccount-as = "P"\n')
+    code, out, err = dry_run(capsys, "--profile", "mysite")
+    assert code == 0 and "-P ab12" in pbs_lines(out) and "-A ab12" not in pbs_lines(out), err
+    code, out, err = dry_run(capsys, "--profile", "bad")
+    assert code == 2 and len(err.splitlines()) == 1 and "account-as = 'P' is not valid" in err, err
+    code, out, err = dry_run(capsys, "--profile", "polaris", "--account", "MyProj")  # ALCF charges -A
+    assert code == 0 and "-A MyProj" in pbs_lines(out) and not any(x.startswith("-P") for x in pbs_lines(out))
+
+
 # option -> (the value PBS cannot carry out, a word the one-line refusal must contain)
 REFUSED: dict[str, tuple[list[str], str]] = {
     "qos": (["--qos", "high"], "--qos"),

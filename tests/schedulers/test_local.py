@@ -101,3 +101,35 @@ def test_a_local_jobs_master_port_is_free_here_not_derived_from_its_id(tmp_path:
         assert len(found) == 1, r.stdout  # every rank, the same port
         port, job = found.pop()
         assert port == "23456" if given else port != str(derive_port(int(job))), (port, job)
+
+
+# A fresh venv holds torch and slurmlaunch, not NumPy (the test venv has it, for the client matrix): a package
+# named numpy that cannot be imported puts the ranks where a new user's are.
+NO_NUMPY = 'raise ModuleNotFoundError("No module named \'numpy\'", name="numpy")\n'
+# What Python prints for a warning: "file:line: SomethingWarning: text" (warnings.formatwarning).
+PY_WARNING = re.compile(r"^.*:\d+: \w*Warning: .*$", re.MULTILINE)
+
+
+@pytest.mark.parametrize("numpy", ["absent", "installed"])
+def test_readme_command_1_prints_no_warning_and_each_fact_once(torch_available: None, tmp_path: Path,
+                                                               numpy: str) -> None:
+    """README command 1 as a new user runs it (the local default, 2 emulated nodes x 4 ranks): no Python
+    warning from anyone, and each thing slurmlaunch says said on one line, once."""
+    env = no_slurm_env(tmp_path)
+    if numpy == "absent":
+        hide = tmp_path / "hide-numpy" / "numpy"
+        hide.mkdir(parents=True)
+        (hide / "__init__.py").write_text(NO_NUMPY)
+        env["PYTHONPATH"] = str(hide.parent)
+        sanity = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True,
+                                timeout=120)
+        assert "Failed to initialize NumPy" in sanity.stderr, sanity.stderr  # else this run proves nothing
+    r = run_cli("submit", "--nodes", "2", "--gpus-per-node", "4", "--wait", str(EXAMPLES / "train_ddp.py"),
+                env=env, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0 or teardown_abort_only(r.stderr), r.stderr
+    assert "[rank 0] done: world_size=8 sum_of_ranks=28" in r.stdout
+    out = r.stdout + r.stderr
+    assert PY_WARNING.findall(out) == [], out
+    ours = [line for line in out.splitlines() if re.match(r"(\[rank \d\] )?slurmlaunch: ", line)]
+    assert len(ours) == len(set(ours)) >= 3, ours
+    assert "rank(s)" not in out and "node(s)" not in out and "the example" not in out, ours

@@ -245,7 +245,8 @@ def _list_state(row: Mapping[str, Any], quick: Mapping[str, QuickStates | None])
         return states.ended[short]                    # before its script's end
     if not edge.lists_in_one_call and not record.remote:
         return _asked_list_state(record)
-    return "ENDED?" if live is not None else "?"
+    # gone from the queue, without an exit code or accounting: ended, how is not known (`status` says why)
+    return "ENDED" if live is not None else "?"
 
 
 def _asked_list_state(record: JobRecord) -> str:
@@ -301,6 +302,10 @@ def cmd_list(as_json: bool) -> int:
     rows = entries()
     quick = _quick_states(rows)
     remote_live: dict[str, dict[str, str] | None] = {}  # per destination: one squeue over ssh for all its jobs
+    if any(r.get("remote") for r in rows):
+        from ..remote import jobs as remote_jobs
+
+        remote_jobs.prefetch([r for r in rows if r.get("remote")], remote_live)  # all at once, one bound
     shown = []
     for row in rows:
         if row.get("remote"):
@@ -325,6 +330,8 @@ def cmd_list(as_json: bool) -> int:
 
 
 def cmd_status(job_id: str, as_json: bool) -> int:
+    from ...schedulers import is_final
+
     record = find(job_id, gone_ok=True)
     if "record_gone" in record.data:
         sys.stderr.write(f"slurmlaunch: job {job_id}: its record {record.data['record_gone']!r} is gone (its "
@@ -333,7 +340,8 @@ def cmd_status(job_id: str, as_json: bool) -> int:
     if as_json:
         print(json.dumps(info))
     else:
-        code = "" if info["exit_code"] is None else f", exit code {info['exit_code']}"
+        code = f", exit code {info['exit_code']}" if info["exit_code"] is not None else \
+            ", exit code unknown" if is_final(str(info["state"])) else ""
         nodes = f" on {info['nodes']}" if info["nodes"] else ""
         elapsed = f", elapsed {info['elapsed']}" if info.get("elapsed") else ""
         note = f" ({info['note']})" if info.get("note") else ""
@@ -363,13 +371,50 @@ def cmd_logs(job_id: str, rank: int | None, follow: bool) -> int:
     return follow_job(record.tag, lambda: edge.status(record.full_id, record.log_dir), path)
 
 
+def already_ended(edge: Scheduler, record: JobRecord) -> str | None:
+    """How a job that has already ended ended ("COMPLETED, exit code 0"); None while it has not, or when its
+    scheduler cannot say now (cancel then asks the scheduler anyway, whose refusal is shown)."""
+    from ...core.errors import SchedulerError
+
+    indices = array_indices(record) if record.element is None else []
+    try:
+        st = edge.status(record.full_id, record.log_dir, indices)
+    except SchedulerError:
+        return None
+    if not st.finished:
+        return None
+    return st.state if st.exit_code is None else f"{st.state}, exit code {st.exit_code}"
+
+
+def _cancel_here(record: JobRecord) -> str | None:
+    """Cancel a job of this machine; how it had ended when it already had (then nothing is sent)."""
+    from ...schedulers.choice import scheduler
+
+    edge = scheduler(record.scheduler)
+    if not edge.queued:  # the local scheduler runs a job in the foreground of the terminal that submitted it
+        state, code = local_state(record)
+        if state == "RUNNING":
+            raise JobStateError(f"job {record.tag} runs on the local scheduler, in the foreground of the terminal "
+                                f"that submitted it: Ctrl-C there stops it")
+        return state if code is None else f"{state}, exit code {code}"
+    ended = already_ended(edge, record)
+    if ended is None:
+        edge.cancel(record.full_id)
+    return ended
+
+
 def cmd_cancel(job_id: str) -> int:
+    """Cancel a job. One that has already ended is left alone and said so, with exit code 0 as scancel
+    gives: what cancel is for, that the job no longer runs, holds."""
     record = find(job_id)
     if record.remote:
         from ..remote import jobs as remote_jobs
 
-        remote_jobs.cancel(record)
+        ended = remote_jobs.cancel(record, lambda edge: already_ended(edge, record))
     else:
-        _edge(record).cancel(record.full_id)
+        ended = _cancel_here(record)
+    if ended is not None:
+        print(f"job {record.tag} had already ended ({ended}): nothing to cancel")
+        return 0
     print(f"cancelled job {record.full_id}")
     return 0

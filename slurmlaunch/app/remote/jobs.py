@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ...core.errors import JobStateError, SchedulerError
+from ...core.errors import JobStateError, SchedulerError, SlurmLaunchError
 from ...schedulers.interface import Scheduler
 from ...schedulers.runner import READ_LIMIT, use_runner
 from ..records import JobRecord
@@ -30,13 +30,14 @@ __all__ = ["_project_name", "cancel", "list_row", "logs", "status",
 # -- the job commands, for a record with a "remote" key: the edge of its scheduler, over the ssh runner --
 
 @contextlib.contextmanager
-def login_node(record: JobRecord) -> Iterator[tuple[SshRunner, Scheduler]]:
-    """The record's scheduler edge with its commands (and file reads) on the record's login node."""
+def login_node(record: JobRecord, deadline: float | None = None) -> Iterator[tuple[SshRunner, Scheduler]]:
+    """The record's scheduler edge with its commands (and file reads) on the record's login node; every
+    command done by ``deadline`` (time.monotonic()) when one is given."""
     from ...schedulers.registry import scheduler
 
     edge = scheduler(record.scheduler)
     with Connection(parse_destination(str(record.remote)), tuple(record.data.get("remote_setup") or ())) as conn:
-        runner = SshRunner(conn)
+        runner = SshRunner(conn, deadline)
         with use_runner(runner):
             yield runner, edge
 
@@ -45,7 +46,8 @@ def status(record: JobRecord) -> dict[str, Any]:
     with login_node(record) as (_, edge):
         st = edge.status(record.full_id, record.log_dir)
     return {"job_id": record.full_id, "scheduler": record.scheduler, "remote": record.remote, "state": st.state,
-            "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
+            "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed,
+            **({"note": st.note} if st.note else {})}
 
 
 def logs(record: JobRecord, path: str, follow: bool) -> int:
@@ -68,47 +70,115 @@ def logs(record: JobRecord, path: str, follow: bool) -> int:
                 return 0
 
 
-def cancel(record: JobRecord) -> None:
+def cancel(record: JobRecord, ended: Callable[[Scheduler], str | None]) -> str | None:
+    """Cancel the job unless ``ended`` (asked over the same connection) says how it already ended."""
     with login_node(record) as (_, edge):
-        edge.cancel(record.full_id)
+        was = ended(edge)
+        if was is None:
+            edge.cancel(record.full_id)
+    return was
 
 
-def _queue_states(record: JobRecord, row: Mapping[str, Any]) -> dict[str, str]:
+def _queue_states(edge: Scheduler) -> dict[str, str]:
     """The destination's jobs, id -> state, where the scheduler answers for many at once (Slurm: one
     `squeue --me`, and the month's finished ones in one `sacct` where the login node has it: COMPLETED,
-    FAILED... rather than "ENDED?"); else the job's own (PBS: qstat, which knows a finished job's state)."""
-    with login_node(record) as (_, edge):
-        if not edge.lists_in_one_call:
-            return {str(row["job_id"]): edge.status(record.full_id, record.log_dir).state}
-        quick = edge.quick_states(None)
+    FAILED... rather than "ENDED?"); none where it does not (PBS: _destination asks each job's qstat)."""
+    if not edge.lists_in_one_call:
+        return {}
+    quick = edge.quick_states(None)
     return {**quick.ended, **(quick.live or {})}
+
+
+LIST_BOUND_S = 30.0  # `list` waits this long in all for every destination's answer
+
+
+def _destination(records: list[tuple[JobRecord, Mapping[str, Any]]], deadline: float) -> dict[str, str]:
+    """One destination's states for `list`, over one connection: its queue's, and for each of ``records``
+    the queue no longer shows, its state as `status` reads it there."""
+    record, row = records[0]
+    with login_node(record, deadline) as (_, edge):
+        states = _queue_states(edge)
+        for record, row in records:
+            if str(row["job_id"]) not in states:
+                states[str(row["job_id"])] = _job_state(record, edge)
+    return states
+
+
+def prefetch(rows: list[dict[str, Any]], live: dict[str, dict[str, str] | None],
+             bound: float = LIST_BOUND_S) -> None:
+    """Fill `list`'s per-destination cache ``live`` for the remote ``rows``: every destination asked at the
+    same time, each over its own connection, all within ``bound`` seconds; one that has not answered by then
+    (or cannot be reached) gets no states, and one line on stderr says why."""
+    import threading
+    import time
+
+    groups: dict[str, list[tuple[JobRecord, Mapping[str, Any]]]] = {}
+    for row in rows:
+        record = _record(row)
+        if record is not None:
+            groups.setdefault(_key(record, row), []).append((record, row))
+    deadline = time.monotonic() + bound
+    said: dict[str, str] = {}
+
+    def ask(key: str, records: list[tuple[JobRecord, Mapping[str, Any]]]) -> None:
+        try:
+            live[key] = _destination(records, deadline)
+        except (SlurmLaunchError, OSError) as e:  # unreachable now: no quick state, and one line saying why
+            said[key] = str(e)
+
+    threads = {key: threading.Thread(target=ask, args=(key, records), name=f"list {key.split(chr(0))[0]}",
+                                     daemon=True) for key, records in groups.items()}
+    for thread in threads.values():
+        thread.start()
+    for key, thread in threads.items():
+        # each command is bounded by the deadline; closing a connection (ssh -O exit) may take a little more
+        thread.join(max(0.0, deadline - time.monotonic()) + 20)
+        if key not in live:
+            live[key] = None
+            target = key.split("\0")[0]
+            why = said.get(key) or f"no answer within {bound:.0f}s"
+            sys.stderr.write(f"slurmlaunch: list: no states from {target}: {why}\n")
 
 
 def list_row(row: Mapping[str, Any], live: dict[str, dict[str, str] | None]) -> dict[str, Any]:
     """`list`'s row for a remote job: a quick state from one `squeue --me` (and `sacct`) per destination and
     --remote-setup lines (``live`` caches it; PBS: the job's qstat), its files' place as DEST:DIR. `status`
     asks properly."""
+    target = str(row["remote"])
+    record = _record(row)
+    if record is None:
+        return {**row, "state": "record gone", "directory": f"{target}:?"}
+    key = _key(record, row)
+    if key not in live:
+        prefetch([dict(row)], live)
+    known = live[key]
+    state = "?" if known is None else known.get(str(row["job_id"]), "ENDED")
+    return {**row, "state": state, "directory": f"{target}:{record.log_dir}"}
+
+
+def _record(row: Mapping[str, Any]) -> JobRecord | None:
     from ...schedulers.index import read_bounded
 
-    target = str(row["remote"])
     try:
-        record = JobRecord.from_json(read_bounded(str(row["record"])).decode("utf-8"), str(row["job_id"]))
+        return JobRecord.from_json(read_bounded(str(row["record"])).decode("utf-8"), str(row["job_id"]))
     except (OSError, ValueError, KeyError, TypeError):
-        return {**row, "state": "record gone", "directory": f"{target}:?"}
-    # the setup lines too: another job's may be what makes this destination's squeue reachable
-    setup = "\n".join(record.data.get("remote_setup") or ())
-    from ...schedulers.registry import scheduler
+        return None
 
-    # one answer per destination where the scheduler lists many jobs at once, else one per job
-    key = f"{target}\0{setup}\0{record.scheduler}" + ("" if scheduler(record.scheduler).lists_in_one_call else
-                                                      f"\0{row['job_id']}")
-    if key not in live:
-        try:
-            live[key] = _queue_states(record, row)
-        except SchedulerError as e:  # unreachable now: no quick state, and one line saying why
-            live[key] = None
-            sys.stderr.write(f"slurmlaunch: list: no states from {target}: {e}\n")
-    known = live[key]
-    state = "?" if known is None else known.get(str(row["job_id"]), "ENDED?")
-    return {**row, "state": state, "directory": f"{target}:{record.log_dir}"}
+
+def _key(record: JobRecord, row: Mapping[str, Any]) -> str:
+    """The cache key of a row's destination, one connection each: the setup lines too (another job's may be
+    what makes this destination's squeue reachable), and the scheduler (whose edge asks)."""
+    setup = "\n".join(record.data.get("remote_setup") or ())
+    return f"{row['remote']}\0{setup}\0{record.scheduler}"
+
+
+def _job_state(record: JobRecord, edge: Scheduler) -> str:
+    """`list`'s word for a job the destination's queue (and accounting) does not show (a PBS job: any): as
+    `status` reads it there (the exit-code file its script wrote, scontrol's record, qstat), "RUNNING",
+    "COMPLETED" or "FAILED 3"; ENDED when none of them says how; "?" when it could not be asked."""
+    try:
+        st = edge.status(record.full_id, record.log_dir)
+    except SchedulerError:
+        return "?"
+    return st.state if st.exit_code in (0, None) else f"{st.state} {st.exit_code}"
 

@@ -10,9 +10,11 @@ remembered for the connection's life.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import subprocess
+import time
 from collections.abc import Sequence
 
 from ...core.errors import SchedulerError
@@ -26,6 +28,17 @@ _MISSING = 66  # the read snippet's exit status for "no such readable file"
 _FOUND = "slurmlaunch-found:"
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+KILL_AFTER_S = 5  # after the bound's TERM, the KILL of a command that ignores it
+_TIMED_OUT = 124  # coreutils timeout's exit status when the bound stopped the command
+
+
+def bounded(line: str, seconds: float) -> str:
+    """``line`` (a command's quoted words) stopped on the login node after ``seconds``, by coreutils' timeout
+    where the login node has it (every Linux one): sshd runs a command without a terminal, so the laptop giving
+    up (its own bound, the same) closes the session but stops nothing there, and a hung squeue ran on."""
+    limit = max(1, math.ceil(seconds))
+    return (f"if command -v timeout >/dev/null 2>&1; then timeout -k {KILL_AFTER_S} {limit} {line}; "
+            f"else {line}; fi")
 
 
 class SshRunner:
@@ -34,9 +47,19 @@ class SshRunner:
     cannot connect or log in is remote_shell.Unreachable, which a follower retries; a --remote-setup line
     that fails is a RemoteError naming that line."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, deadline: float | None = None) -> None:
         self.conn = conn
+        self.deadline = deadline  # time.monotonic() by which every command must be done (`list`'s one bound)
         self._found: dict[str, bool] = {}
+
+    def _limit(self, timeout: float, what: str) -> float:
+        """``timeout``, shortened to what is left before the deadline; SchedulerError when nothing is."""
+        if self.deadline is None:
+            return timeout
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise SchedulerError(f"on {self.conn.dest.target}: {what}: not asked, no time left")
+        return min(timeout, left)
 
     def _fail(self, words: Sequence[str], proc: subprocess.CompletedProcess[bytes]) -> SchedulerError:
         said = (proc.stderr.decode(errors="replace").strip() or proc.stdout.decode(errors="replace").strip()
@@ -53,10 +76,15 @@ class SshRunner:
                 raise SchedulerError(f"environment variable name {bad[0]!r} is not valid for a remote command")
             words = ["env", *(f"{key}={value}" for key, value in env.items()), *words]
         line = shlex.join(words)
+        timeout = self._limit(timeout, line)
+        command = bounded(line, timeout)
         if umask >= 0:
-            line = f"umask {umask & 0o777:04o} && {line}"
-        proc = self.conn.run(shell_command(line, self.conn.setup), check=False, timeout=timeout, what=line,
+            command = f"umask {umask & 0o777:04o} && {command}"
+        proc = self.conn.run(shell_command(command, self.conn.setup), check=False, timeout=timeout, what=line,
                              input_bytes=input_text.encode() if input_text is not None else None)
+        if proc.returncode == _TIMED_OUT and not proc.stdout and not proc.stderr:
+            raise SchedulerError(f"on {self.conn.dest.target}: {shlex.join(argv)}: no answer within "
+                                 f"{math.ceil(timeout)}s (stopped there)")
         if proc.returncode != 0:
             raise self._fail(argv, proc)
         return subprocess.CompletedProcess(words, 0, proc.stdout.decode(errors="replace"),
@@ -69,7 +97,7 @@ class SshRunner:
                   f"tail -c +{max(offset, 0) + 1} -- {q} | head -c {max(limit, 0)}; "
                   f"else echo 'not a readable file' >&2; exit 1; fi")
         # No setup lines: reading a file needs no module; their output would be mixed into the bytes.
-        proc = self.conn.run(script, check=False, timeout=timeout, what=f"read {q}")
+        proc = self.conn.run(script, check=False, timeout=self._limit(timeout, f"read {q}"), what=f"read {q}")
         if proc.returncode == _MISSING:
             return None
         if proc.returncode != 0:
@@ -82,8 +110,8 @@ class SshRunner:
                 return False
             names = [name, *(c for c in CLIENTS if c != name and c not in self._found)]
             script = "; ".join(f"command -v {n} >/dev/null 2>&1 && echo {_FOUND}{n}" for n in names) + "; true"
-            proc = self.conn.run(shell_command(script, self.conn.setup), timeout=30, check=False,
-                                 what=f"command -v {name}")
+            proc = self.conn.run(shell_command(script, self.conn.setup), timeout=self._limit(30, "command -v"),
+                                 check=False, what=f"command -v {name}")
             if proc.returncode != 0:  # a --remote-setup line failed
                 raise self._fail(["command", "-v", *names], proc)
             out = proc.stdout.decode(errors="replace")
