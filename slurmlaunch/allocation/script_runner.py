@@ -1,6 +1,6 @@
 """The runner every rank's Python script goes through where the batch script asks for it
 ($SLURMLAUNCH_RETURNED_DIR): it runs the script as ``python SCRIPT`` would and leaves the marks that tell a
-SIGABRT in torch's teardown from one in the training (README: Teardown aborts). On the launcher's path:
+SIGABRT in torch's teardown from one in the training (docs: Teardown aborts). On the launcher's path:
 standard library basics only."""
 
 from __future__ import annotations

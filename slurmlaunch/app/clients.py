@@ -5,7 +5,7 @@ its SLURMEnvironment (the default there), installs a handler for SIGUSR1 that sa
 and has global rank 0 run ``scontrol requeue`` itself; ``SLURMEnvironment(requeue_signal=...)`` moves it to
 another signal and ``SLURMEnvironment(auto_requeue=False)`` turns it off. Any other signal without a handler
 of the script's own kills every rank. So submit sends Lightning the signal it expects, and lets Lightning
-requeue (README: Time limits, preemption, requeue).
+requeue (docs: Time limits, preemption, requeue).
 
 The scan reads one file: the script, or the module's file under the working directory. It is a heuristic
 (an import of Lightning behind a local module is not seen); ``--signal`` always decides.

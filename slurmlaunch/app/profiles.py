@@ -34,11 +34,11 @@ COMMAND_LINE = "command line"
 # Options that describe one submission, not a cluster: never taken from a profile.
 NOT_IN_PROFILES = frozenset({"script", "args", "dry_run", "profile", "help", "sweep", "array"})
 # Options that change what SCRIPT is (a file, a module, an executable): a file that set them would silently
-# turn every `submit train.py` into `-m train.py`, so a file naming them is refused (README: Profiles).
+# turn every `submit train.py` into `-m train.py`, so a file naming them is refused (docs: Profiles).
 CHANGES_WHAT_RUNS = {"module": "-m/--module", "no_python": "--no-python",
                      "legacy_local_rank_arg": "--legacy-local-rank-arg"}
 SHOW_ALIGN = 48  # `config show`: values up to this wide line their origins up
-# Paths a file may give relative to itself (README: Profiles), so that a file means the same from any directory.
+# Paths a file may give relative to itself (docs: Profiles), so that a file means the same from any directory.
 FILE_RELATIVE = frozenset({"template_dir", "output_dir"})
 # A site fact, not an option: `account-as = "project"` where the site charges the project named by PBS's -P
 # (NCI Gadi) and -A is not what it bills; --account then writes -P. Profiles and [defaults] may hold it.
@@ -146,7 +146,7 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def shipped_profile_files() -> list[Path]:
-    """Site profiles shipped with slurmlaunch (slurmlaunch/site_profiles/*.toml, README: PBS): the lowest
+    """Site profiles shipped with slurmlaunch (slurmlaunch/site_profiles/*.toml, docs: PBS): the lowest
     profile layer, used only when their profile is chosen; the user's and project's files add to them."""
     return sorted((Path(__file__).resolve().parent.parent / "site_profiles").glob("*.toml"))
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # typing is not imported at run time: every argparse command 
 DEFAULT_PORT = 29500  # torchrun's
 DEFAULT_MASTER_TIMEOUT = 300.0  # seconds, --master-timeout
 
-# torchrun's flags that `run` does not carry out, each with what to use instead (README: slurmlaunch run). Kept
+# torchrun's flags that `run` does not carry out, each with what to use instead (docs: slurmlaunch run). Kept
 # in step with `python -m torch.distributed.run --help` by tests/app/test_everyday.py. (flags, takes a value, advice)
 REFUSED: tuple[tuple[tuple[str, ...], bool, str], ...] = (
     (("--max-restarts", "--max_restarts"), True,

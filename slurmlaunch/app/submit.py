@@ -34,7 +34,7 @@ def choose_scheduler(requested: str, preview: bool = False) -> str:
 
 
 def merged_options(ns: Any) -> Any:
-    """The command line over the profiles (README: Profiles)."""
+    """The command line over the profiles (docs: Profiles)."""
     from . import profiles
 
     resolved = profiles.resolve(ns, ns.options_table, os.environ, os.getcwd())
@@ -60,7 +60,7 @@ def adapt_to_site(spec: JobSpec, origins: dict[str, str]) -> JobSpec:
 
 
 def adapt_to_client(spec: JobSpec, origins: dict[str, str], edge: Scheduler) -> JobSpec:
-    """Send Lightning the warning signal it saves and requeues on, unless --signal was given (README: Time
+    """Send Lightning the warning signal it saves and requeues on, unless --signal was given (docs: Time
     limits, preemption, requeue), where the scheduler sends a warning signal. Under Slurm (a scheduler a rank
     may requeue its job on), Lightning's rank 0 then requeues the job itself and the batch shell does not;
     the local scheduler, which Lightning's scontrol cannot reach, requeues as before."""

@@ -20,7 +20,7 @@ Pure functions only. What Slurm does, established against `scontrol show hostnam
   loop for ever.
 
 Deviations, on purpose (each one refuses a list instead of handing out a host that does not exist, or
-bounds what an input may cost; the README's node-list section gives the reasons):
+bounds what an input may cost; the docs' node-list section (explanation: the launcher) gives the reasons):
 
 * Slurm 22.05 turns a ``[`` that is never closed into a mangled name (``n[1-2`` becomes ``n]``);
   we reject it;
@@ -48,7 +48,7 @@ from .errors import HostlistError
 # Slurm 22.05's own limits (src/common/hostlist.c, hostlist.h): a list past one of them is invalid there too.
 MAX_RANGE = 65536  # hosts in one LO-HI range (Slurm: "Too many hosts in range")
 MAX_PREFIX_HOSTS = 65536  # hosts of a bracket that is not the last of its term (Slurm: MAX_PREFIX_CNT)
-# Ours, where Slurm has none (the README's "Node lists" says why these numbers):
+# Ours, where Slurm has none (the docs' "Node lists" says why these numbers):
 MAX_DIGITS = 64  # digits of one number in a bracket: HOST_NAME_MAX on Linux, no host name is longer
 MAX_EXPRESSION = 131072  # characters: MAX_ARG_STRLEN, the longest argv or environment string Linux passes
 MAX_EXPAND_HOSTS = 1 << 20  # hosts that expand()/iter_hosts() build: 100x the largest Slurm machine's nodes

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from . import EXIT_MARK_SUFFIX, STACKS_DUMP_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX, STACKS_SUMMARY_NAME
 
 # The batch script's own exit code when the output directory takes no write before any rank starts (a full
-# file system, one gone read-only): sysexits' EX_IOERR, below 128 and apart from every code README: Exit codes
+# file system, one gone read-only): sysexits' EX_IOERR, below 128 and apart from every code docs: Exit codes
 # lists. Slurm never starts the script when it cannot open the batch log itself (exit code 181, see
 # app/faults.py); this is the case where it could, but nothing more fits.
 WRITE_FAILED = 74

@@ -3,7 +3,7 @@
 Standard library only, no I/O: the launcher, the job description and the CLI all use it. Why bounds at all:
 ``int()`` of a 5000-digit string raises Python's "Exceeds the limit (4300 digits)" ValueError, and a
 20-digit count parses fine but then asks for 10^20 nodes, ranks or array elements, which the code would
-start to build before anything noticed. Each bound is what a real site could need, and no more (README:
+start to build before anything noticed. Each bound is what a real site could need, and no more (docs:
 Limits). Every check looks at the number of digits before converting, so a rejected value costs nothing.
 """
 

@@ -299,7 +299,7 @@ def _validate_container(spec: JobSpec) -> None:
 
 
 def validate_local(spec: JobSpec) -> None:
-    """The local scheduler's own bound (README: Limits): every rank of every element runs on this machine."""
+    """The local scheduler's own bound (docs: Limits): every rank of every element runs on this machine."""
     elements = len(spec.array_indices) if spec.is_array else 1
     if spec.world_size * elements > MAX_LOCAL_RANKS:
         what = f"{spec.world_size} ranks" + (f" x {elements} array elements" if spec.is_array else "")
@@ -308,7 +308,7 @@ def validate_local(spec: JobSpec) -> None:
 
 
 def _validate_counts(spec: JobSpec) -> None:
-    """The counts first, before anything that is sized by them (README: Limits)."""
+    """The counts first, before anything that is sized by them (docs: Limits)."""
     _positive("--nodes", spec.nodes, 1, MAX_NODES)
     _positive("--gpus-per-node", spec.gpus_per_node, 0)
     _positive("--tasks-per-node", spec.tasks_per_node)
@@ -389,7 +389,7 @@ def _validate_choices(spec: JobSpec) -> None:
 
 def _validate_names(spec: JobSpec) -> None:
     """The strings that reach the script: the logs' directory, sbatch's options, the site's names, SCRIPT.
-    (The job name is data, byte for byte, on sbatch's command line: README "Strings are data".)"""
+    (The job name is data, byte for byte, on sbatch's command line: docs "Strings are data".)"""
     if not spec.output_dir:  # control characters: _validate_text
         raise SpecError(f"--output-dir {shown(spec.output_dir)} is not valid (expected a directory name)")
     for bad in ("%", "\\"):
@@ -411,7 +411,7 @@ def _validate_names(spec: JobSpec) -> None:
         raise SpecError("no SCRIPT given")
 
 
-# The values that are names, sizes, paths or flags, not data (README: Strings are data): their options, as
+# The values that are names, sizes, paths or flags, not data (docs: Strings are data): their options, as
 # the CLI spells them. A control character in one (C0, DEL, the ESC of a terminal sequence) would end up in an
 # #SBATCH/#PBS line, the srun line or a terminal, so it is refused whatever the option.
 _NAME_OPTIONS = {

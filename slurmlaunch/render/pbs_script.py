@@ -223,7 +223,7 @@ def directives(spec: JobSpec) -> list[str]:
     if span is not None:
         out.append(f"-J {span}" if spec.pbs_flavour == "pro" else f"-t {span}")
     if spec.requeue:
-        out.append("-r y")  # PBS may rerun the job (node failure, preemption, qrerun); see the README
+        out.append("-r y")  # PBS may rerun the job (node failure, preemption, qrerun); see docs: how-to, PBS
     out.append("-j oe")
     if spec.pbs_flavour == "pro":
         # d: written straight into the -o path while the job runs (logs --follow sees it); oe: both streams.

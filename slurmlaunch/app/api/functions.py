@@ -42,7 +42,7 @@ def _over_ssh() -> list[Scheduler]:
 def _where(options: dict[str, Any], scheduler: str, remote: str | None, setup: Sequence[str],
            python: str | None) -> _Where:
     """remote=, remote_setup=, remote_python= as given; else a ``profile=``'s remote, remote-setup and python
-    keys (README: From your laptop). Set-up lines or an interpreter without a destination are refused."""
+    keys (docs: From your laptop). Set-up lines or an interpreter without a destination are refused."""
     if remote is None and "profile" in options:
         given = profile_remote(options["profile"])
         remote = given.get("remote")

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ...schedulers.interface import Scheduler
     from ..jobs.stacks import Stacks
 
-# How a wait under Slurm asks (README: From Python, and Benchmarks). The scheduler is asked at
+# How a wait under Slurm asks (docs: From Python, and Benchmarks). The scheduler is asked at
 # most once per _SACCT_EVERY_S for all the jobs waited for together (one sacct); the ranks' result files are
 # looked at (a stat, no scheduler) every _FILES_FIRST_S at first, backing off to _FILES_LAST_S as the wait
 # grows, as submitit looks every second. When every rank left its value, squeue is asked once whether the

@@ -17,7 +17,7 @@ OPTION_NAMES = frozenset(f.name for f in fields(JobSpec)) - {"script", "args", "
                                                              "workdir", "legacy_local_rank_arg"} - CLI_ONLY
 
 
-# A profile's keys that say where the job goes from a laptop (README: From your laptop), as the API's
+# A profile's keys that say where the job goes from a laptop (docs: From your laptop), as the API's
 # keyword arguments: python is then the remote interpreter, as `submit --remote --python` has it.
 _REMOTE_KEYS = {"remote": "remote", "remote_setup": "remote_setup", "python": "remote_python"}
 
@@ -48,7 +48,7 @@ def profile_remote(name: str) -> dict[str, Any]:
 
 
 def profile_options(name: str) -> dict[str, Any]:
-    """The job options profile ``name`` (with the files' [defaults]) sets, as keyword arguments (README:
+    """The job options profile ``name`` (with the files' [defaults]) sets, as keyword arguments (docs:
     Profiles). Settings the API does not carry out (mode, containers, ...) are refused; the scheduler,
     template and --wait settings are the CLI's and are not taken."""
     from ...core.spec import parse_nodes

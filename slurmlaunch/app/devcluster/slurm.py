@@ -66,7 +66,7 @@ def missing_requirements(netns: bool = False) -> str | None:
 
 # Where clients put a job's rendezvous port (MASTER_PORT) by formula, never asking whether it is free: a daemon
 # of ours there fails their job with EADDRINUSE (seen: idr-torch's 10002 held by a dev cluster's slurmd).
-# (who, lowest, highest, how); README: Tests, "Ports".
+# (who, lowest, highest, how); docs: Tests, "Ports".
 CLIENT_PORTS: tuple[tuple[str, int, int, str], ...] = (
     ("slurmlaunch", PORT_BASE, PORT_BASE + PORT_SPAN - 1, f"{PORT_BASE} + (job id + 1009 x step id) mod {PORT_SPAN}"),
     ("idr-torch", 10000, 29999, "10000 + job id mod 20000"),
