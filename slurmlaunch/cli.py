@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .core.errors import SlurmLaunchError, SpecError
+from .core.errors import SlurmLaunchError
 from .core.limits import MAX_NODES, MAX_PER_NODE, MAX_WORLD, Count, Seconds, shown
 
 TYPE_CHECKING = False
@@ -345,11 +345,8 @@ def _dispatch(args: list[str]) -> int:
         if ns.remote is not None:
             from .app.remote.doctor import cmd_doctor_remote
 
-            if ns.scheduler == "pbs":
-                raise SpecError("doctor --remote --scheduler pbs: not yet (run slurmlaunch doctor --scheduler pbs "
-                                "on the login node itself)")
             return cmd_doctor_remote(ns.remote, ns.remote_setup, ns.python, ns.partition, ns.json, ns.allocate,
-                                     ns.gpus_per_node, ns.timeout)
+                                     ns.gpus_per_node, ns.timeout, ns.scheduler)
         from .app.doctor.command import cmd_doctor
 
         return cmd_doctor(ns.partition, ns.json, ns.allocate, ns.gpus_per_node, ns.timeout,

@@ -64,13 +64,16 @@ def auto_choice(candidates: Sequence[Scheduler], has_client: Callable[[Scheduler
     return fallback, f"no {' or '.join(missing)} on {where}" if missing else "the only one allowed"
 
 
-def login_choice(requested: str, candidates: Sequence[Scheduler]) -> SchedulerName:
+def login_choice(requested: str, candidates: Sequence[Scheduler],
+                 has_client: Callable[[Scheduler], bool] | None = None) -> SchedulerName:
     """The scheduler a login node's own command uses (doctor; the API's remote= runner), among queued
     ``candidates`` (nothing there falls back to running the job itself): a named one as named; auto: the
     first whose client is on PATH (Slurm where sbatch is, else PBS where qsub is), else the first (whose checks
-    then say what is missing). No controller is asked."""
+    then say what is missing). ``has_client``: whether a client is there (default: on this machine's PATH;
+    doctor --remote asks the login node's). No controller is asked."""
     if requested != "auto":
         return requested
-    if not any(edge.available() for edge in candidates):
+    found = has_client or (lambda edge: edge.available())
+    if not any(found(edge) for edge in candidates):
         return candidates[0].name
-    return auto_choice(candidates, lambda edge: edge.available(), check=False)[0].name
+    return auto_choice(candidates, found, check=False)[0].name

@@ -636,3 +636,53 @@ def test_the_login_nodes_runner_chooses_as_submit_remote_does(tmp_path: Path, mo
         (tmp_path / tool).chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert login_scheduler(requested) == chosen and doctor_scheduler(requested) == chosen
+
+
+class _StandInLogin:
+    """A login node's runner as doctor --remote asks it: which clients are on its PATH (recorded)."""
+
+    def __init__(self, tools: tuple[str, ...]) -> None:
+        self.tools = tools
+        self.asked: list[str] = []
+        self.conn = type("Conn", (), {"dest": remote.Destination("login")})()
+
+    def which(self, name: str) -> bool:
+        self.asked.append(name)
+        return name in self.tools
+
+
+@pytest.mark.parametrize(("tools", "requested", "chosen"), [
+    (("qsub",), "auto", "pbs"), (("qsub", "sbatch"), "auto", "slurm"), (("sbatch",), "auto", "slurm"),
+    ((), "auto", "slurm"), (("qsub", "sbatch"), "pbs", "pbs"), (("qsub",), "slurm", "slurm"),
+])
+def test_doctor_remote_chooses_on_the_login_node_as_submit_remote_does(tools: tuple[str, ...], requested: str,
+                                                                       chosen: str,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """doctor --remote: the scheduler is chosen from the login node's clients (never this machine's PATH, which
+    has sbatch here), as doctor there would choose it; a named one is taken as named, without asking."""
+    from slurmlaunch.app.remote.doctor import login_node_scheduler
+
+    login = _StandInLogin(tools)
+    assert login_node_scheduler(requested, login) == chosen  # type: ignore[arg-type]
+    assert bool(login.asked) == (requested == "auto"), login.asked
+    said = capsys.readouterr().err
+    assert (f"--scheduler auto chose {chosen} on login" in said) == (requested == "auto"), said
+
+
+def test_doctor_remote_refuses_a_scheduler_it_does_not_check_before_connecting() -> None:
+    from slurmlaunch.app.remote.doctor import cmd_doctor_remote
+
+    with pytest.raises(SpecError, match="--scheduler 'local' is not valid for doctor"):
+        cmd_doctor_remote("nosuchhost.invalid", None, None, None, False, 1, 0, 60.0, "local")
+
+
+def test_doctor_remote_with_pbs_allocate_runs_pbs_s_checks_there(laptop: sshd.Laptop, tmp_path: Path) -> None:
+    """--scheduler pbs --allocate 1 over ssh: the probe job is rendered here for PBS and the login node's doctor
+    runs PBS's checks (its clients are not on that PATH here, so it stops there, exit 1, no job submitted)."""
+    r = sshd.on_laptop(laptop, "doctor", "--remote", f"login:{tmp_path / 'proj'}", "--python", sys.executable,
+                       "--scheduler", "pbs", "--allocate", "1", "--json", cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr  # doctor's own verdict: no PBS clients there
+    report = json.loads(r.stdout)
+    checks = {c["name"]: c["detail"] for c in report["checks"]}
+    assert "qsub" in checks["commands"] and "sbatch" not in checks["commands"], report
+    assert report["probe_job"] is None, report

@@ -109,6 +109,24 @@ except slurmlaunch.SlurmLaunchError as e:
 
 
 @pytest.mark.pbs
+def test_the_warning_signal_comes_before_the_walltime(pbs_env: dict[str, str], tmp_path: Path) -> None:
+    """PBS sends no signal before the walltime: the batch step does, as in the CLI's script. With a walltime of
+    90 s and signal="USR1@60", every rank sees SIGUSR1 (about 30 s in) and returns, well before the walltime."""
+    out = drive("""
+import signal, threading
+def await_warning():
+    got = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda *_: got.set())
+    print("WAITING", flush=True)
+    return got.wait(85)
+
+job = slurmlaunch.submit(await_warning, **dict(OPTIONS, time="00:01:30", signal="USR1@60"))
+print(json.dumps({"values": job.results(), "state": job.state}))
+""", pbs_env, tmp_path, timeout=400)
+    assert out["values"] == [True, True] and out["state"] == "COMPLETED", out
+
+
+@pytest.mark.pbs
 def test_map_array_of_three_calls(pbs_env: dict[str, str], tmp_path: Path) -> None:
     """map_array: one PBS job array (qsub -J), one distributed job per element, each its own world; batch's
     calls likewise."""
@@ -186,12 +204,13 @@ def test_what_pbs_cannot_carry_out_is_refused_before_anything_is_written(tmp_pat
 def test_the_script_asks_for_the_cli_s_resources_and_quotes_what_it_is_given(tmp_path: Path) -> None:
     """The #PBS lines are the CLI's; an array of 3 is -J 0-2; a hostile folder and --env value stay data."""
     spec = JobSpec(script="", nodes=2, tasks_per_node=2, time="1:00:00", env=(("X", "a'b; rm -rf /"),),
-                   workdir=str(tmp_path))
+                   workdir=str(tmp_path), python=sys.executable)
     folder = str(tmp_path / "sub mit $(touch pwned)" / "%j")
     text = batch_script(spec, folder, array_count=3)
     assert "#PBS -l select=2:ncpus=2:mpiprocs=2\n#PBS -l place=scatter\n#PBS -l walltime=1:00:00\n" in text, text
     assert "#PBS -J 0-2\n" in text and "-x PBS_ARRAY_INDEX" in text, text
     assert "export X='a'\"'\"'b; rm -rf /'\n" in text, text
+    assert " -m slurmlaunch batch-step --outlive-stop --mpi openmpi --ranks 4 --nodes 2 " in text, text
     check = tmp_path / "check.sh"
     check.write_text(text.replace("mpiexec ", "echo mpiexec ") + "\n")
     env = {"PATH": "/usr/bin:/bin", "PBS_JOBID": "12[1].head", "PBS_ARRAY_INDEX": "1", "PBS_NODEFILE": "/dev/null",

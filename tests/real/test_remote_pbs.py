@@ -109,6 +109,27 @@ def test_pbs_job_from_the_laptop(laptop: sshd.Laptop, pbs_env: dict[str, str], t
 
 
 @pytest.mark.pbs
+def test_doctor_from_the_laptop_allocates_on_the_real_pbs(laptop: sshd.Laptop, pbs_env: dict[str, str],
+                                                          tmp_path: Path, torch_available: None) -> None:
+    """doctor --remote --allocate 2 with auto: PBS is chosen on the login host (qsub on its PATH, no sbatch), its
+    PBS checks run there, and the probe job rendered here as a qsub script runs on two hosts of the real server."""
+    setup = [a for a in login_path(tmp_path, pbs_env) if not a.startswith(("--env", "OMPI_"))]
+    env = {**laptop.env, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}  # read here
+    r = subprocess.run([sys.executable, "-m", "slurmlaunch", "doctor", "--remote", f"login:{tmp_path / 'proj'}",
+                        *setup, "--allocate", "2", "--timeout", "240", "--json"], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "--scheduler auto chose pbs on login" in r.stderr, r.stderr
+    report = json.loads(r.stdout)
+    checks = {c["name"]: c["state"] for c in report["checks"]}
+    assert checks["commands"] == checks["server"] == checks["queue"] == "ok", report["checks"]
+    assert re.fullmatch(r"\d+\.head", str(report["probe_job"])), report
+    assert [rank["rank"] for rank in report["ranks"]] == [0, 1], report["ranks"]
+    assert len({rank["host"] for rank in report["ranks"]}) == 2, report["ranks"]
+    assert masters_left(laptop) == []
+
+
+@pytest.mark.pbs
 def test_pbs_wait_from_the_laptop_names_the_failing_rank_and_returns_its_code(
         laptop: sshd.Laptop, pbs_env: dict[str, str], tmp_path: Path) -> None:
     """--scheduler pbs named (no `command -v`), --wait from the laptop follows the real server's states and

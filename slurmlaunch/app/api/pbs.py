@@ -1,7 +1,8 @@
 """The API on PBS: submitit's plugin interface (the ``submitit`` entry-point group, pyproject.toml) filled with a
 PBS executor, its job and its job environment. The batch script asks for the CLI's resources (the #PBS lines of
 render/pbs_script.py) and starts one submitit task per rank the way the CLI's script does: Open MPI's mpiexec
-over $PBS_NODEFILE, its daemons started through pbs_tmrsh (no `tm` in Debian's Open MPI). Each rank writes its
+over $PBS_NODEFILE, its daemons started through pbs_tmrsh (no `tm` in Debian's Open MPI), under the CLI's batch
+step (allocation/batch_step.py: the warning signal before the walltime, the first failure named). Each rank writes its
 own submitit log files (run as ``python -m slurmlaunch.app.api.pbs FOLDER``), so the caller's collection is the
 same as under Slurm (collect.py); mpiexec stops the other ranks when one fails, so the job ends at once and
 qstat says so (job.py asks it at most every 2 s)."""
@@ -131,9 +132,10 @@ class PbsExecutor(core.PicklingExecutor):
 
 def batch_script(spec: JobSpec, folder: str, array_count: int = 0) -> str:
     """The qsub script: the CLI's #PBS lines (a job array of ``array_count`` when above 1), the --env exports and
-    --setup lines, then one rank per slot through mpiexec, each running this module."""
-    from ...render.launch import script_env
-    from ...render.pbs_script import check, directives, mpiexec_args
+    --setup lines, then one rank per slot through mpiexec, run by the batch step with the CLI's plan, each rank
+    running this module."""
+    from ...render.launch import batch_step_command, script_env
+    from ...render.pbs_script import batch_step_plan, check, directives, mpiexec_args
 
     check(spec)
     env = script_env(spec)
@@ -156,20 +158,27 @@ def batch_script(spec: JobSpec, folder: str, array_count: int = 0) -> str:
     # stderr is kept too: Open MPI names there the first rank that ended badly (collect._mpiexec_ends)
     lines += [f"job_folder={job.join(shlex.quote(part) for part in folder.split('%j'))}",
               'mkdir -p -m 700 "$job_folder" || exit 2',
-              f'mpiexec_report="$job_folder/"{job}{shlex.quote(_MPIEXEC_REPORT.format(job_id=""))}',
-              'export SLURMLAUNCH_REASONS_DIR="$(mktemp -d)" || exit 2']
+              f'mpiexec_report="$job_folder/"{job}{shlex.quote(_MPIEXEC_REPORT.format(job_id=""))}']
     args, hostfile_flag = mpiexec_args(spec, env)
     names = ["SUBMITIT_EXECUTOR", "SLURMLAUNCH_PBS_NODES", _JOB_ID, *([_ARRAY_ID, "PBS_ARRAY_INDEX"]
                                                                     if array_count > 1 else [])]
     forwards = [a for n in names for a in ("-x", n)]
     hostfile = f' {hostfile_flag} "$PBS_NODEFILE"' if hostfile_flag else ""
     command = [spec.python, "-u", "-m", "slurmlaunch.app.api.pbs", folder]
-    lines += ["exec 3>&1",
-              f"mpiexec {shlex.join([*args, *forwards])}{hostfile} {shlex.join(command)} \\",
-              '    2>&1 1>&3 3>&- | tee -a "$mpiexec_report" >&2',
+    # mpiexec runs under the batch step (allocation/batch_step.py) with the CLI's plan (render/pbs_script.py): the
+    # warning signal --signal's seconds before the walltime (PBS sends none), the first failure named and its
+    # code, a qdel or the walltime outlived until mpiexec ended. Its files (job-ID.*) go in the job's folder.
+    # Not exec'd, since its stderr (with mpiexec's) is also kept for collect.py: so the batch shell waits out a
+    # SIGTERM (a trap defers it until the pipeline ended), and tee ignores it, to keep what mpiexec says last.
+    step = [*batch_step_command(spec), *batch_step_plan(spec)]
+    lines += ["trap 'true' TERM",
+              "exec 3>&1",
+              f'{shlex.join(step)} --log-dir "$job_folder" --job {job} -- \\',
+              f"    mpiexec {shlex.join([*args, *forwards])}{hostfile} {shlex.join(command)} \\",
+              """    2>&1 1>&3 3>&- | (trap '' TERM; exec tee -a "$mpiexec_report" >&2)""",
               "rc=${PIPESTATUS[0]}",
               "exec 3>&-"]
-    lines += ['rm -rf "$SLURMLAUNCH_REASONS_DIR"', 'exit "$rc"', ""]
+    lines += ['exit "$rc"', ""]
     return "\n".join(lines)
 
 

@@ -22,6 +22,8 @@ from .probe import ProbeJob, Report, allocate, gpu_problem, probe_job, rank_rows
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ...schedulers.interface import Scheduler
 
 COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel")
@@ -161,9 +163,10 @@ def _checked() -> list[Scheduler]:
     return [e for e in map(scheduler, NAMES) if e.doctor_checks is not None]
 
 
-def doctor_scheduler(requested: str) -> str:
+def doctor_scheduler(requested: str, has_client: Callable[[Scheduler], bool] | None = None) -> str:
     """slurm or pbs: as named; auto is PBS where qsub is on PATH and sbatch is not, else Slurm (whose checks
-    then say what is missing)."""
+    then say what is missing). ``has_client``: whether a client is there (default: on this PATH; doctor
+    --remote: on the login node's)."""
     from ...schedulers.choice import login_choice
     from ...schedulers.registry import canonical
 
@@ -173,7 +176,7 @@ def doctor_scheduler(requested: str) -> str:
     if name is None or (name != "auto" and name not in names):
         raise SpecError(f"--scheduler {requested!r} is not valid for doctor (expected auto, "
                         f"{', '.join(names[:-1])} or {names[-1]})")
-    return login_choice(name, checked)
+    return login_choice(name, checked, has_client)
 
 
 def cmd_doctor(partition: str | None, as_json: bool, nodes: int | None, gpus: int, timeout: float, *,
