@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import ast
 import signal
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from slurmlaunch.allocation import batch_step, torchrun_mode
+from slurmlaunch.app.api import pbs as api_pbs
 from slurmlaunch.app.api.executors import _srun_lines
 from slurmlaunch.core.errors import SpecError
 from slurmlaunch.core.parse import WARNING_SIGNALS, parse_signal, signal_number
@@ -71,6 +73,10 @@ def test_every_room_gets_the_same_signal(text: str, expect: object, tmp_path: Pa
     # the API under Slurm: its batch step is told the same name
     api = _srun_lines(spec, spec.warning[0] if spec.warning else "")
     assert f"--warning {name}" in "\n".join(api)
+    # the API under PBS: the batch step's plan, and submitit's handler in every rank (mpiexec -x) on the same name
+    qsub = api_pbs.batch_script(replace(spec, python="python3"), str(tmp_path / "%j"))
+    assert f"--warning {name} " in qsub and f"\nexport SUBMITIT_PREEMPT_SIGNAL={name}\n" in qsub
+    assert "-x SUBMITIT_PREEMPT_SIGNAL" in qsub
 
 
 def test_signal_number_is_the_systems_number_for_every_warning_signal() -> None:
