@@ -40,6 +40,7 @@ from signal import Signals, strsignal
 from types import FrameType
 
 from ..core.jobfiles import WRITE_FAILED, JobFiles
+from ..core.parse import signal_number
 from .reasons import REASONS_DIR, read_first
 from .script_runner import RETURNED_DIR, STACKS_DIR, recorded_exit
 from .stacks import summary_main
@@ -66,7 +67,7 @@ def signal_words() -> dict[str, tuple[int, str]]:
 
 def warning_fix(name: str, requeue: bool) -> str:
     """What to do when the ranks died of the warning signal SIG``name`` (the local scheduler says the same)."""
-    number = int(Signals["SIG" + name])
+    number = signal_number(name)
     return (f"the script does not handle it, so nothing was saved{' and the job is not requeued' if requeue else ''}. "
             f"Fix: handle SIG{name} in the script (save a checkpoint, exit {128 + number}; see "
             f"examples/checkpoint_requeue.py), or ask for the signal it handles (--signal USR1@90 for Lightning), "
@@ -75,7 +76,7 @@ def warning_fix(name: str, requeue: bool) -> str:
 
 def warning_code(name: str) -> int:
     """The exit code that says "saved, requeue me" for the warning signal SIG``name``: 128 + its number."""
-    return 128 + int(Signals["SIG" + name])
+    return 128 + signal_number(name)
 
 
 def wants_requeue(warned: bool, code: int, killed: bool, asked: int) -> bool:
@@ -219,7 +220,7 @@ class Step:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.files = JobFiles(args.log_dir or "", args.job or "", args.unit)
-        self.warning = Signals["SIG" + args.warning] if args.warning else None
+        self.warning = Signals(signal_number(args.warning)) if args.warning else None
         self.warned = False
         self.stopped = False
         self.proc: subprocess.Popen[bytes] | None = None

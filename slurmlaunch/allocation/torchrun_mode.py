@@ -23,6 +23,7 @@ from ..core.detect import Context, read_slurm, slurm_step_ids
 from ..core.distenv import DistEnv, omp_note, omp_threads
 from ..core.errors import SlurmLaunchError
 from ..core.limits import MAX_JOB_ID, bounded_int
+from ..core.parse import parse_signal
 from ..core.rdzv import RDZV_TIMEOUT_VAR, parse_rendezvous_timeout
 from .launch import RETURNED_DIR, context, python_argv
 from .torchrun_worker import AS_WORKER
@@ -232,10 +233,10 @@ def _worker_command(env: Mapping[str, str], nproc: str, flags: Sequence[str], sc
 def _extra_env(env: Mapping[str, str], values: Mapping[str, str], step: DistEnv) -> dict[str, str]:
     """The variables torchrun_command adds: PET_SIGNALS_TO_HANDLE with the warning signal, OMP_NUM_THREADS."""
     extra: dict[str, str] = {}
-    signame = values.get("forward-signal")
-    if signame:
+    warning = parse_signal(values.get("forward-signal"))  # the name render/launch.py wrote, as the core reads it
+    if warning:
         handled = env.get("PET_SIGNALS_TO_HANDLE", TORCHRUN_SIGNALS)
-        wanted = "SIG" + signame.upper().removeprefix("SIG")
+        wanted = "SIG" + warning[0]  # torchrun's spelling (signal.Signals' names)
         if wanted not in handled.split(","):
             extra["PET_SIGNALS_TO_HANDLE"] = f"{handled},{wanted}"
     nproc = bounded_int(values["nproc-per-node"], MAX_JOB_ID)

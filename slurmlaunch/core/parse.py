@@ -110,18 +110,33 @@ def mem_mb(text: str) -> int:
 
 
 def parse_signal(text: str | None) -> tuple[str, int] | None:
-    """--signal NAME[@SECONDS] as (NAME without SIG, in capitals; seconds before the time limit, default
+    """--signal [B:]NAME[@SECONDS] as (NAME without SIG, in capitals; seconds before the time limit, default
     DEFAULT_WARNING_SECONDS); None for no warning (none, or nothing). SpecError unless NAME is one of
-    WARNING_SIGNALS and SECONDS 0..65535 (Slurm: "sig_time must have an integer value between 0 and 65535")."""
+    WARNING_SIGNALS and SECONDS 0..65535 (Slurm: "sig_time must have an integer value between 0 and 65535").
+    The one reader of a --signal spelling: every other room takes its NAME (docs/explanation/architecture.md,
+    "--signal, room by room"). ``B:`` (sbatch's spelling) is what every script asks for anyway; Slurm's signal
+    numbers are refused, since they differ between systems (USR1 is 10 on Linux, 30 on macOS)."""
     if not text or text.lower() == "none":
         return None
-    name, _, when = text.partition("@")
+    name, _, when = text.removeprefix("B:").removeprefix("b:").partition("@")
     name = name.upper().removeprefix("SIG")
     seconds = bounded_int(when, 65535) if when else DEFAULT_WARNING_SECONDS
     if name not in WARNING_SIGNALS or seconds is None:
+        number = " (a name, not a number: signal numbers differ between systems)" if name.isdigit() else ""
         raise SpecError(f"--signal {shown(text)} is not valid (expected NAME[@SECONDS] with NAME one of "
-                        f"{', '.join(WARNING_SIGNALS)}, e.g. USR2@90; or none)")
+                        f"{', '.join(WARNING_SIGNALS)}, e.g. USR2@90; or none){number}")
     return name, seconds
+
+
+def signal_number(name: str) -> int:
+    """The number of the warning signal ``name`` as parse_signal gives it (USR2: 12 on Linux), on this system:
+    the one place a --signal name becomes a signal (the batch step, the local scheduler). SpecError for a
+    name parse_signal does not give."""
+    if name not in WARNING_SIGNALS:
+        raise SpecError(f"warning signal {shown(name)} is not valid (expected one of {', '.join(WARNING_SIGNALS)})")
+    import signal  # here: `signal` loads enum, and the launcher's path imports this module's neighbours only
+
+    return int(signal.Signals["SIG" + name])
 
 
 def parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:

@@ -63,6 +63,29 @@ def batch_step_command(spec: JobSpec) -> list[str]:
     return [spec.python, "-m", "slurmlaunch", "batch-step"]
 
 
+# The oldest Python the package runs on (pyproject's requires-python); the host check below compares with it.
+MIN_PYTHON = (3, 10)
+
+
+def host_python_check(spec: JobSpec) -> str | None:
+    """One shell line for a batch script whose batch step runs on the host with the host's python3 (with
+    --container-image or --apptainer; batch_step_command): when that python3 is missing or older than
+    MIN_PYTHON, the job's log gets one line (what was found, what is needed, the fix) and the script exits 2,
+    before the package's import could fail with a traceback. The Python code is valid Python 2 as well (RHEL 7's
+    python3 may be 3.6, an old site's `python3` a link to 2.7). None without a container (the batch step then
+    runs with --python, the ranks' own interpreter)."""
+    if not spec.container:
+        return None
+    need = ".".join(map(str, MIN_PYTHON))
+    found = ('$(command -v python3 >/dev/null && echo "$(python3 -V 2>&1 | head -n 1) at $(command -v python3)" '
+             "|| echo no python3 on PATH)")
+    say = (f"slurmlaunch: the batch step runs on this host with its python3 and found {found}; it needs Python >= "
+           f"{need}. Fix: load one in --setup (e.g. --setup 'module load python/3.11') or put one first on PATH "
+           f"(--python is the container's)")
+    return (f"python3 -c 'import sys; sys.exit(sys.version_info[:2] < {MIN_PYTHON!r})' 2>/dev/null "
+            f'|| {{ echo "{say}" >&2; exit 2; }}')
+
+
 def script_env(spec: JobSpec) -> list[tuple[str, str]]:
     """The variables a batch script exports for every rank: --env, then --master-port, --rdzv-timeout."""
     env = list(spec.env)

@@ -13,7 +13,7 @@ from ..core.errors import SpecError
 from ..core.parse import parse_mem
 from ..core.spec import MPI_FLAVOURS, UNLIMITED, JobSpec, time_seconds
 from .jinja import render
-from .launch import batch_step_command, launch_command, script_env
+from .launch import batch_step_command, host_python_check, launch_command, script_env
 
 TEMPLATE = "pbs.qsub.j2"
 
@@ -314,7 +314,7 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
         "workdir": spec.workdir, "mpiexec_args": args, "hostfile_flag": hostfile_flag,
         "launch_cmd": launch_command(spec), "array_index": ARRAY_INDEX[spec.pbs_flavour] if spec.is_array else None,
         "sweep_points": list(enumerate(spec.sweep_points)),
-        "batch_step": [*batch_step_command(spec), *batch_step_plan(spec)],
+        "batch_step": [*batch_step_command(spec), *batch_step_plan(spec)], "host_check": host_python_check(spec),
         "warn": spec.warning[1] if spec.warning and spec.time_limit_seconds is not None else None,
     }
 

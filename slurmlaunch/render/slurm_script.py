@@ -10,7 +10,7 @@ from ..core.errors import SpecError
 from ..core.jobfiles import JobFiles
 from ..core.spec import SRUN_MPI_TYPES, JobSpec
 from .jinja import render
-from .launch import batch_step_command, container_mounts, launch_command, script_env
+from .launch import batch_step_command, container_mounts, host_python_check, launch_command, script_env
 
 TEMPLATE = "slurm.sbatch.j2"
 
@@ -109,7 +109,7 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
         "workdir": spec.workdir,
         "srun_args": srun_args(spec),
         "launch_cmd": launch_command(spec),
-        "batch_step": [*batch_step_command(spec), *batch_step_plan(spec)],
+        "batch_step": [*batch_step_command(spec), *batch_step_plan(spec)], "host_check": host_python_check(spec),
         "array": spec.is_array,
         "torchrun": spec.mode == "torchrun",
         "sweep_points": list(enumerate(spec.sweep_points)),

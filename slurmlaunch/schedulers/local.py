@@ -41,6 +41,7 @@ from ..allocation.stacks import STOPPED_HEADER, saved_summary
 from ..allocation.torchrun_mode import SIGABRT_CODE, aborted_workers, teardown_aborts, teardown_message
 from ..core.errors import JobStateError, SchedulerError, SpecError
 from ..core.jobfiles import JobFiles
+from ..core.parse import signal_number
 from ..core.paths import state_dir
 from ..core.spec import JobSpec
 from ..render.launch import launch_command, script_env
@@ -168,10 +169,8 @@ def elements(spec: JobSpec, base: int) -> list[tuple[str, str, dict[str, str], l
 def dry_run(spec: JobSpec, environ: Mapping[str, str]) -> str:
     lines = [f"# local job {spec.name!r}: logs in {spec.log_dir}"]
     if spec.time_limit_seconds is not None:
-        warning = _warning(spec)
-        lines.append(f"# time limit {spec.time} ({spec.time_limit_seconds}s)" + (
-            f"; SIG{signal.Signals(warning[0]).name.removeprefix('SIG')} to every rank {warning[1]:g}s before"
-            if warning else "; no warning signal"))
+        warned = f"; SIG{spec.warning[0]} to every rank {spec.warning[1]}s before" if spec.warning else ""
+        lines.append(f"# time limit {spec.time} ({spec.time_limit_seconds}s){warned or '; no warning signal'}")
     if spec.requeue:
         lines.append(f"# requeued on the warning or exit code 128+signal, at most {spec.max_requeues} time(s)")
     steps = elements(spec, 1000) if spec.is_array else [("<job id>", "<job id>", {}, [])]
@@ -282,7 +281,7 @@ def _warning(spec: JobSpec) -> tuple[int, float] | None:
     if spec.warning is None or spec.time_limit_seconds is None:
         return None
     name, seconds = spec.warning
-    return int(signal.Signals["SIG" + name]), float(seconds)
+    return signal_number(name), float(seconds)
 
 
 def stopped_first(result: Outcome, reasons_dir: str) -> tuple[Outcome, Reason | None]:
@@ -401,10 +400,9 @@ def _run_once(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: 
         _say(f"{what}: {teardown_message(rank)}")
     shutil.rmtree(files.returned, ignore_errors=True)
     killed = sorted(r for r, number in result.signaled.items() if warning and number == warning[0])
-    if killed and warning is not None and result.interrupted_by is None:
+    if killed and spec.warning is not None and result.interrupted_by is None:
         _say(f"{what}: {spec.log_unit}(s) {', '.join(map(str, killed))} killed by "
-             f"{signal.Signals(warning[0]).name}, the warning signal: "
-             + warning_fix(signal.Signals(warning[0]).name.removeprefix("SIG"), spec.requeue))
+             f"SIG{spec.warning[0]}, the warning signal: " + warning_fix(spec.warning[0], spec.requeue))
     # a rank that died of the warning signal had no handler for it and saved nothing
     saved = warning is not None and wants_requeue(result.warned, result.exit_code, bool(killed), 128 + warning[0])
     return result, failure, saved

@@ -106,3 +106,65 @@ def test_apptainer_on_the_real_cluster_through_the_stand_in(cluster_env: dict[st
     check_ranks(tmp_path, 4)
     recs = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("rank-*.json")]
     assert {r["MASTER_ADDR"] for r in recs} == {"node1"} and {r["cwd"] for r in recs} == {str(tmp_path)}
+
+
+# --- the host's python3, which runs the batch step outside the container -------------------------------------
+# A stand-in python3 of another version: the real interpreter, told it is that version before it runs the
+# check's code, so the check's own Python is what decides (the one thing not tested: a real Python 2 parser).
+FAKE_PYTHON = """#!{real} -S
+import sys
+sys.version_info = {version!r}
+if sys.argv[1:2] == ["-V"]:
+    (sys.stderr if sys.version_info[0] < 3 else sys.stdout).write("Python %d.%d.%d\\n" % sys.version_info[:3])
+elif sys.argv[1:2] == ["-c"]:
+    exec(sys.argv[2])
+"""
+
+
+def _host_check_prefix(text: str) -> str:
+    """The rendered script's lines before the batch step starts anything (up to the host check), then a mark."""
+    head, found, _ = text.partition("\nlog_dir=")
+    assert found and "python3 -c 'import sys" in head
+    return head + "\necho 'check passed'\n"
+
+
+@pytest.mark.parametrize("render", [
+    lambda: slurm_script.render_script(GOLDEN_CASES["slurm_pyxis.sbatch"]),
+    lambda: slurm_script.render_script(GOLDEN_CASES["slurm_apptainer.sbatch"]),
+    lambda: pbs_script.render_script(golden_spec(apptainer="/images/torch.sif", python="python3", gpus_per_node=0)),
+], ids=["pyxis", "apptainer", "pbs-apptainer"])
+@pytest.mark.parametrize("version, passes", [
+    ((3, 6, 8, "final", 0), False), ((2, 7, 18, "final", 0), False), ((3, 9, 19, "final", 0), False),
+    ((3, 10, 0, "final", 0), True), (None, False),  # None: no python3 on PATH at all
+])
+def test_an_old_or_missing_host_python3_says_so_in_one_line(render: object, version: tuple[object, ...] | None,
+                                                              passes: bool, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("head", "umask"):  # the check's own pipe; the rest are bash built-ins
+        if shutil.which(tool):
+            (bin_dir / tool).symlink_to(shutil.which(tool))  # type: ignore[arg-type]
+    if version is not None:
+        fake = bin_dir / "python3"
+        fake.write_text(FAKE_PYTHON.format(real=sys.executable, version=version))
+        fake.chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text(_host_check_prefix(render()))  # type: ignore[operator]
+    r = subprocess.run(["/bin/bash", str(script)], env={"PATH": str(bin_dir)}, capture_output=True, text=True,
+                       timeout=60, check=False)
+    if passes:
+        assert (r.returncode, r.stdout, r.stderr) == (0, "check passed\n", "")
+        return
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r
+    found = f"Python {version[0]}.{version[1]}.{version[2]} at {bin_dir}/python3" if version else "no python3 on PATH"
+    assert r.stderr == (f"slurmlaunch: the batch step runs on this host with its python3 and found {found}; it needs "
+                        f"Python >= 3.10. Fix: load one in --setup (e.g. --setup 'module load python/3.11') or put "
+                        f"one first on PATH (--python is the container's)\n")
+
+
+def test_the_host_check_asks_for_the_python_pyproject_requires() -> None:
+    text = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    assert f'requires-python = ">={".".join(map(str, launch.MIN_PYTHON))}"' in text
+    assert launch.host_python_check(golden_spec()) is None  # no container: --python runs the batch step

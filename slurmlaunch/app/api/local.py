@@ -34,7 +34,8 @@ class _LocalController:
         self.ntasks = int(env["SUBMITIT_LOCAL_NTASKS"])
         self.command = shlex.split(env["SUBMITIT_LOCAL_COMMAND"])
         self.timeout_s = float(env["SUBMITIT_LOCAL_TIMEOUT_S"])
-        self.warn_s = self.timeout_s - float(env["SUBMITIT_LOCAL_SIGNAL_DELAY_S"])
+        delay = env["SUBMITIT_LOCAL_SIGNAL_DELAY_S"]  # empty: no warning (signal="none")
+        self.warn_s = self.timeout_s - float(delay) if delay else 0.0
         self.job_id = str(os.getpid())
         self.folder = folder
         self.received: list[int] = []
@@ -185,19 +186,24 @@ def _controller_main() -> None:
 
 
 def _start_controller(folder: Path, command: str, ntasks: int, timeout_min: float,
-                      signal_delay_s: int) -> subprocess.Popen[bytes]:
+                      warning: tuple[str, int] | None) -> subprocess.Popen[bytes]:
     """submitit's start_controller, with our controller, and without blanking CUDA_VISIBLE_DEVICES:
-    the emulated nodes hand out the GPUs themselves (_export_distributed_env)."""
-    env = dict(os.environ, SUBMITIT_LOCAL_NTASKS=str(ntasks), SUBMITIT_LOCAL_COMMAND=command,
-               SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * timeout_min)), SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(signal_delay_s),
+    the emulated nodes hand out the GPUs themselves (_export_distributed_env). ``warning``: the job's
+    (JobSpec.warning): its NAME is submitit's preempt signal in the controller and the ranks (their handler),
+    sent SECONDS before the limit; None sends none."""
+    named = {"SUBMITIT_PREEMPT_SIGNAL": warning[0]} if warning else {}
+    env = dict(os.environ, **named, SUBMITIT_LOCAL_NTASKS=str(ntasks), SUBMITIT_LOCAL_COMMAND=command,
+               SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * timeout_min)),
+               SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(warning[1]) if warning else "",
                SUBMITIT_LOCAL_NODEID="0", SUBMITIT_LOCAL_JOB_NUM_NODES="1", SUBMITIT_STDERR_TO_STDOUT="",
                SUBMITIT_EXECUTOR="local")
     code = "from slurmlaunch.app.api.local import _controller_main; _controller_main()"
     return subprocess.Popen([sys.executable, "-c", code, str(folder)], env=env)
 
 
-def _local_executor(folder: str, python: str) -> Any:
-    """submitit's LocalExecutor (pickling, paths, arrays) starting _LocalController for every job."""
+def _local_executor(folder: str, python: str, warning: tuple[str, int] | None = None) -> Any:
+    """submitit's LocalExecutor (pickling, paths, arrays) starting _LocalController for every job, which sends
+    ``warning`` (JobSpec.warning: NAME, SECONDS before the limit; None: none)."""
     import submitit
     from submitit.local.local import LocalJob
 
@@ -205,7 +211,7 @@ def _local_executor(folder: str, python: str) -> Any:
         def _submit_command(self, command: str) -> LocalJob[Any]:
             ntasks = int(self.parameters.get("tasks_per_node", 1))
             process = _start_controller(self.folder, command, ntasks, float(self.parameters["timeout_min"]),
-                                        int(self.parameters["signal_delay_s"]))
+                                        warning)
             return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
 
     return Executor(folder=folder, python=python)

@@ -146,7 +146,9 @@ def batch_script(spec: JobSpec, folder: str, array_count: int = 0) -> str:
     lines += ["umask 077  # what this job writes (results, logs) is the user's alone"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env]
     lines += list(spec.setup)
-    lines += [f"cd {shlex.quote(spec.workdir)} || exit 2",
+    # the signal submitit's handler in the ranks listens to: the batch step's warning (as under Slurm)
+    preempt = [f"export SUBMITIT_PREEMPT_SIGNAL={spec.warning[0]}"] if spec.warning else []
+    lines += [f"cd {shlex.quote(spec.workdir)} || exit 2", *preempt,
               "export SUBMITIT_EXECUTOR=pbs",
               f"export SLURMLAUNCH_PBS_NODES={spec.nodes}",
               f'export {_JOB_ID}="${{PBS_JOBID%%.*}}"']
@@ -161,7 +163,8 @@ def batch_script(spec: JobSpec, folder: str, array_count: int = 0) -> str:
               f'mpiexec_report="$job_folder/"{job}{shlex.quote(_MPIEXEC_REPORT.format(job_id=""))}']
     args, hostfile_flag = mpiexec_args(spec, env)
     names = ["SUBMITIT_EXECUTOR", "SLURMLAUNCH_PBS_NODES", _JOB_ID, *([_ARRAY_ID, "PBS_ARRAY_INDEX"]
-                                                                    if array_count > 1 else [])]
+                                                                    if array_count > 1 else []),
+             *(["SUBMITIT_PREEMPT_SIGNAL"] if preempt else [])]
     forwards = [a for n in names for a in ("-x", n)]
     hostfile = f' {hostfile_flag} "$PBS_NODEFILE"' if hostfile_flag else ""
     command = [spec.python, "-u", "-m", "slurmlaunch.app.api.pbs", folder]
