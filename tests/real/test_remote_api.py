@@ -269,7 +269,17 @@ import slurmlaunch
 def one(x):  # defined in __main__: it travels by value
     return x + 1
 
-dest, setup, python = json.loads(sys.argv[1])
+def together(x, folder, n):  # each element waits (bounded) until all n have started, so that they end together
+    import os, time
+    open(os.path.join(folder, str(x)), "w").close()
+    deadline = time.monotonic() + 120
+    while len(os.listdir(folder)) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if x < 0:
+        raise ValueError("element refuses: " + str(x))
+    return x * 10
+
+dest, setup, python, folder, failing = json.loads(sys.argv[1])
 common = dict(remote=dest, remote_setup=setup, remote_python=python, nodes=1, tasks_per_node=1)
 out = {}
 start = time.monotonic()
@@ -278,6 +288,15 @@ out["one_s"] = time.monotonic() - start
 start = time.monotonic()
 out["map"] = [j.result() for j in slurmlaunch.map_array(one, [1, 2, 3], **common)]
 out["map_s"] = time.monotonic() - start
+start = time.monotonic()
+out["four"] = [j.results() for j in slurmlaunch.map_array(together, [0, 1, 2, 3], [folder] * 4, [4] * 4, **common)]
+out["four_s"] = time.monotonic() - start
+out["mixed"] = []
+for j in slurmlaunch.map_array(together, [5, -1, 6], [failing] * 3, [3] * 3, **common):
+    try:
+        out["mixed"].append(j.results())
+    except slurmlaunch.RankFailed as e:
+        out["mixed"].append([e.rank, e.trace.strip().splitlines()[-1]])
 print("OUT " + json.dumps(out))
 """
 
@@ -298,18 +317,26 @@ def test_a_remote_wait_is_one_round_trip_per_poll(laptop: sshd.Laptop, cluster_e
     project.mkdir()
     (project / "run.py").write_text(ROUNDS_SCRIPT)
     setup = [f"export SLURM_CONF={shlex.quote(cluster_env['SLURM_CONF'])}", "export SLURMLAUNCH_ALLOW_LOOPBACK=1"]
-    argv = json.dumps([f"login:{tmp_path / 'cluster' / 'rounds'}", setup, str(shim)])
+    (tmp_path / "four").mkdir()
+    (tmp_path / "mixed").mkdir()
+    argv = json.dumps([f"login:{tmp_path / 'cluster' / 'rounds'}", setup, str(shim), str(tmp_path / "four"),
+                       str(tmp_path / "mixed")])
     r = subprocess.run(["python3", "run.py", argv], capture_output=True, text=True, env=laptop.env, cwd=project,
                        timeout=600, stdin=subprocess.DEVNULL)
     assert r.returncode == 0 and "OUT " in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
     out = json.loads(r.stdout.split("OUT ", 1)[1])
     assert out["one"] == 2 and out["map"] == [2, 3, 4], out
+    assert out["four"] == [[0], [10], [20], [30]], out
+    # a sibling's failure, asked about together with the others, reaches the loop at its own handle, rank 0
+    assert out["mixed"] == [[50], [0, "ValueError: element refuses: -1"], [60]], out
     actions = [line.split(RUNNER_MODULE, 1)[1].split()[0] for line in calls.read_text().splitlines()
                if RUNNER_MODULE in line]
-    assert actions[0] == "submit" and "map_array" in actions, actions
-    first = actions[:actions.index("map_array")]
-    then = actions[actions.index("map_array"):]
-    # one wait per job, and one more per WAIT_STEP_S that job took; nothing else while waiting
+    assert actions[0] == "submit" and actions.count("map_array") == 3, actions
+    starts = [i for i, action in enumerate(actions) if action == "map_array"]
+    first, then, four = actions[:starts[0]], actions[starts[0]:starts[1]], actions[starts[1]:starts[2]]
+    # one wait per WAIT_STEP_S at most, nothing else while waiting
     assert first.count("wait") <= 1 + out["one_s"] // WAIT_STEP_S and set(first) == {"submit", "wait"}, actions
     assert then.count("wait") <= 3 + out["map_s"] // WAIT_STEP_S and set(then) == {"map_array", "wait"}, actions
-    print(f"runner calls: {actions} ({out['one_s']:.1f} s, {out['map_s']:.1f} s)")  # shown with -s
+    # the 4 handles of a map_array whose elements end together: one wait for all of them per poll, not one each
+    assert four.count("wait") <= 1 + out["four_s"] // WAIT_STEP_S and set(four) == {"map_array", "wait"}, actions
+    print(f"runner calls: {actions} ({out['one_s']:.1f} s, {out['map_s']:.1f} s, {out['four_s']:.1f} s)")  # -s

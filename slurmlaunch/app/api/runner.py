@@ -5,8 +5,10 @@ SlurmLaunchError).
 
 ACTION submit, map_array, batch: submit with this same API on the login node's Slurm or PBS (login_scheduler),
 and answer with the jobs (each
-pickled whole), the spec and submitit's batch script, for the laptop's job index. state, wait, logs,
-cancel: a question about one pickled job.
+pickled whole), the spec and submitit's batch script, for the laptop's job index. state, logs, cancel: a
+question about one pickled job. wait: about several (the laptop's handles of one destination that have no
+answer yet, the one its caller waits for first): one bounded wait for all of them, so that a loop over a
+map_array's handles costs one ssh command per poll, not one per job (_wait_several).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import base64
 import os
 import pickle
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -88,15 +91,84 @@ def _submit(action: str, data: dict[str, Any]) -> None:
         _submitted(b.jobs, scheduler)  # type: ignore[arg-type]
 
 
+# After the job waited for ended with its values, the others of the same wait are given this much longer to
+# end too (a sweep's jobs end together: one answer for all of them, not one more ssh command each); never past
+# the wait's limit, and not at all after a failure (it goes back at once).
+GATHER_S = 1.0
+
+
+def _outcome(job: Job, state: str | None, rank0: bool) -> tuple[bytes, bool]:
+    """A job's answer, pickled on its own (a value that cannot travel spoils its own answer, not the others'),
+    and whether it is a failure."""
+    try:
+        out: dict[str, Any] = {"values": job._values(state, rank0=rank0)}
+    except SlurmLaunchError as e:  # RankFailed, a job cancelled or stopped: the laptop raises it
+        out = {"error": e}
+    try:
+        return pickle.dumps(out), "error" in out
+    except Exception as e:
+        return pickle.dumps({"error": SlurmLaunchError(f"the result of job {job.job_id} could not be pickled to go "
+                                                       f"back over ssh: {type(e).__name__}: {e}")}), True
+
+
+def _ended(job: Job, full: bool, gathering: bool) -> tuple[bool, str | None]:
+    """Whether a job has ended, and its state, without waiting. ``full`` (the job waited for): as its own wait
+    asks (its squeue while sacct has no record of it). The others under Slurm: only what costs no query of
+    their own (every rank's file, the one squeue that confirms all such jobs together, the sacct that the
+    full question refreshes for every job: job.py's watcher); a failure without accounting is seen when the
+    laptop waits for that job itself. Under PBS (no early end, a qstat per job): once the job waited for has
+    ended (``gathering``), at most one qstat each per GATHER_S."""
+    if full or (gathering and not job._watched):
+        return job._wait(0)
+    if not job._watched:
+        return False, None
+    early = job._early_end()
+    if early is not None:
+        return True, early
+    from .job import _watcher
+
+    watcher = _watcher()
+    if watcher.is_done(job.job_id, mode="cache"):
+        return True, str(watcher.get_state(job.job_id, mode="cache"))
+    return False, None
+
+
+def _wait_several(jobs: Sequence[Job], limit: float, rank0: bool) -> dict[int, bytes]:
+    """One bounded wait for ``jobs`` (the first: the one the laptop's caller waits for): the answers of those
+    that ended, by index. It ends when the first has ended (a failure at once, values after GATHER_S for the
+    others at most, or sooner when they all ended), or after ``limit`` seconds. The first is asked as its own
+    wait asks (job.py: files, sacct every 2 s for all, squeue to confirm); the others add no query per job."""
+    from .job import _FILES_BACKOFF_S, _FILES_FIRST_S, _FILES_LAST_S
+
+    start = time.monotonic()
+    deadline, gather_until = start + limit, None
+    answers: dict[int, bytes] = {}
+    while True:
+        for index, job in enumerate(jobs):
+            if index in answers:
+                continue
+            ended, state = _ended(job, index == 0, gather_until is not None)
+            if not ended:
+                continue
+            answers[index], failed = _outcome(job, state, rank0)
+            if index == 0:
+                if failed:
+                    return answers
+                gather_until = time.monotonic() + GATHER_S
+        now = time.monotonic()
+        if len(answers) == len(jobs) or now >= deadline or (gather_until is not None and now >= gather_until):
+            return answers
+        until = deadline if gather_until is None else min(deadline, gather_until)
+        time.sleep(min(until - now, _FILES_LAST_S, _FILES_FIRST_S + (now - start) * _FILES_LAST_S / _FILES_BACKOFF_S))
+
+
 def _question(action: str, data: dict[str, Any]) -> None:
+    if action == "wait":  # the same wait as here (job.py), for several jobs, bounded: the laptop asks again
+        jobs: list[Job] = [pickle.loads(blob) for blob in data["jobs"]]
+        _reply(answers=_wait_several(jobs, float(data["limit"]), bool(data["rank0"])))
+        return
     job: Job = pickle.loads(data["job"])
-    if action == "wait":  # the same wait as here (job.py), bounded: the laptop asks again after it
-        ended, state = job._wait(data["limit"])
-        if not ended:
-            _reply(done=False, state=job.state)
-        else:
-            _reply(done=True, values=job._values(state, rank0=data["rank0"]))
-    elif action == "state":
+    if action == "state":
         _reply(state=job.state, done=job.done())
     elif action == "logs":
         _reply(text=job.logs(data["rank"]))

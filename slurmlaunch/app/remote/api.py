@@ -14,7 +14,10 @@ The job handle here (RemoteJob) keeps the pickled submitit-based Job of the logi
 it back with every question (state, results, logs, cancel): the laptop keeps no state of its own beyond
 it, and any laptop process holding the handle can ask. Results and exceptions (RankFailed, with the
 failing rank's traceback) come back pickled; a wait is a series of bounded remote waits, so that no ssh
-command runs for longer than WAIT_STEP_S.
+command runs for longer than WAIT_STEP_S. Each of them asks about every handle of this process for the same
+destination (the same login node, setup lines, directory and interpreter) that has no answer yet, the one
+waited for first (runner._wait_several): the answers of the others that ended meanwhile are kept by their
+handles, so a loop over a map_array's or a batch's handles makes one ssh command per poll, not one per job.
 """
 
 from __future__ import annotations
@@ -74,6 +77,16 @@ class RemoteJob:
         self.world_size = int(reply["world"])
         self.remote = session.conn.dest.target
         self._values: list[Any] | None = None
+        # the runner's answer to a wait (pickled: values or the error to raise), asked for by this handle's
+        # wait or a sibling's, and whether it holds rank 0's value alone (result()'s)
+        self._answer: tuple[bytes, bool] | None = None
+        _HANDLES.add(self)
+
+    @property
+    def _where(self) -> tuple[Any, ...]:
+        """What a wait's ssh command is run with: handles that agree on it are asked about together."""
+        s = self._session
+        return s.conn.dest.target, s.conn.setup, s.directory, s.package, s.python
 
     def _ask(self, action: str, timeout: float = COMMAND_TIMEOUT_S, **data: Any) -> dict[str, Any]:
         return self._session.ask(action, pickle.dumps({"job": self._job, **data}), timeout)
@@ -98,9 +111,17 @@ class RemoteJob:
 
         failing_since: float | None = None
         while True:
+            if self._answer is not None and (rank0 or not self._answer[1]):
+                out = pickle.loads(self._answer[0])
+                if "error" in out:
+                    raise out["error"]
+                return list(out["values"])
+            where = self._where
+            asked = [self, *(j for j in list(_HANDLES) if j is not self and j._answer is None and j._where == where)]
             try:
-                answer = self._ask("wait", timeout=COMMAND_TIMEOUT_S + WAIT_STEP_S, limit=WAIT_STEP_S,
-                                   rank0=rank0)
+                answer = self._session.ask("wait", pickle.dumps({"jobs": [j._job for j in asked], "limit": WAIT_STEP_S,
+                                                                 "rank0": rank0}),
+                                           COMMAND_TIMEOUT_S + WAIT_STEP_S)
             except Unreachable as e:
                 now = time.monotonic()
                 if failing_since is None:
@@ -114,8 +135,8 @@ class RemoteJob:
             if failing_since is not None:
                 sys.stderr.write(f"slurmlaunch: in contact with {self.remote} again\n")
                 failing_since = None
-            if answer.get("done"):
-                return list(answer["values"])
+            for index, blob in answer["answers"].items():
+                asked[index]._answer = (blob, rank0)
 
     def results(self) -> list[Any]:
         """Every rank's return value, by rank (waits; RankFailed as locally)."""
@@ -129,6 +150,10 @@ class RemoteJob:
 
     def __repr__(self) -> str:
         return f"slurmlaunch.RemoteJob({self.job_id!r}, on {self.remote}, {self.world_size} ranks)"
+
+
+# Every RemoteJob of this process (weakly: a handle dropped is forgotten), for the waits that ask together.
+_HANDLES: weakref.WeakSet[RemoteJob] = weakref.WeakSet()
 
 
 def _run(conn: Connection, directory: str, package: str, python: str, action: str, data: bytes,
