@@ -155,6 +155,11 @@ for i, line in enumerate(l for l in lines if l):
     assert st["state"] == "FAILED" and st["exit_code"] == 3 and st["elements"]["2"] == "FAILED 5", st
     run_cli("status", "77_1", env=env, cwd=tmp_path)
     assert calls(tmp_path)[-1][1:] == ["-x", "-f", "77[1]"]
+    # an ended job is not cancelled: cancel says so, and runs no qdel
+    r = run_cli("cancel", "77", env=env, cwd=tmp_path)
+    assert r.returncode == 0 and "had already ended (FAILED, exit code 3)" in r.stdout, r.stdout + r.stderr
+    assert all(c[0].rpartition("/")[2] != "qdel" for c in calls(tmp_path)), calls(tmp_path)
+    states.write_text("R\nR\nR\n")
     for job, qdel in (("77", "77[].pbs-server"), ("77_2", "77[2]")):
         r = run_cli("cancel", job, env=env, cwd=tmp_path)
         assert r.returncode == 0 and calls(tmp_path)[-1][1:] == [qdel], r.stderr
