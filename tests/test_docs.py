@@ -103,6 +103,8 @@ OTHER_TOOLS = {
     "torchrun": "--redirects --tee --local-ranks-filter --logs-specs --local-rank --local_rank --rdzv-conf --role "
                 "--run-path --local-addr --event-log-handler --numa-binding --signals-to-handle --virtual-local-rank",
     "benchmarks and examples": "--quick --pairs --jobs --count-queries --also --epochs --lr --bs",
+    # the batch step's plan (allocation/batch_step.py), written by the renderers, never typed by a user
+    "slurmlaunch batch-step": "--warning --walltime --warn-before",
 }
 
 
