@@ -4,13 +4,12 @@ from one record of it, through spec_values, with no copy by hand."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from slurmlaunch.app.options import SUBMIT_OPTIONS, add_submit_options, spec_options, spec_value, spec_values
-from slurmlaunch.core.spec import GPU_FLAGS, MODES, MPI_FLAVOURS, PBS_FLAVOURS, SRUN_MPI_TYPES, JobSpec
+from slurmlaunch.core.spec import FIELDS, GPU_FLAGS, MODES, MPI_FLAVOURS, PART_OF, PBS_FLAVOURS, SRUN_MPI_TYPES, JobSpec
 
 # The fields no option fills: SCRIPT and its ARGS, what app.resolve fills in (the interpreter, the directory),
 # what submit decides (requeued_by: adapt_to_client), and --nodes' two (nodes, min_nodes: spec_values).
@@ -39,27 +38,28 @@ def parser() -> argparse.ArgumentParser:
 def test_every_field_a_user_sets_is_one_options() -> None:
     filled = [o.field for o in spec_options()]
     assert len(filled) == len(set(filled))
-    assert set(filled) == {f.name for f in fields(JobSpec)} - NOT_AN_OPTION
+    assert set(filled) == set(PART_OF) - NOT_AN_OPTION
 
 
 def test_every_option_reaches_its_field() -> None:
     argv = [*(f"{flag}={value}" for flag, value in GIVEN.items()), *FLAGS, "--nodes", "2:3", "t.py"]
     ns = parser().parse_args(argv)
-    spec = JobSpec(script="t.py", **spec_values(ns))
-    default = JobSpec(script="t.py")
-    unchanged = [o.flag for o in spec_options() if getattr(spec, o.field) == getattr(default, o.field)]  # type: ignore[arg-type]
-    assert unchanged == [] and (spec.nodes, spec.min_nodes) == (3, 2)
-    assert spec.sbatch_args == ("--x=1",) and spec.env == (("A", "1"),) and spec.sweep == (("lr", ("1", "2")),)
+    spec = JobSpec.of(script="t.py", **spec_values(ns))
+    default = JobSpec.of(script="t.py")
+    unchanged = [o.flag for o in spec_options() if spec.value(o.field) == default.value(o.field)]  # type: ignore[arg-type]
+    assert unchanged == [] and (spec.resources.nodes, spec.resources.min_nodes) == (3, 2)
+    assert spec.site.sbatch_args == ("--x=1",) and spec.environment.env == (("A", "1"),)
+    assert spec.arrays.sweep == (("lr", ("1", "2")),)
 
 
 def test_the_tables_defaults_are_the_requests() -> None:
     """The defaults argparse shows (and profiles start from) are JobSpec's, and so are the closed choices."""
-    defaults = {f.name: f.default for f in fields(JobSpec)}
+    defaults = {name: f.default for name, f in FIELDS.items()}
     for option in spec_options():
         given = False if option.action == "store_true" else option.default
         assert spec_value(option, list(given) if option.action == "append" else given) == defaults[option.field], \
             option.flag  # type: ignore[index]
-    assert spec_values(parser().parse_args(["t.py"]))["nodes"] == JobSpec(script="t.py").nodes
+    assert spec_values(parser().parse_args(["t.py"]))["nodes"] == JobSpec.of(script="t.py").resources.nodes
     choices = {o.flag: o.choices for _, group in SUBMIT_OPTIONS for o in group}
     assert (choices["--mode"], choices["--gpu-flag"], choices["--pbs-flavour"]) == (MODES, GPU_FLAGS, PBS_FLAVOURS)
     assert choices["--mpi"] == (*MPI_FLAVOURS, *SRUN_MPI_TYPES)
