@@ -1,5 +1,10 @@
 """The job description shared by the CLI and the Python API, and its validation.
 
+A JobSpec is made of typed parts (PARTS), each read together by its consumers; every field, and so every job
+option, is declared once, in its part: its type, its default, and in its metadata its choices, its flag when it
+is not --FIELD-NAME, and whether it is a name rather than data. The CLI's options table (app/options.py) and
+the API's keyword names (app/api/job_options.py) are read from these declarations.
+
 Validation happens here, before anything is rendered or submitted; every failure is a SpecError whose
 message names the bad value and what would be valid. Pure: values in, values out. What only the submitting
 process knows (its interpreter, its working directory) and what needs its files (SCRIPT exists, --python
@@ -436,9 +441,10 @@ def _validate_container(spec: JobSpec) -> None:
                 or any(c.isspace() for c in mount):
             raise SpecError(f"--container-mount {mount!r} is not valid (expected /host/path:/container/path"
                             f"[:FLAGS], e.g. /scratch:/scratch:ro; no commas or spaces)")
-    if box.container_workdir is not None and (not box.container_workdir.startswith("/") or
-                                               any(c.isspace() or not c.isprintable() for c in box.container_workdir)):
-        raise SpecError(f"--container-workdir {shown(box.container_workdir)} is not valid (expected an absolute "
+    workdir = box.container_workdir
+    if workdir is not None and (not workdir.startswith("/")
+                                or any(c.isspace() or not c.isprintable() for c in workdir)):
+        raise SpecError(f"--container-workdir {shown(workdir)} is not valid (expected an absolute "
                         f"path inside the container, without spaces or control characters)")
 
 

@@ -174,34 +174,35 @@ def check(spec: JobSpec) -> None:
 
 def _resource_request(spec: JobSpec) -> list[str]:
     """The -l lines that ask for the nodes, CPUs, GPUs and memory, in the spelling --pbs-request chose."""
+    res, site = spec.resources, spec.site
     tpn = spec.ntasks_per_node
     cpus = tpn * (spec.per_task_cpus or 1)
-    if spec.site.pbs_flavour == "torque":
-        gpus = f":gpus={spec.resources.gpus_per_node}" if spec.resources.gpus_per_node else ""
-        out = [f"-l nodes={spec.resources.nodes}:ppn={cpus}{gpus}"]
-        if spec.resources.mem:  # Torque's mem is the whole job's (qsub(1B), pbs_resources): --mem is per node
-            out.append(f"-l mem={_pbs_size(spec.resources.mem, spec.resources.nodes)}")
+    if site.pbs_flavour == "torque":
+        gpus = f":gpus={res.gpus_per_node}" if res.gpus_per_node else ""
+        out = [f"-l nodes={res.nodes}:ppn={cpus}{gpus}"]
+        if res.mem:  # Torque's mem is the whole job's (qsub(1B), pbs_resources): --mem is per node
+            out.append(f"-l mem={_pbs_size(res.mem, res.nodes)}")
         return out
-    if spec.site.pbs_request == "totals":  # job-wide amounts, as NCI's Gadi asks for them
-        out = [f"-l ncpus={spec.resources.nodes * cpus}"]
-        if spec.resources.gpus_per_node:
-            out.append(f"-l ngpus={spec.resources.nodes * spec.resources.gpus_per_node}")
-        if spec.resources.mem:
-            out.append(f"-l mem={_pbs_size(spec.resources.mem, spec.resources.nodes)}")
+    if site.pbs_request == "totals":  # job-wide amounts, as NCI's Gadi asks for them
+        out = [f"-l ncpus={res.nodes * cpus}"]
+        if res.gpus_per_node:
+            out.append(f"-l ngpus={res.nodes * res.gpus_per_node}")
+        if res.mem:
+            out.append(f"-l mem={_pbs_size(res.mem, res.nodes)}")
         return out
-    chunk = f"select={spec.resources.nodes}"
-    if spec.site.pbs_request == "select":
+    chunk = f"select={res.nodes}"
+    if site.pbs_request == "select":
         chunk += f":ncpus={cpus}:mpiprocs={tpn}"
-        if spec.resources.gpus_per_node:
-            chunk += f":ngpus={spec.resources.gpus_per_node}"
-        if spec.resources.mem:
-            chunk += f":mem={_pbs_size(spec.resources.mem)}"
-    elif spec.resources.mem:
-        chunk += f":mem={_pbs_size(spec.resources.mem)}"
-    chunk += "".join(f":{item}" for item in spec.site.pbs_chunk)
+        if res.gpus_per_node:
+            chunk += f":ngpus={res.gpus_per_node}"
+        if res.mem:
+            chunk += f":mem={_pbs_size(res.mem)}"
+    elif res.mem:
+        chunk += f":mem={_pbs_size(res.mem)}"
+    chunk += "".join(f":{item}" for item in site.pbs_chunk)
     out = [f"-l {chunk}"]
-    if not any(r.split("=", 1)[0] == "place" for r in spec.site.pbs_resources):  # one chunk per node
-        out.append("-l place=scatter:excl" if spec.resources.exclusive else "-l place=scatter")
+    if not any(r.split("=", 1)[0] == "place" for r in site.pbs_resources):  # one chunk per node
+        out.append("-l place=scatter:excl" if res.exclusive else "-l place=scatter")
     return out
 
 

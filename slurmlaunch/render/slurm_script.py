@@ -18,18 +18,18 @@ TEMPLATE = "slurm.sbatch.j2"
 def directives(spec: JobSpec) -> list[str]:
     """The #SBATCH lines. Free text (job name, log paths) goes on sbatch's command line instead, where
     no quoting rule of the #SBATCH parser can cut or reinterpret it."""
+    res = spec.resources
     out = [f"--nodes={spec.node_range('-')}", f"--ntasks-per-node={spec.slurm_tasks_per_node}"]
-    if spec.resources.gpus_per_node:
-        out.append(f"--gpus-per-node={spec.resources.gpus_per_node}" if spec.resources.gpu_flag == "gpus-per-node"
-                   else f"--gres=gpu:{spec.resources.gpus_per_node}")
+    if res.gpus_per_node:
+        out.append(f"--gpus-per-node={res.gpus_per_node}" if res.gpu_flag == "gpus-per-node"
+                   else f"--gres=gpu:{res.gpus_per_node}")
     if spec.slurm_cpus_per_task is not None:
         out.append(f"--cpus-per-task={spec.slurm_cpus_per_task}")
-    res = spec.resources
     for flag, value in (("mem", res.mem), ("time", res.time), ("partition", res.partition),
                         ("account", res.account), ("qos", res.qos), ("constraint", res.constraint)):
         if value is not None:
             out.append(f"--{flag}={value}")
-    if spec.resources.exclusive:
+    if res.exclusive:
         out.append("--exclusive")
     if spec.warning:
         # B: gives the warning to the batch shell, which forwards it to srun (and so to every rank) and
