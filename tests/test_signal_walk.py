@@ -46,7 +46,7 @@ def test_every_room_gets_the_same_signal(text: str, expect: object, tmp_path: Pa
     directives = slurm_script.directives(spec)
     plan, pbs_plan = slurm_script.batch_step_plan(spec), pbs_script.batch_step_plan(spec)
     torchrun = launch.launch_command(JobSpec.of(script="t.py", signal=text, time="2:00:00", mode="torchrun",
-                                             nproc_per_node=2))
+                                                nproc_per_node=2))
     if expect is None:
         assert not [d for d in directives if d.startswith("--signal")] and "--warning" not in plan + pbs_plan
         assert not [a for a in torchrun if a.startswith("--forward-signal")] and local._warning(spec) is None
