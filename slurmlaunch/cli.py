@@ -100,13 +100,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser(profiles: bool = False, command: str | None = None) -> Any:
     """The argparse tree; ``profiles``: prepare `submit` for merging with the config files (only then is
     the profile machinery imported: the other commands stay quick to start). ``command``: the only command
-    that will be parsed; `run`'s options (and their module) are then added only for `run` itself."""
+    that will be parsed; `run`'s options (and their module) are then added only for `run` itself, and
+    `submit`'s (whose defaults are read from core.spec's fields) only for `submit`."""
     parser_class = _parser_class()
     top = parser_class(prog="slurmlaunch", allow_abbrev=False,
                        description="Multi-node PyTorch on Slurm and on this machine, without hand-written scripts.")
     sub = top.add_subparsers(dest="command", required=True, parser_class=parser_class)
     _add_allocation_commands(sub)
-    _add_submit(sub, profiles)
+    _add_submit(sub, profiles, options=command is None or command == "submit" or command.startswith("-"))
     _add_doctor(sub)
     _add_config_and_job_commands(sub)
     _add_tools(sub, run_options=command is None or command == "run" or command.startswith("-"))
@@ -151,8 +152,10 @@ def _add_allocation_commands(sub: Any) -> None:
     hosts.add_argument("expression", nargs="?", help="node list; default $SLURM_JOB_NODELIST")
 
 
-def _add_submit(sub: Any, profiles: bool) -> None:
+def _add_submit(sub: Any, profiles: bool, options: bool = True) -> None:
     s = sub.add_parser("submit", allow_abbrev=False, help="submit SCRIPT as a distributed job")
+    if not options:
+        return
     from .app.options import add_submit_options
 
     add_submit_options(s)

@@ -148,7 +148,7 @@ def golden_spec(**kw: object) -> JobSpec:
     base: dict[str, object] = dict(script="train.py", args=("--lr", "0.1"), nodes=2, gpus_per_node=4,
                                    python="/opt/venv/bin/python", workdir="/home/me/project")
     base.update(kw)
-    return JobSpec(**base)  # type: ignore[arg-type]
+    return JobSpec.of(**base)
 
 
 GOLDEN_CASES = {
@@ -175,10 +175,10 @@ GOLDEN_CASES = {
 
 
 def assert_refused(tmp_path: Path, expect: str, **kw: object) -> None:
-    """validate() refuses JobSpec(**kw) for a script that exists, with a message containing ``expect``."""
+    """validate() refuses JobSpec.of(**kw) for a script that exists, with a message containing ``expect``."""
     (tmp_path / "t.py").write_text("")
     with pytest.raises(SpecError, match=re.escape(expect)):
-        validate(JobSpec(script="t.py", workdir=str(tmp_path), **kw))  # type: ignore[arg-type]
+        validate(JobSpec.of(script="t.py", workdir=str(tmp_path), **kw))
 
 
 def fake_sbatch(tmp_path: Path) -> Path:

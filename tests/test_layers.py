@@ -72,7 +72,7 @@ def test_option_table_leaves_the_parser_alone_and_defer_defaults_says_it_changes
 
 @pytest.mark.parametrize("mode", ["srun", "torchrun"])
 def test_job_files_spell_the_names_the_schedulers_use(mode: str, tmp_path: Path) -> None:
-    spec = JobSpec(script="train.py", nodes=2, gpus_per_node=4, mode=mode, workdir=str(tmp_path))
+    spec = JobSpec.of(script="train.py", nodes=2, gpus_per_node=4, mode=mode, workdir=str(tmp_path))
     files = JobFiles(spec.log_dir, "77", spec.log_unit, spec.ranks_per_log)
     for rank in range(spec.world_size):
         index = rank if mode == "srun" else rank // 4

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import signal
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -39,15 +38,15 @@ def test_every_room_gets_the_same_signal(text: str, expect: object, tmp_path: Pa
         with pytest.raises(SpecError, match="is not valid"):
             parse_signal(text)
         with pytest.raises(SpecError, match="is not valid"):
-            validate(JobSpec(script="t.py", signal=text))  # the CLI's and the API's path: the same refusal
+            validate(JobSpec.of(script="t.py", signal=text))  # the CLI's and the API's path: the same refusal
         return
     assert parse_signal(text) == expect
-    spec = JobSpec(script="t.py", signal=text, time="2:00:00", nodes=2, workdir=str(tmp_path))
+    spec = JobSpec.of(script="t.py", signal=text, time="2:00:00", nodes=2, workdir=str(tmp_path))
     assert spec.warning == expect
     directives = slurm_script.directives(spec)
     plan, pbs_plan = slurm_script.batch_step_plan(spec), pbs_script.batch_step_plan(spec)
-    torchrun = launch.launch_command(JobSpec(script="t.py", signal=text, time="2:00:00", mode="torchrun",
-                                             nproc_per_node=2))
+    torchrun = launch.launch_command(JobSpec.of(script="t.py", signal=text, time="2:00:00", mode="torchrun",
+                                                nproc_per_node=2))
     if expect is None:
         assert not [d for d in directives if d.startswith("--signal")] and "--warning" not in plan + pbs_plan
         assert not [a for a in torchrun if a.startswith("--forward-signal")] and local._warning(spec) is None
@@ -74,7 +73,7 @@ def test_every_room_gets_the_same_signal(text: str, expect: object, tmp_path: Pa
     api = _srun_lines(spec, spec.warning[0] if spec.warning else "")
     assert f"--warning {name}" in "\n".join(api)
     # the API under PBS: the batch step's plan, and submitit's handler in every rank (mpiexec -x) on the same name
-    qsub = api_pbs.batch_script(replace(spec, python="python3"), str(tmp_path / "%j"))
+    qsub = api_pbs.batch_script(spec.changed(python="python3"), str(tmp_path / "%j"))
     assert f"--warning {name} " in qsub and f"\nexport SUBMITIT_PREEMPT_SIGNAL={name}\n" in qsub
     assert "-x SUBMITIT_PREEMPT_SIGNAL" in qsub
 

@@ -1,10 +1,13 @@
 """The options of `submit`, defined once, as a table of named records (:data:`SUBMIT_OPTIONS`): the CLI's
 `submit`, `config show` and the Python API's profiles (slurmlaunch.submit(profile=...)) all build their
 parser from it with :func:`add_submit_options`, and profiles read their option table from that parser. Each
-record also says which JobSpec field its value fills and how (:func:`spec_values`), so `submit` and the
-API's profiles copy no option by hand and a renamed field (--sbatch-arg -> sbatch_args) is written once.
+record fills the JobSpec field of its flag (core.spec's flag_of: --sbatch-arg -> sbatch_args, declared there
+once) and says how (:func:`spec_values`), so `submit` and the API's profiles copy no option by hand. What the
+field declares (its default, its closed choices) is read from the field (core/spec.py), not written here: this
+table holds what only the CLI has, the flags' spellings, help, metavar, the converter and the group.
 
-Kept cheap to import (no typing, no dataclasses): every argparse command builds the `submit` parser."""
+Kept cheap to import (no typing, no dataclasses): the fields are read when a parser is built, which only
+`submit`, `config show`, `--help` and the API's profiles do."""
 
 from __future__ import annotations
 
@@ -22,17 +25,29 @@ class SubmitOption:
     """One option of `submit`: its flags (the long one first) and argparse's settings for it, by name: help,
     default, type (a converter from core.limits), metavar, choices and action: store (a value, when none is
     named), store_true, append (repeatable; the default is a fresh list per parser) or toggle (--X / --no-X,
-    argparse's BooleanOptionalAction). ``field``: the JobSpec field its value fills (default: its dest; None:
-    not a JobSpec field, the CLI's own); ``to_spec``: the name of the core.parse function that makes the value
-    the field's (default: a list becomes a tuple; a name, so that building a parser does not import it).
+    argparse's BooleanOptionalAction). ``spec``: False for an option that is the CLI's own, not a JobSpec
+    field; otherwise :attr:`field` is the field its flag sets (core.spec.field_of), whose default and choices
+    the parser takes. ``to_spec``: the name of the core.parse function that makes the value the field's
+    (default: a list becomes a tuple; a name, so that building a parser does not import it).
     Built once per process, at import: kept to a few attributes."""
 
-    __slots__ = ("flags", "settings", "field", "to_spec")
+    __slots__ = ("flags", "settings", "spec", "to_spec")
 
-    def __init__(self, *flags: str, field: str | None = "", to_spec: str | None = None,
-                 **settings: Any) -> None:
-        self.flags, self.settings, self.to_spec = flags, settings, to_spec
-        self.field = self.dest if field == "" else field
+    def __init__(self, *flags: str, spec: bool = True, to_spec: str | None = None, **settings: Any) -> None:
+        self.flags, self.settings, self.spec, self.to_spec = flags, settings, spec, to_spec
+
+    @property
+    def field(self) -> str | None:
+        """The JobSpec field this option fills (--nodes: nodes, and min_nodes through spec_values), or None for
+        the CLI's own options."""
+        if not self.spec:
+            return None
+        from ..core.spec import field_of
+
+        name = field_of(self.flag)
+        if name is None:
+            raise AssertionError(f"{self.flag}: no JobSpec field declares this option (core/spec.py)")
+        return name
 
     @property
     def flag(self) -> str:
@@ -49,7 +64,8 @@ class SubmitOption:
 
     @property
     def default(self) -> object:
-        return self.settings.get("default")
+        """argparse's default: the field's declared one (store_true: False), or the CLI's own option's."""
+        return self.parser_settings().get("default", False if self.action == "store_true" else None)
 
     @property
     def type(self) -> Callable[[str], Any] | None:
@@ -57,21 +73,33 @@ class SubmitOption:
 
     @property
     def choices(self) -> tuple[str, ...] | None:
-        return self.settings.get("choices")
+        return self.parser_settings().get("choices")
+
+    def parser_settings(self) -> dict[str, Any]:
+        """The table's settings, and the field's default and choices (core/spec.py declares them)."""
+        settings = dict(self.settings)
+        name = self.field
+        if name is not None:
+            from ..core.spec import FIELDS
+
+            declared = FIELDS[name]
+            if self.action != "store_true":
+                settings["default"] = declared.default
+            if "choices" in declared.metadata:
+                settings["choices"] = declared.metadata["choices"]
+        return settings
 
     def add_to(self, group: Any, toggle: Any) -> None:
         """``group.add_argument`` with this option's settings; ``toggle``: argparse's BooleanOptionalAction."""
-        settings = self.settings
+        settings = self.parser_settings()
         action = settings.get("action")
-        if action is not None or "choices" in settings:
-            settings = dict(settings)
-            if action == "toggle":
-                settings["action"] = toggle
-            elif action == "append":
-                # a fresh list per parser: profiles.defer_defaults changes one parser's defaults only
-                settings["default"] = list(settings["default"])
-            if "choices" in settings:
-                settings["choices"] = list(settings["choices"])
+        if action == "toggle":
+            settings["action"] = toggle
+        elif action == "append":
+            # a fresh list per parser: profiles.defer_defaults changes one parser's defaults only
+            settings["default"] = list(settings["default"])
+        if "choices" in settings:
+            settings["choices"] = list(settings["choices"])
         group.add_argument(*self.flags, **settings)
 
 
@@ -79,12 +107,12 @@ Opt = SubmitOption
 # (group title, its options), in --help's order.
 SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
     ("resources", (
-        Opt("--profile", field=None, help="defaults from [profiles.NAME] of slurmlaunch.toml or the per-user "
+        Opt("--profile", spec=False, help="defaults from [profiles.NAME] of slurmlaunch.toml or the per-user "
             "config (see slurmlaunch config show); options given here override them"),
         # two fields, nodes and min_nodes: spec_values
-        Opt("--nodes", "-N", field=None, default=1, metavar="N|MIN:MAX",
+        Opt("--nodes", "-N", metavar="N|MIN:MAX",
             help="nodes (default 1); MIN:MAX for an elastic job in --mode torchrun"),
-        Opt("--gpus-per-node", type=Count("--gpus-per-node", 0, MAX_PER_NODE), default=0,
+        Opt("--gpus-per-node", type=Count("--gpus-per-node", 0, MAX_PER_NODE),
             help="GPUs per node; one rank per GPU (default 0)"),
         Opt("--tasks-per-node", type=Count("--tasks-per-node", 1, MAX_PER_NODE),
             help="ranks per node (default: GPUs per node, or 1)"),
@@ -97,68 +125,64 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
         Opt("--account", "-A"),
         Opt("--qos"),
         Opt("--constraint", "-C"),
-        Opt("--exclusive", action="toggle", default=False),
-        Opt("--gpu-flag", choices=("gpus-per-node", "gres"), default="gpus-per-node",
-            help="how GPUs are requested: --gpus-per-node=N (default) or --gres=gpu:N"),
+        Opt("--exclusive", action="toggle"),
+        Opt("--gpu-flag", help="how GPUs are requested: --gpus-per-node=N (default) or --gres=gpu:N"),
     )),
     ("job", (
         Opt("--job-name", "-J"),
-        Opt("--output-dir", "-o", default="slurmlaunch-logs",
+        Opt("--output-dir", "-o",
             help="logs, the rendered script and the submission record (default ./slurmlaunch-logs)"),
-        Opt("--env", to_spec="parse_env", action="append", default=(), metavar="KEY=VALUE",
+        Opt("--env", to_spec="parse_env", action="append", metavar="KEY=VALUE",
             help="export KEY=VALUE to every rank, byte for byte (repeatable)"),
-        Opt("--setup", action="append", default=(), metavar="'SHELL LINE'",
+        Opt("--setup", action="append", metavar="'SHELL LINE'",
             help="a shell line run before the ranks start, e.g. 'module load cuda' (repeatable; this one IS run "
             "by the shell)"),
-        Opt("--sbatch-arg", field="sbatch_args", action="append", default=(), metavar="--OPTION=VALUE",
+        Opt("--sbatch-arg", action="append", metavar="--OPTION=VALUE",
             help="extra sbatch (or qsub) option, written as an #SBATCH (#PBS) line (repeatable)"),
         Opt("--master-port", type=Count("--master-port", 1, 65535),
             help="MASTER_PORT (default: derived from the job id)"),
-        Opt("--signal", default="USR2@90", metavar="NAME[@SECONDS]",
+        Opt("--signal", metavar="NAME[@SECONDS]",
             help="warning signal before the time limit, passed to every rank (default USR2@90; none)"),
-        Opt("--requeue", action="toggle", default=False,
+        Opt("--requeue", action="toggle",
             help="requeue the job when the warning signal came (ranks save a checkpoint, exit 128+N)"),
-        Opt("--max-requeues", type=Count("--max-requeues", 0, MAX_RESTARTS), default=3,
+        Opt("--max-requeues", type=Count("--max-requeues", 0, MAX_RESTARTS),
             help="with --requeue: at most this many (default 3)"),
         Opt("--rdzv-timeout", type=Seconds("--rdzv-timeout"),
             help="seconds a rank waits for MASTER_ADDR:MASTER_PORT before it is stopped (default 900)"),
-        Opt("--python", field=None,  # app.resolve's
+        Opt("--python", spec=False,  # app.resolve's
             help="interpreter for the ranks (default: the one running slurmlaunch; python3 inside a container)"),
-        Opt("--template-dir", field=None, help="look for templates here first ($SLURMLAUNCH_TEMPLATE_DIR, "
+        Opt("--template-dir", spec=False, help="look for templates here first ($SLURMLAUNCH_TEMPLATE_DIR, "
             "~/.config/slurmlaunch/templates, then the shipped ones)"),
-        Opt("--scheduler", field=None, choices=("auto", "slurm", "pbs", "local"), default="auto",
+        Opt("--scheduler", spec=False, choices=("auto", "slurm", "pbs", "local"), default="auto",
             help="auto: slurm when a Slurm controller answers, pbs when qsub is on PATH and sbatch is not, else "
             "local"),
-        Opt("--pbs-flavour", choices=("pro", "torque"), default="pro",
-            help="PBS Pro/OpenPBS (-l select=...) or Torque (-l nodes=N:ppn=...)"),
-        Opt("--mpi", choices=("openmpi", "mpich", "pals", "pmix", "pmix_v2", "pmix_v3", "pmix_v4", "pmix_v5", "pmi2",
-                             "cray_shasta", "none"),
+        Opt("--pbs-flavour", help="PBS Pro/OpenPBS (-l select=...) or Torque (-l nodes=N:ppn=...)"),
+        Opt("--mpi",
             help="under PBS: the MPI whose mpiexec starts the ranks (flags differ; default openmpi); under Slurm: "
             "srun --mpi=TYPE, the PMI your MPI library talks to (e.g. pmix; default: the cluster's MpiDefault)"),
     )),
     ("PBS site resources (docs: PBS sites; shipped profiles polaris, aurora, gadi, torque)", (
-        Opt("--pbs-resource", field="pbs_resources", action="append", default=(), metavar="KEY[=VALUE]",
+        Opt("--pbs-resource", action="append", metavar="KEY[=VALUE]",
             help="a job-wide resource, #PBS -l KEY=VALUE (e.g. filesystems=home:eagle, storage=gdata/ab1, "
             "jobfs=100GB, wd)"),
-        Opt("--pbs-chunk", action="append", default=(), metavar="KEY=VALUE",
+        Opt("--pbs-chunk", action="append", metavar="KEY=VALUE",
             help="a resource of every select chunk, select=N:...:KEY=VALUE (e.g. system=polaris)"),
         Opt("--project", "-P", help="under PBS: #PBS -P PROJECT (the project charged, e.g. on Gadi)"),
-        Opt("--pbs-request", choices=("select", "nodes", "totals"), default="select",
+        Opt("--pbs-request",
             help="select: select=N:ncpus=..:mpiprocs=..:ngpus=.. (default); nodes: select=N and the --pbs-chunk "
             "resources only (ALCF); totals: job-wide -l ncpus/ngpus/mem (NCI Gadi)"),
-        Opt("--mpiexec-arg", field="mpiexec_args", action="append", default=(), metavar="--FLAG[=VALUE]",
+        Opt("--mpiexec-arg", action="append", metavar="--FLAG[=VALUE]",
             help="under PBS: an extra mpiexec flag, e.g. Aurora's --cpu-bind=list:... / --gpu-bind=list:... (a "
             "--cpu-bind here replaces slurmlaunch's own)"),
         Opt("--pbs-queues", metavar="QUEUE:MIN-MAX,...",
             help="without --partition: the first queue whose node range holds --nodes (MAX may be empty)"),
     )),
     ("torchrun mode", (
-        Opt("--mode", choices=("srun", "torchrun"), default="srun",
-            help="srun: one Slurm task per rank through the launcher (default); torchrun: one task per node "
+        Opt("--mode", help="srun: one Slurm task per rank through the launcher (default); torchrun: one task per node "
             "running torchrun (c10d rendezvous on the first node, restarts, elastic ranges)"),
         Opt("--nproc-per-node", type=Count("--nproc-per-node", 1, MAX_PER_NODE),
             help="torchrun mode without GPUs: ranks per node"),
-        Opt("--max-restarts", type=Count("--max-restarts", 0, MAX_RESTARTS), default=0,
+        Opt("--max-restarts", type=Count("--max-restarts", 0, MAX_RESTARTS),
             help="torchrun mode: restarts of the whole world after a rank fails (default 0)"),
     )),
     ("containers", (
@@ -166,7 +190,7 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
             help="run every task in IMAGE with Slurm's pyxis/enroot plugin (srun --container-image)"),
         Opt("--apptainer", metavar="IMAGE",
             help="run every task in an Apptainer/Singularity IMAGE (apptainer exec [--nv] IMAGE ...)"),
-        Opt("--container-mount", field="container_mounts", action="append", default=(), metavar="SRC:DST[:FLAGS]",
+        Opt("--container-mount", action="append", metavar="SRC:DST[:FLAGS]",
             help="bind mount (repeatable); the working directory is always mounted at its own path"),
         Opt("--container-workdir", metavar="DIR",
             help="working directory inside the container (default: the working directory's own path)"),
@@ -175,25 +199,25 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
         Opt("--array", metavar="INDICES",
             help="a job array: one distributed job per index, e.g. 0-9 or 1,3,5-7 ($SLURM_ARRAY_TASK_ID tells "
             "SCRIPT which)"),
-        Opt("--sweep", to_spec="parse_sweep", action="append", default=(), metavar="KEY=V1,V2,...",
+        Opt("--sweep", to_spec="parse_sweep", action="append", metavar="KEY=V1,V2,...",
             help="a grid, one array element per point; each point adds --KEY=VALUE to SCRIPT's arguments "
             "(repeatable: the product of all)"),
         Opt("--max-parallel", type=Count("--max-parallel", 1, MAX_ARRAY_ELEMENTS), metavar="N",
             help="run at most N array elements at once"),
     )),
     ("from your laptop (docs: From your laptop)", (
-        Opt("--remote", field=None, metavar="[USER@]HOST[:DIR]",
+        Opt("--remote", spec=False, metavar="[USER@]HOST[:DIR]",
             help="submit on this ssh destination (an alias of ~/.ssh/config works): the project is synced to DIR "
             "(default ~/slurmlaunch-projects/<this directory's name>) and sbatch runs there"),
-        Opt("--remote-setup", field=None, action="append", default=(), metavar="'SHELL LINE'",
+        Opt("--remote-setup", spec=False, action="append", default=(), metavar="'SHELL LINE'",
             help="with --remote: a shell line run before every remote command, e.g. 'module load slurm' "
             "(repeatable; the remote shell is a non-login one)"),
-        Opt("--sync", field=None, action="toggle", default=True,
+        Opt("--sync", spec=False, action="toggle", default=True,
             help="with --remote: rsync the working directory first (default; --no-sync: the code is there)"),
-        Opt("--remote-exclude", field=None, action="append", default=(), metavar="PATTERN",
+        Opt("--remote-exclude", spec=False, action="append", default=(), metavar="PATTERN",
             help="with --remote: leave PATTERN out of the sync (rsync's --exclude; .gitignore files and .git/ are "
             "always honoured; repeatable)"),
-        Opt("--sync-limit", field=None, metavar="SIZE",  # None: 1G (remote_submit), and "given" can be told apart
+        Opt("--sync-limit", spec=False, metavar="SIZE",  # None: 1G (remote_submit), and "given" can be told apart
             help="with --remote: refuse a sync that would send more than SIZE (default 1G)"),
     )),
     ("what and how", (
@@ -201,14 +225,14 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
         Opt("--no-python", action="store_true", help="SCRIPT is an executable"),
         Opt("--legacy-local-rank-arg", action="store_true",
             help="pass --local-rank=N to SCRIPT, as torch.distributed.launch did (every mode and scheduler)"),
-        Opt("--dry-run", field=None, action="store_true", help="print the script (or local commands); submit nothing"),
+        Opt("--dry-run", spec=False, action="store_true", help="print the script (or local commands); submit nothing"),
         # Every boolean a profile may set has its --no- undo (docs: Profiles); -m, --no-python and
         # --legacy-local-rank-arg are not taken from files (profiles.CHANGES_WHAT_RUNS), so they have none.
-        Opt("--wait", field=None, action="toggle", default=False,
+        Opt("--wait", spec=False, action="toggle", default=False,
             help="follow the job until it ends; exit with its code"),
-        Opt("--wait-timeout", field=None, type=Seconds("--wait-timeout"),
+        Opt("--wait-timeout", spec=False, type=Seconds("--wait-timeout"),
             help="give up following after this many seconds"),
-        Opt("--cancel-on-interrupt", field=None, action="toggle", default=False,
+        Opt("--cancel-on-interrupt", spec=False, action="toggle", default=False,
             help="with --wait: Ctrl-C cancels the job without asking"),
     )),
 )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from dataclasses import replace
 
 from ..core.errors import SpecError
 from ..core.limits import shown
@@ -23,7 +22,7 @@ def from_process(spec: JobSpec, python: str | None = None, workdir: str | None =
     python3 inside a container (the image's, not this machine's), else this process's (sys.executable);
     ``workdir`` when given, else this process's (os.getcwd())."""
     chosen = python or ("python3" if spec.container else sys.executable)
-    return replace(spec, python=chosen, workdir=workdir or os.getcwd())
+    return spec.changed(python=chosen, workdir=workdir or os.getcwd())
 
 
 def check_script(script: str, module: bool, no_python: bool, workdir: str) -> None:
@@ -63,10 +62,10 @@ def check_output_dir(log_dir: str, given: str) -> None:
 def check_files(spec: JobSpec) -> JobSpec:
     """The checks that need this machine's files, after the core's (validate): the logs' directory, SCRIPT,
     and the interpreter (outside a container, where it is the image's)."""
-    check_output_dir(spec.log_dir, spec.output_dir)
-    check_script(spec.script, spec.module, spec.no_python, spec.workdir)
-    if spec.container is None and not os.path.isfile(spec.python):
-        raise SpecError(f"--python {spec.python!r} not found (expected the interpreter that runs the ranks)")
+    check_output_dir(spec.log_dir, spec.output.output_dir)
+    check_script(spec.program.script, spec.program.module, spec.program.no_python, spec.program.workdir)
+    if spec.container is None and not os.path.isfile(spec.program.python):
+        raise SpecError(f"--python {spec.program.python!r} not found (expected the interpreter that runs the ranks)")
     return spec
 
 

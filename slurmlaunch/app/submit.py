@@ -6,7 +6,6 @@ import os
 import shlex
 import shutil
 import sys
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import SpecError
@@ -23,7 +22,7 @@ def spec_from_args(ns: Any) -> JobSpec:
 
     if ns.module and ns.no_python:
         raise SpecError("-m/--module and --no-python cannot be used together")
-    return resolve(JobSpec(script=ns.script, args=tuple(ns.args), **spec_values(ns)), python=ns.python)
+    return resolve(JobSpec.of(script=ns.script, args=tuple(ns.args), **spec_values(ns)), python=ns.python)
 
 
 def choose_scheduler(requested: str, preview: bool = False) -> str:
@@ -47,16 +46,16 @@ def adapt_to_site(spec: JobSpec, origins: dict[str, str]) -> JobSpec:
     """Use the GPU request style `slurmlaunch doctor` found for this cluster, unless one was asked for."""
     from .profiles import BUILTIN
 
-    if not spec.gpus_per_node or origins.get("gpu_flag", BUILTIN) != BUILTIN:
+    if not spec.resources.gpus_per_node or origins.get("gpu_flag", BUILTIN) != BUILTIN:
         return spec
     from .site import learned_gpu_flag
 
     learned = learned_gpu_flag()
-    if learned is None or learned[0] == spec.gpu_flag:
+    if learned is None or learned[0] == spec.resources.gpu_flag:
         return spec
     sys.stderr.write(f"slurmlaunch: requesting GPUs with --{learned[0]} (slurmlaunch doctor found that "
                      f"cluster {learned[1]} wants it; --gpu-flag overrides)\n")
-    return replace(spec, gpu_flag=learned[0])
+    return spec.changed(gpu_flag=learned[0])
 
 
 def adapt_to_client(spec: JobSpec, origins: dict[str, str], edge: Scheduler) -> JobSpec:
@@ -67,14 +66,14 @@ def adapt_to_client(spec: JobSpec, origins: dict[str, str], edge: Scheduler) -> 
     from . import clients
     from .profiles import BUILTIN
 
-    if not edge.warning_signal or spec.no_python:
+    if not edge.warning_signal or spec.program.no_python:
         return spec
-    source = clients.script_source(spec.script, spec.module, spec.workdir)
+    source = clients.script_source(spec.program.script, spec.program.module, spec.program.workdir)
     found = clients.lightning_signal(source) if source is not None else None
     if found is None or not found.requeues:
         return spec
     given = origins.get("signal", BUILTIN) != BUILTIN
-    what = f"{spec.script} uses {found.client} ({found.detail})"
+    what = f"{spec.program.script} uses {found.client} ({found.detail})"
     if found.signal is None:
         if not given:
             sys.stderr.write(f"slurmlaunch: {what}, whose requeue signal is not readable from the source: the "
@@ -84,18 +83,19 @@ def adapt_to_client(spec: JobSpec, origins: dict[str, str], edge: Scheduler) -> 
     if given:
         if spec.warning is not None and spec.warning[0] != found.signal:
             sys.stderr.write(f"slurmlaunch: {what}, which saves and requeues on SIG{found.signal} only: "
-                             f"--signal {spec.signal} will end its ranks unless the script handles "
+                             f"--signal {spec.preemption.signal} will end its ranks unless the script handles "
                              f"SIG{spec.warning[0]} itself\n")
         if spec.warning is None or spec.warning[0] != found.signal:
             return spec
     else:
-        spec = replace(spec, signal=f"{found.signal}@{spec.asked_warning[1] if spec.asked_warning else 90}")
+        spec = spec.changed(signal=f"{found.signal}@{spec.asked_warning[1] if spec.asked_warning else 90}")
     if edge.script_requeues:
-        spec = replace(spec, requeued_by="script")
+        spec = spec.changed(requeued_by="script")
         how = (f"{found.client} saves a checkpoint on it and requeues the job itself, so the batch script will "
                f"not requeue it again")
     else:
-        how = f"{found.client} saves a checkpoint on it" + (f"; {edge.title} requeues" if spec.requeue else "")
+        requeues = f"; {edge.title} requeues" if spec.preemption.requeue else ""
+        how = f"{found.client} saves a checkpoint on it" + requeues
     seconds = spec.warning[1] if spec.warning else 90
     sys.stderr.write(f"slurmlaunch: {what}: warning signal SIG{found.signal} {seconds}s before the time limit; "
                      f"{how} (--signal NAME@SECONDS overrides)\n")
@@ -134,7 +134,7 @@ def cmd_submit(ns: Any) -> int:
     from ..schedulers.index import remember
 
     remember(sub.job_id, edge.name, sub.record_path, spec.name)
-    sys.stderr.write(f"slurmlaunch: submitted job {sub.job_id} ({spec.world_size} ranks on {spec.nodes} "
+    sys.stderr.write(f"slurmlaunch: submitted job {sub.job_id} ({spec.world_size} ranks on {spec.resources.nodes} "
                      f"node(s)); script {sub.script_path}\n")
     describe_array(spec, sub.job_id)
     print(sub.job_id)
@@ -152,7 +152,7 @@ def submit_local(spec: JobSpec, ns: Any) -> int:
                                          "bound it with --time")):
         if given is not None:
             raise SpecError(f"{why} (leave it out, or --scheduler slurm/pbs)")
-    if spec.apptainer and not shutil.which("apptainer"):
+    if spec.containers.apptainer and not shutil.which("apptainer"):
         raise SpecError("--apptainer: apptainer is not on PATH on this machine (install it, or leave out "
                         "--apptainer for the local scheduler)")
     validate_local(spec)  # before the ranks (or the dry run's lines) are built

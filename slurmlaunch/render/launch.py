@@ -17,37 +17,38 @@ BOOTSTRAP = (f'import sys; sys.path.insert(0, "{CONTAINER_PKG}"); '
 def container_mounts(spec: JobSpec) -> list[str]:
     """The working directory at its own path (the script, its data), slurmlaunch, then --container-mount's."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return [f"{spec.workdir}:{spec.workdir}", f"{package}:{CONTAINER_PKG}/slurmlaunch:ro", *spec.container_mounts]
+    workdir = spec.program.workdir
+    return [f"{workdir}:{workdir}", f"{package}:{CONTAINER_PKG}/slurmlaunch:ro", *spec.containers.container_mounts]
 
 
 def launch_command(spec: JobSpec) -> list[str]:
     """What each task runs: the launcher in front of the script (no shell in between); in torchrun mode,
     the per-node torchrun starter; with --apptainer, `apptainer exec` in front of either."""
-    entry = [spec.python, "-c", BOOTSTRAP] if spec.container else [spec.python, "-m", "slurmlaunch"]
+    entry = [spec.program.python, "-c", BOOTSTRAP] if spec.container else [spec.program.python, "-m", "slurmlaunch"]
     cmd = [*entry, "launch"]
-    if spec.apptainer:
+    if spec.containers.apptainer:
         binds = [a for m in container_mounts(spec) for a in ("--bind", m)]
-        gpus = ["--nv"] if spec.gpus_per_node else []
-        entry = ["apptainer", "exec", *gpus, *binds, "--pwd", spec.container_workdir or spec.workdir,
-                 spec.apptainer, *entry]
+        gpus = ["--nv"] if spec.resources.gpus_per_node else []
+        entry = ["apptainer", "exec", *gpus, *binds, "--pwd", spec.containers.container_workdir or spec.program.workdir,
+                 spec.containers.apptainer, *entry]
         cmd = [*entry, "launch"]
-    if spec.mode == "torchrun":
+    if spec.launch.mode == "torchrun":
         cmd = [*entry, "torchrun-node", f"--nproc-per-node={spec.ntasks_per_node}",
-               f"--max-restarts={spec.max_restarts}"]
-        if spec.min_nodes is not None:
+               f"--max-restarts={spec.launch.max_restarts}"]
+        if spec.resources.min_nodes is not None:
             cmd.append(f"--nnodes={spec.nodes_text}")
         if spec.warning:
             cmd.append(f"--forward-signal={spec.warning[0]}")
-    if spec.module:
+    if spec.program.module:
         cmd.append("-m")
-    if spec.no_python:
+    if spec.program.no_python:
         cmd.append("--no-python")
-    if spec.legacy_local_rank_arg:  # launch and torchrun-node both take it; PBS and local run this same command
+    if spec.program.legacy_local_rank_arg:  # launch and torchrun-node both take it; PBS and local run this same command
         cmd.append("--legacy-local-rank-arg")
-    script = spec.script
-    if not (spec.module or spec.no_python or os.path.isabs(script)):
-        script = os.path.join(spec.workdir, script)
-    return [*cmd, script, *spec.args]
+    script = spec.program.script
+    if not (spec.program.module or spec.program.no_python or os.path.isabs(script)):
+        script = os.path.join(spec.program.workdir, script)
+    return [*cmd, script, *spec.program.args]
 
 
 
@@ -60,7 +61,7 @@ def batch_step_command(spec: JobSpec) -> list[str]:
         boot = (f'import os, sys; sys.path.insert(0, os.path.dirname("{package}")); '
                 "from slurmlaunch.cli import main; sys.exit(main())")
         return ["python3", "-c", boot, "batch-step"]
-    return [spec.python, "-m", "slurmlaunch", "batch-step"]
+    return [spec.program.python, "-m", "slurmlaunch", "batch-step"]
 
 
 # The oldest Python the package runs on (pyproject's requires-python); the host check below compares with it.
@@ -88,9 +89,9 @@ def host_python_check(spec: JobSpec) -> str | None:
 
 def script_env(spec: JobSpec) -> list[tuple[str, str]]:
     """The variables a batch script exports for every rank: --env, then --master-port, --rdzv-timeout."""
-    env = list(spec.env)
-    if spec.master_port is not None:
-        env.append(("MASTER_PORT", str(spec.master_port)))
-    if spec.rdzv_timeout is not None:
-        env.append(("SLURMLAUNCH_RDZV_TIMEOUT", f"{spec.rdzv_timeout:g}"))
+    env = list(spec.environment.env)
+    if spec.environment.master_port is not None:
+        env.append(("MASTER_PORT", str(spec.environment.master_port)))
+    if spec.environment.rdzv_timeout is not None:
+        env.append(("SLURMLAUNCH_RDZV_TIMEOUT", f"{spec.environment.rdzv_timeout:g}"))
     return env

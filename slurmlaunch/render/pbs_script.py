@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import replace
 from typing import Any
 
 from ..core import __version__
 from ..core.errors import SpecError
 from ..core.parse import parse_mem
-from ..core.spec import MPI_FLAVOURS, UNLIMITED, JobSpec, time_seconds
+from ..core.spec import MPI_FLAVOURS, PBS_REQUESTS, UNLIMITED, JobSpec, time_seconds
 from .jinja import render
 from .launch import batch_step_command, host_python_check, launch_command, script_env
 
@@ -56,8 +55,8 @@ ARRAY_INDEX = {"pro": "PBS_ARRAY_INDEX", "torque": "PBS_ARRAYID"}
 def job_name(spec: JobSpec) -> str:
     """The name for qsub -N: --job-name as given (check() refused a bad one), else the script's name made
     to fit PBS's rule (any other character to '_', leading characters that are not alphanumeric dropped)."""
-    if spec.job_name is not None:
-        return spec.job_name
+    if spec.output.job_name is not None:
+        return spec.output.job_name
     name = re.sub(r"[^A-Za-z0-9_+.-]", "_", spec.name)
     name = re.sub(r"^[^A-Za-z0-9]+", "", name)[:_JOB_NAME_MAX]
     return name or "slurmlaunch"
@@ -72,16 +71,16 @@ def _pbs_size(mem: str, times: int = 1) -> str:
 
 def queue(spec: JobSpec) -> str | None:
     """--partition, else the first --pbs-queues entry whose node range holds --nodes (check() parsed it)."""
-    if spec.partition or not spec.pbs_queues:
-        return spec.partition
-    for item in spec.pbs_queues.split(","):
+    if spec.resources.partition or not spec.site.pbs_queues:
+        return spec.resources.partition
+    for item in spec.site.pbs_queues.split(","):
         m = _QUEUE.fullmatch(item.strip(" "))  # spaces after commas; never a newline
         assert m is not None
         low, high = int(m[2]), int(m[3]) if m[3] else None
-        if low <= spec.nodes and (high is None or spec.nodes <= high):
+        if low <= spec.resources.nodes and (high is None or spec.resources.nodes <= high):
             return m[1]
-    raise SpecError(f"--nodes {spec.nodes}: no queue of --pbs-queues {spec.pbs_queues!r} takes this many nodes "
-                    f"(choose a node count one of them takes, or a queue with --partition)")
+    raise SpecError(f"--nodes {spec.resources.nodes}: no queue of --pbs-queues {spec.site.pbs_queues!r} takes this "
+                    f"many nodes (choose a node count one of them takes, or a queue with --partition)")
 
 
 def array_range(spec: JobSpec) -> str | None:
@@ -89,8 +88,8 @@ def array_range(spec: JobSpec) -> str | None:
     if not spec.is_array:
         return None
     indices = spec.array_indices
-    limit = f"%{spec.max_parallel}" if spec.max_parallel else ""
-    if spec.pbs_flavour == "torque":
+    limit = f"%{spec.arrays.max_parallel}" if spec.arrays.max_parallel else ""
+    if spec.site.pbs_flavour == "torque":
         return ",".join(map(str, indices)) + limit  # Torque's -t takes lists, but no :step
     first, last = indices[0], indices[-1]
     step = indices[1] - indices[0] if len(indices) > 1 else 1
@@ -107,20 +106,20 @@ def array_range(spec: JobSpec) -> str | None:
 
 def _check_request(spec: JobSpec) -> None:
     """The job name, walltime and memory as PBS reads them, and how resources are requested."""
-    if spec.job_name is not None and not _JOB_NAME.fullmatch(spec.job_name):
-        raise SpecError(f"--job-name {spec.job_name!r} is not a PBS job name (at most 230 letters, digits or "
-                        f"- _ + ., the first a letter or digit; e.g. {job_name(replace(spec, job_name=None))!r})")
-    if spec.time is not None:
-        walltime(spec.time)
-    if spec.mem is not None and parse_mem(spec.mem)[0] == 0:  # Slurm: --mem=0 is all of it
-        raise SpecError(f"--mem {spec.mem}: Slurm reads 0 as all of a node's memory, PBS as a request for none; "
-                        f"leave --mem out (the queue's default) or give a size such as 64G")
-    if spec.pbs_request not in ("select", "nodes", "totals"):
-        raise SpecError(f"--pbs-request {spec.pbs_request!r} is not valid (expected select, nodes or totals)")
-    if spec.pbs_flavour == "torque":
-        for shown, given in ((f"--pbs-request {spec.pbs_request}", spec.pbs_request != "select"),
-                             ("--pbs-chunk " + " ".join(spec.pbs_chunk), bool(spec.pbs_chunk)),
-                             (f"--project {spec.project}", spec.project is not None)):
+    if spec.output.job_name is not None and not _JOB_NAME.fullmatch(spec.output.job_name):
+        raise SpecError(f"--job-name {spec.output.job_name!r} is not a PBS job name (at most 230 letters, digits or "
+                        f"- _ + ., the first a letter or digit; e.g. {job_name(spec.changed(job_name=None))!r})")
+    if spec.resources.time is not None:
+        walltime(spec.resources.time)
+    if spec.resources.mem is not None and parse_mem(spec.resources.mem)[0] == 0:  # Slurm: --mem=0 is all of it
+        raise SpecError(f"--mem {spec.resources.mem}: Slurm reads 0 as all of a node's memory, PBS as a request for "
+                        f"none; leave --mem out (the queue's default) or give a size such as 64G")
+    if spec.site.pbs_request not in PBS_REQUESTS:
+        raise SpecError(f"--pbs-request {spec.site.pbs_request!r} is not valid (expected select, nodes or totals)")
+    if spec.site.pbs_flavour == "torque":
+        for shown, given in ((f"--pbs-request {spec.site.pbs_request}", spec.site.pbs_request != "select"),
+                             ("--pbs-chunk " + " ".join(spec.site.pbs_chunk), bool(spec.site.pbs_chunk)),
+                             (f"--project {spec.site.project}", spec.site.project is not None)):
             if given:
                 raise SpecError(f"{shown}: Torque's qsub script asks for -l nodes=N:ppn=C and has no select chunks "
                                 f"or -P project (leave it out, or --pbs-flavour pro)")
@@ -128,38 +127,38 @@ def _check_request(spec: JobSpec) -> None:
 
 def _check_resources(spec: JobSpec) -> None:
     """--pbs-resource and --pbs-chunk: well formed, and none that slurmlaunch writes itself."""
-    own = dict(_OWN_RESOURCES, **(_OWN_TOTALS if spec.pbs_request == "totals" else {}))
-    for item in spec.pbs_resources:
+    own = dict(_OWN_RESOURCES, **(_OWN_TOTALS if spec.site.pbs_request == "totals" else {}))
+    for item in spec.site.pbs_resources:
         m = _RESOURCE.fullmatch(item)
         if not m:
             raise SpecError(f"--pbs-resource {item!r} is not valid (expected KEY or KEY=VALUE without spaces, "
                             f"quotes, '#' or ',', e.g. filesystems=home:eagle, storage=gdata/ab1+scratch/ab1 or wd)")
         if m[1] in own:
             raise SpecError(f"--pbs-resource {item}: slurmlaunch writes {m[1]} itself (use {own[m[1]]})")
-    for item in spec.pbs_chunk:
+    for item in spec.site.pbs_chunk:
         m = _CHUNK.fullmatch(item)
         if not m:
             raise SpecError(f"--pbs-chunk {item!r} is not valid (expected KEY=VALUE without spaces, quotes, ':', "
                             f"'#', ',' or '+', e.g. system=polaris)")
         if m[1] in _OWN_CHUNK:
             raise SpecError(f"--pbs-chunk {item}: slurmlaunch writes {m[1]} itself (use {_OWN_CHUNK[m[1]]})")
-    if spec.pbs_chunk and spec.pbs_request == "totals":
+    if spec.site.pbs_chunk and spec.site.pbs_request == "totals":
         raise SpecError("--pbs-chunk needs select chunks: it cannot be used with --pbs-request totals "
                         "(use --pbs-resource KEY=VALUE for a job-wide resource)")
 
 
 def _check_placement(spec: JobSpec) -> None:
     """The project, the queue, mpiexec's flags and the array: where and how the job runs."""
-    if spec.project is not None and (not spec.project or any(c.isspace() for c in spec.project)):
-        raise SpecError(f"--project {spec.project!r} is not valid (expected a non-empty name without spaces)")
-    if spec.pbs_queues is not None:
-        for item in spec.pbs_queues.split(","):
+    if spec.site.project is not None and (not spec.site.project or any(c.isspace() for c in spec.site.project)):
+        raise SpecError(f"--project {spec.site.project!r} is not valid (expected a non-empty name without spaces)")
+    if spec.site.pbs_queues is not None:
+        for item in spec.site.pbs_queues.split(","):
             m = _QUEUE.fullmatch(item.strip(" "))  # spaces after commas; never a newline
             if not m or (m[3] and int(m[3]) < int(m[2])):
-                raise SpecError(f"--pbs-queues {spec.pbs_queues!r} is not valid (expected QUEUE:MIN-MAX entries "
+                raise SpecError(f"--pbs-queues {spec.site.pbs_queues!r} is not valid (expected QUEUE:MIN-MAX entries "
                                 f"separated by commas, MAX may be empty: e.g. debug:1-2,prod:10-)")
         queue(spec)
-    for arg in spec.mpiexec_args:
+    for arg in spec.site.mpiexec_args:
         if not arg.startswith("-") or "\n" in arg:
             raise SpecError(f"--mpiexec-arg {arg!r} is not valid (expected one mpiexec flag, e.g. --cpu-bind=list:1-8)")
     array_range(spec)
@@ -175,60 +174,61 @@ def check(spec: JobSpec) -> None:
 
 def _resource_request(spec: JobSpec) -> list[str]:
     """The -l lines that ask for the nodes, CPUs, GPUs and memory, in the spelling --pbs-request chose."""
+    res, site = spec.resources, spec.site
     tpn = spec.ntasks_per_node
     cpus = tpn * (spec.per_task_cpus or 1)
-    if spec.pbs_flavour == "torque":
-        gpus = f":gpus={spec.gpus_per_node}" if spec.gpus_per_node else ""
-        out = [f"-l nodes={spec.nodes}:ppn={cpus}{gpus}"]
-        if spec.mem:  # Torque's mem is the whole job's (qsub(1B), pbs_resources): --mem is per node
-            out.append(f"-l mem={_pbs_size(spec.mem, spec.nodes)}")
+    if site.pbs_flavour == "torque":
+        gpus = f":gpus={res.gpus_per_node}" if res.gpus_per_node else ""
+        out = [f"-l nodes={res.nodes}:ppn={cpus}{gpus}"]
+        if res.mem:  # Torque's mem is the whole job's (qsub(1B), pbs_resources): --mem is per node
+            out.append(f"-l mem={_pbs_size(res.mem, res.nodes)}")
         return out
-    if spec.pbs_request == "totals":  # job-wide amounts, as NCI's Gadi asks for them
-        out = [f"-l ncpus={spec.nodes * cpus}"]
-        if spec.gpus_per_node:
-            out.append(f"-l ngpus={spec.nodes * spec.gpus_per_node}")
-        if spec.mem:
-            out.append(f"-l mem={_pbs_size(spec.mem, spec.nodes)}")
+    if site.pbs_request == "totals":  # job-wide amounts, as NCI's Gadi asks for them
+        out = [f"-l ncpus={res.nodes * cpus}"]
+        if res.gpus_per_node:
+            out.append(f"-l ngpus={res.nodes * res.gpus_per_node}")
+        if res.mem:
+            out.append(f"-l mem={_pbs_size(res.mem, res.nodes)}")
         return out
-    chunk = f"select={spec.nodes}"
-    if spec.pbs_request == "select":
+    chunk = f"select={res.nodes}"
+    if site.pbs_request == "select":
         chunk += f":ncpus={cpus}:mpiprocs={tpn}"
-        if spec.gpus_per_node:
-            chunk += f":ngpus={spec.gpus_per_node}"
-        if spec.mem:
-            chunk += f":mem={_pbs_size(spec.mem)}"
-    elif spec.mem:
-        chunk += f":mem={_pbs_size(spec.mem)}"
-    chunk += "".join(f":{item}" for item in spec.pbs_chunk)
+        if res.gpus_per_node:
+            chunk += f":ngpus={res.gpus_per_node}"
+        if res.mem:
+            chunk += f":mem={_pbs_size(res.mem)}"
+    elif res.mem:
+        chunk += f":mem={_pbs_size(res.mem)}"
+    chunk += "".join(f":{item}" for item in site.pbs_chunk)
     out = [f"-l {chunk}"]
-    if not any(r.split("=", 1)[0] == "place" for r in spec.pbs_resources):  # one chunk per node
-        out.append("-l place=scatter:excl" if spec.exclusive else "-l place=scatter")
+    if not any(r.split("=", 1)[0] == "place" for r in site.pbs_resources):  # one chunk per node
+        out.append("-l place=scatter:excl" if res.exclusive else "-l place=scatter")
     return out
 
 
 def directives(spec: JobSpec) -> list[str]:
     """The #PBS lines' options, in the order the golden scripts hold them."""
     out = _resource_request(spec)
-    if spec.time:
-        out.append(f"-l walltime={walltime(spec.time)}")
-    out.extend(f"-l {r}" for r in spec.pbs_resources)
+    if spec.resources.time:
+        out.append(f"-l walltime={walltime(spec.resources.time)}")
+    out.extend(f"-l {r}" for r in spec.site.pbs_resources)
     chosen = queue(spec)
     if chosen:
         out.append(f"-q {chosen}")
-    if spec.account:
-        out.append(f"-A {spec.account}")
-    if spec.project:
-        out.append(f"-P {spec.project}")
+    if spec.resources.account:
+        out.append(f"-A {spec.resources.account}")
+    if spec.site.project:
+        out.append(f"-P {spec.site.project}")
     span = array_range(spec)
     if span is not None:
-        out.append(f"-J {span}" if spec.pbs_flavour == "pro" else f"-t {span}")
-    if spec.requeue:
+        out.append(f"-J {span}" if spec.site.pbs_flavour == "pro" else f"-t {span}")
+    if spec.preemption.requeue:
         out.append("-r y")  # PBS may rerun the job (node failure, preemption, qrerun); see docs: how-to, PBS
     out.append("-j oe")
-    if spec.pbs_flavour == "pro":
+    if spec.site.pbs_flavour == "pro":
         # d: written straight into the -o path while the job runs (logs --follow sees it); oe: both streams.
         out.append("-k doe")
-    out.extend(spec.sbatch_args)
+    out.extend(spec.site.sbatch_args)
     return out
 
 
@@ -247,10 +247,10 @@ def _setup_exports(setup: tuple[str, ...]) -> list[str]:
 
 def pbs_mpi(spec: JobSpec) -> str:
     """The MPI whose mpiexec starts the ranks: --mpi, else Open MPI."""
-    if spec.mpi is not None and spec.mpi not in MPI_FLAVOURS:
-        raise SpecError(f"--mpi {spec.mpi} is not valid under PBS (expected one of {', '.join(MPI_FLAVOURS)}: the "
-                        f"MPI whose mpiexec starts the ranks)")
-    return spec.mpi or "openmpi"
+    if spec.launch.mpi is not None and spec.launch.mpi not in MPI_FLAVOURS:
+        raise SpecError(f"--mpi {spec.launch.mpi} is not valid under PBS (expected one of {', '.join(MPI_FLAVOURS)}: "
+                        f"the MPI whose mpiexec starts the ranks)")
+    return spec.launch.mpi or "openmpi"
 
 
 def _tm_agent(spec: JobSpec) -> list[str]:
@@ -259,26 +259,27 @@ def _tm_agent(spec: JobSpec) -> list[str]:
     its daemons are not the job's (qdel would leave them). A `tm` build never calls the agent. Not with
     --apptainer (the agent runs on the host, where the container's python is not), nor when the user names
     an agent with --mpiexec-arg."""
-    if spec.pbs_flavour != "pro" or spec.apptainer or any("plm_rsh_agent" in a for a in spec.mpiexec_args):
+    if spec.site.pbs_flavour != "pro" or spec.containers.apptainer or \
+            any("plm_rsh_agent" in a for a in spec.site.mpiexec_args):
         return []
     # no tree spawn: every daemon from mpiexec's host, where the agent is
-    return ["--mca", "plm_rsh_agent", f"{spec.python} -m slurmlaunch.allocation.tmrsh",
+    return ["--mca", "plm_rsh_agent", f"{spec.program.python} -m slurmlaunch.allocation.tmrsh",
             "--mca", "plm_rsh_no_tree_spawn", "1"]
 
 
 def mpiexec_args(spec: JobSpec, env: list[tuple[str, str]]) -> tuple[list[str], str | None]:
     """The flags of the site's MPI, and its hostfile flag (the hostfile itself is $PBS_NODEFILE)."""
     tpn = spec.ntasks_per_node
-    extra = list(spec.mpiexec_args)
+    extra = list(spec.site.mpiexec_args)
     if pbs_mpi(spec) == "openmpi":
         # Open MPI forwards only the variables named with -x (and warns about unset ones).
         # SLURMLAUNCH_REASONS_DIR: where a rank the launcher stops says why (the script reads it at the end);
         # SLURMLAUNCH_STACKS_DIR: where each rank's runner writes its pid and stacks (`slurmlaunch stacks`).
         names = ["PBS_NODEFILE", "PBS_JOBID", "PATH", "SLURMLAUNCH_REASONS_DIR", "SLURMLAUNCH_STACKS_DIR",
                  *(k for k, _ in env),
-                 *_setup_exports(spec.setup)]
+                 *_setup_exports(spec.environment.setup)]
         if spec.is_array:
-            names.append(ARRAY_INDEX[spec.pbs_flavour])
+            names.append(ARRAY_INDEX[spec.site.pbs_flavour])
         forwards = [a for n in dict.fromkeys(names) for a in ("-x", n)]
         return ["-np", str(spec.world_size), "--map-by", f"ppr:{tpn}:node", "--tag-output", *_tm_agent(spec),
                 *forwards, *extra], "--hostfile"
@@ -294,7 +295,7 @@ def batch_step_plan(spec: JobSpec) -> list[str]:
     lines name a failed rank, the world, the warning signal and when to send it (PBS sends none before the
     walltime: the batch step does, --signal's seconds before --time), the stacks at a stop."""
     plan = ["--outlive-stop", "--mpi", pbs_mpi(spec), "--ranks", str(spec.world_size), "--nodes",
-            str(spec.nodes), "--tasks-per-node", str(spec.ntasks_per_node)]
+            str(spec.resources.nodes), "--tasks-per-node", str(spec.ntasks_per_node)]
     limit = spec.time_limit_seconds
     if spec.warning and limit is not None:
         plan += ["--warning", spec.warning[0], "--walltime", str(limit), "--warn-before", str(spec.warning[1])]
@@ -308,11 +309,12 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
     env = script_env(spec)
     args, hostfile_flag = mpiexec_args(spec, env)
     return {
-        "version": __version__, "flavour": f"PBS {spec.pbs_flavour}", "mpi": pbs_mpi(spec),
-        "world_size": spec.world_size, "nodes": spec.nodes, "tasks_per_node": spec.ntasks_per_node,
-        "directives": directives(spec), "setup": list(spec.setup), "env": env, "log_dir": spec.log_dir,
-        "workdir": spec.workdir, "mpiexec_args": args, "hostfile_flag": hostfile_flag,
-        "launch_cmd": launch_command(spec), "array_index": ARRAY_INDEX[spec.pbs_flavour] if spec.is_array else None,
+        "version": __version__, "flavour": f"PBS {spec.site.pbs_flavour}", "mpi": pbs_mpi(spec),
+        "world_size": spec.world_size, "nodes": spec.resources.nodes, "tasks_per_node": spec.ntasks_per_node,
+        "directives": directives(spec), "setup": list(spec.environment.setup), "env": env, "log_dir": spec.log_dir,
+        "workdir": spec.program.workdir, "mpiexec_args": args, "hostfile_flag": hostfile_flag,
+        "launch_cmd": launch_command(spec),
+        "array_index": ARRAY_INDEX[spec.site.pbs_flavour] if spec.is_array else None,
         "sweep_points": list(enumerate(spec.sweep_points)),
         "batch_step": [*batch_step_command(spec), *batch_step_plan(spec)], "host_check": host_python_check(spec),
         "warn": spec.warning[1] if spec.warning and spec.time_limit_seconds is not None else None,

@@ -10,7 +10,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import SchedulerError, SpecError
@@ -148,7 +148,7 @@ def write_record(spec: JobSpec, job_id: str, scheduler: str, command: Sequence[s
         "command": list(command),
         "log_dir": spec.log_dir,
         "rank_log": files.log(f"{{{spec.log_unit}}}"),
-        "spec": asdict(spec),
+        "spec": spec.values(),
         **(extra or {}),
     }
     write_private(path, json.dumps(record, indent=2) + "\n", exclusive=exclusive)

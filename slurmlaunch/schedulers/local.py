@@ -79,17 +79,17 @@ def node_list(nodes: int) -> str:
 
 def gpu_plan(spec: JobSpec, environ: Mapping[str, str]) -> tuple[list[str] | None, str | None]:
     """(the GPUs to hand out, in node order; None: CPU) and a note to print once."""
-    if spec.gpus_per_node == 0:
+    if spec.resources.gpus_per_node == 0:
         return None, None
     gpus = visible_gpus(environ)
-    need = spec.nodes * spec.gpus_per_node
+    need = spec.resources.nodes * spec.resources.gpus_per_node
     if not gpus:
-        return None, (f"no GPU on this machine: --gpus-per-node {spec.gpus_per_node} starts "
-                      f"{spec.gpus_per_node} ranks per node, and all {spec.world_size} run on the CPU")
+        return None, (f"no GPU on this machine: --gpus-per-node {spec.resources.gpus_per_node} starts "
+                      f"{spec.resources.gpus_per_node} ranks per node, and all {spec.world_size} run on the CPU")
     if len(gpus) < need:
         raise SpecError(
-            f"--nodes {spec.nodes} --gpus-per-node {spec.gpus_per_node} needs {need} GPUs on this machine "
-            f"for the local scheduler, but {len(gpus)} are visible ({','.join(gpus)})"
+            f"--nodes {spec.resources.nodes} --gpus-per-node {spec.resources.gpus_per_node} needs {need} GPUs on this "
+            f"machine for the local scheduler, but {len(gpus)} are visible ({','.join(gpus)})"
         )
     return gpus[:need], None
 
@@ -124,7 +124,7 @@ def rank_env(spec: JobSpec, job_id: str, rank: int, environ: Mapping[str, str],
     env.setdefault("SLURMLAUNCH_ALLOW_LOOPBACK", "1")  # every emulated node is this machine, a loopback address
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TMPDIR", "/tmp")  # slurmd's TmpFS default, unless the submitter had one
-    env["PWD"] = spec.workdir  # the batch script's `cd` exported it; the caller's may be another directory
+    env["PWD"] = spec.program.workdir  # the batch script's `cd` exported it; the caller's may be another directory
     env["SLURMLAUNCH_SCHEDULER"] = "local"
     for name in GPU_LISTS:  # Slurm unsets them in a step without GPUs, or sets them all below
         env.pop(name, None)
@@ -135,9 +135,9 @@ def rank_env(spec: JobSpec, job_id: str, rank: int, environ: Mapping[str, str],
         if machine or here:
             # stands in for the device cgroup of a real node: a step without GPUs cannot use this machine's
             env["CUDA_VISIBLE_DEVICES"] = ""
-    nodes = list(node_names(spec.nodes))
-    env.update(step_env(spec, job_id, rank, nodes, node_list(spec.nodes), submitter(), gpus))
-    if spec.exclusive and machine:
+    nodes = list(node_names(spec.resources.nodes))
+    env.update(step_env(spec, job_id, rank, nodes, node_list(spec.resources.nodes), submitter(), gpus))
+    if spec.resources.exclusive and machine:
         # an --exclusive job holds every GPU of its node even when its step asked for none (the step sees none)
         env["SLURM_JOB_GPUS"] = ",".join(machine)
     return env
@@ -148,12 +148,13 @@ def rank_processes(spec: JobSpec, job_id: str, environ: Mapping[str, str], tag: 
     """The processes of one (emulated) srun step; ``tag`` names the log files (default: the job id)."""
     gpus, _ = gpu_plan(spec, environ)
     argv = [*launch_command(spec), *(point or [])]
-    if spec.setup:
+    if spec.environment.setup:
         # --setup lines are shell by design; the command itself reaches exec as argv, unparsed.
-        argv = ["bash", "-c", "\n".join(spec.setup) + '\nexec "$@"', "slurmlaunch-setup", *argv]
-    tasks = spec.nodes * spec.slurm_tasks_per_node
+        argv = ["bash", "-c", "\n".join(spec.environment.setup) + '\nexec "$@"', "slurmlaunch-setup", *argv]
+    tasks = spec.resources.nodes * spec.slurm_tasks_per_node
     return [RankProcess(rank, argv, {**rank_env(spec, job_id, rank, environ, gpus), **(extra_env or {})},
-                        rank_log(spec, tag or job_id, rank), spec.workdir, spec.log_unit) for rank in range(tasks)]
+                        rank_log(spec, tag or job_id, rank), spec.program.workdir, spec.log_unit)
+            for rank in range(tasks)]
 
 
 def elements(spec: JobSpec, base: int) -> list[tuple[str, str, dict[str, str], list[str]]]:
@@ -163,23 +164,25 @@ def elements(spec: JobSpec, base: int) -> list[tuple[str, str, dict[str, str], l
     shared = {"SLURM_ARRAY_JOB_ID": str(base), "SLURM_ARRAY_TASK_COUNT": str(len(indices)),
               "SLURM_ARRAY_TASK_MIN": str(indices[0]), "SLURM_ARRAY_TASK_MAX": str(indices[-1])}
     return [(f"{base}_{index}", str(base + n), {**shared, "SLURM_ARRAY_TASK_ID": str(index)},
-             spec.sweep_points[index] if spec.sweep else []) for n, index in enumerate(indices)]
+             spec.sweep_points[index] if spec.arrays.sweep else []) for n, index in enumerate(indices)]
 
 
 def dry_run(spec: JobSpec, environ: Mapping[str, str]) -> str:
     lines = [f"# local job {spec.name!r}: logs in {spec.log_dir}"]
     if spec.time_limit_seconds is not None:
         warned = f"; SIG{spec.warning[0]} to every rank {spec.warning[1]}s before" if spec.warning else ""
-        lines.append(f"# time limit {spec.time} ({spec.time_limit_seconds}s){warned or '; no warning signal'}")
-    if spec.requeue:
-        lines.append(f"# requeued on the warning or exit code 128+signal, at most {spec.max_requeues} time(s)")
+        lines.append(f"# time limit {spec.resources.time} ({spec.time_limit_seconds}s)"
+                     f"{warned or '; no warning signal'}")
+    if spec.preemption.requeue:
+        lines.append(f"# requeued on the warning or exit code 128+signal, at most {spec.preemption.max_requeues} "
+                     f"time(s)")
     steps = elements(spec, 1000) if spec.is_array else [("<job id>", "<job id>", {}, [])]
     for tag, job_id, extra, point in steps:
         if spec.is_array:
-            at_once = "" if spec.max_parallel is None else f"; --max-parallel {spec.max_parallel} is kept"
+            at_once = "" if spec.arrays.max_parallel is None else f"; --max-parallel {spec.arrays.max_parallel} is kept"
             lines.append(f"# array element {tag} (one after another{at_once})")
         for r in rank_processes(spec, job_id, environ, tag, extra, point):
-            asked = {k for k, _ in spec.env}
+            asked = {k for k, _ in spec.environment.env}
             emulated = {k: v for k, v in r.env.items() if k.startswith(("SLURM", "CUDA_", "MASTER_")) or k in asked}
             lines.append(f"# rank {r.rank}: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(emulated.items())))
             lines.append(shlex.join(r.argv))
@@ -189,7 +192,7 @@ def dry_run(spec: JobSpec, environ: Mapping[str, str]) -> str:
 def aborted_ranks(spec: JobSpec, procs: list[RankProcess], result: Outcome) -> list[int]:
     """Ranks killed by SIGABRT: by their exit code, or in torchrun mode by the failure summary torchrun wrote
     into its node's log."""
-    if spec.mode != "torchrun":
+    if spec.launch.mode != "torchrun":
         return [rank for rank, code in sorted(result.codes.items()) if code == SIGABRT_CODE]
     ranks: set[int] = set()
     for p in procs:
@@ -303,7 +306,7 @@ def asked_before_abort(what: str, spec: JobSpec, result: Outcome, stopped: Reaso
     me") when its script asked for that code (the RUNNER's exit mark) and torch then aborted it in its
     teardown: the request is not lost to the abort (the batch script has the same rule)."""
     rank = result.first_failed_rank
-    if spec.warning is None or spec.mode == "torchrun" or stopped is not None or rank is None \
+    if spec.warning is None or spec.launch.mode == "torchrun" or stopped is not None or rank is None \
             or result.codes.get(rank) != SIGABRT_CODE:
         return result
     code = warning_code(spec.warning[0])
@@ -329,7 +332,7 @@ def _report(what: str, spec: JobSpec, result: Outcome, stopped: Reason | None = 
         why = "the terminal or session closed" if result.interrupted_by == signal.SIGHUP else "you or the system"
         _say(f"{what}: stopped by {name} ({why}); every rank was stopped (exit code {result.exit_code})")
     elif result.timed_out:
-        _say(f"{what}: reached its time limit (--time {spec.time}); the ranks were stopped (state TIMEOUT)")
+        _say(f"{what}: reached its time limit (--time {spec.resources.time}); the ranks were stopped (state TIMEOUT)")
     elif stopped is not None:
         others = f"; the other {spec.log_unit}s were stopped" if len(result.codes) > 1 else ""
         failure = f"{what}: " + stopped_line(stopped.who(), result.exit_code, stopped.text, others, bool(others))
@@ -364,7 +367,7 @@ def _step_ranks(spec: JobSpec, environ: Mapping[str, str], tag: str, step_job: s
     shutil.rmtree(files.stacks, ignore_errors=True)  # kept after the job (the stacks saved at a stop), not a run
     os.makedirs(files.stacks, mode=0o700)
     step_env = {**extra, RETURNED_DIR: files.returned, REASONS_DIR: files.reasons, STACKS_DIR: files.stacks}
-    if spec.master_port is None and "MASTER_PORT" not in environ:
+    if spec.environment.master_port is None and "MASTER_PORT" not in environ:
         # Every emulated node is this machine, so a port free here now, not one derived from the job id: local
         # ids are unique per user and follow the clock, and two users' (or two state directories') jobs
         # started in the same second would derive the same port and join each other's rendezvous.
@@ -382,8 +385,8 @@ def _run_once(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: 
               restarts: int) -> tuple[Outcome, str | None, bool]:
     """One run of an element: (its outcome, the failure line, whether the ranks saved for a requeue)."""
     tag, step_job, extra, point = step
-    _say(f"{what}: {_count(spec.world_size, 'rank')} on {_count(spec.nodes, 'emulated node')} "
-         f"{node_list(spec.nodes)}; logs in {spec.log_dir}")
+    _say(f"{what}: {_count(spec.world_size, 'rank')} on {_count(spec.resources.nodes, 'emulated node')} "
+         f"{node_list(spec.resources.nodes)}; logs in {spec.log_dir}")
     ranks, files = _step_ranks(spec, environ, tag, step_job, extra, point, restarts)
     result = supervise(ranks, grace=grace, time_limit=spec.time_limit_seconds, warning=warning)
     result, stopped = stopped_first(result, files.reasons)
@@ -402,7 +405,7 @@ def _run_once(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: 
     killed = sorted(r for r, number in result.signaled.items() if warning and number == warning[0])
     if killed and spec.warning is not None and result.interrupted_by is None:
         _say(f"{what}: {spec.log_unit}(s) {', '.join(map(str, killed))} killed by "
-             f"SIG{spec.warning[0]}, the warning signal: " + warning_fix(spec.warning[0], spec.requeue))
+             f"SIG{spec.warning[0]}, the warning signal: " + warning_fix(spec.warning[0], spec.preemption.requeue))
     # a rank that died of the warning signal had no handler for it and saved nothing
     saved = warning is not None and wants_requeue(result.warned, result.exit_code, bool(killed), 128 + warning[0])
     return result, failure, saved
@@ -415,13 +418,13 @@ def _run_element(spec: JobSpec, environ: Mapping[str, str], grace: float, warnin
     restarts = 0
     while True:
         result, failure, saved = _run_once(spec, environ, grace, warning, what, step, restarts)
-        if spec.requeue and saved and result.interrupted_by is None:
-            if restarts < spec.max_requeues:
+        if spec.preemption.requeue and saved and result.interrupted_by is None:
+            if restarts < spec.preemption.max_requeues:
                 restarts += 1
-                _say(f"{what}: requeued (restart {restarts} of at most {spec.max_requeues})")
+                _say(f"{what}: requeued (restart {restarts} of at most {spec.preemption.max_requeues})")
                 continue
             _say(f"{what}: not requeued: already requeued {restarts} time(s) (--max-requeues "
-                 f"{spec.max_requeues})")
+                 f"{spec.preemption.max_requeues})")
         break
     files = JobFiles(spec.log_dir, step[0])
     write_private(files.exit_code, f"{result.exit_code}\n{end_state(result)}\n", exclusive=True)
@@ -447,7 +450,7 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
     _, note = gpu_plan(spec, environ)
     make_log_dir(spec.log_dir)
     count = len(spec.array_indices) if spec.is_array else 1
-    first_point = spec.sweep_points[spec.array_indices[0]] if spec.sweep else []
+    first_point = spec.sweep_points[spec.array_indices[0]] if spec.arrays.sweep else []
     argv = list(rank_processes(spec, "0", environ, "0", None, first_point)[0].argv)
     job_id, record = _claim(spec, count, environ, argv)
     steps = elements(spec, int(job_id)) if spec.is_array else [(job_id, job_id, {}, [])]
@@ -506,7 +509,7 @@ def shown_not_enforced(spec: JobSpec) -> list[str]:
     """The options of ``spec`` (as "--flag value") the local scheduler only shows its tasks."""
     out = []
     for name in SHOWN_NOT_ENFORCED:
-        value = getattr(spec, name)
+        value = spec.value(name)
         if value != default(name) and value not in (None, False):
             out.append(flag(name) if value is True else f"{flag(name)} {value}")
     return out

@@ -77,9 +77,9 @@ def _job_vars(spec: JobSpec, job_id: str, nodes: list[str], nodelist: str, submi
         "SLURM_JOB_NUM_NODES": str(count), "SLURM_NNODES": str(count),
         "SLURM_JOB_CPUS_PER_NODE": per_node(cpus, count),
         "SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0": per_node(cpus, count),  # 22.05's heterogeneous-job name
-        "SLURM_JOB_PARTITION": spec.partition or DEFAULT_PARTITION, "SLURM_CLUSTER_NAME": CLUSTER_NAME,
+        "SLURM_JOB_PARTITION": spec.resources.partition or DEFAULT_PARTITION, "SLURM_CLUSTER_NAME": CLUSTER_NAME,
         "SLURM_JOB_USER": submitter.user, "SLURM_JOB_UID": str(submitter.uid), "SLURM_JOB_GID": str(submitter.gid),
-        "SLURM_SUBMIT_HOST": submitter.host, "SLURM_SUBMIT_DIR": spec.workdir,
+        "SLURM_SUBMIT_HOST": submitter.host, "SLURM_SUBMIT_DIR": spec.program.workdir,
         "SLURM_UMASK": f"{submitter.umask:04o}", "SLURM_PRIO_PROCESS": str(submitter.nice),
         "SLURM_OPEN_MODE": "a",  # our sbatch and srun lines ask for --open-mode=append
         "SLURM_NODE_ALIASES": "(null)",  # no cloud nodes
@@ -116,13 +116,13 @@ def _request_vars(spec: JobSpec) -> dict[str, str]:
     env = {}
     if spec.slurm_cpus_per_task is not None:
         env["SLURM_CPUS_PER_TASK"] = str(spec.slurm_cpus_per_task)
-    if spec.mem is not None:
-        env["SLURM_MEM_PER_NODE"] = str(mem_mb(spec.mem))
+    if spec.resources.mem is not None:
+        env["SLURM_MEM_PER_NODE"] = str(mem_mb(spec.resources.mem))
     # Accounting's defaults (the user's default account, the default QOS) have no local counterpart.
-    if spec.account is not None:
-        env["SLURM_JOB_ACCOUNT"] = spec.account
-    if spec.qos is not None:
-        env["SLURM_JOB_QOS"] = spec.qos
+    if spec.resources.account is not None:
+        env["SLURM_JOB_ACCOUNT"] = spec.resources.account
+    if spec.resources.qos is not None:
+        env["SLURM_JOB_QOS"] = spec.resources.qos
     if spec.array_directive is not None:
         env["SLURM_ARRAY_TASK_STEP"] = str(array_step(spec.array_directive))
     return env
@@ -130,11 +130,11 @@ def _request_vars(spec: JobSpec) -> dict[str, str]:
 
 def _gpu_vars(spec: JobSpec, node: int, gpus: list[str]) -> dict[str, str]:
     """The GPUs of node ``node``, in every GPU API's variable, and the request's own GPU variables."""
-    mine = ",".join(gpus[node * spec.gpus_per_node:(node + 1) * spec.gpus_per_node])
+    mine = ",".join(gpus[node * spec.resources.gpus_per_node:(node + 1) * spec.resources.gpus_per_node])
     env = {name: mine for name in GPU_LISTS}
-    env.update(SLURM_JOB_GPUS=mine, SLURM_STEP_GPUS=mine, SLURM_GPUS_ON_NODE=str(spec.gpus_per_node))
-    if spec.gpu_flag == "gpus-per-node":  # --gres=gpu:N sets no SLURM_GPUS_* request variable
-        env["SLURM_GPUS_PER_NODE"] = str(spec.gpus_per_node)
+    env.update(SLURM_JOB_GPUS=mine, SLURM_STEP_GPUS=mine, SLURM_GPUS_ON_NODE=str(spec.resources.gpus_per_node))
+    if spec.resources.gpu_flag == "gpus-per-node":  # --gres=gpu:N sets no SLURM_GPUS_* request variable
+        env["SLURM_GPUS_PER_NODE"] = str(spec.resources.gpus_per_node)
     return env
 
 
@@ -145,7 +145,7 @@ def step_env(spec: JobSpec, job_id: str, rank: int, nodes: list[str], nodelist: 
     step without GPUs). The array variables are the caller's, except the step, which only the request knows."""
     tpn = spec.slurm_tasks_per_node
     # one CPU per task without --cpus-per-task (a node without SMT, or CR_CPU); --exclusive: the whole node
-    cpus = submitter.node_cpus if spec.exclusive else tpn * (spec.slurm_cpus_per_task or 1)
+    cpus = submitter.node_cpus if spec.resources.exclusive else tpn * (spec.slurm_cpus_per_task or 1)
     env = _job_vars(spec, job_id, nodes, nodelist, submitter, cpus)
     env.update(_step_and_task_vars(spec, rank, nodes, nodelist, cpus))
     env.update(_request_vars(spec))

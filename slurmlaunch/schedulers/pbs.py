@@ -41,7 +41,7 @@ REFUSALS = Refusals(
         "mode": "under PBS mpiexec starts one launcher per rank (leave out --mode)",
     },
     values={"mpi": (MPI_FLAVOURS, "the MPI whose mpiexec starts the ranks")},
-    more=lambda spec: _TORQUE if spec.pbs_flavour == "torque" else {},
+    more=lambda spec: _TORQUE if spec.site.pbs_flavour == "torque" else {},
 )
 # `slurmlaunch logs --rank`: no file of a rank's own
 SHARED_OUTPUT = "under PBS every rank's lines are in the job's one output, tagged by mpiexec"

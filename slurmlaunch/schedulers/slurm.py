@@ -108,12 +108,12 @@ def new_token() -> str:
 
 def sbatch_command(spec: JobSpec, script_path: str, token: str = TOKEN_SHOWN) -> list[str]:
     # sbatch's command line beats the script's #SBATCH lines: a --comment the user gave keeps its words
-    given = next((a.partition("=")[2] for a in reversed(spec.sbatch_args) if a.startswith("--comment=")), "")
+    given = next((a.partition("=")[2] for a in reversed(spec.site.sbatch_args) if a.startswith("--comment=")), "")
     return [
         "sbatch", "--parsable",
         f"--job-name={spec.name}",
         f"--output={JobFiles(spec.log_dir, file_tag(spec)).batch_log}",
-        f"--chdir={spec.workdir}",
+        f"--chdir={spec.program.workdir}",
         f"--comment={given + ' ' if given else ''}{TOKEN_MARK}{token}",
         script_path,
     ]
@@ -203,8 +203,8 @@ def submit(spec: JobSpec, script_text: str) -> Submission:
     SpecError (nothing submitted) when --mpi names a plugin this cluster's srun lacks. When sbatch fails
     without Slurm's answer, the job is looked up by its token before failing: a job the controller took
     after all is recorded, never left to run unknown (a retry would run it twice)."""
-    if spec.mpi is not None:
-        check_mpi_plugin(spec.mpi)
+    if spec.launch.mpi is not None:
+        check_mpi_plugin(spec.launch.mpi)
     token = new_token()
     return submit_with(spec, script_text, "slurm", SCRIPT_SUFFIX, lambda s, path: sbatch_command(s, path, token),
                        parse_job_id, lambda error: accepted_after(error, token))

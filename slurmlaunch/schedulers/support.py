@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..core.errors import SpecError
-from ..core.spec import JobSpec
+from ..core.spec import FIELDS, JobSpec, flag_of
 
 
 @dataclass(frozen=True)
@@ -27,20 +27,14 @@ class Refusals:
     more: Callable[[JobSpec], Mapping[str, str]] | None = None
 
 
-# Fields whose option name differs from the field's.
-FLAGS = {"sbatch_args": "--sbatch-arg", "container_mounts": "--container-mount", "pbs_resources": "--pbs-resource",
-         "mpiexec_args": "--mpiexec-arg"}
-
-
 def flag(name: str) -> str:
-    return FLAGS.get(name, "--" + name.replace("_", "-"))
-
-
-_DEFAULTS = JobSpec(script="")
+    """The option that sets field ``name``, as the CLI spells it (core.spec's declaration)."""
+    return flag_of(name)
 
 
 def default(name: str) -> object:
-    return getattr(_DEFAULTS, name)
+    """Field ``name``'s default (core.spec's declaration)."""
+    return FIELDS[name].default
 
 
 def _where(origin: str | None) -> str:
@@ -54,13 +48,13 @@ def refuse(spec: JobSpec, scheduler: str, refusals: Refusals, origins: Mapping[s
     if refusals.more is not None:
         table.update(refusals.more(spec))
     for name, (values, meaning) in refusals.values.items():
-        value = getattr(spec, name)
+        value = spec.value(name)
         if value is not None and value not in values:
             where = _where((origins or {}).get(name))
             raise SpecError(f"{flag(name)} {value}{where}: not valid under {scheduler} (expected {meaning}: one of "
                             f"{', '.join(values)})")
     for name, why in table.items():
-        value = getattr(spec, name)
+        value = spec.value(name)
         if value == default(name) or value in ((), None, False) or (name == "signal" and spec.warning is None):
             continue
         where = _where((origins or {}).get(name) or (origins or {}).get(name.rstrip("s")))

@@ -159,8 +159,8 @@ def test_nodes_spellings() -> None:
 
 
 def test_elastic_range_reaches_sbatch_and_torchrun(tmp_path: Path) -> None:
-    spec = validate(JobSpec(script="t.py", workdir=str(tmp_path), mode="torchrun", nodes=4, min_nodes=2,
-                            nproc_per_node=3, cpus_per_task=2)) if (tmp_path / "t.py").write_text("") == 0 else None
+    spec = validate(JobSpec.of(script="t.py", workdir=str(tmp_path), mode="torchrun", nodes=4, min_nodes=2,
+                               nproc_per_node=3, cpus_per_task=2)) if (tmp_path / "t.py").write_text("") == 0 else None
     assert spec is not None and spec.world_size == 12
     from slurmlaunch.render import launch, slurm_script
 

@@ -58,8 +58,8 @@ def _legacy_lines(text: str) -> list[tuple[str, ...]]:
 def test_submit_puts_the_option_in_every_schedulers_command(mode: str, tmp_path: Path) -> None:
     (tmp_path / "t.py").write_text("")
     per_node = {"nproc_per_node": 2} if mode == "torchrun" else {"tasks_per_node": 2}
-    spec = validate(JobSpec(script="t.py", args=("--lr", "1"), nodes=2, mode=mode, legacy_local_rank_arg=True,
-                            workdir=str(tmp_path), **per_node))
+    spec = validate(JobSpec.of(script="t.py", args=("--lr", "1"), nodes=2, mode=mode, legacy_local_rank_arg=True,
+                               workdir=str(tmp_path), **per_node))
     cmd = launch_command(spec)  # the PBS and local schedulers run this same command
     verb = "launch" if mode == "srun" else "torchrun-node"
     assert cmd[cmd.index(verb):].count("--legacy-local-rank-arg") == 1

@@ -136,7 +136,7 @@ def test_bounds_are_checked_for_the_python_api_too(tmp_path: Path) -> None:
                        ({"rdzv_timeout": float("inf")}, "--rdzv-timeout inf"),
                        ({"max_restarts": 10**9, "mode": "torchrun"}, "--max-restarts")]:
         with pytest.raises(SpecError, match=expect.replace("(", r"\(").replace(".", r"\.")):
-            validate(JobSpec(script="t.py", workdir=str(tmp_path), **kw))  # type: ignore[arg-type]
+            validate(JobSpec.of(script="t.py", workdir=str(tmp_path), **kw))
     assert parse_nodes(100000) == (100000, None) and parse_array("3,1-2") == [1, 2, 3]
 
 

@@ -108,12 +108,12 @@ def test_given_signal_decides(tmp_path: Path) -> None:
 
 def test_requeued_by_is_validated() -> None:
     with pytest.raises(Exception, match="requeued_by 'lightning' is not valid"):
-        validate(JobSpec(script="x.py", requeued_by="lightning"))
+        validate(JobSpec.of(script="x.py", requeued_by="lightning"))
 
 
 def _script(tmp_path: Path, **kw: object) -> str:
     (tmp_path / "x.py").write_text("pass\n")
-    return slurm_script.render_script(validate(JobSpec(script="x.py", workdir=str(tmp_path), **kw)))  # type: ignore[arg-type]
+    return slurm_script.render_script(validate(JobSpec.of(script="x.py", workdir=str(tmp_path), **kw)))
 
 
 def test_batch_script_hands_the_warning_signal_to_the_batch_step(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ def workdir(tmp_path: Path) -> Path:
 def request(workdir: Path, **kw: object) -> JobSpec:
     base: dict[str, object] = dict(script="t.py", workdir=str(workdir), python=sys.executable)
     base.update(kw)
-    return JobSpec(**base)  # type: ignore[arg-type]
+    return JobSpec.of(**base)
 
 
 def refusal(spec: JobSpec) -> str:
@@ -73,20 +73,20 @@ def test_the_log_directory_must_be_or_become_a_directory(workdir: Path, output_d
 
 def test_from_process_fills_in_the_interpreter_and_directory(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(workdir)
-    plain = from_process(JobSpec(script="t.py"))
-    assert (plain.python, plain.workdir) == (sys.executable, os.getcwd())
-    assert from_process(JobSpec(script="t.py", container_image="img")).python == "python3"  # the image's
-    given = from_process(JobSpec(script="t.py"), python="/opt/py", workdir="/w")
-    assert (given.python, given.workdir) == ("/opt/py", "/w")
+    plain = from_process(JobSpec.of(script="t.py"))
+    assert (plain.program.python, plain.program.workdir) == (sys.executable, os.getcwd())
+    assert from_process(JobSpec.of(script="t.py", container_image="img")).program.python == "python3"  # the image's
+    given = from_process(JobSpec.of(script="t.py"), python="/opt/py", workdir="/w")
+    assert (given.program.python, given.program.workdir) == ("/opt/py", "/w")
 
 
 def test_resolve_validates_first_then_checks_files(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(workdir)
     with pytest.raises(SpecError, match=r"^--nodes 0 is not valid"):
-        resolve(JobSpec(script="missing.py", nodes=0))
+        resolve(JobSpec.of(script="missing.py", nodes=0))
     with pytest.raises(SpecError, match=r"^script 'missing.py' not found"):
-        resolve(JobSpec(script="missing.py"))
-    assert resolve(JobSpec(script="t.py")).workdir == str(workdir)
+        resolve(JobSpec.of(script="missing.py"))
+    assert resolve(JobSpec.of(script="t.py")).program.workdir == str(workdir)
 
 
 def test_check_script_is_the_one_run_uses_too(workdir: Path) -> None:

@@ -56,7 +56,7 @@ def test_bad_array_names_the_value(text: str) -> None:
 
 
 def test_sweep_grid_order_and_values_byte_for_byte() -> None:
-    spec = JobSpec(script="t.py", sweep=parse_sweep(["lr=0.1,0.01", "name=a b,$(x)'\"", "seed=1"]))
+    spec = JobSpec.of(script="t.py", sweep=parse_sweep(["lr=0.1,0.01", "name=a b,$(x)'\"", "seed=1"]))
     assert spec.sweep_points == [
         ["--lr=0.1", "--name=a b", "--seed=1"], ["--lr=0.1", "--name=$(x)'\"", "--seed=1"],
         ["--lr=0.01", "--name=a b", "--seed=1"], ["--lr=0.01", "--name=$(x)'\"", "--seed=1"],

@@ -35,7 +35,7 @@ NOWHERE = dict(workdir="/nonexistent/slurmlaunch-workdir", python="/nonexistent/
 def request(**kw: object) -> JobSpec:
     base: dict[str, object] = dict(script="t.py", **NOWHERE)
     base.update(kw)
-    return JobSpec(**base)  # type: ignore[arg-type]
+    return JobSpec.of(**base)
 
 
 # --- validate(): requests it accepts unchanged -------------------------------------------------------------
@@ -280,7 +280,7 @@ def test_time_minutes_is_none_when_malformed(text: str) -> None:
 @pytest.mark.parametrize("text", ["1:99", "1:60:15", "0-25:99", "0"])
 def test_times_slurm_accepts_are_accepted(text: str) -> None:
     """Out-of-range fields and a limit of 0 are Slurm's own spellings (see test_time_formats), not errors."""
-    assert validate(request(time=text)).time == text
+    assert validate(request(time=text)).resources.time == text
 
 
 # --- the core is pure ---------------------------------------------------------------------------------------

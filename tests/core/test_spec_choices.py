@@ -20,7 +20,7 @@ CHOICES = [("mode", "--mode", spec_module.MODES, ("srun", "torchrun")),
 
 
 def request(**changes: Any) -> JobSpec:
-    return JobSpec(script="t.py", workdir="/nonexistent/w", **changes)  # pure: validate looks at no file
+    return JobSpec.of(script="t.py", workdir="/nonexistent/w", **changes)  # pure: validate looks at no file
 
 
 @pytest.mark.parametrize(("field", "option", "values", "documented"), CHOICES)
@@ -28,7 +28,7 @@ def test_each_value_of_the_type_is_accepted(field: str, option: str, values: tup
                                             documented: tuple[str, ...]) -> None:
     assert values == documented  # the README's and --help's lists
     for value in values:
-        assert getattr(validate(request(**{field: value})), field) == value
+        assert validate(request(**{field: value})).value(field) == value
 
 
 @pytest.mark.parametrize(("field", "option", "values", "documented"), CHOICES)

@@ -203,8 +203,8 @@ def test_what_pbs_cannot_carry_out_is_refused_before_anything_is_written(tmp_pat
 
 def test_the_script_asks_for_the_cli_s_resources_and_quotes_what_it_is_given(tmp_path: Path) -> None:
     """The #PBS lines are the CLI's; an array of 3 is -J 0-2; a hostile folder and --env value stay data."""
-    spec = JobSpec(script="", nodes=2, tasks_per_node=2, time="1:00:00", env=(("X", "a'b; rm -rf /"),),
-                   workdir=str(tmp_path), python=sys.executable)
+    spec = JobSpec.of(script="", nodes=2, tasks_per_node=2, time="1:00:00", env=(("X", "a'b; rm -rf /"),),
+                      workdir=str(tmp_path), python=sys.executable)
     folder = str(tmp_path / "sub mit $(touch pwned)" / "%j")
     text = batch_script(spec, folder, array_count=3)
     assert "#PBS -l select=2:ncpus=2:mpiprocs=2\n#PBS -l place=scatter\n#PBS -l walltime=1:00:00\n" in text, text

@@ -179,7 +179,7 @@ def test_slurm_names_a_rank_the_oom_killer_ended(cluster_env: dict[str, str], tm
     ("0:30", "none", None),
 ])
 def test_warning_never_comes_at_once(time_: str | None, signal: str, given: tuple[str, int] | None) -> None:
-    spec = JobSpec(script="t.py", time=time_, signal=signal)
+    spec = JobSpec.of(script="t.py", time=time_, signal=signal)
     assert spec.warning == given
     assert (spec.warning_note is None) == (given == spec.asked_warning)
 

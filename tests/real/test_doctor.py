@@ -137,8 +137,9 @@ def test_the_probe_job_crosses_as_json(tmp_path: Path) -> None:
     job = probe_job(2, 1, "gpu", 100.0, workdir=str(tmp_path / "remote dir"), python="/opt/py/bin/python",
                     setup=("export PYTHONPATH=/x",))
     back = ProbeJob.from_json(job.to_json())
-    assert back == job and back.spec.env == job.spec.env and isinstance(back.spec.env[0], tuple)
-    assert back.spec.python == "/opt/py/bin/python" and back.out_dir.startswith(str(tmp_path / "remote dir"))
+    env = back.spec.environment.env
+    assert back == job and env == job.spec.environment.env and isinstance(env[0], tuple)
+    assert back.spec.program.python == "/opt/py/bin/python" and back.out_dir.startswith(str(tmp_path / "remote dir"))
     assert "export PYTHONPATH=/x" in back.script and "/opt/py/bin/python" in back.script
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -299,5 +298,5 @@ def test_setup_exports_reach_open_mpi_ranks() -> None:
 def test_mem_totals_keep_the_unit() -> None:
     spec = golden_spec(pbs_request="totals", mem="190G", nodes=3, gpus_per_node=0)
     assert "-l mem=570gb" in pbs_script.directives(spec) and "-l ncpus=3" in pbs_script.directives(spec)
-    assert "-l mem=4000mb" in pbs_script.directives(replace(spec, mem="4000", nodes=1))
+    assert "-l mem=4000mb" in pbs_script.directives(spec.changed(mem="4000", nodes=1))
     assert "-l mem=8gb" in pbs_script.directives(golden_spec(pbs_flavour="torque", mem="4G", nodes=2))  # the job's

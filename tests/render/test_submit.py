@@ -164,9 +164,9 @@ def test_shipped_templates_are_found_from_the_package() -> None:
 def test_hostile_values_in_env_and_args_arrive_verbatim(tmp_path: Path) -> None:
     """Render a real script, swap srun for a recorder, run it with bash: every value arrives intact."""
     assert len(HOSTILE) >= 30
-    spec = validate(JobSpec(script=str(EXAMPLES / "train_ddp.py"), args=tuple(HOSTILE), workdir=str(tmp_path),
-                            env=tuple((f"V{i}", v) for i, v in enumerate(HOSTILE)), output_dir="logs",
-                            python=sys.executable))  # the batch step runs with it
+    spec = validate(JobSpec.of(script=str(EXAMPLES / "train_ddp.py"), args=tuple(HOSTILE), workdir=str(tmp_path),
+                               env=tuple((f"V{i}", v) for i, v in enumerate(HOSTILE)), output_dir="logs",
+                               python=sys.executable))  # the batch step runs with it
     script = slurm_script.render_script(spec)
     recorder = tmp_path / "bin" / "srun"
     recorder.parent.mkdir()

@@ -121,7 +121,7 @@ def lightning_check(env: Mapping[str, str], devices: int, num_nodes: int) -> Non
 @pytest.mark.parametrize(("nodes", "tasks"), [(1, 1), (1, 4), (2, 2), (3, 1)])
 def test_lightning_accepts_every_emulated_task(nodes: int, tasks: int, tmp_path: Path) -> None:
     (tmp_path / "t.py").write_text("")
-    spec = JobSpec(script="t.py", nodes=nodes, tasks_per_node=tasks, workdir=str(tmp_path))
+    spec = JobSpec.of(script="t.py", nodes=nodes, tasks_per_node=tasks, workdir=str(tmp_path))
     for rank in range(nodes * tasks):
         lightning_check(rank_env(spec, "77", rank, {}, None), devices=tasks, num_nodes=nodes)
 
@@ -153,7 +153,7 @@ def test_mem_per_node_in_megabytes(text: str, mb: int) -> None:
 
 def test_exclusive_gets_the_whole_emulated_node(tmp_path: Path) -> None:
     (tmp_path / "t.py").write_text("")
-    spec = JobSpec(script="t.py", nodes=2, tasks_per_node=2, exclusive=True, workdir=str(tmp_path))
+    spec = JobSpec.of(script="t.py", nodes=2, tasks_per_node=2, exclusive=True, workdir=str(tmp_path))
     env = rank_env(spec, "7", 3, {}, None)
     cpus = len(os.sched_getaffinity(0))
     assert (env["SLURM_CPUS_ON_NODE"], env["SLURM_JOB_CPUS_PER_NODE"]) == (str(cpus), f"{cpus}(x2)")
@@ -172,7 +172,7 @@ def test_cpu_job_hides_this_machines_gpus(tmp_path: Path) -> None:
     """A real node's device cgroup keeps a CPU job off the GPUs, and Slurm unsets the GPU lists; here the
     emulation hides the visible GPUs with an empty list and drops the others."""
     (tmp_path / "t.py").write_text("")
-    spec = JobSpec(script="t.py", workdir=str(tmp_path))
+    spec = JobSpec.of(script="t.py", workdir=str(tmp_path))
     env = rank_env(spec, "7", 0, {"CUDA_VISIBLE_DEVICES": "0,1", "ROCR_VISIBLE_DEVICES": "0"}, None)
     assert env["CUDA_VISIBLE_DEVICES"] == "" and "ROCR_VISIBLE_DEVICES" not in env
     assert not {"SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS"} & set(env)

@@ -87,7 +87,7 @@ def _export_distributed_env(spec: JobSpec) -> None:
         rank = int(environ["SUBMITIT_LOCAL_GLOBALID"])
         gpus, _ = gpu_plan(spec, environ)
         emulated = rank_env(spec, environ["SUBMITIT_LOCAL_JOB_ID"], rank, environ, gpus)
-        if spec.gpus_per_node == 0:  # asked for no GPU, gets none (as under Slurm, and as before: submitit's
+        if spec.resources.gpus_per_node == 0:  # asked for no GPU, gets none (as under Slurm, and as before: submitit's
             emulated["CUDA_VISIBLE_DEVICES"] = ""  # controller blanked it, for every job, GPUs asked or not)
         environ.update({k: v for k, v in emulated.items() if environ.get(k) != v})
     dist = preflight(resolve(environ), environ)
@@ -226,11 +226,11 @@ class _ScriptCall:
         from ...render.launch import launch_command
 
         _export_distributed_env(self.spec)
-        done = subprocess.run(launch_command(self.spec), cwd=self.spec.workdir)
+        done = subprocess.run(launch_command(self.spec), cwd=self.spec.program.workdir)
         if done.returncode != 0:
             how = (f"was killed by {_signal_name(-done.returncode)}" if done.returncode < 0
                    else f"exited with code {done.returncode}")
-            raise _failure(f"{self.spec.script} {how}")
+            raise _failure(f"{self.spec.program.script} {how}")
         return done.returncode
 
 

@@ -72,42 +72,44 @@ def _executor(spec: JobSpec, name: str) -> Any:
     if spec.warning_note:  # the CLI's line: the warning moved half-way (a time limit too short for it)
         sys.stderr.write(f"slurmlaunch: {spec.warning_note}\n")
     if not edge.queued:
-        local = _local_executor(str(folder), spec.python, spec.warning)
-        local.update_parameters(tasks_per_node=spec.world_size, nodes=1, timeout_min=_minutes(spec.time),
+        local = _local_executor(str(folder), spec.program.python, spec.warning)
+        local.update_parameters(tasks_per_node=spec.world_size, nodes=1, timeout_min=_minutes(spec.resources.time),
                                 signal_delay_s=spec.warning[1] if spec.warning else 90)
         return local
     if own:
         from .pbs import PbsExecutor
 
         pbs = PbsExecutor(str(folder), spec)
-        pbs.update_parameters(timeout_min=_minutes(spec.time))
+        pbs.update_parameters(timeout_min=_minutes(spec.resources.time))
         return pbs
     if spec.warning is None:
-        raise SpecError(f"signal {spec.signal!r} is not carried out under Slurm by the submitit-based API (submitit "
-                        f"always asks for a warning signal): give NAME@SECONDS, or use `slurmlaunch submit`")
+        raise SpecError(f"signal {spec.preemption.signal!r} is not carried out under Slurm by the submitit-based API "
+                        f"(submitit always asks for a warning signal): give NAME@SECONDS, or use `slurmlaunch submit`")
     signal_name, signal_s = spec.warning
     # submitit counts its requeues after a time-out down from max_num_timeout (preemptions are not counted)
-    ex = submitit.SlurmExecutor(folder=str(folder), python=spec.python, max_num_timeout=spec.max_requeues)
+    ex = submitit.SlurmExecutor(folder=str(folder), python=spec.program.python,
+                                max_num_timeout=spec.preemption.max_requeues)
     params: dict[str, Any] = {
-        "nodes": spec.nodes, "ntasks_per_node": tpn, "time": _minutes(spec.time), "job_name": spec.name,
+        "nodes": spec.resources.nodes, "ntasks_per_node": tpn, "time": _minutes(spec.resources.time),
+        "job_name": spec.name,
         "srun_args": ["--kill-on-bad-exit=1"],
         # as the CLI's script: the --env exports, then the --setup lines (which may use them)
-        "setup": [*_batch_lines(signal_name), *(f"export {k}={shlex.quote(v)}" for k, v in spec.env), *spec.setup,
-                  *_srun_lines(spec, signal_name)],
+        "setup": [*_batch_lines(signal_name), *(f"export {k}={shlex.quote(v)}" for k, v in spec.environment.env),
+                  *spec.environment.setup, *_srun_lines(spec, signal_name)],
         "signal_delay_s": signal_s,
     }
-    if spec.exclusive:  # submitit writes --exclusive=<value>: only pass it when wanted
+    if spec.resources.exclusive:  # submitit writes --exclusive=<value>: only pass it when wanted
         params["exclusive"] = True
-    if spec.gpus_per_node:
-        params["gpus_per_node"] = spec.gpus_per_node
+    if spec.resources.gpus_per_node:
+        params["gpus_per_node"] = spec.resources.gpus_per_node
     for name in ("partition", "account", "qos", "constraint", "mem"):
-        if getattr(spec, name) is not None:
-            params[name] = getattr(spec, name)
+        if spec.value(name) is not None:
+            params[name] = spec.value(name)
     if spec.per_task_cpus is not None:
         params["cpus_per_task"] = spec.per_task_cpus
     # B: the batch shell alone gets the warning, and passes it on (_srun_lines); submitit writes USR2, always
     extra: dict[str, Any] = {"signal": f"B:{signal_name}@{signal_s}"}
-    for arg in spec.sbatch_args:
+    for arg in spec.site.sbatch_args:
         key, _, value = arg.lstrip("-").partition("=")
         extra[key.replace("-", "_")] = value or True
     params["additional_parameters"] = extra

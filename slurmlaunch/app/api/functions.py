@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from ...core.errors import SpecError
@@ -98,7 +98,7 @@ def submit_script(path: str, args: Iterable[str] = (), *, scheduler: str = "auto
     job_options, unknown = _split_options(options)
     if unknown:
         raise SpecError(f"unknown option(s) {', '.join(sorted(unknown))} (valid: {', '.join(sorted(OPTION_NAMES))})")
-    spec = resolve_request(replace(_spec(path, dict(job_options)), args=tuple(args)))
+    spec = resolve_request(_spec(path, dict(job_options)).changed(args=tuple(args)))
     if where.remote is not None:
         from ..remote.api import submit_remote
 

@@ -242,7 +242,7 @@ class Job:
         if live and self._watched:
             nodes = self._edge.status(self.job_id, None).nodes
         return collect_stacks(self.scheduler, self.job_id, JobFiles(self.spec.log_dir, self.job_id),
-                              self.spec.world_size, self.spec.python, live, nodes, timeout)
+                              self.spec.world_size, self.spec.program.python, live, nodes, timeout)
 
     def __repr__(self) -> str:
         return f"slurmlaunch.Job({self.job_id!r}, {self.scheduler}, {self.spec.world_size} ranks)"

@@ -4,16 +4,15 @@ they make."""
 from __future__ import annotations
 
 import os
-from dataclasses import fields
 from typing import Any
 
 from ...core.errors import SpecError
-from ...core.spec import ENV_KEY, JobSpec
+from ...core.spec import ENV_KEY, PART_OF, JobSpec
 
 # `slurmlaunch submit` features the submitit-based API does not carry out: refused, never silently dropped.
 CLI_ONLY = frozenset({"array", "max_parallel", "sweep", "mode", "nproc_per_node", "max_restarts", "min_nodes",
                       "container_image", "apptainer", "container_mounts", "container_workdir", "template_dir"})
-OPTION_NAMES = frozenset(f.name for f in fields(JobSpec)) - {"script", "args", "module", "no_python", "python",
+OPTION_NAMES = frozenset(PART_OF) - {"script", "args", "module", "no_python", "python",
                                                              "workdir", "legacy_local_rank_arg"} - CLI_ONLY
 
 
@@ -98,6 +97,6 @@ def _spec(script: str, options: dict[str, Any], module: bool = False) -> JobSpec
             raise SpecError(f"env {key!r}: {value!r} is not valid (expected a shell variable name and a string "
                             f"value, e.g. env={{'FOO': '1'}})")
 
-    spec = JobSpec(script=script, module=module, env=tuple(env), **options)
+    spec = JobSpec.of(script=script, module=module, env=tuple(env), **options)
     return spec
 

@@ -145,12 +145,12 @@ def batch_script(spec: JobSpec, folder: str, array_count: int = 0) -> str:
         lines.append(f"#PBS -J 0-{array_count - 1}")
     lines += ["umask 077  # what this job writes (results, logs) is the user's alone"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env]
-    lines += list(spec.setup)
+    lines += list(spec.environment.setup)
     # the signal submitit's handler in the ranks listens to: the batch step's warning (as under Slurm)
     preempt = [f"export SUBMITIT_PREEMPT_SIGNAL={spec.warning[0]}"] if spec.warning else []
-    lines += [f"cd {shlex.quote(spec.workdir)} || exit 2", *preempt,
+    lines += [f"cd {shlex.quote(spec.program.workdir)} || exit 2", *preempt,
               "export SUBMITIT_EXECUTOR=pbs",
-              f"export SLURMLAUNCH_PBS_NODES={spec.nodes}",
+              f"export SLURMLAUNCH_PBS_NODES={spec.resources.nodes}",
               f'export {_JOB_ID}="${{PBS_JOBID%%.*}}"']
     job = '"$' + _JOB_ID + '"'
     if array_count > 1:
@@ -167,7 +167,7 @@ def batch_script(spec: JobSpec, folder: str, array_count: int = 0) -> str:
              *(["SUBMITIT_PREEMPT_SIGNAL"] if preempt else [])]
     forwards = [a for n in names for a in ("-x", n)]
     hostfile = f' {hostfile_flag} "$PBS_NODEFILE"' if hostfile_flag else ""
-    command = [spec.python, "-u", "-m", "slurmlaunch.app.api.pbs", folder]
+    command = [spec.program.python, "-u", "-m", "slurmlaunch.app.api.pbs", folder]
     # mpiexec runs under the batch step (allocation/batch_step.py) with the CLI's plan (render/pbs_script.py): the
     # warning signal --signal's seconds before the walltime (PBS sends none), the first failure named and its
     # code, a qdel or the walltime outlived until mpiexec ended. Its files (job-ID.*) go in the job's folder.

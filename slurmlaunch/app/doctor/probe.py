@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from ...allocation.probe import RankReport, report_name
@@ -43,13 +43,13 @@ class ProbeJob:
     scheduler: str = "slurm"  # whose script it is: slurm or pbs
 
     def to_json(self) -> str:
-        return json.dumps({"spec": asdict(self.spec), "script": self.script, "out_dir": self.out_dir,
+        return json.dumps({"spec": self.spec.values(), "script": self.script, "out_dir": self.out_dir,
                            "scheduler": self.scheduler})
 
     @classmethod
     def from_json(cls, text: str) -> ProbeJob:
         data = json.loads(text)
-        return cls(JobSpec(**{k: _tuples(v) for k, v in data["spec"].items()}), str(data["script"]),
+        return cls(JobSpec.of(**{k: _tuples(v) for k, v in data["spec"].items()}), str(data["script"]),
                    str(data["out_dir"]), str(data.get("scheduler", "slurm")))
 
 
@@ -69,8 +69,6 @@ def probe_job(nodes: int, gpus: int, partition: str | None, timeout: float, *, w
     """The probe job on ``nodes`` nodes, validated and rendered here for ``scheduler`` (slurm, pbs);
     ``workdir``, ``python`` and ``setup``: the remote's, for a job rendered here and submitted there (validated
     as this machine's would be). Reads OMPI_ALLOW_RUN_AS_ROOT[_CONFIRM] for a PBS job (see _OMPI_AS_ROOT)."""
-    from dataclasses import replace
-
     from ...schedulers.choice import scheduler as edge
     from ..resolve import resolve
 
@@ -78,7 +76,7 @@ def probe_job(nodes: int, gpus: int, partition: str | None, timeout: float, *, w
     passes_env = target.exports_environment  # else the job has only what its script sets
     base = workdir or os.getcwd()
     out_dir = os.path.join(os.path.abspath(base), "slurmlaunch-logs", f"doctor-{int(time.time())}")
-    spec = resolve(JobSpec(
+    spec = resolve(JobSpec.of(
         script="slurmlaunch.allocation.probe", module=True, args=(out_dir,), nodes=nodes, gpus_per_node=gpus,
         partition=partition, time="5", job_name="slurmlaunch-doctor", signal="none",
         env=(("SLURMLAUNCH_PROBE_TIMEOUT", f"{max(10.0, min(timeout / 2, 120.0)):g}"),
@@ -86,7 +84,7 @@ def probe_job(nodes: int, gpus: int, partition: str | None, timeout: float, *, w
              *((k, os.environ[k]) for k in _OMPI_AS_ROOT if not passes_env and os.environ.get(k))),
     ))
     if workdir is not None:
-        spec = replace(spec, workdir=workdir, python=python or "python3", setup=(*spec.setup, *setup))
+        spec = spec.changed(workdir=workdir, python=python or "python3", setup=(*spec.environment.setup, *setup))
     return ProbeJob(spec, target.render(spec), out_dir, scheduler)
 
 
@@ -98,7 +96,7 @@ def allocate(job: ProbeJob, timeout: float) -> tuple[list[Report], str]:
     spec = job.spec
     os.makedirs(job.out_dir, exist_ok=True)
     sub = edge.submit(spec, job.script)
-    sys.stderr.write(f"slurmlaunch doctor: probe job {sub.job_id} on {spec.nodes} node(s), {spec.world_size} "
+    sys.stderr.write(f"slurmlaunch doctor: probe job {sub.job_id} on {spec.resources.nodes} node(s), {spec.world_size} "
                      f"rank(s); waiting at most {timeout:.0f}s\n")
     start = time.monotonic()
     deadline = start + timeout

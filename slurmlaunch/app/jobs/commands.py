@@ -108,7 +108,7 @@ def recorded_spec(record: JobRecord) -> JobSpec:
     saved = record.data.get("spec", {})
     keep = ("nodes", "gpus_per_node", "tasks_per_node", "array", "mode", "nproc_per_node", "output_dir")
     sweep = tuple((k, tuple(v)) for k, v in saved.get("sweep", ()))
-    return JobSpec(script="", sweep=sweep, **{k: saved[k] for k in keep if k in saved})
+    return JobSpec.of(script="", sweep=sweep, **{k: saved[k] for k in keep if k in saved})
 
 
 def array_indices(record: JobRecord) -> list[int]:

@@ -234,7 +234,6 @@ def _submit(remote: str, action: str, payload: dict[str, Any], options: dict[str
 def _remember(dest: Destination, setup: tuple[str, ...], answer: dict[str, Any], ids: list[str]) -> None:
     """The jobs in this machine's index, with the records `submit --remote` writes (a job array's once, by
     its array id, its elements named ARRAYID_INDEX as the CLI's are)."""
-    from dataclasses import replace
 
     from ...schedulers.index import remember
     from ...schedulers.registry import scheduler as edge_of
@@ -243,7 +242,7 @@ def _remember(dest: Destination, setup: tuple[str, ...], answer: dict[str, Any],
     spec = answer["spec"]
     base = ids[0].partition("_")[0]
     if "_" in ids[0]:
-        spec = replace(spec, array=",".join(i.partition("_")[2] for i in ids))
+        spec = spec.changed(array=",".join(i.partition("_")[2] for i in ids))
     edge = edge_of(str(answer.get("scheduler", "slurm")))  # runner.login_scheduler's
     scheduler, tool = edge.name, str(edge.client)  # its submit command: sbatch, qsub
     command = [tool, answer["script_path"]] if answer.get("script_path") else [tool]

@@ -11,7 +11,6 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
 from typing import Any
 
 from ...core.errors import SpecError
@@ -83,8 +82,8 @@ def _checked_excludes(ns: Any, spec: JobSpec) -> list[str]:
         if not pattern or not pattern.isprintable():
             raise SpecError(f"--remote-exclude {pattern!r} is not a pattern (expected an rsync --exclude "
                             f"pattern on one line, e.g. data/ or *.ckpt)")
-    if not os.path.isabs(spec.output_dir):
-        excludes.append(f"/{spec.output_dir.strip('/')}/")  # the job's logs are the remote's, never sent over
+    if not os.path.isabs(spec.output.output_dir):
+        excludes.append(f"/{spec.output.output_dir.strip('/')}/")  # the job's logs are the remote's, never sent over
     return excludes
 
 
@@ -130,7 +129,7 @@ def submit_remote(ns: Any, spec_from_args: Callable[[Any], JobSpec]) -> int:
     # of this machine's would be, it would have to exist here.
     python = ns.python or "python3"
     ns.python = sys.executable
-    spec = replace(spec_from_args(ns), python=python)
+    spec = spec_from_args(ns).changed(python=python)
     _refuse_unsupported_remote(ns, spec)
     origins = getattr(ns, "option_origins", {})
     if ns.scheduler != "auto":
@@ -143,26 +142,27 @@ def submit_remote(ns: Any, spec_from_args: Callable[[Any], JobSpec]) -> int:
         if ns.scheduler == "auto":
             edge.refuse_unsupported(spec, origins)
         if not ns.dry_run or python.startswith("~"):  # a dry run asks only for the remote home
-            spec = replace(spec, python=check_python(conn, python))  # ~/ expanded there
+            spec = spec.changed(python=check_python(conn, python))  # ~/ expanded there
         remote_dir = dest.directory if dest.directory and dest.directory.startswith("/") and ns.dry_run else \
-            resolve_directory(conn, dest.directory, _project_name(spec.workdir), create=not ns.dry_run)
+            resolve_directory(conn, dest.directory, _project_name(spec.program.workdir), create=not ns.dry_run)
         # The launcher travels with the job (remote.ship_package): the ranks import the package sent below.
         package = shipped_path(remote_dir)
-        rspec = replace(spec, workdir=remote_dir, setup=(*spec.setup, pythonpath_setup(package)))
+        rspec = spec.changed(workdir=remote_dir, setup=(*spec.environment.setup, pythonpath_setup(package)))
         script = edge.render(rspec, ns.template_dir)
         command = edge.submit_command(rspec, "-")[:-1]  # no file: sbatch and qsub read the script from stdin
         submit_line = shell_command(f"umask 077 && mkdir -p -m 700 -- {shlex.quote(rspec.log_dir)} && "
                                     f"{shlex.join(command)}", conn.setup)
         if ns.dry_run:
-            return _show_dry_run(conn, spec.workdir if ns.sync else None, remote_dir, excludes, submit_line, script)
+            return _show_dry_run(conn, spec.program.workdir if ns.sync else None, remote_dir, excludes, submit_line,
+                                 script)
         if ns.sync:
-            summary = sync(conn, spec.workdir, remote_dir, excludes,
+            summary = sync(conn, spec.program.workdir, remote_dir, excludes,
                            limit if limit is not None else parse_size(DEFAULT_SYNC_LIMIT_TEXT))
             sys.stderr.write(summary.line(f"{dest.path_target}:{remote_dir}") + "\n")
         ship_package(conn, remote_dir)
         full_id = _queue(conn, name, rspec, command, submit_line, script)
         sys.stderr.write(f"slurmlaunch: submitted job {full_id} on {dest.target} ({plural(rspec.world_size, 'rank')} "
-                         f"on {plural(rspec.nodes, 'node')}); working directory {remote_dir}\n")
+                         f"on {plural(rspec.resources.nodes, 'node')}); working directory {remote_dir}\n")
         print(full_id)
         sys.stdout.flush()
         if not ns.wait:
@@ -193,7 +193,7 @@ def write_local_record(dest: Destination, setup: tuple[str, ...], spec: JobSpec,
     record = {
         "job_id": job_id, "scheduler": name, "remote": dest.target, "remote_setup": list(setup),
         "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command, "log_dir": spec.log_dir,
-        "rank_log": rank_log(spec, job_id, 0), "script": script_path, "spec": asdict(spec),
+        "rank_log": rank_log(spec, job_id, 0), "script": script_path, "spec": spec.values(),
         **({f"{name}_job_id": full_id} if full_id != job_id else {}),
     }
     path = files.record

@@ -195,7 +195,7 @@ def test_profile_from_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, to
     monkeypatch.setenv("SLURMLAUNCH_CONFIG", str(tmp_path / "config.toml"))  # the per-user file
     job = slurmlaunch.submit(env_value, "FROM_PROFILE", scheduler="local", profile="pair",
                              output_dir=str(tmp_path / "logs"))
-    assert job.spec.ntasks_per_node == 2 and job.spec.time == "5" and job.results() == ["a b", "a b"]
+    assert job.spec.ntasks_per_node == 2 and job.spec.resources.time == "5" and job.results() == ["a b", "a b"]
     with pytest.raises(SpecError, match="profile 'elastic' sets mode, which only `slurmlaunch submit` carries out"):
         slurmlaunch.submit(env_value, "X", scheduler="local", profile="elastic")
     with pytest.raises(SpecError, match=r"option\(s\) mode are carried out by `slurmlaunch submit`"):
