@@ -460,7 +460,10 @@ class Step:
             killed = self.killed_by_warning(lines)
             if killed:  # no handler for it, so nothing was saved: not the "exited 128+N" that asks for a requeue
                 fix = warning_fix(a.warning, a.requeue is not None)
-                _say(f"{killed} killed by SIG{a.warning}, the warning signal: {fix}")
+                line = f"{killed} killed by SIG{a.warning}, the warning signal: {fix}"
+                _say(line)
+                if not a.srun:  # --wait says it from here (under Slurm: from the batch log, which PBS has not)
+                    put_file(f.failure, "slurmlaunch: " + line)
             elif a.requeue is not None and not a.requeued_by_script and wants_requeue(self.warned, rc, False, code):
                 if self.requeue(a.requeue):
                     return 0
