@@ -250,3 +250,15 @@ def test_tmrsh_agent_runs_open_mpis_command_line_through_pbs_tmrsh() -> None:
     assert find({"PATH": "/usr/local/bin"}, on.__contains__, {}.get) == "/usr/local/bin/pbs_tmrsh"
     assert find({}, on.__contains__, {}.get) == "/opt/pbs/bin/pbs_tmrsh"
     assert find({}, set().__contains__, conf.get) is None
+
+
+def test_a_job_submitted_again_at_the_warning_is_cancelled_where_it_runs_now(tmp_path: Path) -> None:
+    """The batch step lists a job's resubmissions in its job-ID.requeued (allocation/batch_step.py); cancel
+    (and status) go to the last one. A line that is not a job id is not one to qdel."""
+    from slurmlaunch.schedulers import pbs
+
+    (tmp_path / "job-5.requeued").write_text("6.head\n7.head\n$(id)\n")
+    assert pbs.resubmissions("5.head", str(tmp_path)) == ["6.head", "7.head"]
+    assert pbs.live_id("5.head", str(tmp_path)) == "7.head"
+    assert pbs.live_id("8.head", str(tmp_path)) == "8.head" and pbs.live_id("5.head", None) == "5.head"
+    assert pbs.EDGE.live_id_of is pbs.live_id
