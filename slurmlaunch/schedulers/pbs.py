@@ -131,7 +131,13 @@ def job_status(attrs: dict[str, Any], code_file: int | None = None) -> JobStatus
     raw = attrs.get("Exit_status")
     code = int(raw) if isinstance(raw, int) or (isinstance(raw, str) and raw.lstrip("-").isdigit()) else None
     if state != "COMPLETED":
-        return JobStatus(state, None, nodes, elapsed=elapsed, note=_rerun_note(state, code, attrs.get("run_count")))
+        note = _rerun_note(state, code, attrs.get("run_count"))
+        comment = attrs.get("comment")
+        if note is None and state == "PENDING" and isinstance(comment, str) and comment.strip():
+            # the scheduler's word on why it waits ("Not Running: Insufficient amount of resource: ncpus", "Can
+            # Never Run: Not enough total nodes available"), as Slurm's reason is shown
+            note = f"PBS's comment: {comment.strip()}"
+        return JobStatus(state, None, nodes, elapsed=elapsed, note=note)
     if _substate(attrs) == SUBSTATE_TERMINATED:
         state = "CANCELLED"
     elif code == EXIT_KILLED_WALLTIME:
@@ -202,7 +208,7 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
         with contextlib.suppress(ValueError):
             code_file = int(text.strip()) if text is not None else None
     st = job_status(attrs, code_file)
-    return dataclasses.replace(st, note=f"{st.note}; {note}" if st.note and note else st.note or note)
+    return dataclasses.replace(st, note=f"{note}; {st.note}" if st.note and note else note or st.note)
 
 
 def _attributes(job_id: str) -> dict[str, Any]:

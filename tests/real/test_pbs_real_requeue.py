@@ -101,7 +101,7 @@ def test_requeue_resubmits_at_the_warning_and_the_chain_is_followed(pbs_env: dic
     second = chain[0]
     # --wait followed the chain: the resubmission's state under the first id, then its exit code
     assert re.search(rf"job {re.escape(job)} (PENDING|RUNNING)[^\n]*\(run 2: resubmitted at the warning as job "
-                     rf"{re.escape(second)}\)", r.stderr), r.stderr
+                     rf"{re.escape(second)}[;)]", r.stderr), r.stderr
     assert r.returncode == 138 and f"job {job} ended FAILED, exit code 138" in r.stderr, r.stderr
     # one output file for the chain, as one Slurm job's: run 0, its resubmission, run 1, the bound
     output = (logs / f"{job}.OU").read_text(errors="replace")

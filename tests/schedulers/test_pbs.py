@@ -214,6 +214,12 @@ def test_real_pbs_states_map(attrs: dict[str, object], code_file: int | None, st
     ({"job_state": "Q", "substate": 10}, "PENDING", None),
     ({"job_state": "Q", "substate": 10, "Exit_status": -29, "run_count": 1}, "PENDING", None),  # not a rerun code
     ({"job_state": "F", "substate": 93, "Exit_status": 3, "run_count": 2}, "FAILED", None),  # ended: no note
+    # why a queued job waits, in the scheduler's words (its comment), as the real server wrote it
+    ({"job_state": "Q", "substate": 10, "comment": "Can Never Run: Not enough total nodes available"}, "PENDING",
+     "PBS's comment: Can Never Run: Not enough total nodes available"),
+    ({"job_state": "Q", "substate": 10, "Exit_status": -11, "run_count": 1, "comment": "Job held"}, "PENDING",
+     "PBS stopped run 1 and queued it again to rerun (qrerun)"),  # the rerun says more
+    ({"job_state": "R", "substate": 42, "comment": "Job run at ..."}, "RUNNING", None),
 ])
 def test_a_rerun_is_noted(attrs: dict[str, object], state: str, note: str | None) -> None:
     from slurmlaunch.schedulers.pbs import job_status
