@@ -382,8 +382,10 @@ class Step:
         said = next((int(m[1]) for m in codes if m), None)
         if rank is None or said is None:
             signalled = openmpi_signalled(self.openmpi)
-            if signalled is None or (self.warning is not None and signalled[2] == self.warning):
-                return rc, "", ""  # the warning signal's own rule says those (finish)
+            # not after a qdel or the walltime (the job was stopped, no rank failed), nor for the warning signal,
+            # whose own rule says those (finish)
+            if signalled is None or self.stopped or (self.warning is not None and signalled[2] == self.warning):
+                return rc, "", ""
             rank, node, number = signalled
             how = f"killed by {Signals(number).name}" if number in Signals._value2member_map_ else \
                 f"killed by signal {number}"

@@ -144,10 +144,11 @@ def test_open_mpis_word_on_a_signalled_rank() -> None:
     assert batch_step.openmpi_signalled(["Primary job  terminated normally, but 1 process returned"]) is None
 
 
-# A stand-in mpiexec: notes the run count the ranks would be given, writes $FAKE_WORDS (Open MPI's words) to
+# A stand-in mpiexec: notes the run count the ranks would be given, SIGTERMs the batch step with $FAKE_STOP, writes $FAKE_WORDS (Open MPI's words) to
 # stderr, exits $FAKE_CODE. A stand-in qsub notes its arguments and prints $FAKE_QSUB_OUT (exit $FAKE_QSUB_RC).
 FAKE_MPIEXEC = """#!/bin/bash
 echo "${SLURMLAUNCH_RESTART_COUNT-unset}" > "$FAKE_SEEN"
+[ -n "$FAKE_STOP" ] && kill -TERM $PPID && sleep 0.5  # PBS's stop reaches the batch step (which outlives it)
 printf '%b' "$FAKE_WORDS" >&2
 exit "$FAKE_CODE"
 """
@@ -160,7 +161,8 @@ PBS_PLAN = ["--outlive-stop", "--mpi", "openmpi", "--ranks", "2", "--nodes", "2"
             "--requeue", "1", "--resubmit", "train"]
 
 
-def _pbs_step(tmp_path: Path, job: str, code: int, words: str = "", **env: str) -> tuple[int, str, Path]:
+def _pbs_step(tmp_path: Path, job: str, code: int, words: str = "", plan: tuple[str, ...] = (),
+              **env: str) -> tuple[int, str, Path]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name, text in (("mpiexec", FAKE_MPIEXEC), ("qsub", FAKE_QSUB)):
@@ -174,7 +176,7 @@ def _pbs_step(tmp_path: Path, job: str, code: int, words: str = "", **env: str) 
     for name in ("SLURMLAUNCH_RESTART_COUNT", "SLURMLAUNCH_REQUEUE_OF"):
         if name not in env:
             full.pop(name, None)
-    r = subprocess.run([sys.executable, "-m", "slurmlaunch", "batch-step", *PBS_PLAN, "--log-dir", str(logs),
+    r = subprocess.run([sys.executable, "-m", "slurmlaunch", "batch-step", *PBS_PLAN, *plan, "--log-dir", str(logs),
                         "--job", job, "--", "mpiexec"], env=full, stderr=subprocess.PIPE, text=True, timeout=60)
     return r.returncode, r.stderr, logs
 
@@ -219,3 +221,12 @@ def test_pbs_ranks_killed_by_the_warning_or_another_signal_are_named(tmp_path: P
     assert code == 139 and f"slurmlaunch: {line}" in err, err
     assert (logs / "job-5.failure").read_text() == f"slurmlaunch: {line}\n"
     assert not (tmp_path / "qsub-args").exists()
+
+
+def test_pbs_ranks_a_stop_ended_are_not_a_failure(tmp_path: Path) -> None:
+    """qdel or the walltime (SIGTERM to the batch step, which outlives it): Open MPI's word on a rank the stop
+    ended names no failure, and the step writes no exit code (PBS's word stands)."""
+    said = "mpiexec noticed that process rank 0 with PID 0 on node node1 exited on signal 15 (Terminated).\\n"
+    code, err, logs = _pbs_step(tmp_path, "5", 143, said, ("--stacks",), FAKE_STOP="1")
+    assert "slurmlaunch: the job was stopped" in err and "failed first" not in err, err
+    assert not (logs / "job-5.failure").exists() and not (logs / "job-5.exitcode").exists()
