@@ -249,6 +249,7 @@ class Step:
         self.warning = Signals(signal_number(args.warning)) if args.warning else None
         self.warned = False
         self.stopped = False
+        self.stopped_after = 0.0  # seconds from the job's start to PBS's stop
         self.proc: subprocess.Popen[bytes] | None = None
         self.openmpi: list[str] = []  # Open MPI's lines naming the first rank that failed (PBS)
 
@@ -287,7 +288,14 @@ class Step:
         """PBS's SIGTERM (qdel, the walltime): outlive it, so that once mpiexec has ended the stacks are said.
         A stopped job writes no exit code of its own: PBS's word (deleted; the walltime: -29) is the job's."""
         self.stopped = True
+        self.stopped_after = time.time() - _started_at()
         _say("the job was stopped (SIGTERM: qdel, or the walltime)")
+
+    def stopped_by_hand(self) -> bool:
+        """A PBS stop before the walltime (or without one known): qdel or qrerun, which no requeue may undo.
+        The MoM stops a job at its walltime only after it (when it next polls), so an earlier stop is not it."""
+        limit = self.args.walltime
+        return self.stopped and (limit is None or self.stopped_after < limit)
 
     def _arm(self) -> None:
         a = self.args
@@ -467,7 +475,10 @@ class Step:
                 if not a.srun:  # --wait says it from here (under Slurm: from the batch log, which PBS has not)
                     put_file(f.failure, "slurmlaunch: " + line)
             elif a.requeue is not None and not a.requeued_by_script and wants_requeue(self.warned, rc, False, code):
-                if self.requeue(a.requeue):
+                if self.stopped_by_hand():
+                    _say(f"not requeued: the job was stopped {self.stopped_after:.0f}s into its run, before its "
+                         f"walltime (qdel or qrerun)")
+                elif self.requeue(a.requeue):
                     return 0
             if killed:  # end as the ranks did, killed by the signal: sacct's ExitCode then reads 0:N
                 put_file(f.exit_code, str(code))

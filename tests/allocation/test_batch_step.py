@@ -144,8 +144,8 @@ def test_open_mpis_word_on_a_signalled_rank() -> None:
     assert batch_step.openmpi_signalled(["Primary job  terminated normally, but 1 process returned"]) is None
 
 
-# A stand-in mpiexec: notes the run count the ranks would be given, SIGTERMs the batch step with $FAKE_STOP, writes $FAKE_WORDS (Open MPI's words) to
-# stderr, exits $FAKE_CODE. A stand-in qsub notes its arguments and prints $FAKE_QSUB_OUT (exit $FAKE_QSUB_RC).
+# A stand-in mpiexec: notes the run count the ranks would be given, SIGTERMs the batch step with $FAKE_STOP,
+# writes $FAKE_WORDS (Open MPI's words) to stderr, exits $FAKE_CODE. A stand-in qsub notes its arguments and prints $FAKE_QSUB_OUT (exit $FAKE_QSUB_RC).
 FAKE_MPIEXEC = """#!/bin/bash
 echo "${SLURMLAUNCH_RESTART_COUNT-unset}" > "$FAKE_SEEN"
 [ -n "$FAKE_STOP" ] && kill -TERM $PPID && sleep 0.5  # PBS's stop reaches the batch step (which outlives it)
@@ -230,3 +230,10 @@ def test_pbs_ranks_a_stop_ended_are_not_a_failure(tmp_path: Path) -> None:
     code, err, logs = _pbs_step(tmp_path, "5", 143, said, ("--stacks",), FAKE_STOP="1")
     assert "slurmlaunch: the job was stopped" in err and "failed first" not in err, err
     assert not (logs / "job-5.failure").exists() and not (logs / "job-5.exitcode").exists()
+
+
+def test_pbs_a_stop_before_the_walltime_is_never_undone_by_a_requeue(tmp_path: Path) -> None:
+    """A qdel (SIGTERM before the walltime) of ranks that asked for a requeue: not resubmitted."""
+    code, err, logs = _pbs_step(tmp_path, "5", 138, "", ("--stacks", "--walltime", "3600"), FAKE_STOP="1")
+    assert "slurmlaunch: not requeued: the job was stopped " in err and "before its walltime (qdel or qrerun)" in err
+    assert not (tmp_path / "qsub-args").exists() and not (logs / "job-5.requeued").exists()
