@@ -145,7 +145,8 @@ def test_open_mpis_word_on_a_signalled_rank() -> None:
 
 
 # A stand-in mpiexec: notes the run count the ranks would be given, SIGTERMs the batch step with $FAKE_STOP,
-# writes $FAKE_WORDS (Open MPI's words) to stderr, exits $FAKE_CODE. A stand-in qsub notes its arguments and prints $FAKE_QSUB_OUT (exit $FAKE_QSUB_RC).
+# writes $FAKE_WORDS (Open MPI's words) to stderr, exits $FAKE_CODE. A stand-in qsub notes its arguments and
+# prints $FAKE_QSUB_OUT (exit $FAKE_QSUB_RC).
 FAKE_MPIEXEC = """#!/bin/bash
 echo "${SLURMLAUNCH_RESTART_COUNT-unset}" > "$FAKE_SEEN"
 [ -n "$FAKE_STOP" ] && kill -TERM $PPID && sleep 0.5  # PBS's stop reaches the batch step (which outlives it)
