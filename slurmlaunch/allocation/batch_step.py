@@ -27,7 +27,6 @@ import argparse
 import glob
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
@@ -45,6 +44,7 @@ from ..core.jobfiles import WRITE_FAILED, JobFiles
 from ..core.parse import signal_number
 from .reasons import REASONS_DIR, read_first
 from .script_runner import RETURNED_DIR, STACKS_DIR, recorded_exit
+from .smallfile import read_small
 from .stacks import summary_main
 from .torchrun_mode import aborted_workers, teardown_message
 
@@ -524,15 +524,17 @@ class Step:
         cmd = ["qsub", "-N", name, "-o", os.path.join(self.args.log_dir, f"{first}.OU"), "-W",
                f"depend=afterany:{this}", "-v", f"{RESTART_COUNT}={restarts + 1},{REQUEUE_OF}={first}",
                f.script("qsub")]
+        from shlex import join  # only here: the batch step's start stays light (issue 32)
+
         try:
             done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired) as e:
-            _say(f"not requeued: {shlex.join(cmd)} failed: {e}")
+            _say(f"not requeued: {join(cmd)} failed: {e}")
             return False
         new = done.stdout.strip()
         if done.returncode != 0 or not _PBS_ID.fullmatch(new.replace("[]", "")):
             said = (done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}").splitlines()[0]
-            _say(f"not requeued: {shlex.join(cmd)} failed: {said}")
+            _say(f"not requeued: {join(cmd)} failed: {said}")
             return False
         chain = read_chain(f.requeued)
         if not put_file(f.requeued, "\n".join([*chain, new])):
@@ -545,10 +547,10 @@ class Step:
 def read_chain(path: str) -> list[str]:
     """The job ids a job-ID.requeued file lists, in order (none when it is missing)."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return [line.strip() for line in f.read(65536).splitlines() if line.strip()]
+        text = read_small(path, 64 << 10).decode("utf-8", errors="replace")  # never through a link, nor a FIFO
     except OSError:
         return []
+    return [line for line in text.split() if _PBS_ID.fullmatch(line)]
 
 
 def parser() -> argparse.ArgumentParser:
