@@ -10,8 +10,8 @@ here, what happens after it.
   bounds it; `status`, `--wait` and `logs` of the first id follow the chain.
 
 Each test's job gets the warning 15 s into its run (`--time 0:01:00 --signal USR1@45`); the ranks need to have
-started by then (they take 2-5 s here). Cost, measured at load 3-6 on this 2-core machine: the killed test
-about 25 s, the requeue test about 45 s (two jobs), besides the cluster's start.
+started by then (they take 2-5 s here). Cost, measured in five runs at load 4-20 on this 2-core machine: the
+killed test 21-24 s, the requeue test 29-41 s (two jobs), besides the cluster's start.
 """
 
 from __future__ import annotations
