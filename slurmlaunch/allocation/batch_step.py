@@ -506,7 +506,6 @@ class Step:
         _say(f"scontrol requeue {job} failed")
         return False
 
-
     def resubmit(self, name: str, most: int) -> bool:
         """PBS has no requeue a job's own user may ask for (qrerun needs operator or manager rights), so the job's
         kept script is submitted again, as job ``name``: held until this job has ended (-W depend=afterany), its
@@ -532,7 +531,7 @@ class Step:
             _say(f"not requeued: {join(cmd)} failed: {e}")
             return False
         new = done.stdout.strip()
-        if done.returncode != 0 or not _PBS_ID.fullmatch(new.replace("[]", "")):
+        if done.returncode != 0 or not _PBS_ID.fullmatch(new):
             said = (done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}").splitlines()[0]
             _say(f"not requeued: {join(cmd)} failed: {said}")
             return False
