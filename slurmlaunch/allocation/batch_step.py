@@ -39,10 +39,12 @@ from contextlib import suppress
 from signal import Signals, strsignal
 from types import FrameType
 
+from ..core import REQUEUE_OF, RESTART_COUNT
 from ..core.jobfiles import WRITE_FAILED, JobFiles
 from ..core.parse import signal_number
 from .reasons import REASONS_DIR, read_first
 from .script_runner import RETURNED_DIR, STACKS_DIR, recorded_exit
+from .smallfile import read_small
 from .stacks import summary_main
 from .torchrun_mode import aborted_workers, teardown_message
 
@@ -55,6 +57,9 @@ _SRUN_ERROR = "srun: error: "
 _SRUN_TASKS = re.compile(r"([^ :]+): tasks? ([0-9,-]+): ")
 _OPENMPI_RANK = re.compile(r"^ *Process name: *\[\[\d*,\d*\],(\d+)\]")
 _OPENMPI_CODE = re.compile(r"^ *Exit code: *(\d+)")
+# Open MPI's word on a rank a signal ended (its help-orterun.txt): "mpiexec noticed that process rank 0 with PID
+# 0 on node node1 exited on signal 10 (User defined signal 1)." It names the first such rank only.
+_OPENMPI_SIGNAL = re.compile(r"noticed that process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 
 
 def signal_words() -> dict[str, tuple[int, str]]:
@@ -190,6 +195,15 @@ def srun_killed_by(lines: Sequence[str], description: str) -> str:
     return ", ".join(found)
 
 
+def openmpi_signalled(lines: Sequence[str]) -> tuple[int, str, int] | None:
+    """The rank Open MPI says a signal ended, as (rank, host, signal number); None when it says none."""
+    for line in lines:
+        m = _OPENMPI_SIGNAL.search(line)
+        if m:
+            return int(m[1]), m[2], int(m[3])
+    return None
+
+
 def srun_aborted(lines: Sequence[str]) -> list[int]:
     """The ranks srun says SIGABRT ended ("node1: tasks 0-1,3: Aborted")."""
     ranks: set[int] = set()
@@ -200,6 +214,13 @@ def srun_aborted(lines: Sequence[str]) -> list[int]:
             if low.isdigit():
                 ranks.update(range(int(low), int(high or low) + 1))
     return sorted(ranks)
+
+
+_PBS_ID = re.compile(r"\d+(\.[\w.-]+)?")
+
+
+def _restarts(text: str) -> int:
+    return int(text) if text.isdigit() else 0
 
 
 def _started_at() -> float:
@@ -219,10 +240,16 @@ class Step:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.files = JobFiles(args.log_dir or "", args.job or "", args.unit)
+        first = os.environ.get(REQUEUE_OF, "")
+        # a PBS job resubmitted at the warning: its files are the first job's, as a Slurm requeue's are its id's
+        tag = first.split(".", 1)[0] if args.resubmit is not None and _PBS_ID.fullmatch(first) else args.job
+        self.files = JobFiles(args.log_dir or "", tag or "", args.unit)
+        if args.resubmit is not None:  # the ranks see which run this is (mpiexec -x passes it on)
+            os.environ[RESTART_COUNT] = str(_restarts(os.environ.get(RESTART_COUNT, "")))
         self.warning = Signals(signal_number(args.warning)) if args.warning else None
         self.warned = False
         self.stopped = False
+        self.stopped_after = 0.0  # seconds from the job's start to PBS's stop
         self.proc: subprocess.Popen[bytes] | None = None
         self.openmpi: list[str] = []  # Open MPI's lines naming the first rank that failed (PBS)
 
@@ -261,7 +288,14 @@ class Step:
         """PBS's SIGTERM (qdel, the walltime): outlive it, so that once mpiexec has ended the stacks are said.
         A stopped job writes no exit code of its own: PBS's word (deleted; the walltime: -29) is the job's."""
         self.stopped = True
+        self.stopped_after = time.time() - _started_at()
         _say("the job was stopped (SIGTERM: qdel, or the walltime)")
+
+    def stopped_by_hand(self) -> bool:
+        """A PBS stop before the walltime (or without one known): qdel or qrerun, which no requeue may undo.
+        The MoM stops a job at its walltime only after it (when it next polls), so an earlier stop is not it."""
+        limit = self.args.walltime
+        return self.stopped and (limit is None or self.stopped_after < limit)
 
     def _arm(self) -> None:
         a = self.args
@@ -319,7 +353,7 @@ class Step:
                 sys.stderr.buffer.write(raw)
                 sys.stderr.flush()
                 line = raw.decode("utf-8", errors="replace")
-                if _OPENMPI_RANK.match(line) or _OPENMPI_CODE.match(line):
+                if _OPENMPI_RANK.match(line) or _OPENMPI_CODE.match(line) or _OPENMPI_SIGNAL.search(line):
                     openmpi.append(line)
         else:
             self.proc = subprocess.Popen(command)
@@ -355,7 +389,16 @@ class Step:
         rank = next((int(m[1]) for m in ranks if m), None)
         said = next((int(m[1]) for m in codes if m), None)
         if rank is None or said is None:
-            return rc, "", ""
+            signalled = openmpi_signalled(self.openmpi)
+            # not after a qdel or the walltime (the job was stopped, no rank failed), nor for the warning signal,
+            # whose own rule says those (finish)
+            if signalled is None or self.stopped or (self.warning is not None and signalled[2] == self.warning):
+                return rc, "", ""
+            rank, node, number = signalled
+            how = f"killed by {Signals(number).name}" if number in Signals._value2member_map_ else \
+                f"killed by signal {number}"
+            return 128 + number, f"rank {rank} on {node} failed first with exit code {128 + number} ({how})" \
+                f"{self.others()}", how
         code = said
         node = "?"
         with suppress(OSError):  # the rank's host: its block of the node file's hosts (gone once PBS removed it)
@@ -363,6 +406,20 @@ class Step:
                 hosts = list(dict.fromkeys(h.strip() for h in f if h.strip()))
             node = hosts[rank // a.tasks_per_node] if rank // a.tasks_per_node < len(hosts) else "?"
         return code, f"rank {rank} on {node} failed first with exit code {code}{self.others()}", ""
+
+    def killed_by_warning(self, lines: Sequence[str]) -> str:
+        """The ranks the warning signal ended ("task 0 on node1" in srun's words, "rank 0 on node1" in Open
+        MPI's, which names the first only); "" when none did."""
+        assert self.warning is not None
+        # srun (and mpiexec) stop the rest of a failed run with SIGTERM: only after the warning is it the warning's
+        if self.warning == signal.SIGTERM and not self.warned:
+            return ""
+        if self.args.srun:
+            return srun_killed_by(lines, strsignal(self.warning) or "")
+        signalled = openmpi_signalled(self.openmpi)
+        if signalled is None or signalled[2] != self.warning:
+            return ""
+        return f"rank {signalled[0]} on {signalled[1]}"
 
     def teardown_aborts(self, rc: int, summary: str, first_signal: str, lines: Sequence[str]) -> int:
         """Name the ranks SIGABRT ended after their script returned; one that had asked for 128 + the warning
@@ -408,17 +465,20 @@ class Step:
                 rc = self.teardown_aborts(rc, summary, first_signal, lines)
         shutil.rmtree(f.returned, ignore_errors=True)
         shutil.rmtree(f.reasons, ignore_errors=True)
-        killed = ""
-        if self.warning is not None and a.srun:
+        if self.warning is not None:
             code = warning_code(a.warning)
-            # srun stops the rest of a failed step with SIGTERM as well: only after the warning is it the warning's
-            if self.warning != signal.SIGTERM or self.warned:
-                killed = srun_killed_by(lines, strsignal(self.warning) or "")
+            killed = self.killed_by_warning(lines)
             if killed:  # no handler for it, so nothing was saved: not the "exited 128+N" that asks for a requeue
                 fix = warning_fix(a.warning, a.requeue is not None)
-                _say(f"{killed} killed by SIG{a.warning}, the warning signal: {fix}")
+                line = f"{killed} killed by SIG{a.warning}, the warning signal: {fix}"
+                _say(line)
+                if not a.srun:  # --wait says it from here (under Slurm: from the batch log, which PBS has not)
+                    put_file(f.failure, "slurmlaunch: " + line)
             elif a.requeue is not None and not a.requeued_by_script and wants_requeue(self.warned, rc, False, code):
-                if self.requeue(a.requeue):
+                if self.stopped_by_hand():
+                    _say(f"not requeued: the job was stopped {self.stopped_after:.0f}s into its run, before its "
+                         f"walltime (qdel or qrerun)")
+                elif self.requeue(a.requeue):
                     return 0
             if killed:  # end as the ranks did, killed by the signal: sacct's ExitCode then reads 0:N
                 put_file(f.exit_code, str(code))
@@ -430,7 +490,10 @@ class Step:
         return rc
 
     def requeue(self, most: int) -> bool:
-        """Requeue this Slurm job (no scontrol needed inside the ranks' container): True when it was."""
+        """Requeue this Slurm job (no scontrol needed inside the ranks' container), or resubmit this PBS job:
+        True when it was."""
+        if self.args.resubmit is not None:
+            return self.resubmit(self.args.resubmit, most)
         job = os.environ.get("SLURM_JOB_ID", "")
         text = os.environ.get("SLURM_RESTART_COUNT", "") or "0"
         restarts = int(text) if text.isdigit() else 0
@@ -442,6 +505,51 @@ class Step:
             return True
         _say(f"scontrol requeue {job} failed")
         return False
+
+    def resubmit(self, name: str, most: int) -> bool:
+        """PBS has no requeue a job's own user may ask for (qrerun needs operator or manager rights), so the job's
+        kept script is submitted again, as job ``name``: held until this job has ended (-W depend=afterany), its
+        output appended to the first job's output file, its files the first job's, ``SLURMLAUNCH_RESTART_COUNT``
+        one more. The first job's job-ID.requeued lists the resubmissions, one id a line: status, --wait, logs
+        and cancel follow them (schedulers/pbs.py)."""
+        this = os.environ.get("PBS_JOBID", "")
+        first = os.environ.get(REQUEUE_OF, "")
+        first = first if _PBS_ID.fullmatch(first) else this
+        restarts = _restarts(os.environ.get(RESTART_COUNT, ""))
+        if restarts >= most:
+            _say(f"not requeued: job {first} was already requeued {restarts} time(s) (--max-requeues {most})")
+            return False
+        f = self.files
+        cmd = ["qsub", "-N", name, "-o", os.path.join(self.args.log_dir, f"{first}.OU"), "-W",
+               f"depend=afterany:{this}", "-v", f"{RESTART_COUNT}={restarts + 1},{REQUEUE_OF}={first}",
+               f.script("qsub")]
+        from shlex import join  # only here: the batch step's start stays light (issue 32)
+
+        try:
+            done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            _say(f"not requeued: {join(cmd)} failed: {e}")
+            return False
+        new = done.stdout.strip()
+        if done.returncode != 0 or not _PBS_ID.fullmatch(new):
+            said = (done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}").splitlines()[0]
+            _say(f"not requeued: {join(cmd)} failed: {said}")
+            return False
+        chain = read_chain(f.requeued)
+        if not put_file(f.requeued, "\n".join([*chain, new])):
+            _say(f"could not write {f.requeued}: status and --wait of job {first} will not follow job {new}")
+        _say(f"requeued: job {first} resubmitted as job {new} (restart {restarts + 1} of at most {most}), to start "
+             f"once job {this} has ended")
+        return True
+
+
+def read_chain(path: str) -> list[str]:
+    """The job ids a job-ID.requeued file lists, in order (none when it is missing)."""
+    try:
+        text = read_small(path, 64 << 10).decode("utf-8", errors="replace")  # never through a link, nor a FIFO
+    except OSError:
+        return []
+    return [line for line in text.split() if _PBS_ID.fullmatch(line)]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -462,6 +570,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--walltime", type=float, help="PBS: the walltime in seconds (the warning is sent here)")
     p.add_argument("--warn-before", type=float, help="PBS: seconds before the walltime to send the warning")
     p.add_argument("--requeue", type=int, metavar="MAX", help="requeue after the warning, at most MAX times")
+    p.add_argument("--resubmit", metavar="NAME", help="PBS: requeue by submitting the job's kept script again, "
+                   "as job NAME, to start once this job has ended")
     p.add_argument("--requeued-by-script", action="store_true", help="the script's framework requeues itself")
     p.add_argument("--stacks", action="store_true", help="say where the ranks were when they were stopped")
     p.add_argument("command", nargs=argparse.REMAINDER)

@@ -202,7 +202,7 @@ def wait_for(edge: Scheduler, job_id: str, spec: JobSpec, cancel_on_interrupt: b
                 sys.stderr.write(f"slurmlaunch:   {job_id}_{index}: {state}\n")
         return code
     except KeyboardInterrupt:
-        return interrupted(job_id, lambda: edge.cancel(job_id), cancel_on_interrupt)
+        return interrupted(job_id, lambda: edge.cancel(job_id, spec.log_dir), cancel_on_interrupt)
 
 
 def warning_lines(batch_log: str) -> list[str]:

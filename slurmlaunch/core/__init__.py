@@ -20,3 +20,9 @@ STACKS_PID_SUFFIX = ".pid"
 STACKS_DUMP_SUFFIX = ".dump"
 STACKS_STOP_SUFFIX = ".stopped"
 STACKS_SUMMARY_NAME = "summary"  # the grouped stacks saved at the stop, one line per group
+
+# The variables a PBS job resubmitted at the warning carries (qsub -v, allocation/batch_step.py): which run it is
+# (0 for the first; the ranks see it, as SLURM_RESTART_COUNT under Slurm), and the first job's full id, whose
+# files and output file are the whole chain's (a resubmission has an id of its own; Slurm's requeue keeps it).
+RESTART_COUNT = "SLURMLAUNCH_RESTART_COUNT"
+REQUEUE_OF = "SLURMLAUNCH_REQUEUE_OF"

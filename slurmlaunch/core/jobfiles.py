@@ -63,6 +63,12 @@ class JobFiles:
         return self._named("exitcode")
 
     @property
+    def requeued(self) -> str:
+        """PBS: the jobs this one was resubmitted as at the warning, one id a line, in order (the batch step
+        writes it; Slurm's requeue keeps the job id and needs none)."""
+        return self._named("requeued")
+
+    @property
     def batch_log(self) -> str:
         """The batch step's own output (Slurm)."""
         return self._named("batch.log")

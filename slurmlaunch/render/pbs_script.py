@@ -7,7 +7,7 @@ import re
 import shlex
 from typing import Any
 
-from ..core import __version__
+from ..core import RESTART_COUNT, __version__
 from ..core.errors import SpecError
 from ..core.parse import parse_mem
 from ..core.spec import MPI_FLAVOURS, PBS_REQUESTS, UNLIMITED, JobSpec, time_seconds
@@ -280,6 +280,8 @@ def mpiexec_args(spec: JobSpec, env: list[tuple[str, str]]) -> tuple[list[str], 
                  *_setup_exports(spec.environment.setup)]
         if spec.is_array:
             names.append(ARRAY_INDEX[spec.site.pbs_flavour])
+        if resubmits(spec):  # which run this is (the batch step sets it)
+            names.append(RESTART_COUNT)
         forwards = [a for n in dict.fromkeys(names) for a in ("-x", n)]
         return ["-np", str(spec.world_size), "--map-by", f"ppr:{tpn}:node", "--tag-output", *_tm_agent(spec),
                 *forwards, *extra], "--hostfile"
@@ -288,6 +290,14 @@ def mpiexec_args(spec: JobSpec, env: list[tuple[str, str]]) -> tuple[list[str], 
     depth = spec.per_task_cpus or 1  # Cray PALS places by its own node list
     bind = [] if any(a.startswith("--cpu-bind") for a in extra) else ["--depth", str(depth), "--cpu-bind", "depth"]
     return ["-n", str(spec.world_size), "--ppn", str(tpn), *bind, "--label", *extra], None
+
+
+def resubmits(spec: JobSpec) -> bool:
+    """Whether --requeue is carried out at the warning too, by the batch step submitting the job's script again
+    (PBS lets no job's own user requeue it: qrerun needs operator or manager rights): a PBS Pro job that is not
+    an array (an element cannot be submitted again on its own; Torque's chain is not tested). -r y stands
+    either way."""
+    return spec.preemption.requeue and spec.site.pbs_flavour == "pro" and not spec.is_array
 
 
 def batch_step_plan(spec: JobSpec) -> list[str]:
@@ -299,6 +309,11 @@ def batch_step_plan(spec: JobSpec) -> list[str]:
     limit = spec.time_limit_seconds
     if spec.warning and limit is not None:
         plan += ["--warning", spec.warning[0], "--walltime", str(limit), "--warn-before", str(spec.warning[1])]
+    if resubmits(spec):
+        assert spec.warning is not None  # check_warning: --requeue needs one
+        if limit is None:  # no warning is sent, but ranks that exit 128 + its number still ask for a requeue
+            plan += ["--warning", spec.warning[0]]
+        plan += ["--requeue", str(spec.preemption.max_requeues), "--resubmit", job_name(spec)]
     if not spec.container:  # the batch shell runs outside the container, where the ranks' stacks are not said
         plan.append("--stacks")
     return plan

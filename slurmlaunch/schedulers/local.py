@@ -571,7 +571,7 @@ class LocalScheduler:
     def status(self, job_id: str, log_dir: str | None, indices: Sequence[int] = ()) -> JobStatus:
         raise JobStateError(f"job {job_id} ran on the local scheduler, in the foreground: it has ended")
 
-    def cancel(self, job_id: str) -> None:
+    def cancel(self, job_id: str, log_dir: str | None = None) -> None:
         raise JobStateError(f"job {job_id} ran on the local scheduler, in the foreground: it has ended")
 
     def rank_log(self, spec: JobSpec, job_id: str, rank: int) -> str | None:

@@ -28,6 +28,10 @@ from .runner import read_file
 from .support import Refusals
 
 _TORQUE = {"exclusive": "Torque's qsub script has no exclusive placement (leave it out, or --pbs-flavour pro)"}
+# An array's element (or a Torque job) is not submitted again at the warning (render/pbs_script.py resubmits):
+# there --requeue is -r y alone, and PBS does not count its reruns.
+_NO_RESUBMIT = {"max_requeues": "a PBS job array's element (or a Torque job) is not submitted again at the warning, "
+                                "and PBS does not count its own reruns of a -r y job (leave it out)"}
 # What PBS cannot carry out (schedulers/support.py).
 REFUSALS = Refusals(
     not_carried_out={
@@ -37,11 +41,11 @@ REFUSALS = Refusals(
                       "KEY=VALUE, e.g. system=polaris)",
         "gpu_flag": "it only chooses how sbatch is asked for GPUs (leave it out)",
         "container_image": "it uses Slurm's pyxis plugin through srun (use --apptainer IMAGE under PBS)",
-        "max_requeues": "PBS reruns a -r y job itself and slurmlaunch does not count them (leave it out)",
         "mode": "under PBS mpiexec starts one launcher per rank (leave out --mode)",
     },
     values={"mpi": (MPI_FLAVOURS, "the MPI whose mpiexec starts the ranks")},
-    more=lambda spec: _TORQUE if spec.site.pbs_flavour == "torque" else {},
+    more=lambda spec: {**(_TORQUE if spec.site.pbs_flavour == "torque" else {}), **(_NO_RESUBMIT if (
+        spec.site.pbs_flavour == "torque" or spec.is_array) else {})},
 )
 # `slurmlaunch logs --rank`: no file of a rank's own
 SHARED_OUTPUT = "under PBS every rank's lines are in the job's one output, tagged by mpiexec"
@@ -127,7 +131,13 @@ def job_status(attrs: dict[str, Any], code_file: int | None = None) -> JobStatus
     raw = attrs.get("Exit_status")
     code = int(raw) if isinstance(raw, int) or (isinstance(raw, str) and raw.lstrip("-").isdigit()) else None
     if state != "COMPLETED":
-        return JobStatus(state, None, nodes, elapsed=elapsed, note=_rerun_note(state, code, attrs.get("run_count")))
+        note = _rerun_note(state, code, attrs.get("run_count"))
+        comment = attrs.get("comment")
+        if note is None and state == "PENDING" and isinstance(comment, str) and comment.strip():
+            # the scheduler's word on why it waits ("Not Running: Insufficient amount of resource: ncpus", "Can
+            # Never Run: Not enough total nodes available"), as Slurm's reason is shown
+            note = f"PBS's comment: {comment.strip()}"
+        return JobStatus(state, None, nodes, elapsed=elapsed, note=note)
     if _substate(attrs) == SUBSTATE_TERMINATED:
         state = "CANCELLED"
     elif code == EXIT_KILLED_WALLTIME:
@@ -183,11 +193,13 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
     """`qstat -x -f -F json` (PBS Pro keeps finished jobs with -x), else the text of qstat -x -f / qstat -f
     (Torque); a finished job's exit code is its exit-code file in ``log_dir`` when the script wrote one, else
     PBS's Exit_status (see :func:`job_status`)."""
-    attrs = _qstat_json(pbs_id(job_id))
-    if attrs is None:
-        attrs = dict(_fields(_qstat(pbs_id(job_id))))
-        if "Exit_status" not in attrs and "exit_status" in attrs:  # Torque's spelling
-            attrs["Exit_status"] = attrs["exit_status"]
+    attrs = _attributes(job_id)
+    note = None
+    if _STATES.get(str(attrs.get("job_state", ""))) == "COMPLETED" and log_dir is not None:
+        chain = resubmissions(job_id, log_dir)
+        if chain:  # resubmitted at the warning (allocation/batch_step.py): the last one is the job now
+            attrs = _attributes(chain[-1])
+            note = f"run {len(chain) + 1}: resubmitted at the warning as job {chain[-1]}"
     code_file = None
     if _STATES.get(str(attrs.get("job_state", ""))) == "COMPLETED" and log_dir is not None:
         # The script's own word wins: some qstat (Slurm's Torque wrappers) report no exit status at all.
@@ -195,7 +207,31 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
         text = read_file(JobFiles(log_dir, _array_base(job_id)).exit_code, limit=64)
         with contextlib.suppress(ValueError):
             code_file = int(text.strip()) if text is not None else None
-    return job_status(attrs, code_file)
+    st = job_status(attrs, code_file)
+    return dataclasses.replace(st, note=f"{note}; {st.note}" if st.note and note else note or st.note)
+
+
+def _attributes(job_id: str) -> dict[str, Any]:
+    attrs = _qstat_json(pbs_id(job_id))
+    if attrs is None:
+        attrs = dict(_fields(_qstat(pbs_id(job_id))))
+        if "Exit_status" not in attrs and "exit_status" in attrs:  # Torque's spelling
+            attrs["Exit_status"] = attrs["exit_status"]
+    return attrs
+
+
+def resubmissions(job_id: str, log_dir: str) -> list[str]:
+    """The jobs the batch step submitted job ``job_id`` again as at the warning (its job-ID.requeued, one id a
+    line, in order; read where the job ran), each one's files being the first job's."""
+    data = read_file(JobFiles(log_dir, _array_base(job_id)).requeued, limit=64 << 10)
+    lines = (data or b"").decode("utf-8", errors="replace").split()
+    return [line for line in lines if re.fullmatch(r"\d+(\.[\w.-]+)?", line)]
+
+
+def live_id(job_id: str, log_dir: str | None) -> str:
+    """The id job ``job_id`` runs under now: the last resubmission at the warning, else its own."""
+    chain = resubmissions(job_id, log_dir) if log_dir is not None else []
+    return chain[-1] if chain else job_id
 
 
 def _subjobs_json(base: str) -> dict[int, dict[str, Any]] | None:
@@ -303,7 +339,7 @@ EDGE = QueuedEdge(
     name="pbs", title="PBS", client="qsub", readers=("read_mpi", "read_pbs_script"), refusals=REFUSALS,
     script_suffix=SCRIPT_SUFFIX, is_available=available, check_auto=auto_check, render_script=render_script,
     submit_script_command=qsub_command, submit_script=submit, parse_id=parse_job_id, job_status=status,
-    array_status=array_status, cancel_job=cancel, rank_log_of=_rank_log, batch_log_of=_batch_log,
+    array_status=array_status, cancel_job=cancel, live_id_of=live_id, rank_log_of=_rank_log, batch_log_of=_batch_log,
     output_log_of=_output_log, node_commands_of=node_commands, check_request=check,
     # False: no Lightning adaptation (its requeue on the warning is Slurm's scontrol); --signal itself is carried
     # out, sent by the batch step before the walltime (allocation/batch_step.py)

@@ -133,3 +133,108 @@ def test_without_a_command_it_says_so() -> None:
     r = subprocess.run([sys.executable, "-m", "slurmlaunch", "batch-step", "--srun"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr == "slurmlaunch: error: batch-step needs a COMMAND after --\n"
+
+
+# --- PBS: Open MPI's words, and --requeue carried out by submitting the job's kept script again ---------------
+# (the real runs: tests/real/test_pbs_real_requeue.py)
+
+def test_open_mpis_word_on_a_signalled_rank() -> None:
+    line = "mpiexec noticed that process rank 1 with PID 0 on node node2 exited on signal 10 (User defined signal 1)."
+    assert batch_step.openmpi_signalled(["x", line]) == (1, "node2", 10)
+    assert batch_step.openmpi_signalled(["Primary job  terminated normally, but 1 process returned"]) is None
+
+
+# A stand-in mpiexec: notes the run count the ranks would be given, SIGTERMs the batch step with $FAKE_STOP,
+# writes $FAKE_WORDS (Open MPI's words) to stderr, exits $FAKE_CODE. A stand-in qsub notes its arguments and
+# prints $FAKE_QSUB_OUT (exit $FAKE_QSUB_RC).
+FAKE_MPIEXEC = """#!/bin/bash
+echo "${SLURMLAUNCH_RESTART_COUNT-unset}" > "$FAKE_SEEN"
+[ -n "$FAKE_STOP" ] && kill -TERM $PPID && sleep 0.5  # PBS's stop reaches the batch step (which outlives it)
+printf '%b' "$FAKE_WORDS" >&2
+exit "$FAKE_CODE"
+"""
+FAKE_QSUB = """#!/bin/bash
+printf '%s\\n' "$@" > "$FAKE_QSUB_ARGS"
+echo "$FAKE_QSUB_OUT"
+exit "${FAKE_QSUB_RC:-0}"
+"""
+PBS_PLAN = ["--outlive-stop", "--mpi", "openmpi", "--ranks", "2", "--nodes", "2", "--warning", "USR1",
+            "--requeue", "1", "--resubmit", "train"]
+
+
+def _pbs_step(tmp_path: Path, job: str, code: int, words: str = "", plan: tuple[str, ...] = (),
+              **env: str) -> tuple[int, str, Path]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("mpiexec", FAKE_MPIEXEC), ("qsub", FAKE_QSUB)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    logs = tmp_path / "logs"
+    logs.mkdir(exist_ok=True)
+    full = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", PBS_JOBID=f"{job}.head", FAKE_CODE=str(code),
+                FAKE_WORDS=words, FAKE_SEEN=str(tmp_path / "seen"), FAKE_QSUB_ARGS=str(tmp_path / "qsub-args"),
+                **{"FAKE_QSUB_OUT": "6.head", **env})
+    for name in ("SLURMLAUNCH_RESTART_COUNT", "SLURMLAUNCH_REQUEUE_OF"):
+        if name not in env:
+            full.pop(name, None)
+    r = subprocess.run([sys.executable, "-m", "slurmlaunch", "batch-step", *PBS_PLAN, *plan, "--log-dir", str(logs),
+                        "--job", job, "--", "mpiexec"], env=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    return r.returncode, r.stderr, logs
+
+
+def test_pbs_a_saved_run_is_submitted_again_and_the_next_run_is_bounded(tmp_path: Path) -> None:
+    code, err, logs = _pbs_step(tmp_path, "5", 128 + signal.SIGUSR1)  # the ranks saved and asked (138)
+    assert code == 0, err
+    assert (tmp_path / "seen").read_text() == "0\n"  # the first run, as the ranks are told
+    assert (tmp_path / "qsub-args").read_text().splitlines() == [
+        "-N", "train", "-o", f"{logs}/5.head.OU", "-W", "depend=afterany:5.head", "-v",
+        "SLURMLAUNCH_RESTART_COUNT=1,SLURMLAUNCH_REQUEUE_OF=5.head", f"{logs}/job-5.qsub"]
+    assert "slurmlaunch: requeued: job 5.head resubmitted as job 6.head (restart 1 of at most 1), to start once job " \
+           "5.head has ended" in err
+    assert (logs / "job-5.requeued").read_text() == "6.head\n" and not (logs / "job-5.exitcode").exists()
+    # the resubmission (job 6) asks again: --requeue 1 is spent; its files are job 5's
+    (tmp_path / "qsub-args").unlink()
+    code, err, logs = _pbs_step(tmp_path, "6", 128 + signal.SIGUSR1, SLURMLAUNCH_RESTART_COUNT="1",
+                                SLURMLAUNCH_REQUEUE_OF="5.head")
+    assert code == 138 and "slurmlaunch: not requeued: job 5.head was already requeued 1 time(s) (--max-requeues " \
+        "1)" in err, err
+    assert (tmp_path / "seen").read_text() == "1\n" and not (tmp_path / "qsub-args").exists()
+    assert (logs / "job-5.exitcode").read_text() == "138\n" and not list(logs.glob("job-6.*"))
+
+
+def test_pbs_a_resubmission_qsub_refuses_is_said_and_the_code_stands(tmp_path: Path) -> None:
+    code, err, logs = _pbs_step(tmp_path, "5", 138, FAKE_QSUB_OUT="qsub: Unauthorized Request", FAKE_QSUB_RC="159")
+    assert code == 138 and "slurmlaunch: not requeued: qsub -N train" in err and \
+        "failed: qsub: Unauthorized Request" in err, err
+    assert (logs / "job-5.exitcode").read_text() == "138\n" and not (logs / "job-5.requeued").exists()
+
+
+def test_pbs_ranks_killed_by_the_warning_or_another_signal_are_named(tmp_path: Path) -> None:
+    said = "mpiexec noticed that process rank 1 with PID 0 on node node2 exited on signal {} ({}).\\n"
+    code, err, logs = _pbs_step(tmp_path, "5", 138, said.format(10, "User defined signal 1"))
+    line = "rank 1 on node2 killed by SIGUSR1, the warning signal: the script does not handle it, so nothing was " \
+           "saved and the job is not requeued. Fix: handle SIGUSR1"
+    assert code == -signal.SIGUSR1 and f"slurmlaunch: {line}" in err, err
+    assert (logs / "job-5.failure").read_text().startswith(f"slurmlaunch: {line}")
+    assert not (tmp_path / "qsub-args").exists() and (logs / "job-5.exitcode").read_text() == "138\n"
+    code, err, logs = _pbs_step(tmp_path, "5", 139, said.format(11, "Segmentation fault"))
+    line = "rank 1 on node2 failed first with exit code 139 (killed by SIGSEGV); the other ranks were stopped"
+    assert code == 139 and f"slurmlaunch: {line}" in err, err
+    assert (logs / "job-5.failure").read_text() == f"slurmlaunch: {line}\n"
+    assert not (tmp_path / "qsub-args").exists()
+
+
+def test_pbs_ranks_a_stop_ended_are_not_a_failure(tmp_path: Path) -> None:
+    """qdel or the walltime (SIGTERM to the batch step, which outlives it): Open MPI's word on a rank the stop
+    ended names no failure, and the step writes no exit code (PBS's word stands)."""
+    said = "mpiexec noticed that process rank 0 with PID 0 on node node1 exited on signal 15 (Terminated).\\n"
+    code, err, logs = _pbs_step(tmp_path, "5", 143, said, ("--stacks",), FAKE_STOP="1")
+    assert "slurmlaunch: the job was stopped" in err and "failed first" not in err, err
+    assert not (logs / "job-5.failure").exists() and not (logs / "job-5.exitcode").exists()
+
+
+def test_pbs_a_stop_before_the_walltime_is_never_undone_by_a_requeue(tmp_path: Path) -> None:
+    """A qdel (SIGTERM before the walltime) of ranks that asked for a requeue: not resubmitted."""
+    code, err, logs = _pbs_step(tmp_path, "5", 138, "", ("--stacks", "--walltime", "3600"), FAKE_STOP="1")
+    assert "slurmlaunch: not requeued: the job was stopped " in err and "before its walltime (qdel or qrerun)" in err
+    assert not (tmp_path / "qsub-args").exists() and not (logs / "job-5.requeued").exists()

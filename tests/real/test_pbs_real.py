@@ -206,3 +206,4 @@ def test_every_state_the_server_showed_maps(pbs_env: dict[str, str], tmp_path: P
         f"{queued} after qdel": ("F", 91, None, "CANCELLED", 1),
     }, got
     assert seen[running][3].nodes and seen[running][3].nodes.startswith("node")
+    assert seen[queued][3].note == "PBS's comment: Can Never Run: Not enough total nodes available", seen[queued]

@@ -56,7 +56,9 @@ def test_doctor_names_a_missing_queue_and_a_probe_job_that_never_runs(pbs_env: d
                 timeout=120)
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 2 and last.startswith("slurmlaunch: error: doctor: probe job "), r.stderr
-    assert "did not finish within 15s (still PENDING; cancelled)" in r.stderr, r.stderr
+    # in PBS's own words (the job's comment), not a guess
+    assert "did not finish within 15s (still PENDING; cancelled); PBS's comment: Can Never Run: Not enough total " \
+           "nodes available (--timeout S waits longer)" in r.stderr, r.stderr
     job = r.stderr.split("probe job ", 1)[1].split()[0]
     raw = json.loads(subprocess.run(["qstat", "-x", "-f", "-F", "json", job], env=env, capture_output=True,
                                     text=True, timeout=60).stdout)["Jobs"][job]

@@ -184,7 +184,10 @@ REFUSED: dict[str, tuple[list[str], str]] = {
     "gpu-flag": (["--gpus-per-node", "2", "--gpu-flag", "gres"], "--gpu-flag"),
     "container-image": (["--container-image", "img"], "--container-image"),
     "mode": (["--mode", "torchrun"], "--mode"),
-    "max-requeues": (["--time", "10", "--requeue", "--max-requeues", "5"], "--max-requeues"),
+    "max-requeues of an array": (["--time", "10", "--array", "0-3", "--requeue", "--max-requeues", "5"],
+                                 "--max-requeues"),
+    "max-requeues on torque": (["--pbs-flavour", "torque", "--time", "10", "--requeue", "--max-requeues", "5"],
+                               "--max-requeues"),
     "mem 0": (["--mem", "0"], "--mem 0"),
     "mem 0G": (["--mem", "0G"], "--mem 0G"),
     "time UNLIMITED": (["--time", "UNLIMITED"], "--time UNLIMITED"),
@@ -257,6 +260,22 @@ def test_a_default_name_is_made_to_fit(script: str, name: str) -> None:
 
 def test_requeue_is_rerunnable() -> None:
     assert "-r y" in pbs_script.directives(golden_spec(time="10", requeue=True))
+
+
+def test_requeue_is_a_resubmission_at_the_warning_but_not_for_an_array_or_torque() -> None:
+    """The batch step's plan: --requeue MAX and the name to submit the kept script again as; the ranks are
+    passed which run it is. An array's element, or a Torque job, is -r y alone."""
+    spec = golden_spec(time="10", requeue=True, max_requeues=2, signal="USR1@60", job_name="train")
+    plan = pbs_script.batch_step_plan(spec)
+    assert plan[plan.index("--requeue"):plan.index("--requeue") + 4] == ["--requeue", "2", "--resubmit", "train"]
+    assert "SLURMLAUNCH_RESTART_COUNT" in pbs_script.mpiexec_args(spec, [])[0]
+    no_time = pbs_script.batch_step_plan(golden_spec(requeue=True))  # no warning sent: the 128+N rule still holds
+    assert "--resubmit" in no_time and no_time[no_time.index("--warning") + 1] == "USR2" and "--walltime" not in no_time
+    for other in (golden_spec(time="10", requeue=True, array="0-3"),
+                  golden_spec(time="10", requeue=True, pbs_flavour="torque")):
+        assert "--requeue" not in pbs_script.batch_step_plan(other)
+        assert "-r y" in pbs_script.directives(other)
+        assert "SLURMLAUNCH_RESTART_COUNT" not in pbs_script.mpiexec_args(other, [])[0]
     assert "-r y" not in pbs_script.directives(golden_spec(time="10"))
 
 

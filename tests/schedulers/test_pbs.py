@@ -214,6 +214,12 @@ def test_real_pbs_states_map(attrs: dict[str, object], code_file: int | None, st
     ({"job_state": "Q", "substate": 10}, "PENDING", None),
     ({"job_state": "Q", "substate": 10, "Exit_status": -29, "run_count": 1}, "PENDING", None),  # not a rerun code
     ({"job_state": "F", "substate": 93, "Exit_status": 3, "run_count": 2}, "FAILED", None),  # ended: no note
+    # why a queued job waits, in the scheduler's words (its comment), as the real server wrote it
+    ({"job_state": "Q", "substate": 10, "comment": "Can Never Run: Not enough total nodes available"}, "PENDING",
+     "PBS's comment: Can Never Run: Not enough total nodes available"),
+    ({"job_state": "Q", "substate": 10, "Exit_status": -11, "run_count": 1, "comment": "Job held"}, "PENDING",
+     "PBS stopped run 1 and queued it again to rerun (qrerun)"),  # the rerun says more
+    ({"job_state": "R", "substate": 42, "comment": "Job run at ..."}, "RUNNING", None),
 ])
 def test_a_rerun_is_noted(attrs: dict[str, object], state: str, note: str | None) -> None:
     from slurmlaunch.schedulers.pbs import job_status
@@ -250,3 +256,15 @@ def test_tmrsh_agent_runs_open_mpis_command_line_through_pbs_tmrsh() -> None:
     assert find({"PATH": "/usr/local/bin"}, on.__contains__, {}.get) == "/usr/local/bin/pbs_tmrsh"
     assert find({}, on.__contains__, {}.get) == "/opt/pbs/bin/pbs_tmrsh"
     assert find({}, set().__contains__, conf.get) is None
+
+
+def test_a_job_submitted_again_at_the_warning_is_cancelled_where_it_runs_now(tmp_path: Path) -> None:
+    """The batch step lists a job's resubmissions in its job-ID.requeued (allocation/batch_step.py); cancel
+    (and status) go to the last one. A line that is not a job id is not one to qdel."""
+    from slurmlaunch.schedulers import pbs
+
+    (tmp_path / "job-5.requeued").write_text("6.head\n7.head\n$(id)\n")
+    assert pbs.resubmissions("5.head", str(tmp_path)) == ["6.head", "7.head"]
+    assert pbs.live_id("5.head", str(tmp_path)) == "7.head"
+    assert pbs.live_id("8.head", str(tmp_path)) == "8.head" and pbs.live_id("5.head", None) == "5.head"
+    assert pbs.EDGE.live_id_of is pbs.live_id

@@ -161,7 +161,10 @@ def batch_script(spec: JobSpec, folder: str, array_count: int = 0) -> str:
     lines += [f"job_folder={job.join(shlex.quote(part) for part in folder.split('%j'))}",
               'mkdir -p -m 700 "$job_folder" || exit 2',
               f'mpiexec_report="$job_folder/"{job}{shlex.quote(_MPIEXEC_REPORT.format(job_id=""))}']
-    args, hostfile_flag = mpiexec_args(spec, env)
+    # Not submitted again at the warning as a CLI job is (render/pbs_script.py resubmits): the API keeps no script
+    # of the job to submit; -r y (directives, above) stands.
+    once = spec.changed(requeue=False)
+    args, hostfile_flag = mpiexec_args(once, env)
     names = ["SUBMITIT_EXECUTOR", "SLURMLAUNCH_PBS_NODES", _JOB_ID, *([_ARRAY_ID, "PBS_ARRAY_INDEX"]
                                                                     if array_count > 1 else []),
              *(["SUBMITIT_PREEMPT_SIGNAL"] if preempt else [])]
@@ -173,7 +176,7 @@ def batch_script(spec: JobSpec, folder: str, array_count: int = 0) -> str:
     # code, a qdel or the walltime outlived until mpiexec ended. Its files (job-ID.*) go in the job's folder.
     # Not exec'd, since its stderr (with mpiexec's) is also kept for collect.py: so the batch shell waits out a
     # SIGTERM (a trap defers it until the pipeline ended), and tee ignores it, to keep what mpiexec says last.
-    step = [*batch_step_command(spec), *batch_step_plan(spec)]
+    step = [*batch_step_command(spec), *batch_step_plan(once)]
     lines += ["trap 'true' TERM",
               "exec 3>&1",
               f'{shlex.join(step)} --log-dir "$job_folder" --job {job} -- \\',

@@ -114,8 +114,9 @@ def allocate(job: ProbeJob, timeout: float) -> tuple[list[Report], str]:
             break
         if now > deadline:
             edge.cancel(sub.job_id)
+            why = st.note or "is the partition busy?"  # the scheduler's own word on why it waits, when it says one
             raise SchedulerError(f"doctor: probe job {sub.job_id} did not finish within {timeout:.0f}s (still "
-                                 f"{st.state}; cancelled); is the partition busy? (--timeout S waits longer)")
+                                 f"{st.state}; cancelled); {why} (--timeout S waits longer)")
         time.sleep(1)
     return read_reports(job, sub.job_id), sub.job_id
 

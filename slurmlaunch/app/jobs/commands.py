@@ -399,7 +399,7 @@ def _cancel_here(record: JobRecord) -> str | None:
         return state if code is None else f"{state}, exit code {code}"
     ended = already_ended(edge, record)
     if ended is None:
-        edge.cancel(record.full_id)
+        edge.cancel(record.full_id, record.log_dir)
     return ended
 
 

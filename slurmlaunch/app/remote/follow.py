@@ -86,7 +86,7 @@ def wait_remote(runner: SshRunner, edge: Scheduler, spec: JobSpec, job_id: str, 
     except KeyboardInterrupt:
         def cancel() -> None:
             with use_runner(runner):
-                edge.cancel(job_id)
+                edge.cancel(job_id, spec.log_dir)
 
         return interrupted(job_id, cancel, cancel_on_interrupt, target)
     sys.stderr.write(f"slurmlaunch: logs on {target}:{spec.log_dir}\n")

@@ -75,7 +75,7 @@ def cancel(record: JobRecord, ended: Callable[[Scheduler], str | None]) -> str |
     with login_node(record) as (_, edge):
         was = ended(edge)
         if was is None:
-            edge.cancel(record.full_id)
+            edge.cancel(record.full_id, record.log_dir)
     return was
 
 
