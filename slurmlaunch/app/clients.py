@@ -9,6 +9,9 @@ requeue (docs: Time limits, preemption, requeue).
 
 The scan reads one file: the script, or the module's file under the working directory. It is a heuristic
 (an import of Lightning behind a local module is not seen); ``--signal`` always decides.
+
+The same look finds clients that cannot join the world the job would give them (:func:`client_notes`), for
+one line at submit: idr-torch outside a Slurm step, MMEngine's ``init_dist`` on ranks without a GPU.
 """
 
 from __future__ import annotations
@@ -84,6 +87,45 @@ def lightning_signal(source: str) -> ClientSignal | None:
                 signal = _signal_name(kw.value)
                 detail += f", SLURMEnvironment(requeue_signal={ast.unparse(kw.value)})"
     return ClientSignal("Lightning", signal, requeues, detail)
+
+
+def _imports_and_calls(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """The top-level packages a module imports (absolute imports only) and the names it calls."""
+    imported: set[str] = set()
+    called: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(a.name.split(".", 1)[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            imported.add(node.module.split(".", 1)[0])
+        elif isinstance(node, ast.Call):
+            name = _called_name(node)
+            if name:
+                called.add(name)
+    return imported, called
+
+
+def client_notes(source: str, slurm_step: bool, gpus_per_node: int) -> list[str]:
+    """What a client the script imports will do with the world it is given, where it cannot join it: one
+    phrase each, empty when nothing is known to go wrong. ``slurm_step``: whether the scheduler's ranks see a
+    Slurm step's variables (real or emulated); ``gpus_per_node``: the GPUs asked for per node."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    imported, called = _imports_and_calls(tree)
+    notes = []
+    # idr-torch knows two launchers, Slurm (SLURM_STEP_ID) and torchrun (TORCHELASTIC_RUN_ID); under any other
+    # it falls back to its "Sequential" world of one with a warning, and each rank trains alone
+    if "idr_torch" in imported and not slurm_step:
+        notes.append("idr-torch, which finds its world only in a Slurm step's or torchrun's variables: here every "
+                     "rank would be a world of one and train alone (docs: Works with)")
+    # MMEngine's init_dist (which its Runner calls for launcher='pytorch'/'slurm'/'mpi') first calls
+    # torch.cuda.set_device(LOCAL_RANK), whatever the backend: a rank without a CUDA device fails there
+    if "mmengine" in imported and called & {"init_dist", "Runner", "from_cfg"} and gpus_per_node == 0:
+        notes.append("MMEngine, whose init_dist calls torch.cuda.set_device(LOCAL_RANK) even with gloo: ranks "
+                     "without a GPU fail there (asked: --gpus-per-node 0; docs: Works with)")
+    return notes
 
 
 def script_source(script: str, module: bool, workdir: str) -> str | None:
