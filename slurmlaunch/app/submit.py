@@ -103,10 +103,15 @@ def adapt_to_client(spec: JobSpec, origins: dict[str, str], edge: Scheduler) -> 
 
 
 def note_clients(spec: JobSpec, edge: Scheduler) -> None:
-    """One line per client of the script that cannot join the world this job gives it (app/clients.py); the
-    job is submitted all the same (the scan is a heuristic, and the script may not reach that code)."""
+    """One line per client of the script that cannot join the world this job gives it, and for a torchrun in
+    every task (app/clients.py); the job is submitted all the same (the scan is a heuristic, the script may
+    not reach that code, and the user's torchruns may have a rendezvous of their own)."""
     from . import clients
 
+    if spec.mode == "srun":  # --mode torchrun already starts one torchrun per node
+        nested = clients.nested_torchrun(spec.script, spec.args, spec.module, spec.world_size)
+        if nested:
+            sys.stderr.write(f"slurmlaunch: {nested}\n")
     if spec.no_python:
         return
     source = clients.script_source(spec.script, spec.module, spec.workdir)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.app.clients import client_notes
+from slurmlaunch.app.clients import client_notes, nested_torchrun
 from tests.helpers import run_cli
 
 CLIENTS = Path(__file__).resolve().parents[1] / "clients"
@@ -59,3 +59,42 @@ def test_submit_says_it_in_one_line(tmp_path: Path, scheduler: str, named: bool)
     lines = [ln for ln in r.stderr.splitlines() if "idr-torch" in ln]
     assert lines == ([f"slurmlaunch: train.py uses {IDR} in a Slurm step's or torchrun's variables: here every "
                       "rank would be a world of one and train alone (docs: Works with)"] if named else []), r.stderr
+
+
+# --- a torchrun in every task ---------------------------------------------------------------------------------
+
+# (script, args, -m, tasks) -> named
+TORCHRUN_CASES = [
+    ("torchrun", ["--nproc-per-node", "2", "train.py"], False, 2, True),
+    ("/opt/venv/bin/torchrun", ["--nproc_per_node=4", "train.py"], False, 8, True),  # its entry script
+    ("python3", ["-m", "torch.distributed.run", "--nproc-per-node", "2", "train.py"], False, 2, True),
+    ("python", ["-m", "torch.distributed.launch", "train.py"], False, 2, True),
+    ("torch.distributed.run", ["--nproc-per-node", "2", "train.py"], True, 4, True),  # submit -m
+    ("torchrun", ["--nproc-per-node", "2", "train.py"], False, 1, False),  # one task: one torchrun, one world
+    ("torchrun", ["--nnodes", "2", "--rdzv-endpoint", "node1:29400", "train.py"], False, 2, False),  # its own
+    ("torchrun", ["--nnodes=2", "--master_addr=node1", "train.py"], False, 2, False),
+    ("train.py", ["--torchrun"], False, 4, False),
+    ("python3", ["train.py", "-m", "torch.distributed.run"], False, 4, False),
+    ("torchrun_helper.py", [], False, 4, False),
+    ("torch.distributed.elastic", [], True, 4, False),
+]
+
+
+@pytest.mark.parametrize("script,args,module,tasks,named", TORCHRUN_CASES)
+def test_nested_torchrun(script: str, args: list[str], module: bool, tasks: int, named: bool) -> None:
+    note = nested_torchrun(script, args, module, tasks)
+    assert (note is not None) == named, note
+    if note:
+        assert note.startswith(f"each of the job's {tasks} tasks would start a torchrun of its own"), note
+
+
+@pytest.mark.parametrize("options,named", [(["--no-python", "torchrun"], True),
+                                           (["--mode", "torchrun", "--nproc-per-node", "2", "train.py"], False),
+                                           (["train.py"], False)])
+def test_submit_says_it_for_torchrun_in_every_task(tmp_path: Path, options: list[str], named: bool) -> None:
+    (tmp_path / "train.py").write_text("print('hello')\n")
+    extra = ["--nproc-per-node", "2", "train.py"] if options[-1] == "torchrun" else []
+    r = run_cli("submit", "--scheduler", "slurm", "--dry-run", "--nodes", "2", *options, *extra, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "torchrun of its own" in ln]
+    assert len(lines) == (1 if named else 0), r.stderr
