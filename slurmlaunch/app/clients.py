@@ -9,12 +9,17 @@ requeue (docs: Time limits, preemption, requeue).
 
 The scan reads one file: the script, or the module's file under the working directory. It is a heuristic
 (an import of Lightning behind a local module is not seen); ``--signal`` always decides.
+
+The same look finds clients that cannot join the world the job would give them (:func:`client_notes`), for
+one line at submit: idr-torch outside a Slurm step, MMEngine's ``init_dist`` on ranks without a GPU; and
+:func:`nested_torchrun`, a job whose every task would start a torchrun of its own.
 """
 
 from __future__ import annotations
 
 import ast
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 LIGHTNING_DEFAULT_SIGNAL = "USR1"  # SLURMEnvironment's requeue_signal when none is given
@@ -84,6 +89,72 @@ def lightning_signal(source: str) -> ClientSignal | None:
                 signal = _signal_name(kw.value)
                 detail += f", SLURMEnvironment(requeue_signal={ast.unparse(kw.value)})"
     return ClientSignal("Lightning", signal, requeues, detail)
+
+
+def _imports_and_calls(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """The top-level packages a module imports (absolute imports only) and the names it calls."""
+    imported: set[str] = set()
+    called: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(a.name.split(".", 1)[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            imported.add(node.module.split(".", 1)[0])
+        elif isinstance(node, ast.Call):
+            name = _called_name(node)
+            if name:
+                called.add(name)
+    return imported, called
+
+
+def client_notes(source: str, slurm_step: bool, gpus_per_node: int) -> list[str]:
+    """What a client the script imports will do with the world it is given, where it cannot join it: one
+    phrase each, empty when nothing is known to go wrong. ``slurm_step``: whether the scheduler's ranks see a
+    Slurm step's variables (real or emulated); ``gpus_per_node``: the GPUs asked for per node."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    imported, called = _imports_and_calls(tree)
+    notes = []
+    # idr-torch knows two launchers, Slurm (SLURM_STEP_ID) and torchrun (TORCHELASTIC_RUN_ID); under any other
+    # it falls back to its "Sequential" world of one with a warning, and each rank trains alone
+    if "idr_torch" in imported and not slurm_step:
+        notes.append("idr-torch, which finds its world only in a Slurm step's or torchrun's variables: here every "
+                     "rank would be a world of one and train alone (docs: Works with)")
+    # MMEngine's init_dist (which its Runner calls for launcher='pytorch'/'slurm'/'mpi') first calls
+    # torch.cuda.set_device(LOCAL_RANK), whatever the backend: a rank without a CUDA device fails there
+    if "mmengine" in imported and called & {"init_dist", "Runner", "from_cfg"} and gpus_per_node == 0:
+        notes.append("MMEngine, whose init_dist calls torch.cuda.set_device(LOCAL_RANK) even with gloo: ranks "
+                     "without a GPU fail there (asked: --gpus-per-node 0; docs: Works with)")
+    return notes
+
+
+_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+# torchrun's own rendezvous options: with one, the user's torchruns may well find each other
+_RENDEZVOUS = ("--rdzv-endpoint", "--rdzv_endpoint", "--master-addr", "--master_addr")
+
+
+def nested_torchrun(script: str, args: Sequence[str], module: bool, tasks: int) -> str | None:
+    """Why a job whose every task runs torchrun itself (``torchrun ...``, its entry script, ``python -m
+    torch.distributed.run|launch``, or ``-m`` with those) goes wrong, or None. torchrun reads its own options
+    (and PET_* variables), not the RANK/WORLD_SIZE/MASTER_ADDR the launcher exports: without ``--nnodes`` and a
+    rendezvous endpoint of the user's, each of ``tasks`` torchruns makes a world of its own on its node, and on
+    separate hosts each trains alone while the job ends 0 (tried on the local scheduler: two worlds of
+    RANK 0..1, ports of their own). --mode torchrun is slurmlaunch's way of having torchrun start the ranks."""
+    if tasks <= 1 or any(a.split("=", 1)[0] in _RENDEZVOUS for a in args):
+        return None
+    name = os.path.basename(script)
+    if module:
+        found = script in _TORCHRUN_MODULES
+    else:
+        found = name == "torchrun" or (name.startswith("python") and len(args) >= 2 and args[0] == "-m"
+                                       and args[1] in _TORCHRUN_MODULES)
+    if not found:
+        return None
+    return (f"each of the job's {tasks} tasks would start a torchrun of its own, and torchrun ignores the world "
+            f"slurmlaunch gives it: every one makes a separate world of its --nproc-per-node ranks; for torchrun's "
+            f"agents use submit --mode torchrun --nproc-per-node G SCRIPT (docs: --mode torchrun)")
 
 
 def script_source(script: str, module: bool, workdir: str) -> str | None:

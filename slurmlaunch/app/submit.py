@@ -102,6 +102,26 @@ def adapt_to_client(spec: JobSpec, origins: dict[str, str], edge: Scheduler) -> 
     return spec
 
 
+def note_clients(spec: JobSpec, edge: Scheduler) -> None:
+    """One line per client of the script that cannot join the world this job gives it, and for a torchrun in
+    every task (app/clients.py); the job is submitted all the same (the scan is a heuristic, the script may
+    not reach that code, and the user's torchruns may have a rendezvous of their own)."""
+    from . import clients
+
+    if spec.mode == "srun":  # --mode torchrun already starts one torchrun per node
+        nested = clients.nested_torchrun(spec.script, spec.args, spec.module, spec.world_size)
+        if nested:
+            sys.stderr.write(f"slurmlaunch: {nested}\n")
+    if spec.no_python:
+        return
+    source = clients.script_source(spec.script, spec.module, spec.workdir)
+    if source is None:
+        return
+    # the ranks of an edge whose in-allocation reader is Slurm's see a Slurm step's variables (local_stepenv.py)
+    for note in clients.client_notes(source, "read_slurm" in edge.readers, spec.gpus_per_node):
+        sys.stderr.write(f"slurmlaunch: {spec.script} uses {note}\n")
+
+
 def cmd_submit(ns: Any) -> int:
     ns = merged_options(ns)
     if ns.remote:
@@ -117,6 +137,7 @@ def cmd_submit(ns: Any) -> int:
     edge = scheduler(choose_scheduler(ns.scheduler, preview=ns.dry_run))
     edge.refuse_unsupported(spec, getattr(ns, "option_origins", {}))
     spec = adapt_to_client(spec, getattr(ns, "option_origins", {}), edge)
+    note_clients(spec, edge)
     if spec.warning_note:
         sys.stderr.write(f"slurmlaunch: {spec.warning_note}\n")
     if not edge.queued:

@@ -1,9 +1,10 @@
-"""The client matrix: scripts written the way Lightning, accelerate and PyTorch's multi-node DDP tutorial
-teach (tests/clients/, nothing in them about slurmlaunch) run unchanged through every way slurmlaunch starts
-a world: the local default, real Slurm in srun mode and in --mode torchrun, `slurmlaunch run` with two
-"nodes", and the Python API. The oracle is each library's own view of the world it joined (its rank, its
-world size, the cluster environment it detected) and the trained parameters, which must be the same on every
-rank (each rank trained on its own shard, so only working gradient averaging makes them equal).
+"""The client matrix: scripts written the way Lightning (its Trainer and Fabric), accelerate, pytorch-ignite,
+idr-torch and PyTorch's multi-node DDP tutorial teach (tests/clients/, nothing in them about slurmlaunch) run
+unchanged through every way slurmlaunch starts a world: the local default, real Slurm in srun mode and in
+--mode torchrun, `slurmlaunch run` with two "nodes", the Python API, and real PBS (mpiexec). The oracle is
+each library's own view of the world it joined (its rank, its world size, the cluster environment it
+detected) and the trained parameters, which must be the same on every rank (each rank trained on its own
+shard, so only working gradient averaging makes them equal).
 
 Cost: one job per client and way, 2 steps each, the jobs of one way concurrently. Every rank is a Python
 that imports torch (and Lightning or accelerate: 2-6 s of CPU a rank), so the worlds are 2 nodes x 1 rank:
@@ -31,13 +32,13 @@ from tests.helpers import no_slurm_env, skip_or_fail, teardown_abort_only
 CLIENTS = Path(__file__).resolve().parents[1] / "clients"
 ROOT = CLIENTS.parent.parent
 NODES = 2
-PER_NODE = {"local": 1, "srun": 1, "torchrun": 1, "run": 1, "api": 1}  # ranks per node, by way
-NAMES = ("lightning", "accelerate", "ddp", "ignite-parallel", "ignite-initialize", "idr")
+PER_NODE = {"local": 1, "srun": 1, "torchrun": 1, "run": 1, "api": 1, "pbs": 1}  # ranks per node, by way
+NAMES = ("lightning", "fabric", "accelerate", "ddp", "ignite-parallel", "ignite-initialize", "idr")
 # What each library says it detected, by the way the world was started. Lightning reads Slurm's variables
 # when a Slurm step (real or emulated) started the task, torchrun's when its agent did, and otherwise its own
 # (LOCAL_RANK/NODE_RANK/WORLD_SIZE); accelerate and the tutorial read only torch's variables.
 LIGHTNING_ENV = {"local": "SLURMEnvironment", "srun": "SLURMEnvironment", "torchrun": "TorchElasticEnvironment",
-                 "run": "TorchElasticEnvironment", "api": "SLURMEnvironment"}
+                 "run": "TorchElasticEnvironment", "api": "SLURMEnvironment", "pbs": "MPIEnvironment"}
 # idr-torch picks Slurm's variables where a Slurm step (real or emulated) started the task, torchrun's where
 # torchrun's agent did (--mode torchrun: its workers are no tasks of the step) or `run` says it is torchrun.
 IDR_ENV = {"local": "Slurm", "srun": "Slurm", "torchrun": "TorchElastic", "run": "TorchElastic", "api": "Slurm"}
@@ -61,8 +62,9 @@ def clients_installed() -> None:
 
 def argv(name: str, workdir: Path, per_node: int, epochs: int = 2) -> list[str]:
     """The command line a user of that library would write for NODES x per_node ranks."""
-    if name == "lightning":
-        return [str(CLIENTS / "lightning_fit.py"), "--devices", str(per_node), "--num-nodes", str(NODES)]
+    if name in ("lightning", "fabric"):
+        script = "lightning_fit.py" if name == "lightning" else "fabric_loop.py"
+        return [str(CLIENTS / script), "--devices", str(per_node), "--num-nodes", str(NODES)]
     if name == "accelerate":
         return [str(CLIENTS / "accelerate_loop.py"), "--steps", "2"]
     if name.startswith("ignite-"):
@@ -98,7 +100,7 @@ def check(text: str, name: str, way: str) -> list[dict[str, str]]:
     assert sorted(int(r["local_rank"]) for r in got) == sorted(list(range(per_node)) * NODES), got
     assert len({r["params"] for r in got}) == 1, f"parameters differ between ranks: {got}"
     assert got[0]["params"] != got[0]["before"], f"training changed nothing: {got}"
-    if name == "lightning":
+    if name in ("lightning", "fabric"):  # Fabric chooses its cluster environment as the Trainer does
         assert {r["env"] for r in got} == {LIGHTNING_ENV[way.split("-")[0]]}, got
         # the cluster environment's own answers agree with the trainer's
         assert all(r["env_rank"] == r["rank"] and r["env_world"] == str(world) for r in got), got
@@ -316,14 +318,52 @@ def check_works_with_table(table: str, pins: dict[str, str]) -> None:
     from importlib.metadata import version
 
     rows = {row.split("|")[1].strip().split()[0]: row for row in table.splitlines() if row.startswith("| ")}
-    for package, row_name in (("lightning", "Lightning"), ("accelerate", "Hugging"),
+    for package, row_name in (("lightning", "Lightning"), ("lightning", "Fabric"), ("accelerate", "Hugging"),
                               ("pytorch-ignite", "pytorch-ignite"), ("idr-torch", "idr-torch")):
         assert f"| {pins[package]} |" in rows[row_name], (package, pins[package], rows[row_name])
         assert version(package) == pins[package], f"{package} {version(package)} installed, {pins[package]} pinned"
     for env in set(LIGHTNING_ENV.values()):
-        assert f"`{env}`" in rows["Lightning"], env
+        assert f"`{env}`" in rows["Lightning"] and f"`{env}`" in rows["Fabric"], env
     for env in set(IDR_ENV.values()):
         assert f"`{env}`" in rows["idr-torch"], env
     for name, settings in SETTINGS.items():
         for key, value in settings.items():
             assert f"{key}={value}" in table, (name, key)
+
+
+# --- PBS: the ranks started by Open MPI's mpiexec ------------------------------------------------------------
+
+def pbs_text(workdir: Path) -> str:
+    """The job's one output (PBS Pro's name for qsub -o DIR/), without mpiexec --tag-output's tags (it tags
+    what it reads in one go, which may be part of a line)."""
+    text = "".join(p.read_text(errors="replace") for p in sorted((workdir / "slurmlaunch-logs").glob("*.OU")))
+    return re.sub(r"\[\d+,\d+\]<std(?:out|err)>:", "", text)
+
+
+@pytest.mark.pbs
+def test_pbs(pbs_env: dict[str, str], tmp_path: Path, clients_installed: None) -> None:
+    """The real OpenPBS dev cluster, ranks started by Open MPI's mpiexec: no Slurm variable and no torchrun's.
+    Lightning and Fabric find MPIEnvironment there (mpi4py, a test extra, is installed; it asks MPI for rank
+    and size, and rank 0's host and a free port there for its rendezvous); the others torch's variables.
+    idr-torch knows only Slurm and torchrun: every rank falls back to a world of one and trains alone, and
+    the job ends 0; submit says so before (app/clients.py client_notes)."""
+    per_node = PER_NODE["pbs"]
+    # the tests run as root: Open MPI's two run-as-root variables (PBS passes nothing else from this shell)
+    shape = ["--scheduler", "pbs", "--nodes", str(NODES), "--tasks-per-node", str(per_node), "--wait",
+             "--wait-timeout", "280", "--env", "OMPI_ALLOW_RUN_AS_ROOT=1", "--env", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"]
+    dirs = {name: workdir_for(tmp_path, name) for name in NAMES}
+    done = run_together({name: (submit(*shape, *env_options(name), *argv(name, d, per_node)), pbs_env, d)
+                         for name, d in dirs.items()}, timeout=320)
+    for name, (code, console) in done.items():
+        text = pbs_text(dirs[name])
+        assert succeeded(code, console, dirs[name]), f"{name}: {console[-3000:]}\n{text[-3000:]}"
+        if name != "idr":
+            check(text, name, "pbs")
+            continue
+        alone = records(text, "idr")
+        for line in RECORD.findall(text):
+            print("pbs", *line)
+        assert len(alone) == NODES * per_node, text[-3000:]
+        assert {(r["env"], r["rank"], r["world"], r["torch_world"]) for r in alone} == {("Sequential", "0", "1", "1")}
+        assert "idr_torch only makes sense within a distributed execution" in text, text[-3000:]
+        assert "uses idr-torch, which finds its world only in a Slurm step's or torchrun's variables" in console

@@ -1,0 +1,100 @@
+"""The one line submit prints for a client that cannot join the world the job would give it (app/clients.py
+client_notes): a table through the pure function, the matrix's own client scripts (tests/clients/, the ones
+that ran and showed it: tests/real/test_clients.py test_pbs for idr-torch under PBS), and the line itself
+from `submit --dry-run` per scheduler."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurmlaunch.app.clients import client_notes, nested_torchrun
+from tests.helpers import run_cli
+
+CLIENTS = Path(__file__).resolve().parents[1] / "clients"
+
+IDR = "idr-torch, which finds its world only"
+MM = "MMEngine, whose init_dist"
+
+# (source, the ranks see a Slurm step's variables, GPUs per node) -> the clients named
+CASES = [
+    ("import idr_torch\nidr_torch.init_process_group(backend='gloo')", False, 0, [IDR]),
+    ("from idr_torch import rank", False, 4, [IDR]),
+    ("def main():\n    import idr_torch.api\n", False, 0, [IDR]),
+    ("import idr_torch", True, 0, []),  # a Slurm step (real or the local scheduler's): idr-torch's Slurm API
+    ("from .idr_torch import x", False, 0, []),  # a local module of that name
+    ("text = 'import idr_torch'", False, 0, []),  # a string is not an import
+    ("from mmengine.dist import init_dist\ninit_dist('pytorch', backend='gloo')", True, 0, [MM]),
+    ("import mmengine.dist as d\nd.init_dist('slurm')", False, 0, [MM]),
+    ("from mmengine.runner import Runner\nRunner.from_cfg(cfg).train()", True, 0, [MM]),
+    ("from mmengine.dist import init_dist\ninit_dist('pytorch')", True, 2, []),  # GPUs asked for
+    ("from mmengine.config import Config\nConfig.fromfile('x.py')", True, 0, []),  # no world started
+    ("import idr_torch\nfrom mmengine.dist import init_dist\ninit_dist('mpi')", False, 0, [IDR, MM]),
+    ("import torch.distributed as dist\ndist.init_process_group('gloo')", False, 0, []),
+    ("def (:", False, 0, []),  # not Python
+]
+
+
+@pytest.mark.parametrize("source,slurm_step,gpus,expected", CASES)
+def test_client_notes_from_source(source: str, slurm_step: bool, gpus: int, expected: list[str]) -> None:
+    notes = client_notes(source, slurm_step, gpus)
+    assert [next(e for e in (IDR, MM) if n.startswith(e)) for n in notes] == expected, notes
+
+
+def test_the_matrix_scripts() -> None:
+    """The client scripts that run in the matrix: only idr-torch's is named, and only outside a Slurm step."""
+    for script in sorted(CLIENTS.glob("*.py")):
+        source = script.read_text()
+        assert client_notes(source, True, 0) == [], script.name
+        expected = [IDR] if script.name == "idr_torch_train.py" else []
+        assert [n[:len(IDR)] for n in client_notes(source, False, 0)] == expected, script.name
+
+
+@pytest.mark.parametrize("scheduler,named", [("pbs", True), ("slurm", False), ("local", False)])
+def test_submit_says_it_in_one_line(tmp_path: Path, scheduler: str, named: bool) -> None:
+    (tmp_path / "train.py").write_text((CLIENTS / "idr_torch_train.py").read_text())
+    r = run_cli("submit", "--scheduler", scheduler, "--dry-run", "--nodes", "2", "train.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "idr-torch" in ln]
+    assert lines == ([f"slurmlaunch: train.py uses {IDR} in a Slurm step's or torchrun's variables: here every "
+                      "rank would be a world of one and train alone (docs: Works with)"] if named else []), r.stderr
+
+
+# --- a torchrun in every task ---------------------------------------------------------------------------------
+
+# (script, args, -m, tasks) -> named
+TORCHRUN_CASES = [
+    ("torchrun", ["--nproc-per-node", "2", "train.py"], False, 2, True),
+    ("/opt/venv/bin/torchrun", ["--nproc_per_node=4", "train.py"], False, 8, True),  # its entry script
+    ("python3", ["-m", "torch.distributed.run", "--nproc-per-node", "2", "train.py"], False, 2, True),
+    ("python", ["-m", "torch.distributed.launch", "train.py"], False, 2, True),
+    ("torch.distributed.run", ["--nproc-per-node", "2", "train.py"], True, 4, True),  # submit -m
+    ("torchrun", ["--nproc-per-node", "2", "train.py"], False, 1, False),  # one task: one torchrun, one world
+    ("torchrun", ["--nnodes", "2", "--rdzv-endpoint", "node1:29400", "train.py"], False, 2, False),  # its own
+    ("torchrun", ["--nnodes=2", "--master_addr=node1", "train.py"], False, 2, False),
+    ("train.py", ["--torchrun"], False, 4, False),
+    ("python3", ["train.py", "-m", "torch.distributed.run"], False, 4, False),
+    ("torchrun_helper.py", [], False, 4, False),
+    ("torch.distributed.elastic", [], True, 4, False),
+]
+
+
+@pytest.mark.parametrize("script,args,module,tasks,named", TORCHRUN_CASES)
+def test_nested_torchrun(script: str, args: list[str], module: bool, tasks: int, named: bool) -> None:
+    note = nested_torchrun(script, args, module, tasks)
+    assert (note is not None) == named, note
+    if note:
+        assert note.startswith(f"each of the job's {tasks} tasks would start a torchrun of its own"), note
+
+
+@pytest.mark.parametrize("options,named", [(["--no-python", "torchrun"], True),
+                                           (["--mode", "torchrun", "--nproc-per-node", "2", "train.py"], False),
+                                           (["train.py"], False)])
+def test_submit_says_it_for_torchrun_in_every_task(tmp_path: Path, options: list[str], named: bool) -> None:
+    (tmp_path / "train.py").write_text("print('hello')\n")
+    extra = ["--nproc-per-node", "2", "train.py"] if options[-1] == "torchrun" else []
+    r = run_cli("submit", "--scheduler", "slurm", "--dry-run", "--nodes", "2", *options, *extra, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "torchrun of its own" in ln]
+    assert len(lines) == (1 if named else 0), r.stderr
