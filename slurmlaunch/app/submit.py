@@ -108,18 +108,18 @@ def note_clients(spec: JobSpec, edge: Scheduler) -> None:
     not reach that code, and the user's torchruns may have a rendezvous of their own)."""
     from . import clients
 
-    if spec.mode == "srun":  # --mode torchrun already starts one torchrun per node
-        nested = clients.nested_torchrun(spec.script, spec.args, spec.module, spec.world_size)
+    if spec.launch.mode == "srun":  # --mode torchrun already starts one torchrun per node
+        nested = clients.nested_torchrun(spec.program.script, spec.program.args, spec.program.module, spec.world_size)
         if nested:
             sys.stderr.write(f"slurmlaunch: {nested}\n")
-    if spec.no_python:
+    if spec.program.no_python:
         return
-    source = clients.script_source(spec.script, spec.module, spec.workdir)
+    source = clients.script_source(spec.program.script, spec.program.module, spec.program.workdir)
     if source is None:
         return
     # the ranks of an edge whose in-allocation reader is Slurm's see a Slurm step's variables (local_stepenv.py)
-    for note in clients.client_notes(source, "read_slurm" in edge.readers, spec.gpus_per_node):
-        sys.stderr.write(f"slurmlaunch: {spec.script} uses {note}\n")
+    for note in clients.client_notes(source, "read_slurm" in edge.readers, spec.resources.gpus_per_node):
+        sys.stderr.write(f"slurmlaunch: {spec.program.script} uses {note}\n")
 
 
 def cmd_submit(ns: Any) -> int:
