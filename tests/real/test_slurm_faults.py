@@ -326,19 +326,26 @@ def node_processes(root: Path, node: str) -> list[int]:
     hold the node's log file open) and everything they started."""
     log = str(root.resolve() / "log" / f"slurmd-{node}.log")
     steps = [pid for pid in devcluster.step_daemons(root) if log in open_files(pid)]
-    parents: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
+    return [int((root / f"slurmd-{node}.pid").read_text()), *steps, *devcluster.descendants(steps)]
+
+
+def started_at(pid: int) -> str | None:
+    """The process's start time (/proc/PID/stat, field 22) while it runs; None once it ended (a zombie has)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def running(processes: dict[int, str | None]) -> list[str]:
+    """Those of ``processes`` (pid: start time) that still run, with their command lines."""
+    found = []
+    for pid, start in processes.items():
+        if start is not None and started_at(pid) == start:
             with contextlib.suppress(OSError):
-                stat = Path(f"/proc/{entry.name}/stat").read_text()
-                parents[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
-    found = set(steps)
-    while True:
-        more = {pid for pid, parent in parents.items() if parent in found} - found
-        if not more:
-            break
-        found |= more
-    return [int((root / f"slurmd-{node}.pid").read_text()), *sorted(found)]
+                found.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes()[:120]!r}")
+    return found
 
 
 @pytest.mark.slurm
@@ -347,12 +354,12 @@ def test_wait_names_a_lost_node_and_slurms_requeue(lost: str, tmp_path: Path) ->
     """kill -9 of node2's slurmd (or of all node2's processes: slurmd, step daemons, ranks) under a running
     3-node job: --wait names node2 as soon as Slurm's ping misses it, then the requeue Slurm makes after
     NODE_FAIL and why the job waits; `dev-cluster down` afterwards leaves none of that cluster's step
-    daemons (after a lost slurmd, node2's outlived it)."""
+    daemons (after a lost slurmd, node2's outlived it) and none of the job's ranks (node2's outlived both)."""
     root, env = start_cluster(3000)
     try:
         env = per_test_env(env, tmp_path)
         train = script(tmp_path, f"import os, time; open({str(tmp_path)!r} + '/started-' + os.environ['RANK'], 'w')"
-                                 f"; time.sleep(600)\n")
+                                 f".write(str(os.getpid())); time.sleep(600)\n")
         proc = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "submit", "--scheduler", "slurm", "--wait",
                                  "--nodes", "3", str(train)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
@@ -361,6 +368,9 @@ def test_wait_names_a_lost_node_and_slurms_requeue(lost: str, tmp_path: Path) ->
             wait_line(lines, seen, "saying the job runs on node[1-3]", lambda s: "RUNNING on node[1-3]" in s, 180)
             # every rank runs (a slurmd killed while it starts its step's tasks fails the step instead)
             wait_for("the 3 ranks to start", lambda: len(list(tmp_path.glob("started-*"))) == 3)
+            # the ranks and what they started (their rendezvous watchdogs): none may outlive `down`
+            ranks = [int(p.read_text()) for p in tmp_path.glob("started-*")]
+            tasks = {pid: started_at(pid) for pid in [*ranks, *devcluster.descendants(ranks)]}
             slurmd = int((root / "slurmd-node2.pid").read_text())
             victims = node_processes(root, "node2") if lost == "node" else [slurmd]
             assert len(victims) >= (3 if lost == "node" else 1), victims  # slurmd, a step daemon, a rank at least
@@ -396,6 +406,10 @@ def test_wait_names_a_lost_node_and_slurms_requeue(lost: str, tmp_path: Path) ->
     assert devcluster.step_daemons(root) == []
     for pid in orphans:
         assert not Path(f"/proc/{pid}").exists() or "slurmstepd" not in Path(f"/proc/{pid}/comm").read_text()
+    # node2's rank outlived its slurmd and step daemon (nothing tells it its step is gone): `down` stops it
+    # with the step daemons (init reaps it within moments; it would otherwise sleep out its 600 s)
+    wait_for("the job's ranks and watchdogs to be gone after `down`", lambda: not running(tasks), bound=30,
+             show=lambda: "; ".join(running(tasks)))
 
 
 @pytest.mark.slurm
