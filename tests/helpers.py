@@ -363,3 +363,11 @@ def first_job_id(worker: str | None = None) -> int:
     name = os.environ.get("PYTEST_XDIST_WORKER", "gw0") if worker is None else worker
     index = int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
     return 1 + index * JOB_IDS_PER_WORKER
+
+
+def launch_job_id(n: int = 0, worker: str | None = None) -> int:
+    """A job id for a test that runs launchers outside any cluster (step_env's ``job``), the ``n``th (0-99) of
+    this worker's last hundred ids, which its clusters never reach: the ranks derive MASTER_PORT from it, and a
+    fixed id would put every worker and every session on this machine on one port."""
+    assert 0 <= n < 100, n
+    return first_job_id(worker) + JOB_IDS_PER_WORKER - 1 - n

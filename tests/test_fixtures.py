@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import JOB_IDS_PER_WORKER, first_job_id, per_test_env
+from tests.helpers import JOB_IDS_PER_WORKER, first_job_id, launch_job_id, per_test_env
 
 
 def test_each_test_gets_its_own_per_user_state(tmp_path: Path) -> None:
@@ -25,6 +25,20 @@ def test_each_test_gets_its_own_per_user_state(tmp_path: Path) -> None:
 def test_xdist_workers_get_job_ids_apart() -> None:
     assert first_job_id("gw0") == 1 and first_job_id("master") == 1
     assert first_job_id("gw1") == 1 + JOB_IDS_PER_WORKER and first_job_id("gw2") == 1 + 2 * JOB_IDS_PER_WORKER
+
+
+def test_launchers_outside_a_cluster_get_a_master_port_per_worker() -> None:
+    """The job ids of tests that run ranks with step_env: inside the worker's block, apart from the ids its
+    clusters hand out, and (what matters) a MASTER_PORT of their own for every worker of the 16 the team's
+    sessions and CI use, so that no two sessions' ranks rendezvous on one port of 127.0.0.1."""
+    from slurmlaunch.core.envvars import derive_port
+
+    ports = set()
+    for worker in (f"gw{i}" for i in range(16)):
+        ids = [launch_job_id(n, worker) for n in range(3)]
+        assert all(first_job_id(worker) + 3900 <= i < first_job_id(worker) + JOB_IDS_PER_WORKER for i in ids), ids
+        ports |= {derive_port(i) for i in ids}
+    assert len(ports) == 16 * 3
 
 
 @pytest.mark.slurm

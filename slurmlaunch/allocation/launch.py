@@ -181,6 +181,9 @@ def rendezvous_timeout(environ: Mapping[str, str]) -> float:
     return parse_rendezvous_timeout(environ.get(RDZV_TIMEOUT_VAR))
 
 
+WATCHDOG_NAME = b"rdzv-watchdog"  # the watchdog's /proc/PID/comm (at most 15 bytes)
+
+
 def start_watchdog(dist: DistEnv, timeout: float) -> None:
     """A rank other than 0 that neither reached MASTER_ADDR:MASTER_PORT nor made any TCP connection within
     ``timeout`` seconds is stopped with a message naming what it waited for, instead of hanging in
@@ -207,7 +210,12 @@ def start_watchdog(dist: DistEnv, timeout: float) -> None:
         try:  # die with the rank (PR_SET_PDEATHSIG); in the forked child only: off the rank's path
             import ctypes
 
-            ctypes.CDLL(None).prctl(1, _signal.SIGKILL)
+            libc = ctypes.CDLL(None)
+            libc.prctl(1, _signal.SIGKILL)
+            # PR_SET_NAME: ps's argv still reads "slurmlaunch launch SCRIPT" (the fork's), its comm says what
+            # it is. Once it ended it stays a zombie until the rank ends: a script that never waits for its
+            # children never reaps it (a "launcher" that seems to outlive SIGTERM is this one, already ended).
+            libc.prctl(15, WATCHDOG_NAME)
         except (OSError, AttributeError):
             pass
         me = os.getpid()

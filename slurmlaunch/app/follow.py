@@ -83,12 +83,14 @@ def stopped_summary(log_dir: str, job_id: str) -> list[str]:
 
 def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, *, poll: float = 1.0,
            timeout: float | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-           log_dir: str | None = None, files_id: str | None = None) -> int:
+           log_dir: str | None = None, files_id: str | None = None,
+           failures: Callable[[], list[str]] | None = None) -> int:
     """Wait for the job to end and return its exit code. Raises SchedulerError when the scheduler stops
     answering for LOST_CONTACT_S, or after ``timeout`` seconds (the job itself keeps running). A failed
     job's first-failure line (from ``log_dir``, by default rank 0's log's directory) is shown before the
     last line, so the reason a rank stopped reaches the terminal and not only that rank's log. ``files_id``:
-    the id in the job's file names when it is not ``job_id`` (PBS's 1234 of 1234.server)."""
+    the id in the job's file names when it is not ``job_id`` (PBS's 1234 of 1234.server). ``failures``: reads
+    the first-failure lines where they are not files here (a remote job's, on its login node)."""
     if log_dir is None and rank0_log:
         log_dir = os.path.dirname(rank0_log)
     start = time.monotonic()
@@ -122,9 +124,11 @@ def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, 
             if tail:
                 tail.pump()
             code = st.exit_code if st.exit_code is not None else 1
-            if code != 0 and log_dir:
-                for line in failure_lines(log_dir, files_id or job_id):
+            if code != 0 and (log_dir or failures):
+                found = failures() if failures else failure_lines(log_dir or "", files_id or job_id)
+                for line in found:
                     err.write(line + "\n")
+            if code != 0 and log_dir:
                 fault = explain_fault(code, log_dir)  # the output directory failed the job (74, 181)
                 if fault:
                     err.write(f"slurmlaunch: job {job_id}: {fault}\n")

@@ -141,8 +141,9 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
             help="extra sbatch (or qsub) option, written as an #SBATCH (#PBS) line (repeatable)"),
         Opt("--master-port", type=Count("--master-port", 1, 65535),
             help="MASTER_PORT (default: derived from the job id)"),
-        Opt("--signal", metavar="NAME[@SECONDS]",
-            help="warning signal before the time limit, passed to every rank (default USR2@90; none)"),
+        Opt("--signal", metavar="[B:]NAME[@SECONDS]",
+            help="warning signal before the time limit, passed to every rank (default USR2@90; none). sbatch's "
+            "B: prefix is accepted and changes nothing: the batch step always gets it and passes it on"),
         Opt("--requeue", action="toggle",
             help="requeue the job when the warning signal came (ranks save a checkpoint, exit 128+N)"),
         Opt("--max-requeues", type=Count("--max-requeues", 0, MAX_RESTARTS),

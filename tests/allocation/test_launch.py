@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import EXAMPLES, clean_env, launch, run_cli, step_env
+from tests.helpers import EXAMPLES, clean_env, launch, launch_job_id, run_cli, step_env
 
 DUMP = """
 import json, os, sys
@@ -209,6 +210,36 @@ def test_watchdog_is_quiet_when_the_master_answers(tmp_path: Path) -> None:
     assert p.returncode == 0 and out.strip() == "ok" and "slurmlaunch" not in err
 
 
+def test_the_watchdog_is_named_and_ends_at_once_on_sigterm(tmp_path: Path) -> None:
+    """What ps showed after a lost node as a launcher that ignored SIGTERM: the watchdog (forked from the launcher,
+    so its argv is the launcher's) ended at the TERM but stays a zombie while the rank, its parent, never waits
+    for children. Its comm names it; a TERM ends it without touching the rank."""
+    from slurmlaunch.allocation.launch import WATCHDOG_NAME
+
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\nprint('in', flush=True)\ntime.sleep(120)\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # bound, never listening: the watchdog keeps waiting
+        env = clean_env(**step_env("localhost,localhost", [1, 1], 1, MASTER_ADDR="127.0.0.1",
+                                   MASTER_PORT=str(s.getsockname()[1])), SLURMLAUNCH_RDZV_TIMEOUT="300")
+        p = launch(str(script), env=env)
+        try:
+            assert p.stdout is not None and p.stdout.readline() == "in\n", p.stderr
+            children = Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()
+            assert len(children) == 1, children
+            watchdog = int(children[0])
+            assert Path(f"/proc/{watchdog}/comm").read_bytes().strip() == WATCHDOG_NAME
+            os.kill(watchdog, signal.SIGTERM)
+            deadline = time.monotonic() + 30  # a bound to wait within, not a speed to assert
+            while Path(f"/proc/{watchdog}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                assert time.monotonic() < deadline, "the watchdog did not end on SIGTERM"
+                time.sleep(0.05)
+            assert p.poll() is None  # the rank goes on
+        finally:
+            p.kill()
+            p.communicate(timeout=60)
+
+
 OWN_RENDEZVOUS = """
 import socket, sys, time
 # rank 1 of a script that rendezvous its own way: it reaches its peer at a port of its own, never MASTER_PORT
@@ -371,7 +402,7 @@ def test_gloo_all_reduce_through_the_launcher(torch_available: None, tmp_path: P
     counts = [2, 2]
     procs = []
     for rank in range(4):
-        env = clean_env(**step_env("localhost,localhost", counts, rank, job=4242))
+        env = clean_env(**step_env("localhost,localhost", counts, rank, job=launch_job_id(0)))
         procs.append(launch(str(script), env=env))
     outs = []
     for p in procs:
@@ -384,7 +415,7 @@ def test_gloo_all_reduce_through_the_launcher(torch_available: None, tmp_path: P
 
 def test_legacy_example_through_the_launcher(torch_available: None) -> None:
     procs = [launch("--legacy-local-rank-arg", str(EXAMPLES / "legacy_local_rank.py"),
-                    env=clean_env(**step_env("localhost", [2], r, job=777))) for r in range(2)]
+                    env=clean_env(**step_env("localhost", [2], r, job=launch_job_id(1)))) for r in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     assert sorted(o[0].strip() for o in outs) == [

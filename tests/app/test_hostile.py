@@ -527,10 +527,19 @@ def _tail(name: str) -> list[str]:
 
 
 def test_fuzz_every_option_with_hostile_values(project: tuple[Path, dict[str, str]]) -> None:
-    """exit 0 or 2, one line on 2, never an exception; the values reach nothing that runs (dry runs,
-    a run whose executable does not exist, doctor without a Slurm controller)."""
+    """exit 0 or 2, one line on 2, never an exception; the values reach nothing that runs (dry runs, a run of
+    `true`, doctor without a Slurm controller, --remote through an ssh that connects nowhere)."""
     cwd, env = project
-    env = dict(env, PATH=str(Path(sys.executable).parent) + ":/usr/bin:/bin")  # no fake sbatch
+    # No fake sbatch. An ssh that connects nowhere: doctor --remote gave the real one "0x10" and "000...01",
+    # which are addresses (0.0.0.16, 0.0.0.1), and each waited out ConnectTimeout (20 s) off this machine.
+    # Its configuration is still the real client's (-G connects nothing); a connection fails at once, as an
+    # unreachable host's does.
+    fake = cwd / "ssh-nowhere"
+    fake.mkdir()
+    (fake / "ssh").write_text('#!/bin/sh\nfor a; do [ "$a" = -G ] && exec /usr/bin/ssh "$@"; done\n'
+                              'echo "ssh: connect to host port 22: Network is unreachable" >&2\nexit 255\n')
+    (fake / "ssh").chmod(0o755)
+    env = dict(env, PATH=f"{fake}:{Path(sys.executable).parent}:/usr/bin:/bin")
     env.pop("SLURM_CONF", None)
     seen = 0
     with in_process(cwd, env):

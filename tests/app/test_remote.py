@@ -304,6 +304,21 @@ def test_a_command_the_laptop_gave_up_on_does_not_run_on(laptop: sshd.Laptop, tm
     assert _gone(started), "the hung squeue still runs on the login node"
 
 
+def test_a_setup_line_the_laptop_gave_up_on_does_not_run_on(laptop: sshd.Laptop, tmp_path: Path) -> None:
+    """The same bound for the --remote-setup lines, which are shell code of the remote shell itself (no
+    `timeout` can run them): a hung line that ignores TERM is stopped with the shell's process group."""
+    hung = tmp_path / "hung"
+    hung.mkdir()
+    bin_dir = sshd.login_bin(tmp_path, {"hung-setup": HUNG_SQUEUE})
+    setup = [f"export PATH={bin_dir}:/usr/bin:/bin", f"export HUNG_DIR={hung}", "hung-setup"]
+    with remote.Connection(remote.parse_destination("login"), setup=setup) as conn:
+        with pytest.raises(SlurmLaunchError, match="10s"):
+            SshRunner(conn).run(["squeue", "-h", "--me"], timeout=10)
+    started = _hung_ones(hung)
+    assert len(started) == 1
+    assert _gone(started), "the hung setup line still runs on the login node"
+
+
 def test_list_asks_every_destination_at_once_within_one_bound(laptop: sshd.Laptop, tmp_path: Path) -> None:
     """Two destinations (the same host, set up differently) whose squeue hangs: both are asked at the same
     time (each hung squeue started: asked one after another within one bound, the second would not be), each

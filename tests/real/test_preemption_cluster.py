@@ -3,6 +3,10 @@
 * A Lightning Trainer.fit submitted with --requeue and a short --time: submit gives it SIGUSR1 (Lightning's
   requeue signal), Lightning saves its hpc checkpoint on the warning and requeues the job itself, the batch
   shell does not requeue a second time, and the resumed run ends with the weights of an uninterrupted run.
+  The warning is sent as Slurm sends it for --signal=B:USR1@90 (scancel --signal --batch) once the first
+  run trains, rather than waited for: Slurm's timer sends it 90-150 s into a 4-minute job, which cost this
+  test 100 s; that Slurm's timer sends --signal's warning is test_slurm_cluster's
+  test_time_limit_requeues_at_most_max_requeues.
 * A script without a handler for the warning signal dies of it: the batch log and --wait say so, name the
   signal and the fix, the job is not requeued, and Slurm records the job as killed by the signal.
 """
@@ -12,11 +16,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-
-from tests.helpers import run_cli
 
 pytestmark = pytest.mark.slurm
 
@@ -59,6 +62,8 @@ class Model(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         step = self.global_step
+        if RESTART == "0" and self.global_rank == 0:
+            print(f"training step {step}", flush=True)
         if RESTART == "0" and step >= 2:
             time.sleep(SLEEP)
         # the data of step s depends on s and the rank only: a resumed run must equal an uninterrupted one
@@ -105,27 +110,35 @@ def test_lightning_saves_on_the_time_limit_warning_and_requeues_itself_once(
     ref = subprocess.Popen([sys.executable, "-m", "slurmlaunch", *common, "--output-dir", "ref-logs",
                             str(script), "0", str(tmp_path / "ref-root")],
                            env=cluster_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # No --signal: submit picks USR1@90. Slurm sends it when its periodic check finds the job within 90 s
-    # of its 4-minute limit, which its documentation says may be up to a minute early: 90-150 s after the
-    # start. Lightning has installed its handler long before 90 s; the first run, at 1.5 s a step for 150
-    # steps, is still training at 150 s (and would reach the limit before its end).
-    r = run_cli(*common, "--time", "4", "--requeue", "--output-dir", "rq-logs", str(script), "1.5",
-                str(tmp_path / "root"), env=cluster_env, cwd=tmp_path, timeout=600)
+    # No --signal: submit picks USR1@90. The first run, at 1.5 s a step for 150 steps, would still train at
+    # the 4-minute limit. Once it is at step 3 (Lightning's handler is installed before training starts), the
+    # warning goes where Slurm sends --signal=B:USR1@90's: to the batch shell, which passes it on.
+    r = subprocess.Popen([sys.executable, "-m", "slurmlaunch", *common, "--time", "4", "--requeue", "--output-dir",
+                          "rq-logs", str(script), "1.5", str(tmp_path / "root")],
+                         env=cluster_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert r.stdout is not None
+    job = r.stdout.readline().strip()  # submit prints the job id first
+    assert job.isdigit(), job
+    rank0 = tmp_path / "rq-logs" / f"job-{job}.rank-0.log"
+    deadline = time.monotonic() + 300  # Lightning's start on a loaded 2-core machine: a bound, not a speed
+    while not (rank0.exists() and "training step 3" in rank0.read_text(errors="replace")):
+        assert time.monotonic() < deadline and r.poll() is None, f"job {job}'s first run never reached step 3"
+        time.sleep(0.5)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=cluster_env, check=True, timeout=60)
+    out, err = r.communicate(timeout=600)
     ref_out, ref_err = ref.communicate(timeout=600)
     assert ref.returncode == 0, ref_err[-3000:] + "".join(
         p.read_text(errors="replace")[-1500:] for p in sorted((tmp_path / "ref-logs").glob("*.log")))
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, err[-3000:]
     # submit chose Lightning's signal and said who requeues
-    assert "uses Lightning (imports lightning)" in r.stderr and "warning signal SIGUSR1 90s" in r.stderr, r.stderr
-    assert "the batch script will not requeue it again" in r.stderr
-    job = re.search(r"submitted job (\d+)", r.stderr)
-    assert job, r.stderr
-    batch = (tmp_path / "rq-logs" / f"job-{job[1]}.batch.log").read_text()
-    script_path = re.search(r"; script (\S+)", r.stderr)
+    assert "uses Lightning (imports lightning)" in err and "warning signal SIGUSR1 90s" in err, err
+    assert "the batch script will not requeue it again" in err
+    assert f"submitted job {job}" in err, err
+    batch = (tmp_path / "rq-logs" / f"job-{job}.batch.log").read_text()
+    script_path = re.search(r"; script (\S+)", err)
     assert script_path and "--signal=B:USR1@90" in Path(script_path[1]).read_text()
     assert "SIGUSR1 received, passing it on to the ranks" in batch, batch
     assert "requeueing job" not in batch, batch  # only Lightning requeued
-    out = r.stdout
     # the first run saved on the warning (its only checkpoint), the second resumed from that step
     assert "cluster environment SLURMEnvironment" in out, out[-3000:]
     saved = re.findall(r"checkpoint at step (\d+)", out)
@@ -133,7 +146,7 @@ def test_lightning_saves_on_the_time_limit_warning_and_requeues_itself_once(
     assert starts[0] == ("0", "0") and len(starts) == 2 and starts[1][1] == "1", out[-3000:]
     assert int(saved[0]) > 2 and starts[1][0] == saved[0], out[-3000:]
     assert (tmp_path / "root" / "hpc_ckpt_1.ckpt").exists()
-    assert _sacct_states(job[1], cluster_env) == ["REQUEUED", "COMPLETED"]
+    assert _sacct_states(job, cluster_env) == ["REQUEUED", "COMPLETED"]
     assert _final(out) == _final(ref_out)
 
 

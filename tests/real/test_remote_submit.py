@@ -160,6 +160,8 @@ def test_list_from_the_laptop_without_accounting(laptop: sshd.Laptop, cluster_en
                   "--remote-setup", f"export PATH={bin_dir}:$PATH", "--python", sys.executable, "--nodes", "1",
                   "--wait", "three.py", cwd=project)
     assert r.returncode == 3, r.stderr
+    # the first-failure line the batch script left on the cluster, as a local --wait shows it
+    assert re.search(r"^slurmlaunch: rank\(s\) 0 on node\d+ failed first with exit code 3\b", r.stderr, re.M), r.stderr
     job = re.search(r"submitted job (\d+) on login", r.stderr).group(1)  # type: ignore[union-attr]
     ls = on_laptop(laptop, "list", "--json", cwd=project)
     assert ls.returncode == 0, ls.stderr

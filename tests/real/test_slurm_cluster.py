@@ -225,9 +225,11 @@ def test_warning_signal_checkpoint_requeue_resume(cluster_env: dict[str, str], t
     """scancel --signal=USR2 mid-run: the ranks save and exit 140, the batch shell requeues, the next run
     resumes from the checkpoint, and the result equals an uninterrupted run's."""
     example = str(EXAMPLES / "checkpoint_requeue.py")
-    ref = run_cli("submit", "--scheduler", "local", "--nodes", "2", "--tasks-per-node", "2", example, "--steps", "40",
-                  "--checkpoint", str(tmp_path / "ref.pt"), env=cluster_env, cwd=tmp_path, timeout=300)
-    assert ref.returncode == 0, ref.stderr
+    # the uninterrupted reference, on the local scheduler while the Slurm job runs
+    ref = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "submit", "--scheduler", "local", "--nodes", "2",
+                            "--tasks-per-node", "2", example, "--steps", "40", "--checkpoint",
+                            str(tmp_path / "ref.pt")],
+                           env=cluster_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     p = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "submit", "--nodes", "2", "--tasks-per-node", "2",
                           "--requeue", "--wait", "--output-dir", "rq-logs", example, "--steps", "40",
                           "--step-seconds", "0.25", "--checkpoint", str(tmp_path / "ck.pt")],
@@ -242,13 +244,15 @@ def test_warning_signal_checkpoint_requeue_resume(cluster_env: dict[str, str], t
     job = rank0[0].name.split(".")[0].removeprefix("job-")
     subprocess.run(["scancel", "--signal=USR2", job], env=cluster_env, check=True)
     out, err = p.communicate(timeout=240)
+    ref_out, ref_err = ref.communicate(timeout=300)
+    assert ref.returncode == 0, ref_err
     assert p.returncode == 0, out + err
     # requeued: back to PENDING after it ran (whether --wait's first poll saw it PENDING depends on how fast
     # Slurm started it: seen both ways)
     assert re.search(r"job \d+ RUNNING[\s\S]*job \d+ PENDING[\s\S]*job \d+ RUNNING", err), err
     assert "checkpoint saved at step" in out and "resumed from step" in out and "SLURM_RESTART_COUNT=1" in out
     assert "requeueing job" in (logs / f"job-{job}.batch.log").read_text()
-    assert _final_weights(out) == _final_weights(ref.stdout)
+    assert _final_weights(out) == _final_weights(ref_out)
 
 
 def test_time_limit_requeues_at_most_max_requeues(cluster_env: dict[str, str], tmp_path: Path,

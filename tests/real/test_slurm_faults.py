@@ -326,76 +326,114 @@ def node_processes(root: Path, node: str) -> list[int]:
     hold the node's log file open) and everything they started."""
     log = str(root.resolve() / "log" / f"slurmd-{node}.log")
     steps = [pid for pid in devcluster.step_daemons(root) if log in open_files(pid)]
-    parents: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
+    return [int((root / f"slurmd-{node}.pid").read_text()), *steps, *devcluster.descendants(steps)]
+
+
+def started_at(pid: int) -> str | None:
+    """The process's start time (/proc/PID/stat, field 22) while it runs; None once it ended (a zombie has)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def running(processes: dict[int, str | None]) -> list[str]:
+    """Those of ``processes`` (pid: start time) that still run, with their command lines."""
+    found = []
+    for pid, start in processes.items():
+        if start is not None and started_at(pid) == start:
             with contextlib.suppress(OSError):
-                stat = Path(f"/proc/{entry.name}/stat").read_text()
-                parents[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
-    found = set(steps)
-    while True:
-        more = {pid for pid, parent in parents.items() if parent in found} - found
-        if not more:
-            break
-        found |= more
-    return [int((root / f"slurmd-{node}.pid").read_text()), *sorted(found)]
+                found.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes()[:120]!r}")
+    return found
+
+
+# How a node is lost: its slurmd alone (kill -9), or all its processes (slurmd, step daemons, ranks); the node
+# each way loses, and the nodes of the job that loses it
+LOST = {"slurmd": ("node2", "node[1-3]"), "node": ("node5", "node[4-6]")}
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("lost", ["slurmd", "node"])
-def test_wait_names_a_lost_node_and_slurms_requeue(lost: str, tmp_path: Path) -> None:
-    """kill -9 of node2's slurmd (or of all node2's processes: slurmd, step daemons, ranks) under a running
-    3-node job: --wait names node2 as soon as Slurm's ping misses it, then the requeue Slurm makes after
-    NODE_FAIL and why the job waits; `dev-cluster down` afterwards leaves none of that cluster's step
-    daemons (after a lost slurmd, node2's outlived it)."""
-    root, env = start_cluster(3000)
+def test_wait_names_a_lost_node_and_slurms_requeue(tmp_path: Path) -> None:
+    """kill -9 of node2's slurmd under a running 3-node job on node[1-3], and of all node5's processes
+    (slurmd, step daemons, ranks) under another on node[4-6], at once on one 6-node cluster (each waits about
+    a minute for Slurm's SlurmdTimeout): --wait names the node as soon as Slurm's ping misses it, then the
+    requeue Slurm makes after NODE_FAIL and why the job waits; `dev-cluster down` afterwards leaves none of
+    that cluster's step daemons (node2's outlived its slurmd) and none of the jobs' ranks (node2's outlived
+    both)."""
+    root, env = start_cluster(3000, nodes=6)
+    procs: dict[str, subprocess.Popen[str]] = {}
     try:
         env = per_test_env(env, tmp_path)
-        train = script(tmp_path, f"import os, time; open({str(tmp_path)!r} + '/started-' + os.environ['RANK'], 'w')"
-                                 f"; time.sleep(600)\n")
-        proc = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "submit", "--scheduler", "slurm", "--wait",
-                                 "--nodes", "3", str(train)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        for lost, (_, nodes) in LOST.items():
+            where = tmp_path / lost
+            where.mkdir()
+            train = script(where, f"import os, time; open({str(where)!r} + '/started-' + os.environ['RANK'], 'w')"
+                                  f".write(str(os.getpid())); time.sleep(600)\n")
+            procs[lost] = subprocess.Popen(
+                [sys.executable, "-m", "slurmlaunch", "submit", "--scheduler", "slurm", "--wait", "--nodes", "3",
+                 f"--sbatch-arg=--nodelist={nodes}", str(train)], env=env, cwd=where, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True)
         try:
-            lines, seen = follow_lines(proc), []
-            wait_line(lines, seen, "saying the job runs on node[1-3]", lambda s: "RUNNING on node[1-3]" in s, 180)
-            # every rank runs (a slurmd killed while it starts its step's tasks fails the step instead)
-            wait_for("the 3 ranks to start", lambda: len(list(tmp_path.glob("started-*"))) == 3)
-            slurmd = int((root / "slurmd-node2.pid").read_text())
-            victims = node_processes(root, "node2") if lost == "node" else [slurmd]
-            assert len(victims) >= (3 if lost == "node" else 1), victims  # slurmd, a step daemon, a rank at least
-            for pid in victims:
+            lines = {lost: follow_lines(proc) for lost, proc in procs.items()}
+            seen: dict[str, list[str]] = {lost: [] for lost in LOST}
+            tasks: dict[int, str | None] = {}
+            for lost, (_, nodes) in LOST.items():
+                wait_line(lines[lost], seen[lost], f"saying the job runs on {nodes}",
+                          lambda s, nodes=nodes: f"RUNNING on {nodes}" in s, 180)
+                # every rank runs (a slurmd killed while it starts its step's tasks fails the step instead)
+                started = tmp_path / lost
+                wait_for(f"the 3 ranks on {nodes} to start",
+                         lambda started=started: len(list(started.glob("started-*"))) == 3)
+                # the ranks and what they started (their rendezvous watchdogs): none may outlive `down`
+                ranks = [int(p.read_text()) for p in started.glob("started-*")]
+                tasks.update({pid: started_at(pid) for pid in [*ranks, *devcluster.descendants(ranks)]})
+            victims = {"slurmd": [int((root / "slurmd-node2.pid").read_text())],
+                       "node": node_processes(root, "node5")}
+            assert len(victims["node"]) >= 3, victims  # slurmd, a step daemon, a rank at least
+            for pid in [*victims["slurmd"], *victims["node"]]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             killed = time.monotonic()
-            # Slurm's ping misses node2 within SlurmdTimeout/3 (+ the ping's own timeout); --wait polls every s
-            named_line = wait_line(lines, seen, "naming node2", lambda s: "node2 " in s, 3 * SLURMD_TIMEOUT)
-            assert "node2 not responding" in named_line or "node2 down" in named_line, named_line
-            named = time.monotonic() - killed
-            job_id = next(s.split("job ", 1)[1].split()[0] for s in seen if "] job " in s)
-            # node2's step daemon is gone or cannot report: srun waits for it, Slurm ends the run NODE_FAIL
-            # when it marks node2 DOWN (SlurmdTimeout), and requeues the job
-            requeued = wait_line(lines, seen, "saying Slurm requeued the job after NODE_FAIL",
-                                 lambda s: "Slurm requeued it after NODE_FAIL" in s, 4 * SLURMD_TIMEOUT)
-            assert " PENDING (" in requeued and "of its run on node[1-3]" in requeued, requeued
-            print(f"{lost}: node2 named {named:.0f}s after the kill, the requeue "
-                  f"{time.monotonic() - killed:.0f}s after")  # shown with -s
-            wait_line(lines, seen, "saying node2 is down, with Slurm's reason",
-                      lambda s: "node2 down (Not responding)" in s and "Slurm's reason: " in s, 4 * SLURMD_TIMEOUT)
-            shown = run_cli("status", job_id, env=env)
-            assert shown.returncode == 0 and f"job {job_id} (slurm): PENDING" in shown.stdout, shown.stderr
-            assert "NODE_FAIL" in shown.stdout and "node2 down (Not responding)" in shown.stdout, shown.stdout
+            job_ids = {}
+            for lost, (node, nodes) in LOST.items():
+                # Slurm's ping misses the node within SlurmdTimeout/3 (+ the ping's own timeout); --wait polls
+                # every s. Both jobs' lines queue while the other is read: each bound counts from the kill.
+                named_line = wait_line(lines[lost], seen[lost], f"naming {node}", lambda s, node=node: f"{node} " in s,
+                                       killed + 3 * SLURMD_TIMEOUT - time.monotonic())
+                assert f"{node} not responding" in named_line or f"{node} down" in named_line, named_line
+                job_ids[lost] = next(s.split("job ", 1)[1].split()[0] for s in seen[lost] if "] job " in s)
+                # the node's step daemon is gone or cannot report: srun waits for it, Slurm ends the run
+                # NODE_FAIL when it marks the node DOWN (SlurmdTimeout), and requeues the job
+                requeued = wait_line(lines[lost], seen[lost], "saying Slurm requeued the job after NODE_FAIL",
+                                     lambda s: "Slurm requeued it after NODE_FAIL" in s,
+                                     killed + 4 * SLURMD_TIMEOUT - time.monotonic())
+                assert " PENDING (" in requeued and f"of its run on {nodes}" in requeued, requeued
+                print(f"{lost}: {node} named and the job requeued by {time.monotonic() - killed:.0f}s after the "
+                      f"kill")  # shown with -s
+                wait_line(lines[lost], seen[lost], f"saying {node} is down, with Slurm's reason",
+                          lambda s, node=node: f"{node} down (Not responding)" in s and "Slurm's reason: " in s,
+                          killed + 5 * SLURMD_TIMEOUT - time.monotonic())
+                shown = run_cli("status", job_ids[lost], env=env)
+                assert shown.returncode == 0 and f"job {job_ids[lost]} (slurm): PENDING" in shown.stdout, shown.stderr
+                assert "NODE_FAIL" in shown.stdout and f"{node} down (Not responding)" in shown.stdout, shown.stdout
         finally:
-            proc.kill()
-            proc.wait(timeout=60)
-        subprocess.run(["scancel", job_id], env=env, check=True, timeout=60)
-        orphans = devcluster.step_daemons(root)
-        assert orphans or lost == "node", "node2's step daemon outlived its slurmd: the case `down` must handle"
+            for proc in procs.values():
+                proc.kill()
+                proc.wait(timeout=60)
+        subprocess.run(["scancel", *job_ids.values()], env=env, check=True, timeout=60)
+        log = str(root.resolve() / "log" / "slurmd-node2.log")
+        orphans = [pid for pid in devcluster.step_daemons(root) if log in open_files(pid)]
+        assert orphans, "node2's step daemon outlived its slurmd: the case `down` must handle"
     finally:
         stop_cluster(root)
     assert devcluster.step_daemons(root) == []
     for pid in orphans:
         assert not Path(f"/proc/{pid}").exists() or "slurmstepd" not in Path(f"/proc/{pid}/comm").read_text()
+    # node2's rank outlived its slurmd and step daemon (nothing tells it its step is gone): `down` stops it
+    # with the step daemons (init reaps it within moments; it would otherwise sleep out its 600 s)
+    wait_for("the jobs' ranks and watchdogs to be gone after `down`", lambda: not running(tasks), bound=30,
+             show=lambda: "; ".join(running(tasks)))
 
 
 @pytest.mark.slurm

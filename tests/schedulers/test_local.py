@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -93,14 +94,17 @@ def test_a_local_jobs_master_port_is_free_here_not_derived_from_its_id(tmp_path:
 
     (tmp_path / "port.py").write_text("import os\n"
                                       "print('PORT', os.environ['MASTER_PORT'], os.environ['SLURM_JOB_ID'])\n")
-    for given in ([], ["--master-port", "23456"]):
+    with socket.socket() as s:  # a port nobody holds now: a fixed one would be every session's on this machine
+        s.bind(("127.0.0.1", 0))
+        free = str(s.getsockname()[1])
+    for given in ([], ["--master-port", free]):
         r = run_cli("submit", "--scheduler", "local", "--nodes", "2", *given, "port.py", env=no_slurm_env(tmp_path),
                     cwd=tmp_path, timeout=120)
         assert r.returncode == 0, r.stderr
         found = set(re.findall(r"PORT (\d+) (\d+)", r.stdout))
         assert len(found) == 1, r.stdout  # every rank, the same port
         port, job = found.pop()
-        assert port == "23456" if given else port != str(derive_port(int(job))), (port, job)
+        assert port == free if given else port != str(derive_port(int(job))), (port, job)
 
 
 # A fresh venv holds torch and slurmlaunch, not NumPy (the test venv has it, for the client matrix): a package

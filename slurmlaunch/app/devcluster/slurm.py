@@ -604,8 +604,19 @@ def _stop(pidfiles: list[Path], timeout: float) -> None:
         pidfile.unlink(missing_ok=True)
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs: a zombie has ended (it waits for its parent to read its status, which a
+    rank that never waits for its children does only when it ends itself) and no signal can end it again."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:][:1] not in (b"Z", b"X")
+
+
 def _stop_pids(candidates: list[int], timeout: float) -> None:
-    """TERM each pid, KILL those still there after ``timeout`` seconds."""
+    """TERM each pid, KILL those still running after ``timeout`` seconds."""
     pids = []
     for pid in candidates:
         try:
@@ -616,9 +627,7 @@ def _stop_pids(candidates: list[int], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     for pid in pids:
         while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except OSError:
+            if not _running(pid):
                 break
             time.sleep(0.05)
         else:
@@ -649,6 +658,25 @@ def step_daemons(root: Path) -> list[int]:
     return pids
 
 
+def descendants(pids: list[int]) -> list[int]:
+    """Every process below ``pids`` in the process tree (by the parent pid in /proc/PID/stat), not ``pids``."""
+    parents: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    stat = f.read()
+                parents[int(entry.name)] = int(stat[stat.rindex(b")") + 2:].split()[1])
+            except (OSError, ValueError, IndexError):  # gone meanwhile
+                continue
+    found: set[int] = set()
+    frontier = set(pids)
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return sorted(found - set(pids))
+
+
 def _fd_target(link: str) -> str:
     try:
         return os.readlink(link)
@@ -658,10 +686,14 @@ def _fd_target(link: str) -> str:
 
 def down(root: Path, timeout: float = 10.0) -> None:
     """Stop every daemon that has a pid file under root (TERM, then KILL after `timeout`): the nodes, their
-    step daemons (found by step_daemons), the controller, then slurmdbd and MariaDB; then remove what the
-    networked mode made (remove_network)."""
+    step daemons (found by step_daemons) and every process below them, the controller, then slurmdbd and
+    MariaDB; then remove what the networked mode made (remove_network)."""
     _stop(sorted(root.glob("slurmd-*.pid")), timeout)
-    _stop_pids(step_daemons(root), timeout)
+    # A step daemon whose slurmd is gone (killed: a "lost" node) is never told to end its step, and TERM ends
+    # it alone: its tasks (the ranks, their watchdogs) would live on under init until their script ends, and
+    # proctrack/linuxproc, which follows the process tree, loses them. So they are found while the tree holds.
+    steps = step_daemons(root)
+    _stop_pids([*descendants(steps), *steps], timeout)
     for pattern in ("slurmctld.pid", "slurmdbd.pid", "mariadb.pid"):
         _stop(sorted(root.glob(pattern)), timeout)
     remove_network(root, timeout)

@@ -162,7 +162,7 @@ def _run(conn: Connection, directory: str, package: str, python: str, action: st
     script = (f"cd -- {shlex.quote(directory)} && umask 077 && {pythonpath_setup(package)} && "
               f"{shlex.join([python, '-m', RUNNER_MODULE, action, '{}.{}'.format(*sys.version_info[:2])])}")
     started = time.monotonic()
-    proc = conn.run(shell_command(script, conn.setup), input_bytes=data, timeout=timeout, check=False)
+    proc = conn.run(shell_command(script, conn.setup, timeout), input_bytes=data, timeout=timeout, check=False)
     lines = proc.stdout.decode(errors="replace").strip().splitlines()
     try:
         answer: dict[str, Any] = pickle.loads(base64.b64decode(lines[-1], validate=True))

@@ -6,6 +6,7 @@ each as one word, byte for byte; only --remote-setup lines are shell code on pur
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from collections.abc import Sequence
@@ -95,15 +96,35 @@ def parse_destination(text: str) -> Destination:
     return Destination(host, user, directory)
 
 
-def shell_command(script: str, setup: Sequence[str] = ()) -> str:
+SETUP_WATCH = "slurmlaunch_setup_watch"  # the remote shell's variable: the pid of the setup lines' bound
+SETUP_KILL_AFTER_S = 5  # after the setup bound's TERM, the KILL of a line that ignores it
+
+
+def shell_command(script: str, setup: Sequence[str] = (), bound: float | None = None) -> str:
     """``script`` (a line of ours, its values already quoted) after the --remote-setup lines: each must
     succeed (set -e); when one fails, an EXIT trap names it on stderr (SETUP_FAILED and its number, which
-    setup_failure reads), so the error can say which line it was rather than the end of this script."""
+    setup_failure reads), so the error can say which line it was rather than the end of this script.
+    ``bound``: the setup lines are stopped after that many seconds, as ``script``'s own bound (coreutils
+    timeout) stops it: sshd stops nothing it started without a terminal, so a hung line (a module system
+    waiting on a file system) would run on after the laptop gave up. They are shell code run by this very
+    shell (a `module` function, an `export`), so no `timeout` can run them: a watcher in the background
+    (where coreutils' timeout and tail are) TERMs the shell's process group, which sshd made, then KILLs it,
+    unless the shell ends first; it is stopped as soon as the setup lines are done."""
     if not setup:
         return script
     steps = "".join(f"{SETUP_STEP}={i}\n{line}\n" for i, line in enumerate(setup, 1))
     trap = f"trap '[ \"${SETUP_STEP}\" = 0 ] || echo \"{SETUP_FAILED}${SETUP_STEP}\" >&2' EXIT"
-    return f"{trap}\nset -e\n{steps}set +e\n{SETUP_STEP}=0\ntrap - EXIT\n{script}"
+    watch = disarm = ""
+    if bound is not None:
+        limit = max(1, math.ceil(bound))
+        # The watcher ignores the TERM it sends its own group; `tail --pid` ends when this shell does. It is
+        # started from a command substitution, so that it is no job of this shell's: bash would report its
+        # KILL below on stderr ("Killed ..."), which is the command's output.
+        watch = (f"{SETUP_WATCH}=\nif command -v timeout >/dev/null 2>&1; then {SETUP_WATCH}=$( ( trap '' TERM; "
+                 f"timeout -s KILL {limit} tail --pid=$$ -f /dev/null || {{ kill -TERM -$$; "
+                 f"sleep {SETUP_KILL_AFTER_S}; kill -KILL -$$; }} ) </dev/null >/dev/null 2>&1 & echo $! ); fi\n")
+        disarm = f'[ -z "${SETUP_WATCH}" ] || kill -KILL "${SETUP_WATCH}" 2>/dev/null\n'
+    return f"{trap}\n{watch}set -e\n{steps}set +e\n{disarm}{SETUP_STEP}=0\ntrap - EXIT\n{script}"
 
 
 def remote_command(argv: Sequence[str], setup: Sequence[str] = ()) -> str:

@@ -67,8 +67,9 @@ def cmd_doctor_remote(target: str, setup: list[str] | None, python: str | None, 
         command = [interpreter, "-c", SERVE]
         script = (f"cd -- {shlex.quote(remote_dir)} && umask 077 && {pythonpath_setup(package)} && "
                   f"{shlex.join(command)}")
-        proc = conn.run(shell_command(script, conn.setup), input_bytes=json.dumps(request).encode(), check=False,
-                        timeout=COMMAND_TIMEOUT_S + (timeout if nodes is not None else 0.0))
+        limit = COMMAND_TIMEOUT_S + (timeout if nodes is not None else 0.0)
+        proc = conn.run(shell_command(script, conn.setup, limit), input_bytes=json.dumps(request).encode(),
+                        check=False, timeout=limit)
     if proc.returncode not in (0, 1, 2):  # not doctor's own answer: the interpreter is missing, or worse
         said = proc.stderr.decode(errors="replace").strip().splitlines() or ["(no output)"]
         raise RemoteError(f"on {dest.target}: {interpreter} (slurmlaunch doctor) failed (exit {proc.returncode}): "

@@ -8,6 +8,7 @@ import sys
 import time
 
 from ...core.errors import SchedulerError, SlurmLaunchError
+from ...core.jobfiles import JobFiles
 from ...core.spec import JobSpec
 from ...schedulers import JobStatus
 from ...schedulers.interface import Scheduler
@@ -33,8 +34,10 @@ class RemoteFollower:
     a command that runs and fails (a --remote-setup line, squeue refusing) is RemoteCommandFailed, which
     follow() does not retry: one line at once."""
 
-    def __init__(self, runner: SshRunner, edge: Scheduler, job_id: str, log_dir: str, log: str | None) -> None:
+    def __init__(self, runner: SshRunner, edge: Scheduler, job_id: str, log_dir: str, log: str | None,
+                 files_id: str | None = None) -> None:
         self.runner, self.edge, self.job_id, self.log_dir, self.log = runner, edge, job_id, log_dir, log
+        self.files_id = files_id or job_id  # the id in the job's file names (PBS's 1234 of 1234.server)
         self.offset = 0
         self.failures = 0
         self._text = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character split by a chunk
@@ -71,18 +74,31 @@ class RemoteFollower:
         return st
 
 
+    def failure_lines(self) -> list[str]:
+        """The job's first-failure line, read on the login node where the batch script left it (one more ssh
+        call, once, after a failed job ended); nothing when it cannot be read (the exit code still says it)."""
+        from ..follow import FAILURE_BOUND
+
+        try:
+            data = self.runner.read(JobFiles(self.log_dir, self.files_id).failure, 0, FAILURE_BOUND)
+        except SlurmLaunchError:
+            return []
+        text = (data or b"").decode("utf-8", errors="replace")
+        return [line for line in text.splitlines() if line.strip()][:1]
+
+
 def wait_remote(runner: SshRunner, edge: Scheduler, spec: JobSpec, job_id: str, cancel_on_interrupt: bool,
                 timeout: float | None) -> int:
     """Follow the job from here: its states and rank 0's output (where the scheduler writes one; PBS: the
-    states), as `submit --wait` does locally. A dropped connection is retried on every poll (a new master
-    each time) for follow's LOST_CONTACT_S."""
+    states) and, when it failed, its first-failure line, as `submit --wait` does locally. A dropped connection
+    is retried on every poll (a new master each time) for follow's LOST_CONTACT_S."""
     from ..follow import follow, interrupted
 
     target = runner.conn.dest.target
     files_id = job_id.split(".", 1)[0]
-    status = RemoteFollower(runner, edge, job_id, spec.log_dir, edge.rank_log(spec, files_id, 0))
+    status = RemoteFollower(runner, edge, job_id, spec.log_dir, edge.rank_log(spec, files_id, 0), files_id)
     try:
-        code: int = follow(job_id, status, None, timeout=timeout)
+        code: int = follow(job_id, status, None, timeout=timeout, failures=status.failure_lines)
     except KeyboardInterrupt:
         def cancel() -> None:
             with use_runner(runner):

@@ -80,7 +80,7 @@ class SshRunner:
         command = bounded(line, timeout)
         if umask >= 0:
             command = f"umask {umask & 0o777:04o} && {command}"
-        proc = self.conn.run(shell_command(command, self.conn.setup), check=False, timeout=timeout, what=line,
+        proc = self.conn.run(shell_command(command, self.conn.setup, timeout), check=False, timeout=timeout, what=line,
                              input_bytes=input_text.encode() if input_text is not None else None)
         if proc.returncode == _TIMED_OUT and not proc.stdout and not proc.stderr:
             raise SchedulerError(f"on {self.conn.dest.target}: {shlex.join(argv)}: no answer within "
@@ -110,8 +110,9 @@ class SshRunner:
                 return False
             names = [name, *(c for c in CLIENTS if c != name and c not in self._found)]
             script = "; ".join(f"command -v {n} >/dev/null 2>&1 && echo {_FOUND}{n}" for n in names) + "; true"
-            proc = self.conn.run(shell_command(script, self.conn.setup), timeout=self._limit(30, "command -v"),
-                                 check=False, what=f"command -v {name}")
+            limit = self._limit(30, "command -v")
+            proc = self.conn.run(shell_command(script, self.conn.setup, limit), timeout=limit, check=False,
+                                 what=f"command -v {name}")
             if proc.returncode != 0:  # a --remote-setup line failed
                 raise self._fail(["command", "-v", *names], proc)
             out = proc.stdout.decode(errors="replace")

@@ -84,7 +84,7 @@ def ship_package(conn: Connection, remote_dir: str) -> str:
     where = shipped_path(remote_dir, tag)
     q = shlex.quote(where)
     # rsync creates one level only; umask 077 keeps .slurmlaunch/pkg private.
-    conn.run(shell_command(f"umask 077 && mkdir -p -- {q}", conn.setup), what=f"mkdir -p -- {q}")
+    conn.run(shell_command(f"umask 077 && mkdir -p -- {q}", conn.setup, conn.timeout), what=f"mkdir -p -- {q}")
     _rsync(conn, ship_argv(conn, remote_dir, tag), COMMAND_TIMEOUT_S)
     return where
 
@@ -108,7 +108,7 @@ def check_python(conn: Connection, python: str, flag: str = "--python") -> str:
     code = "import sys; sys.stdout.write('%d.%d' % sys.version_info[:2])"
     script = (f'out=$({word} -c {shlex.quote(code)} 2>&1); rc=$?; '
               f'printf "{_PY}%s:%s\\n%s\\n" "$rc" "$HOME" "$out"')
-    out = conn.run(shell_command(script, conn.setup), what=f"{python} -c ...", timeout=60)
+    out = conn.run(shell_command(script, conn.setup, 60), what=f"{python} -c ...", timeout=60)
     text = out.stdout.decode(errors="replace")
     head, _, said = text[text.find(_PY) + len(_PY):].partition("\n") if _PY in text else ("", "", text)
     rc, _, home = head.partition(":")

@@ -36,7 +36,8 @@ def resolve_directory(conn: Connection, directory: str | None, project: str, cre
     script = f"cd && umask 077 && mkdir -p -- {q} && cd -- {q} && pwd -P" if create else \
         f"cd && if cd -- {q} 2>/dev/null; then pwd -P; else printf '%s/%s\\n' \"$(pwd -P)\" {q}; fi"
     what = f"mkdir -p -- {q}" if create else f"cd -- {q}"
-    out = conn.run(shell_command(script, conn.setup), what=what).stdout.decode("utf-8", errors="surrogateescape")
+    proc = conn.run(shell_command(script, conn.setup, conn.timeout), what=what)
+    out = proc.stdout.decode("utf-8", errors="surrogateescape")
     path = out.rstrip("\n").rsplit("\n", 1)[-1]
     if not path.startswith("/"):
         raise RemoteError(f"--remote {conn.dest}: could not resolve the remote directory {where!r} (got "
