@@ -449,11 +449,10 @@ def cmd_cancel(job_id: str) -> int:
     """Cancel a job. One that has already ended is left alone and said so, with exit code 0 as scancel
     gives: what cancel is for, that the job no longer runs, holds."""
     record = find(job_id)
-    cancelled = f"job {record.full_id}"
     if record.remote:
         from ..remote import jobs as remote_jobs
 
-        ended = remote_jobs.cancel(record, lambda edge: already_ended(edge, record))
+        ended, cancelled = remote_jobs.cancel(record, lambda edge: already_ended(edge, record))
     else:
         ended, cancelled = _cancel_here(record)
     if ended is not None:
