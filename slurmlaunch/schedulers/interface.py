@@ -262,6 +262,10 @@ class QueuedEdge:
         chain = self.resubmissions(job_id, log_dir) if log_dir is not None else []
         live = chain[-1] if chain else job_id
         self.cancel_job(live)
+        later = self.resubmissions(job_id, log_dir) if log_dir is not None else []
+        if later and later[-1] != live:  # submitted again while the cancel was on its way: that one as well
+            live = later[-1]
+            self.cancel_job(live)
         return live
 
     def resubmissions(self, job_id: str, log_dir: str) -> list[str]:

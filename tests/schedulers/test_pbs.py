@@ -273,6 +273,14 @@ def test_a_job_submitted_again_at_the_warning_is_cancelled_where_it_runs_now(tmp
     assert edge.cancel("8.head", str(tmp_path)) == "8.head" and edge.cancel("5.head") == "5.head"
     assert sent == ["7.head", "8.head", "5.head"]
 
+    def qdel_as_it_is_submitted_again(job: str) -> None:  # the batch step's qsub answered while qdel ran
+        sent.append(job)
+        (tmp_path / "job-9.requeued").write_text("10.head\n")
+
+    sent.clear()
+    edge = dataclasses.replace(pbs.EDGE, cancel_job=qdel_as_it_is_submitted_again)
+    assert edge.cancel("9.head", str(tmp_path)) == "10.head" and sent == ["9.head", "10.head"]
+
 
 def test_every_id_of_a_chain_submitted_again_at_the_warning_names_the_chain(tmp_path: Path) -> None:
     """EMULATION: job 77 was submitted again at the warning as 78, and 78 as 79, which runs (the batch step lists
