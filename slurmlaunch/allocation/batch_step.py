@@ -538,6 +538,15 @@ class Step:
         chain = read_chain(f.requeued)
         if not put_file(f.requeued, "\n".join([*chain, new])):
             _say(f"could not write {f.requeued}: status and --wait of job {first} will not follow job {new}")
+        if self.stopped_by_hand():  # a qdel came while qsub ran: the cancel, which may have read no chain yet, wins
+            try:
+                gone = subprocess.run(["qdel", new], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                      timeout=60).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                gone = False
+            _say(f"not requeued: the job was stopped (qdel or qrerun) while it was submitted again as job {new}, "
+                 + ("which was deleted" if gone else f"which could not be deleted: qdel {new} deletes it"))
+            return False
         _say(f"requeued: job {first} resubmitted as job {new} (restart {restarts + 1} of at most {most}), to start "
              f"once job {this} has ended")
         return True

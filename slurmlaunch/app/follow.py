@@ -14,6 +14,10 @@ from ..core.jobfiles import JobFiles
 from ..schedulers import JobStatus
 from .faults import explain as explain_fault
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..schedulers.interface import Scheduler
+
 LOST_CONTACT_S = 120.0
 
 
@@ -150,13 +154,25 @@ def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, 
         time.sleep(poll)
 
 
-def interrupted(job_id: str, cancel: Callable[[], None], cancel_on_interrupt: bool, where: str = "") -> int:
+def cancel_where_it_runs(edge: Scheduler, job_id: str, log_dir: str | None) -> str:
+    """Cancel job ``job_id`` where it runs now (PBS: its latest resubmission at the warning, as its files in
+    ``log_dir`` list them); what was cancelled, in words: "job 7.head (run 3 of job 5.head)", or "job 5.head"."""
+    sent = edge.cancel(job_id, log_dir)
+    if sent == job_id or log_dir is None:
+        return f"job {job_id}"
+    chain = edge.resubmissions(job_id, log_dir)
+    run = f"run {chain.index(sent) + 2}" if sent in chain else "a later run"
+    return f"job {sent} ({run} of job {job_id})"
+
+
+def interrupted(job_id: str, cancel: Callable[[], str], cancel_on_interrupt: bool, where: str = "") -> int:
     """Ctrl-C while following a job: cancel it (asked on a terminal, unless --cancel-on-interrupt) or say
-    how to find it again; the exit code is 130 either way. ``where``: the ssh destination of a remote job."""
+    how to find it again; the exit code is 130 either way. ``cancel`` says what it cancelled ("job 5.head").
+    ``where``: the ssh destination of a remote job."""
     on = f" on {where}" if where else ""
     if cancel_on_interrupt or ask(f"\nslurmlaunch: cancel job {job_id}{on}? [y/N] "):
-        cancel()
-        sys.stderr.write(f"slurmlaunch: cancelled job {job_id}\n")
+        said = cancel()
+        sys.stderr.write(f"slurmlaunch: cancelled {said}\n")
     else:
         sys.stderr.write(f"slurmlaunch: job {job_id} keeps running{on} (slurmlaunch cancel {job_id} cancels it; "
                          f"slurmlaunch logs --follow {job_id} follows it)\n")

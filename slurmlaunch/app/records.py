@@ -4,7 +4,8 @@ machine), and which job of it a command names (the whole job, or one element of 
 The file is JSON written by the schedulers' write_record and remote_submit.write_local_record; it is kept whole
 in ``data`` (those writers, not this class, decide its fields), and the fields the job commands read are
 properties. Which job a command names is not in the file: ``full_id`` (as the scheduler printed the id,
-PBS: 1234.server) and ``element`` come from the index and the command line.
+PBS: 1234.server), ``element`` and ``named`` (a later run's id of a PBS job submitted again at the warning) come
+from the index, the command line and the first job's list of its resubmissions.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ class JobRecord:
     data: Mapping[str, Any]
     full_id: str
     element: str | None = None  # an array element's index: the command named ARRAYID_INDEX
+    # A later run of a job submitted again at the warning (PBS): the id the command named (that run's own, as
+    # qstat shows it) and which run it is (2 for the first resubmission); the record is the first job's, whose
+    # files and full_id are the whole chain's.
+    named: str | None = None
+    run: int = 1
 
     @classmethod
     def from_data(cls, data: object, full_id: str) -> JobRecord:

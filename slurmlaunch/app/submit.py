@@ -201,7 +201,7 @@ def describe_array(spec: JobSpec, job_id: str) -> None:
 def wait_for(edge: Scheduler, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, timeout: float | None,
              files_id: str | None = None) -> int:
     from ..schedulers import JobStatus
-    from .follow import follow, interrupted
+    from .follow import cancel_where_it_runs, follow, interrupted
 
     # Follow rank 0's own log where the scheduler writes one (an array has many rank 0s: its elements' states
     # are shown instead).
@@ -223,7 +223,7 @@ def wait_for(edge: Scheduler, job_id: str, spec: JobSpec, cancel_on_interrupt: b
                 sys.stderr.write(f"slurmlaunch:   {job_id}_{index}: {state}\n")
         return code
     except KeyboardInterrupt:
-        return interrupted(job_id, lambda: edge.cancel(job_id, spec.log_dir), cancel_on_interrupt)
+        return interrupted(job_id, lambda: cancel_where_it_runs(edge, job_id, spec.log_dir), cancel_on_interrupt)
 
 
 def warning_lines(batch_log: str) -> list[str]:

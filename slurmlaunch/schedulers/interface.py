@@ -151,9 +151,14 @@ class Scheduler(Protocol):
         SchedulerError when the queue cannot be asked. Only where :attr:`lists_in_one_call`."""
         ...
 
-    def cancel(self, job_id: str, log_dir: str | None = None) -> None:
+    def cancel(self, job_id: str, log_dir: str | None = None) -> str:
         """Cancel the job; ``log_dir``: where its files are, so that a job submitted again at the warning (PBS)
-        is cancelled where it runs now."""
+        is cancelled where it runs now. The id the cancel was sent to (``job_id``, or its latest resubmission)."""
+        ...
+
+    def resubmissions(self, job_id: str, log_dir: str) -> list[str]:
+        """The ids job ``job_id`` was submitted again as at the warning, in order, as its files in ``log_dir``
+        list them (PBS: job-ID.requeued); [] where a requeue keeps the job's id (Slurm) or there is none."""
         ...
 
     def rank_log(self, spec: JobSpec, job_id: str, rank: int) -> str | None:
@@ -202,7 +207,7 @@ class QueuedEdge:
     node_commands_of: Callable[[str, str, Sequence[str]], dict[str, list[str]]] | None = None
     quick_states_of: Callable[[Sequence[str] | None], QuickStates] | None = None
     command_id_of: Callable[[str], str] | None = None  # None: the id as printed
-    live_id_of: Callable[[str, str | None], str] | None = None  # None: the job always runs under its own id
+    resubmissions_of: Callable[[str, str], list[str]] | None = None  # None: the job always runs under its own id
     check_request: Callable[[JobSpec], None] | None = None  # more refusals, of the request's meaning there
     warning_signal: bool = True
     script_requeues: bool = False
@@ -253,8 +258,18 @@ class QueuedEdge:
             raise NotImplementedError(f"{self.title} has no call that answers for many jobs at once")
         return self.quick_states_of(job_ids)
 
-    def cancel(self, job_id: str, log_dir: str | None = None) -> None:
-        self.cancel_job(self.live_id_of(job_id, log_dir) if self.live_id_of is not None else job_id)
+    def cancel(self, job_id: str, log_dir: str | None = None) -> str:
+        chain = self.resubmissions(job_id, log_dir) if log_dir is not None else []
+        live = chain[-1] if chain else job_id
+        self.cancel_job(live)
+        later = self.resubmissions(job_id, log_dir) if log_dir is not None else []
+        if later and later[-1] != live:  # submitted again while the cancel was on its way: that one as well
+            live = later[-1]
+            self.cancel_job(live)
+        return live
+
+    def resubmissions(self, job_id: str, log_dir: str) -> list[str]:
+        return self.resubmissions_of(job_id, log_dir) if self.resubmissions_of is not None else []
 
     def rank_log(self, spec: JobSpec, job_id: str, rank: int) -> str | None:
         return self.rank_log_of(spec, job_id, rank)

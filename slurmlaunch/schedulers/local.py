@@ -571,8 +571,11 @@ class LocalScheduler:
     def status(self, job_id: str, log_dir: str | None, indices: Sequence[int] = ()) -> JobStatus:
         raise JobStateError(f"job {job_id} ran on the local scheduler, in the foreground: it has ended")
 
-    def cancel(self, job_id: str, log_dir: str | None = None) -> None:
+    def cancel(self, job_id: str, log_dir: str | None = None) -> str:
         raise JobStateError(f"job {job_id} ran on the local scheduler, in the foreground: it has ended")
+
+    def resubmissions(self, job_id: str, log_dir: str) -> list[str]:
+        return []  # its requeue (--requeue, locally) keeps the job's id
 
     def rank_log(self, spec: JobSpec, job_id: str, rank: int) -> str | None:
         return None if spec.is_array else rank_log(spec, job_id, rank)

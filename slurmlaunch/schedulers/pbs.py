@@ -228,12 +228,6 @@ def resubmissions(job_id: str, log_dir: str) -> list[str]:
     return [line for line in lines if re.fullmatch(r"\d+(\.[\w.-]+)?", line)]
 
 
-def live_id(job_id: str, log_dir: str | None) -> str:
-    """The id job ``job_id`` runs under now: the last resubmission at the warning, else its own."""
-    chain = resubmissions(job_id, log_dir) if log_dir is not None else []
-    return chain[-1] if chain else job_id
-
-
 def _subjobs_json(base: str) -> dict[int, dict[str, Any]] | None:
     """Every subjob of array ``base`` (index -> attributes) from `qstat -x -f -F json -t ID[]`, or None where
     qstat has no JSON form (Torque's). The array itself (ID[]) is left out."""
@@ -339,8 +333,8 @@ EDGE = QueuedEdge(
     name="pbs", title="PBS", client="qsub", readers=("read_mpi", "read_pbs_script"), refusals=REFUSALS,
     script_suffix=SCRIPT_SUFFIX, is_available=available, check_auto=auto_check, render_script=render_script,
     submit_script_command=qsub_command, submit_script=submit, parse_id=parse_job_id, job_status=status,
-    array_status=array_status, cancel_job=cancel, live_id_of=live_id, rank_log_of=_rank_log, batch_log_of=_batch_log,
-    output_log_of=_output_log, node_commands_of=node_commands, check_request=check,
+    array_status=array_status, cancel_job=cancel, resubmissions_of=resubmissions, rank_log_of=_rank_log,
+    batch_log_of=_batch_log, output_log_of=_output_log, node_commands_of=node_commands, check_request=check,
     # False: no Lightning adaptation (its requeue on the warning is Slurm's scontrol); --signal itself is carried
     # out, sent by the batch step before the walltime (allocation/batch_step.py)
     warning_signal=False,

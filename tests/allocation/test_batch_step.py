@@ -155,8 +155,12 @@ exit "$FAKE_CODE"
 """
 FAKE_QSUB = """#!/bin/bash
 printf '%s\\n' "$@" > "$FAKE_QSUB_ARGS"
+[ -n "$FAKE_QSUB_STOP" ] && kill -TERM $PPID && sleep 0.5  # a qdel of the job while qsub runs
 echo "$FAKE_QSUB_OUT"
 exit "${FAKE_QSUB_RC:-0}"
+"""
+FAKE_QDEL = """#!/bin/bash
+printf '%s\\n' "$@" > "$FAKE_QSUB_ARGS.qdel"
 """
 PBS_PLAN = ["--outlive-stop", "--mpi", "openmpi", "--ranks", "2", "--nodes", "2", "--warning", "USR1",
             "--requeue", "1", "--resubmit", "train"]
@@ -166,7 +170,7 @@ def _pbs_step(tmp_path: Path, job: str, code: int, words: str = "", plan: tuple[
               **env: str) -> tuple[int, str, Path]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    for name, text in (("mpiexec", FAKE_MPIEXEC), ("qsub", FAKE_QSUB)):
+    for name, text in (("mpiexec", FAKE_MPIEXEC), ("qsub", FAKE_QSUB), ("qdel", FAKE_QDEL)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     logs = tmp_path / "logs"
@@ -238,3 +242,14 @@ def test_pbs_a_stop_before_the_walltime_is_never_undone_by_a_requeue(tmp_path: P
     code, err, logs = _pbs_step(tmp_path, "5", 138, "", ("--stacks", "--walltime", "3600"), FAKE_STOP="1")
     assert "slurmlaunch: not requeued: the job was stopped " in err and "before its walltime (qdel or qrerun)" in err
     assert not (tmp_path / "qsub-args").exists() and not (logs / "job-5.requeued").exists()
+
+
+def test_pbs_a_qdel_while_the_job_is_submitted_again_deletes_the_resubmission(tmp_path: Path) -> None:
+    """The cancel may have read no chain yet (job-ID.requeued is written after qsub answers): the batch step,
+    stopped by hand while its qsub ran, deletes the job it just submitted; the chain lists it (a cancel that
+    reads it after its qdel deletes it too, schedulers/interface.py)."""
+    code, err, logs = _pbs_step(tmp_path, "5", 138, "", ("--stacks", "--walltime", "3600"), FAKE_QSUB_STOP="1")
+    assert "slurmlaunch: not requeued: the job was stopped (qdel or qrerun) while it was submitted again as job " \
+           "6.head, which was deleted" in err, err
+    assert (tmp_path / "qsub-args.qdel").read_text() == "6.head\n" and code == 138, err
+    assert (logs / "job-5.requeued").read_text() == "6.head\n"

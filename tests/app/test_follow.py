@@ -209,9 +209,13 @@ def test_ctrl_c_while_following_cancels_only_when_asked_to(capsys: pytest.Captur
 
     monkeypatch.setattr("sys.stdin", io.StringIO(""))  # not a terminal: nothing is asked
     cancelled: list[str] = []
-    assert interrupted("7", lambda: cancelled.append("7"), True) == 130
+
+    def cancel(job: str) -> Callable[[], str]:
+        return lambda: cancelled.append(job) or f"job {job}"  # what cancel_where_it_runs says it cancelled
+
+    assert interrupted("7", cancel("7"), True) == 130
     assert cancelled == ["7"] and capsys.readouterr().err == "slurmlaunch: cancelled job 7\n"
-    assert interrupted("8", lambda: cancelled.append("8"), False, "me@login") == 130
+    assert interrupted("8", cancel("8"), False, "me@login") == 130
     assert cancelled == ["7"]
     assert capsys.readouterr().err == ("slurmlaunch: job 8 keeps running on me@login (slurmlaunch cancel 8 cancels "
                                        "it; slurmlaunch logs --follow 8 follows it)\n")

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,6 +71,7 @@ run = os.environ.get("SLURMLAUNCH_RESTART_COUNT", "unset")
 ckpt = os.path.join(d, "ckpt")
 if run != "0":
     os.write(1, ("RESUMED run " + run + " rank " + rank + " from " + open(ckpt).read() + "\\n").encode())
+    os.write(1, ("GOT rank " + rank + " " + repr([os.environ.get("HOSTILE"), sys.argv[2:]]) + "\\n").encode())
     sys.exit(138)
 got = []
 signal.signal(signal.SIGUSR1, lambda n, _: got.append(n))
@@ -86,14 +89,43 @@ sys.exit(138 if got else 3)
 """
 
 
+# Through the resubmission (the kept script, qsub -N/-v) to run 1 unchanged and never run by a shell: the script's
+# path, an --env value and arguments with quotes, $(...), backquotes, a tab, a newline and commas (qsub -v splits
+# on them). Bytes that are not UTF-8 reach no run: submit refuses them in a PBS (or Slurm) script, exit 2.
+HOSTILE = "a b 'q' \"d\" $(touch PWNED) `touch PWNED2` ; | & * \\ \ttab\nnewline ${HOME} %s,X=1,"
+ARGS = [HOSTILE, "c,d", ""]
+
+
 def test_requeue_resubmits_at_the_warning_and_the_chain_is_followed(pbs_env: dict[str, str],
                                                                     tmp_path: Path) -> None:
-    script = tmp_path / "saves.py"
+    """Also: `logs --follow` of the first id, started with the job, follows it across the resubmission to the
+    chain's end (it runs alongside the submit's --wait: no time of its own); status and cancel of the second
+    run's own id (which qstat shows) name the chain. Cost over P3's test: a few seconds of CPU, no wall time."""
+    script = tmp_path / "saves ,'$(touch PWNED3)'.py"
     script.write_text(SAVES)
-    r = run_cli("submit", "--scheduler", "pbs", *WARNED_AT_15S, "--requeue", "--max-requeues", "1", *AS_ROOT,
-                "--wait", "--wait-timeout", "280", str(script), str(tmp_path), env=pbs_env, cwd=tmp_path,
-                timeout=400)
-    job = submitted(r.stderr)
+    submit = subprocess.Popen(
+        [sys.executable, "-m", "slurmlaunch", "submit", "--scheduler", "pbs", *WARNED_AT_15S, "--requeue",
+         "--max-requeues", "1", *AS_ROOT, "--env", f"HOSTILE={HOSTILE}", "--wait", "--wait-timeout", "280",
+         str(script), str(tmp_path), *ARGS], env=pbs_env, cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    assert submit.stderr is not None
+    head = ""
+    for line in submit.stderr:  # up to the id, which submit says before it follows the job
+        head += line
+        if "submitted job" in line:
+            break
+    job = submitted(head)
+    follow = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "logs", "--follow", job], env=pbs_env,
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = submit.communicate(timeout=400)
+        followed, follow_err = follow.communicate(timeout=120)  # it ends with the chain, as --wait did
+    finally:
+        for p in (submit, follow):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    r = subprocess.CompletedProcess(submit.args, submit.returncode, out, head + err)
     short = job.split(".", 1)[0]
     logs = tmp_path / "slurmlaunch-logs"
     chain = (logs / f"job-{short}.requeued").read_text().split()
@@ -117,7 +149,7 @@ def test_requeue_resubmits_at_the_warning_and_the_chain_is_followed(pbs_env: dic
     assert "killed by SIGUSR1" not in output, output
     # the resubmission: its own id, held for the first job (afterany), the same name and output file
     raw = _raw(pbs_env, second)
-    assert raw["Job_Name"] == _raw(pbs_env, job)["Job_Name"] == "saves.py", raw
+    assert raw["Job_Name"] == _raw(pbs_env, job)["Job_Name"] == "saves_____touch_PWNED3__.py", raw
     assert str(raw["Output_Path"]).endswith(f"/slurmlaunch-logs/{job}.OU"), raw["Output_Path"]
     assert raw["Variable_List"]["SLURMLAUNCH_RESTART_COUNT"] == 1, raw["Variable_List"]  # type: ignore[index]
     assert (logs / f"job-{short}.exitcode").read_text() == "138\n"  # the chain's files are the first job's
@@ -128,3 +160,17 @@ def test_requeue_resubmits_at_the_warning_and_the_chain_is_followed(pbs_env: dic
     assert st["note"] == f"run 2: resubmitted at the warning as job {second}", st
     shown = run_cli("logs", job, env=pbs_env, cwd=tmp_path).stdout
     assert "RUN 0 rank 0 waits" in shown and "RESUMED run 1 rank 1 from step 5" in shown, shown
+    # run 1 got the hostile strings as given, and no shell ran them
+    for rank in (0, 1):
+        assert f"GOT rank {rank} {[HOSTILE, ARGS]!r}\n" in output, output
+    assert not list(tmp_path.rglob("PWNED*"))
+    # logs --follow of the first id went on across the resubmission to the chain's end
+    assert follow.returncode == 138, follow_err
+    assert "RUN 0 rank 1 waits" in followed and "RESUMED run 1 rank 0 from step 5" in followed, followed
+    assert f"job {short} ended FAILED, exit code 138" in follow_err, follow_err
+    # the second run's own id (as qstat shows it) names the chain, and says which run it is
+    st = json.loads(run_cli("status", second, "--json", env=pbs_env, cwd=tmp_path).stdout)
+    assert (st["state"], st["exit_code"], st["named"], st["run"]) == ("FAILED", 138, second, 2), st
+    c = run_cli("cancel", second, env=pbs_env, cwd=tmp_path)
+    assert c.returncode == 0 and c.stdout == (f"job {second} (run 2 of job {job}) had already ended, as had every "
+                                              f"run after it (FAILED, exit code 138): nothing to cancel\n"), c

@@ -3,6 +3,7 @@ commands (small scripts standing in for a PBS server, which cannot be installed 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -265,6 +266,68 @@ def test_a_job_submitted_again_at_the_warning_is_cancelled_where_it_runs_now(tmp
 
     (tmp_path / "job-5.requeued").write_text("6.head\n7.head\n$(id)\n")
     assert pbs.resubmissions("5.head", str(tmp_path)) == ["6.head", "7.head"]
-    assert pbs.live_id("5.head", str(tmp_path)) == "7.head"
-    assert pbs.live_id("8.head", str(tmp_path)) == "8.head" and pbs.live_id("5.head", None) == "5.head"
-    assert pbs.EDGE.live_id_of is pbs.live_id
+    assert pbs.EDGE.resubmissions("5.head", str(tmp_path)) == ["6.head", "7.head"]
+    sent: list[str] = []
+    edge = dataclasses.replace(pbs.EDGE, cancel_job=sent.append)  # qdel's stand-in
+    assert edge.cancel("5.head", str(tmp_path)) == "7.head"  # the id cancel says it deleted
+    assert edge.cancel("8.head", str(tmp_path)) == "8.head" and edge.cancel("5.head") == "5.head"
+    assert sent == ["7.head", "8.head", "5.head"]
+
+    def qdel_as_it_is_submitted_again(job: str) -> None:  # the batch step's qsub answered while qdel ran
+        sent.append(job)
+        (tmp_path / "job-9.requeued").write_text("10.head\n")
+
+    sent.clear()
+    edge = dataclasses.replace(pbs.EDGE, cancel_job=qdel_as_it_is_submitted_again)
+    assert edge.cancel("9.head", str(tmp_path)) == "10.head" and sent == ["9.head", "10.head"]
+
+
+def test_every_id_of_a_chain_submitted_again_at_the_warning_names_the_chain(tmp_path: Path) -> None:
+    """EMULATION: job 77 was submitted again at the warning as 78, and 78 as 79, which runs (the batch step lists
+    them in job-77.requeued; qstat answers per id). The later ids have no line in the index: status, logs and
+    cancel of any of them (full or short) find the first job's record, follow the chain and say which run the
+    id is; cancel says which job it deleted."""
+    env = fake_pbs(tmp_path)
+    (tmp_path / "fake-pbs" / "qstat").write_text(
+        "#!/usr/bin/env python3\nimport sys\n"
+        "if '-F' in sys.argv: sys.exit(\"qstat: invalid option -- 'F'\")\n"
+        "job = sys.argv[-1]\nprint('Job Id: ' + job)\n"
+        "print('    job_state = ' + ('R' if job.startswith('79') else 'F'))\n"
+        "print('    Exit_status = 0')\n")
+    r = run_cli("submit", "--scheduler", "pbs", str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    logs = tmp_path / "slurmlaunch-logs"
+    (logs / "job-77.requeued").write_text("78.pbs-server\n79.pbs-server\n")
+    (logs / "77.pbs-server.OU").write_text("run 1\nrun 2\nrun 3\n")
+
+    def status(job: str) -> dict[str, object]:
+        s = run_cli("status", job, "--json", env=env, cwd=tmp_path)
+        assert s.returncode == 0, s.stderr
+        return dict(json.loads(s.stdout))
+
+    first = status("77")
+    assert (first["state"], first["note"]) == ("RUNNING", "run 3: resubmitted at the warning as job 79.pbs-server")
+    assert "named" not in first
+    second = status("78.pbs-server")
+    assert (second["state"], second["named"], second["run"]) == ("RUNNING", "78.pbs-server", 2), second
+    assert second["note"] == ("job 78.pbs-server is its run 2; run 3: resubmitted at the warning as job "
+                              "79.pbs-server"), second
+    third = status("79")  # the short id, as for any job
+    assert (third["named"], third["run"]) == ("79.pbs-server", 3), third
+    assert third["note"] == "run 3: resubmitted at the warning as job 79.pbs-server", third  # said once
+    text = run_cli("status", "78", env=env, cwd=tmp_path).stdout
+    assert text == ("job 77 (pbs): RUNNING (job 78.pbs-server is its run 2; run 3: resubmitted at the warning as "
+                    "job 79.pbs-server)\n"), text
+    unknown = run_cli("status", "80", env=env, cwd=tmp_path)
+    assert unknown.returncode == 2 and "job '80' was not submitted from here" in unknown.stderr, unknown.stderr
+
+    shown = run_cli("logs", "78", env=env, cwd=tmp_path)
+    assert shown.stdout == "run 1\nrun 2\nrun 3\n", shown.stderr  # the chain's one output
+    assert shown.stderr == (f"slurmlaunch: job 78.pbs-server is run 2 of job 77.pbs-server, resubmitted at the "
+                            f"warning: every run's output is in {logs / '77.pbs-server.OU'}\n")
+
+    for job in ("78.pbs-server", "77"):
+        c = run_cli("cancel", job, env=env, cwd=tmp_path)
+        assert c.stdout == "cancelled job 79.pbs-server (run 3 of job 77.pbs-server)\n", c.stdout + c.stderr
+    qdels = [c[1:] for c in calls(tmp_path) if Path(c[0]).name == "qdel"]
+    assert qdels == [["79.pbs-server"], ["79.pbs-server"]]  # the run that runs now, never an ended one

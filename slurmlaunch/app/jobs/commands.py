@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ...core.errors import JobStateError, SchedulerError, SlurmLaunchError, SpecError
@@ -63,7 +64,9 @@ def find(job_id: str, gone_ok: bool = False) -> JobRecord:
     """The record of ``job_id`` (the latest submission of that id: ids restart on a new cluster).
     ARRAYID_INDEX names one element of a job array (its record's ``element``). ``gone_ok``: where the
     record was removed (with its submit directory), a job of a queued scheduler on this machine is still
-    the scheduler's to answer for: a record holding only what the index knows, ``record_gone`` its path."""
+    the scheduler's to answer for: a record holding only what the index knows, ``record_gone`` its path.
+    A later run's id of a job submitted again at the warning (PBS; not in the index) names the first job's
+    record, with ``named`` and ``run`` saying which run it is."""
     from ...core.limits import MAX_ARRAY_INDEX, is_digits, parse_count
 
     base, sep, element = job_id.partition("_")
@@ -74,24 +77,53 @@ def find(job_id: str, gone_ok: bool = False) -> JobRecord:
             raise JobStateError(f"job {job_id!r}: job {base} has no array element {element} "
                                 f"(its elements: {_shown_indices(indices)})")
         return array.of_element(element)
-    for entry in reversed(entries()):
-        if entry["job_id"] == job_id or entry["job_id"].split(".", 1)[0].removesuffix("[]") == job_id:
-            try:
-                data = json.loads(read_bounded(entry["record"]).decode("utf-8"))
-            except FileNotFoundError:
-                if gone_ok and entry["scheduler"] in NAMES and scheduler(entry["scheduler"]).queued and \
-                        not entry.get("remote"):
-                    return JobRecord.from_data({"job_id": entry["job_id"].split(".", 1)[0].removesuffix("[]"),
-                                                "scheduler": entry["scheduler"], "record_gone": entry["record"],
-                                                "log_dir": os.path.dirname(entry["record"])}, entry["job_id"])
-                raise JobStateError(f"job {job_id}: its record {entry['record']!r} is gone") from None
-            except (OSError, ValueError) as e:
-                raise JobStateError(f"job {job_id}: its record {entry['record']!r} cannot be read ({e})") from None
-            try:
-                return JobRecord.from_data(data, entry["job_id"])
-            except ValueError:
-                raise JobStateError(f"job {job_id}: {entry['record']!r} is not a slurmlaunch job record") from None
+    rows = entries()
+    for entry in reversed(rows):
+        if _names(entry["job_id"], job_id):
+            return _load(entry, job_id, gone_ok)
+    for entry in reversed(rows):
+        later = _later_run(entry, job_id)
+        if later is not None:
+            return replace(_load(entry, entry["job_id"], gone_ok), named=later[0], run=later[1])
     raise JobStateError(f"job {job_id!r} was not submitted from here (slurmlaunch list shows those that were)")
+
+
+def _names(full_id: str, job_id: str) -> bool:
+    """Whether ``job_id`` names the job the scheduler printed as ``full_id`` (PBS: 1234.server, 1234[].server;
+    1234 names them too)."""
+    return full_id == job_id or full_id.split(".", 1)[0].removesuffix("[]") == job_id
+
+
+def _later_run(entry: Mapping[str, Any], job_id: str) -> tuple[str, int] | None:
+    """(its full id, which run) when ``job_id`` names a resubmission at the warning of the index's job
+    ``entry`` (PBS: the batch step lists them in the first job's job-ID.requeued, beside its record; they have
+    no line of their own in the index); None otherwise, and for a remote job, whose files are not here."""
+    if entry.get("remote") or entry["scheduler"] not in NAMES:
+        return None
+    edge = scheduler(entry["scheduler"])
+    if not edge.queued:
+        return None
+    chain = edge.resubmissions(entry["job_id"], os.path.dirname(entry["record"]))
+    return next(((full, at + 2) for at, full in enumerate(chain) if _names(full, job_id)), None)
+
+
+def _load(entry: Mapping[str, Any], job_id: str, gone_ok: bool) -> JobRecord:
+    """The record an index line points at (see :func:`find`)."""
+    try:
+        data = json.loads(read_bounded(entry["record"]).decode("utf-8"))
+    except FileNotFoundError:
+        if gone_ok and entry["scheduler"] in NAMES and scheduler(entry["scheduler"]).queued and \
+                not entry.get("remote"):
+            return JobRecord.from_data({"job_id": entry["job_id"].split(".", 1)[0].removesuffix("[]"),
+                                        "scheduler": entry["scheduler"], "record_gone": entry["record"],
+                                        "log_dir": os.path.dirname(entry["record"])}, entry["job_id"])
+        raise JobStateError(f"job {job_id}: its record {entry['record']!r} is gone") from None
+    except (OSError, ValueError) as e:
+        raise JobStateError(f"job {job_id}: its record {entry['record']!r} cannot be read ({e})") from None
+    try:
+        return JobRecord.from_data(data, entry["job_id"])
+    except ValueError:
+        raise JobStateError(f"job {job_id}: {entry['record']!r} is not a slurmlaunch job record") from None
 
 
 def _edge(record: JobRecord) -> Scheduler:
@@ -147,8 +179,13 @@ def status(record: JobRecord) -> dict[str, Any]:
             "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
     if st.elements is not None:
         info["elements"] = st.elements
+    if record.named is not None:  # a later run's id: the chain's state, and which run the id is
+        info.update(named=record.named, run=record.run)
+        said = f"run {record.run}: resubmitted at the warning as job {record.named}"
+        if st.note is None or not st.note.startswith(said):  # the latest run's note names it already
+            info["note"] = f"job {record.named} is its {said.partition(':')[0]}"
     if st.note:
-        info["note"] = st.note
+        info["note"] = f"{info['note']}; {st.note}" if "note" in info else st.note
     return info
 
 
@@ -354,6 +391,9 @@ def cmd_status(job_id: str, as_json: bool) -> int:
 def cmd_logs(job_id: str, rank: int | None, follow: bool) -> int:
     record = find(job_id)
     path = log_path(record, rank)
+    if record.named is not None:  # said on stderr: stdout stays the log's bytes
+        sys.stderr.write(f"slurmlaunch: job {record.named} is run {record.run} of job {record.full_id}, resubmitted "
+                         f"at the warning: every run's output is in {path}\n")
     if record.remote:
         from ..remote import jobs as remote_jobs
 
@@ -386,9 +426,11 @@ def already_ended(edge: Scheduler, record: JobRecord) -> str | None:
     return st.state if st.exit_code is None else f"{st.state}, exit code {st.exit_code}"
 
 
-def _cancel_here(record: JobRecord) -> str | None:
-    """Cancel a job of this machine; how it had ended when it already had (then nothing is sent)."""
+def _cancel_here(record: JobRecord) -> tuple[str | None, str]:
+    """Cancel a job of this machine: (how it had ended when it already had, then nothing is sent; what was
+    cancelled, in words)."""
     from ...schedulers.choice import scheduler
+    from ..follow import cancel_where_it_runs
 
     edge = scheduler(record.scheduler)
     if not edge.queued:  # the local scheduler runs a job in the foreground of the terminal that submitted it
@@ -396,11 +438,11 @@ def _cancel_here(record: JobRecord) -> str | None:
         if state == "RUNNING":
             raise JobStateError(f"job {record.tag} runs on the local scheduler, in the foreground of the terminal "
                                 f"that submitted it: Ctrl-C there stops it")
-        return state if code is None else f"{state}, exit code {code}"
+        return (state if code is None else f"{state}, exit code {code}"), ""
     ended = already_ended(edge, record)
     if ended is None:
-        edge.cancel(record.full_id, record.log_dir)
-    return ended
+        return None, cancel_where_it_runs(edge, record.full_id, record.log_dir)
+    return ended, ""
 
 
 def cmd_cancel(job_id: str) -> int:
@@ -410,11 +452,15 @@ def cmd_cancel(job_id: str) -> int:
     if record.remote:
         from ..remote import jobs as remote_jobs
 
-        ended = remote_jobs.cancel(record, lambda edge: already_ended(edge, record))
+        ended, cancelled = remote_jobs.cancel(record, lambda edge: already_ended(edge, record))
     else:
-        ended = _cancel_here(record)
+        ended, cancelled = _cancel_here(record)
     if ended is not None:
+        if record.named is not None:
+            print(f"job {record.named} (run {record.run} of job {record.full_id}) had already ended, as had every "
+                  f"run after it ({ended}): nothing to cancel")
+            return 0
         print(f"job {record.tag} had already ended ({ended}): nothing to cancel")
         return 0
-    print(f"cancelled job {record.full_id}")
+    print(f"cancelled {cancelled}")
     return 0

@@ -92,7 +92,7 @@ def wait_remote(runner: SshRunner, edge: Scheduler, spec: JobSpec, job_id: str, 
     """Follow the job from here: its states and rank 0's output (where the scheduler writes one; PBS: the
     states) and, when it failed, its first-failure line, as `submit --wait` does locally. A dropped connection
     is retried on every poll (a new master each time) for follow's LOST_CONTACT_S."""
-    from ..follow import follow, interrupted
+    from ..follow import cancel_where_it_runs, follow, interrupted
 
     target = runner.conn.dest.target
     files_id = job_id.split(".", 1)[0]
@@ -100,9 +100,9 @@ def wait_remote(runner: SshRunner, edge: Scheduler, spec: JobSpec, job_id: str, 
     try:
         code: int = follow(job_id, status, None, timeout=timeout, failures=status.failure_lines)
     except KeyboardInterrupt:
-        def cancel() -> None:
+        def cancel() -> str:
             with use_runner(runner):
-                edge.cancel(job_id, spec.log_dir)
+                return cancel_where_it_runs(edge, job_id, spec.log_dir)
 
         return interrupted(job_id, cancel, cancel_on_interrupt, target)
     sys.stderr.write(f"slurmlaunch: logs on {target}:{spec.log_dir}\n")

@@ -70,13 +70,16 @@ def logs(record: JobRecord, path: str, follow: bool) -> int:
                 return 0
 
 
-def cancel(record: JobRecord, ended: Callable[[Scheduler], str | None]) -> str | None:
-    """Cancel the job unless ``ended`` (asked over the same connection) says how it already ended."""
+def cancel(record: JobRecord, ended: Callable[[Scheduler], str | None]) -> tuple[str | None, str]:
+    """Cancel the job unless ``ended`` (asked over the same connection) says how it already ended: (that, or
+    None; what was cancelled, in words, or "")."""
+    from ..follow import cancel_where_it_runs
+
     with login_node(record) as (_, edge):
         was = ended(edge)
         if was is None:
-            edge.cancel(record.full_id, record.log_dir)
-    return was
+            return None, cancel_where_it_runs(edge, record.full_id, record.log_dir)
+    return was, ""
 
 
 def _queue_states(edge: Scheduler) -> dict[str, str]:
