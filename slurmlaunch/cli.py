@@ -104,8 +104,8 @@ def _parser(profiles: bool = False, command: str | None = None) -> Any:
     `submit`'s (whose defaults are read from core.spec's fields) only for `submit`."""
     parser_class = _parser_class()
     top = parser_class(prog="slurmlaunch", allow_abbrev=False,
-                       description="Multi-node PyTorch on Slurm and on this machine, without hand-written scripts.")
-    sub = top.add_subparsers(dest="command", required=True, parser_class=parser_class)
+                       description="Multi-node PyTorch on Slurm, PBS and this machine, without hand-written scripts.")
+    sub = top.add_subparsers(dest="command", required=True, parser_class=parser_class, metavar="COMMAND")
     _add_allocation_commands(sub)
     _add_submit(sub, profiles, options=command is None or command == "submit" or command.startswith("-"))
     _add_doctor(sub)
@@ -153,7 +153,11 @@ def _add_allocation_commands(sub: Any) -> None:
 
 
 def _add_submit(sub: Any, profiles: bool, options: bool = True) -> None:
-    s = sub.add_parser("submit", allow_abbrev=False, help="submit SCRIPT as a distributed job")
+    s = sub.add_parser("submit", allow_abbrev=False, help="submit SCRIPT as a distributed job",
+                       usage="%(prog)s [OPTIONS] SCRIPT [ARGS ...]",  # the options are listed below, by group
+                       description="Render a batch script for SCRIPT and submit it: with sbatch (Slurm), qsub\n"
+                                   "(PBS) or, with neither, on this machine. --wait follows the job to its end;\n"
+                                   "--dry-run prints the script only. Examples at the end.")
     if not options:
         return
     from .app.options import add_submit_options
@@ -197,7 +201,7 @@ def _add_config_and_job_commands(sub: Any) -> None:
     cfg.add_argument("--profile", help="the profile to merge (default: $SLURMLAUNCH_PROFILE or the files' profile =)")
     cfg.add_argument("--json", action="store_true")
 
-    lst = sub.add_parser("list", allow_abbrev=False, help="jobs submitted from here")
+    lst = sub.add_parser("list", allow_abbrev=False, help="every job you submitted, from any directory, with its state")
     lst.add_argument("--json", action="store_true")
     st = sub.add_parser("status", allow_abbrev=False, help="a job's state, nodes and exit code")
     st.add_argument("job")

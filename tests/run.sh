@@ -8,7 +8,8 @@
 #     wheel loads Open MPI's libmpi.so.40 itself, no compiler needed), and OpenSSH (server and client) with
 #     rsync for --remote (the tests start their own sshd on 127.0.0.1, never the system service);
 #   - OpenPBS in /opt/pbs for the real multi-host PBS cluster (slurmlaunch dev-cluster up --scheduler pbs);
-#   - a virtual environment .venv with torch==2.13.0 (the CPU build) and slurmlaunch with its test and docs extras.
+#   - a virtual environment .venv with torch==2.13.0 (the CPU build where pip's configuration finds one, as on the
+#     project's machines; PyPI's own is the CUDA one) and slurmlaunch with its test and docs extras.
 # Usage: bash tests/run.sh [pytest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -249,7 +249,8 @@ def add_submit_options(s: Any) -> None:
         for option in options:
             option.add_to(group, argparse.BooleanOptionalAction)
     s.add_argument("script", metavar="SCRIPT")
-    s.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to SCRIPT unchanged")
+    rest = s.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to SCRIPT unchanged")
+    rest.required = False  # argparse counts a REMAINDER as required: "required: SCRIPT, ARGS" misled
 
 
 def spec_options() -> list[SubmitOption]:

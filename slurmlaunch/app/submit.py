@@ -122,6 +122,26 @@ def note_clients(spec: JobSpec, edge: Scheduler) -> None:
         sys.stderr.write(f"slurmlaunch: {spec.program.script} uses {note}\n")
 
 
+_OMPI_AS_ROOT = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
+
+
+def note_root(spec: JobSpec, edge: Scheduler) -> None:
+    """One line when root submits to an edge that passes on none of the shell's variables (PBS) and Open MPI's
+    mpiexec will start the ranks: it starts none as root unless both OMPI_ALLOW_RUN_AS_ROOT variables reach it,
+    and the job (the PBS dev cluster's, whose jobs are root's) fails at once with exit code 1. The consent is
+    the user's: the job is submitted as asked."""
+    if edge.exports_environment or not edge.queued or os.geteuid() != 0 or spec.launch.mpi not in (None, "openmpi"):
+        return
+    given = {name for name, _ in spec.environment.env}
+    missing = [name for name in _OMPI_AS_ROOT
+               if name not in given and not any(name in line for line in spec.environment.setup)]
+    if missing:
+        sys.stderr.write(f"slurmlaunch: this job is root's: Open MPI's mpiexec starts no rank as root unless "
+                         f"{' and '.join(f'{name}=1' for name in _OMPI_AS_ROOT)} reach it, and {edge.title} passes "
+                         f"none of this shell's variables: add {' '.join(f'--env {name}=1' for name in missing)}, "
+                         f"or the job fails at once\n")
+
+
 def cmd_submit(ns: Any) -> int:
     ns = merged_options(ns)
     if ns.remote:
@@ -138,6 +158,7 @@ def cmd_submit(ns: Any) -> int:
     edge.refuse_unsupported(spec, getattr(ns, "option_origins", {}))
     spec = adapt_to_client(spec, getattr(ns, "option_origins", {}), edge)
     note_clients(spec, edge)
+    note_root(spec, edge)
     if spec.warning_note:
         sys.stderr.write(f"slurmlaunch: {spec.warning_note}\n")
     if not edge.queued:

@@ -5,6 +5,7 @@ from `submit --dry-run` per scheduler."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,27 @@ def test_submit_says_it_for_torchrun_in_every_task(tmp_path: Path, options: list
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if "torchrun of its own" in ln]
     assert len(lines) == (1 if named else 0), r.stderr
+
+
+ROOT_NOTE = "this job is root's: Open MPI's mpiexec starts no rank as root"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the line is for jobs submitted by root")
+@pytest.mark.parametrize("scheduler,options,missing", [
+    ("pbs", [], ["OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"]),
+    ("pbs", ["--env", "OMPI_ALLOW_RUN_AS_ROOT=1"], ["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"]),
+    ("pbs", ["--env", "OMPI_ALLOW_RUN_AS_ROOT=1", "--setup", "export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"], []),
+    ("pbs", ["--mpi", "mpich"], []),  # Hydra's mpiexec has no such rule
+    ("slurm", [], []),  # srun starts the ranks, and sbatch passes the shell's variables on
+])
+def test_submit_says_what_roots_pbs_job_needs(tmp_path: Path, scheduler: str, options: list[str],
+                                              missing: list[str]) -> None:
+    """The PBS dev cluster's jobs are root's: without both variables every one failed at once (exit code 1,
+    "mpiexec has detected an attempt to run as root" in its output)."""
+    (tmp_path / "train.py").write_text("print('hello')\n")
+    r = run_cli("submit", "--scheduler", scheduler, "--dry-run", "--nodes", "2", *options, "train.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ROOT_NOTE in ln]
+    assert len(lines) == (1 if missing else 0), r.stderr
+    if missing:
+        assert lines[0].endswith(f"add {' '.join(f'--env {name}=1' for name in missing)}, or the job fails at once")

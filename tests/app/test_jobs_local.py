@@ -4,6 +4,7 @@ and the directory; the error family is importable where users look."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import slurmlaunch
@@ -34,6 +35,19 @@ def test_local_array_status_shows_every_element_and_list_has_columns(tmp_path: P
     listed = run_cli("list", env=env, cwd=tmp_path).stdout.splitlines()
     assert listed[0].split()[:4] == ["JOB", "ID", "SCHED", "STATE"]
     assert job in listed[1] and "FAILED" in listed[1] and listed[1].endswith(str(tmp_path / "logs"))
+
+
+def test_list_keeps_its_columns_when_a_record_is_gone(tmp_path: Path) -> None:
+    env = no_slurm_env(tmp_path)
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    (tmp_path / "job.py").write_text("print('hi')\n")
+    for out in ("kept", "removed"):
+        assert run_cli("submit", "--scheduler", "local", "-o", out, "job.py", env=env, cwd=tmp_path).returncode == 0
+    shutil.rmtree(tmp_path / "removed")
+    listed = run_cli("list", env=env, cwd=tmp_path).stdout.splitlines()
+    assert "record gone" in listed[2] and "COMPLETED" in listed[1], listed
+    starts = {line.index("SUBMITTED") if i == 0 else line.index("20") for i, line in enumerate(listed)}
+    assert len(starts) == 1, listed  # the submission time under its heading on every row
 
 
 def test_list_without_jobs_says_so(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,17 @@ def test_without_slurm_it_says_what_is_missing(tmp_path: Path) -> None:
     assert r.returncode == 1 and "commands  fail   missing: sbatch, srun" in r.stdout and not r.stderr
     r = run_cli("doctor", "--allocate", "0", env=no_slurm_env(tmp_path), cwd=tmp_path)
     assert r.returncode == 2 and "--allocate 0 is not valid" in r.stderr
+
+
+def test_an_installed_client_without_a_cluster_is_said_in_words(tmp_path: Path) -> None:
+    """Debian's real scontrol with no slurm.conf, SLURM_CONF or DNS SRV record: doctor says what that means."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None or Path("/etc/slurm/slurm.conf").exists():
+        pytest.skip("needs Slurm's clients installed and no cluster configured on this machine")
+    env = {k: v for k, v in no_slurm_env(tmp_path).items() if k != "SLURM_CONF"}
+    env["PATH"] += f":{Path(scontrol).parent}"
+    r = run_cli("doctor", env=env, cwd=tmp_path)
+    assert r.returncode == 1 and "controller  fail   no Slurm cluster is configured here" in r.stdout, r.stdout
 
 
 @pytest.mark.slurm

@@ -745,7 +745,8 @@ def cmd(action: str, root: Path, nodes: int, gpus: int, cpus: int, accounting: b
             raise DevClusterError(f"dev-cluster: {e} (see {root}/{LEDGER})") from None
         return 0
     if not (root / "slurm.conf").exists():
-        raise DevClusterError(f"dev-cluster: none in {root} (slurmlaunch dev-cluster up --dir {root})")
+        raise DevClusterError(f"dev-cluster: none in {root} (slurmlaunch dev-cluster up --dir {root} starts one; "
+                              f"add --scheduler pbs for OpenPBS)")
     if not _controller_running(root):  # `down` keeps slurm.conf: sinfo would print a raw connection error
         sys.stderr.write(f"slurmlaunch: dev-cluster in {root} is down: its controller is not running "
                          f"(slurmlaunch dev-cluster up --dir {root} starts one)\n")

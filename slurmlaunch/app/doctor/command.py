@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ...core.errors import SpecError
+from ...schedulers.slurm import cluster_configured
 from ..site import cluster_name, remember_site, try_command
 from .check import Check
 from .probe import ProbeJob, Report, allocate, gpu_problem, probe_job, rank_rows
@@ -66,7 +67,12 @@ def login_checks(partition: str | None) -> tuple[list[Check], list[Partition], d
     if "sbatch" in missing or "scontrol" in missing:
         return checks, [], {}
     up, out = try_command(["scontrol", "ping"], timeout=15)
-    checks.append(Check("controller", "ok" if up and "UP" in out else "fail", out.replace("\n", "; ")))
+    said = out.replace("\n", "; ")
+    if not up and not cluster_configured(out):  # an installed client alone: scontrol's own words do not say so
+        said = ("no Slurm cluster is configured here (no slurm.conf, SLURM_CONF or DNS SRV record: on a login "
+                "node the site's Slurm module sets it up; the dev cluster prints its SLURM_CONF; a submit "
+                f"without a cluster runs on this machine); scontrol said: {said}")
+    checks.append(Check("controller", "ok" if up and "UP" in out else "fail", said))
     if not (up and "UP" in out):
         return checks, [], {}
     _, text = try_command(["sbatch", "--version"])

@@ -359,9 +359,10 @@ def cmd_list(as_json: bool) -> int:
         print(f"no jobs submitted yet (the index is {index_path()})")
         return 0
     width = max(6, *(len(r["job_id"]) for r in shown))
-    print(f"{'JOB ID':>{width}}  {'SCHED':<6} {'STATE':<10} {'SUBMITTED':<24} {'NAME':<20} DIRECTORY")
+    states = max(10, *(len(r["state"]) for r in shown))  # "record gone" is wider than STATE
+    print(f"{'JOB ID':>{width}}  {'SCHED':<6} {'STATE':<{states}} {'SUBMITTED':<24} {'NAME':<20} DIRECTORY")
     for r in shown:
-        print(f"{r['job_id']:>{width}}  {r['scheduler']:<6} {r['state']:<10} {r['submitted_at']:<24} "
+        print(f"{r['job_id']:>{width}}  {r['scheduler']:<6} {r['state']:<{states}} {r['submitted_at']:<24} "
               f"{r['name']:<20} {r['directory']}")
     return 0
 
