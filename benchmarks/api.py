@@ -5,7 +5,7 @@ alternate (A B A B ...), every sample in a fresh process (timed from the submiss
 excluded). Reported: medians, min-max and the median of the paired ratios. Nothing is asserted (the dev
 cluster shares a busy machine).
 
-    python benchmarks/api.py [--pairs N] [--jobs N] [--count-queries N]
+    python benchmarks/api.py [--pairs N] [--jobs N] [--count-queries N] [--cpu-per-job N [--no-compare]]
 
 Every slurmlaunch source tree measured is byte-compiled first (compileall): an installed package has its .pyc
 files, while a source tree run with PYTHONDONTWRITEBYTECODE=1 (set on this project's machines) would compile
@@ -14,6 +14,11 @@ every module in every rank of every job, about 20 ms of CPU a rank that no user 
 Uses the cluster that $SLURM_CONF names (with accounting: sacct must answer), else brings up the dev cluster
 (root, apt packages of tests/run.sh) for the run. --count-queries N: a map_array of N jobs through the API
 with squeue and sacct wrapped by a counting shim on PATH; prints how many of each it made, and per minute.
+--cpu-per-job N: where a job's CPU goes, which is what a map_array of short jobs waits on when the machine is
+busy (the jobs run at once): an N-job map_array per contender whose function reports, from rank 0, its own
+process's CPU before the call (the interpreter, submitit's imports and ours, the unpickling, the environment)
+and that of the job's other processes on its node (the batch step, srun; read from /proc by $SLURM_JOB_ID,
+which needs root or the same user), medians over the jobs, in clock ticks (10 ms).
 """
 
 from __future__ import annotations
@@ -64,6 +69,69 @@ took = time.perf_counter() - start
 assert values == [x + 1 for x in range(1 if jobs == 1 else jobs)] or values == [2], values
 print(took)
 '''
+
+# One job of --cpu-per-job: rank 0's CPU before the call, and the CPU of the job's other processes on its node.
+_CPU_SAMPLE = r"""
+import json, sys
+contender, jobs, folder = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+def f(x):
+    import os, resource
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    tag, tick, others = f"SLURM_JOB_ID={os.environ['SLURM_JOB_ID']}".encode(), os.sysconf("SC_CLK_TCK"), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(pid) == os.getpid() or tag not in open(f"/proc/{pid}/environ", "rb").read().split(b"\0"):
+                continue
+            stat = open(f"/proc/{pid}/stat").read()
+            fields = stat[stat.rindex(")") + 2:].split()
+            words = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            name = " ".join(w.decode(errors="replace") for w in words[1:4]) if b"python" in words[0] else \
+                os.path.basename(words[0].decode(errors="replace"))
+            others.append((name, (int(fields[11]) + int(fields[12])) / tick))
+        except (OSError, ValueError, IndexError):
+            pass
+    return used.ru_utime + used.ru_stime, others
+
+import submitit
+import slurmlaunch
+if contender == "slurmlaunch":
+    jobs_ = slurmlaunch.map_array(f, range(jobs), nodes=2, tasks_per_node=1, scheduler="slurm", output_dir=folder,
+                                  time="5")
+    values = [j.result() for j in jobs_]
+else:
+    ex = submitit.SlurmExecutor(folder=folder + "/%j")
+    ex.update_parameters(nodes=2, ntasks_per_node=1, time=5)
+    values = [j.results()[0] for j in ex.map_array(f, range(jobs))]
+print(json.dumps(values))
+"""
+
+
+def cpu_per_job(env: dict[str, str], jobs: int, pairs: int, work: Path, also: list[str]) -> dict[str, object]:
+    """Where a job's CPU goes, per contender (see the module's docstring: --cpu-per-job)."""
+    contenders = ["slurmlaunch", "submitit", *(f"slurmlaunch at {a}" for a in also)]
+    found: dict[str, dict[str, list[float]]] = {c: {} for c in contenders}
+    for _ in range(pairs):
+        for name in contenders:
+            kind, _, source = name.partition(" at ")
+            folder = tempfile.mkdtemp(dir=work)
+            r = subprocess.run([sys.executable, "-c", _CPU_SAMPLE, kind, str(jobs), folder], cwd=folder, timeout=900,
+                               env={**env, "PYTHONPATH": source} if source else env, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"{name}: {r.stderr[-3000:]}")
+            for own, others in json.loads(r.stdout.strip().splitlines()[-1]):
+                found[name].setdefault("rank 0 before the call", []).append(own)
+                for process, cpu in others:
+                    if "srun" not in process:  # srun's own: the same for both, and not where they differ
+                        found[name].setdefault(process, []).append(cpu)
+    print(f"\n## CPU per job, {jobs}-job map_array x {pairs} per contender ({load()} after)\n")
+    print("| contender | process | median ms | jobs |")
+    print("| --- | --- | ---: | ---: |")
+    for name, processes in found.items():
+        for process, xs in sorted(processes.items()):
+            print(f"| {name} | {process} | {statistics.median(xs) * 1000:.0f} | {len(xs)} |")
+    return {name: {p: statistics.median(xs) for p, xs in ps.items()} for name, ps in found.items()}
+
 
 # The counting shim: every call of the wrapped client appends its name to $COUNT_FILE, then runs it.
 _SHIM = '#!/bin/sh\necho "{name}" >> "$COUNT_FILE"\nexec {real} "$@"\n'
@@ -168,6 +236,9 @@ def main() -> int:
     p.add_argument("--pairs", type=int, default=5, help="alternations per comparison (default 5)")
     p.add_argument("--jobs", type=int, default=20, help="map_array size (default 20; 0: skip)")
     p.add_argument("--count-queries", type=int, default=0, metavar="N", help="count the queries of an N-job map_array")
+    p.add_argument("--cpu-per-job", type=int, default=0, metavar="N",
+                   help="where a job's CPU goes: an N-job map_array per contender and pair (0: skip)")
+    p.add_argument("--no-compare", action="store_true", help="skip the time-to-result comparisons")
     p.add_argument("--json", help="also write the samples to this file")
     p.add_argument("--first-job-id", type=int, default=1, metavar="N",
                    help="the dev cluster's first job id (default 1; apart from other clusters on the machine)")
@@ -178,9 +249,12 @@ def main() -> int:
     byte_compile([ROOT, *map(Path, a.also)])
     with tempfile.TemporaryDirectory(prefix="slurmlaunch-bench-api-") as tmp, cluster(a.first_job_id) as env:
         work = Path(tmp)
-        out["one"] = compare(env, 1, a.pairs, work, a.also)
-        if a.jobs:
+        if not a.no_compare:
+            out["one"] = compare(env, 1, a.pairs, work, a.also)
+        if a.jobs and not a.no_compare:
             out["map"] = compare(env, a.jobs, a.pairs, work, a.also)
+        if a.cpu_per_job:
+            out["cpu"] = cpu_per_job(env, a.cpu_per_job, a.pairs, work, a.also)
         if a.count_queries:
             out["queries"] = count_queries(env, a.count_queries, work)
             for source in a.also:

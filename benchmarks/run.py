@@ -27,6 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
 NOOP = str(HERE / "noop.py")
+FLOOR = str(HERE / "floor_launcher.py")
 BARRIER = str(HERE / "barrier.py")
 
 
@@ -159,6 +160,55 @@ def bench_startup(pairs: int) -> list[dict[str, object]]:
             [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", NOOP], env),
     }
     rows += table("A no-op job of 2 ranks (whole job)", alternate(contenders, pairs), "slurmlaunch launch x 2")
+    return rows
+
+
+def cpu_ok(cmd: list[str], env: dict[str, str]) -> float:
+    """The CPU time (user + sys, seconds) of ``cmd``'s process and what it waited for: on a shared machine, the
+    figure its load does not inflate as it inflates wall time."""
+    pid = os.posix_spawn(cmd[0], cmd, env, file_actions=[(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)])
+    _, status, usage = os.wait4(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{cmd} failed ({os.waitstatus_to_exitcode(status)})")
+    return usage.ru_utime + usage.ru_stime
+
+
+def bench_startup_cpu(pairs: int) -> list[dict[str, object]]:
+    """The launcher's start in CPU time, for each way a rank could start it (issue 30 part 6: the goal is
+    (launch - direct) <= 1.5 x a bare interpreter's start): `python -m slurmlaunch` (what the batch scripts
+    run), `python -c` importing the same entry (no runpy), and the console script pip writes; and the floor of
+    any launcher, one that only execs the script (floor_launcher.py), as a file and under -m."""
+    env = base_env()
+    one = dict(env, **slurm_env(0, [1]))
+    preset = dict(env, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                  MASTER_PORT="29500")
+    script = shutil.which("slurmlaunch") or ""
+    bare = "python -c pass"
+    direct = "direct: python noop.py (variables preset)"
+    contenders = {
+        bare: lambda: cpu_ok([PY, "-c", "pass"], env),
+        direct: lambda: cpu_ok([PY, "-u", NOOP], preset),
+        # the floor of any launcher: one that only execs the script, started as a file and with -m (runpy's imports)
+        "python floor_launcher.py noop.py (exec, nothing else)": lambda: cpu_ok([PY, FLOOR, NOOP], env),
+        "python -m floor_launcher noop.py (the same under -m)": lambda: cpu_ok(
+            [PY, "-m", "floor_launcher", NOOP], dict(env, PYTHONPATH=str(HERE))),
+        "python -m slurmlaunch launch noop.py": lambda: cpu_ok([PY, "-m", "slurmlaunch", "launch", NOOP], one),
+        "python -c 'import slurmlaunch.__main__' launch noop.py": lambda: cpu_ok(
+            [PY, "-c", "import slurmlaunch.__main__", "launch", NOOP], one),
+        "slurmlaunch launch noop.py (pip's console script)": lambda: cpu_ok([script, "launch", NOOP], one),
+    }
+    samples = alternate(contenders, pairs)
+    rows = table("Launcher start-up in CPU time (user + sys): one no-op rank", samples, direct)
+    print(f"\n(X - direct) / `{bare}`, the median of the {pairs} alternations (target <= 1.5):")
+    for name, xs in samples.items():
+        if name in (bare, direct):
+            continue
+        ratios = [(x - d) / b for x, d, b in zip(xs, samples[direct], samples[bare], strict=True) if b > 0]
+        print(f"- {name}: {statistics.median(ratios):.2f}x (quartiles "
+              f"{statistics.quantiles(ratios, n=4)[0]:.2f}-{statistics.quantiles(ratios, n=4)[2]:.2f})"
+              if len(ratios) > 1 else f"- {name}: {ratios[0] if ratios else float('nan'):.2f}x")
+        rows.append({"title": "launcher cost in CPU", "contender": name,
+                     "ratio": statistics.median(ratios) if ratios else float("nan")})
     return rows
 
 
@@ -398,9 +448,10 @@ def main() -> int:
     p.add_argument("--pairs", type=int, help="alternations per comparison (default 10, --quick 2)")
     p.add_argument("--ranks", default=None, help="rank counts for the barrier benchmark (default 2,4,8)")
     p.add_argument("--json", help="also write every row to this file")
-    p.add_argument("--only", help="comma-separated sections: startup,cli,hostlist,scale,watchdog,barrier (default all)")
+    p.add_argument("--only", help="comma-separated sections: startup,startup-cpu,cli,hostlist,scale,watchdog,barrier "
+                   "(default all)")
     a = p.parse_args()
-    sections = set((a.only or "startup,cli,hostlist,scale,watchdog,barrier").split(","))
+    sections = set((a.only or "startup,startup-cpu,cli,hostlist,scale,watchdog,barrier").split(","))
     pairs = a.pairs or (2 if a.quick else 10)
     ranks = [int(x) for x in (a.ranks or ("2" if a.quick else "2,4,8")).split(",")]
     if not shutil.which("slurmlaunch"):
@@ -418,6 +469,8 @@ def main() -> int:
         work = Path(tmp)
         if "startup" in sections:
             rows += bench_startup(pairs)
+        if "startup-cpu" in sections:
+            rows += bench_startup_cpu(pairs if a.quick or a.pairs else 30)  # CPU ratios: more alternations
         if "cli" in sections:
             rows += bench_cli(pairs, work)
         if "hostlist" in sections:

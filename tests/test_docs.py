@@ -102,7 +102,7 @@ OTHER_TOOLS = {
     "rsync, git, pip": "--files-from --chmod --cached --others --exclude-standard --no-build-isolation",
     "torchrun": "--redirects --tee --local-ranks-filter --logs-specs --local-rank --local_rank --rdzv-conf --role "
                 "--run-path --local-addr --event-log-handler --numa-binding --signals-to-handle --virtual-local-rank",
-    "benchmarks and examples": "--quick --pairs --jobs --count-queries --also --epochs --lr --bs",
+    "benchmarks and examples": "--quick --pairs --jobs --count-queries --also --only --cpu-per-job --epochs --lr --bs",
     # the batch step's plan (allocation/batch_step.py), written by the renderers, never typed by a user
     "slurmlaunch batch-step": "--warning --walltime --warn-before",
 }

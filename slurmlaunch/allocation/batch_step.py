@@ -23,30 +23,25 @@ COMMAND. Standard library only: it runs inside the allocation, once per job.
 
 from __future__ import annotations
 
-import argparse
-import glob
+import _signal  # type: ignore[import-not-found]  # the C module, as the launcher's: `signal` loads enum
 import os
-import re
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
 import time
-from collections.abc import Sequence
-from contextlib import suppress
-from signal import Signals, strsignal
-from types import FrameType
 
 from ..core import REQUEUE_OF, RESTART_COUNT
-from ..core.jobfiles import WRITE_FAILED, JobFiles
 from ..core.parse import signal_number
-from .reasons import REASONS_DIR, read_first
-from .script_runner import RETURNED_DIR, STACKS_DIR, recorded_exit
-from .smallfile import read_small
-from .stacks import summary_main
-from .torchrun_mode import aborted_workers, teardown_message
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
+    from types import FrameType, SimpleNamespace
+
+    from ..core.jobfiles import JobFiles
+
+# What the batch step imports at its start is kept to the above (issue 32: it starts once per job, the API's
+# short jobs included, and its start is paid before srun's). The rest (argparse, subprocess, the job files,
+# the stacks, the regular expressions) is imported where a path needs it: the failure path, the CLI's files.
 
 # The signals whose default action ends a process (signal(7): Term or Core), each as srun words it.
 KILLING = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGKILL", "SIGUSR1",
@@ -54,17 +49,19 @@ KILLING = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBU
 # Slurm's own word for a task killed by the cgroup's OOM killer (with task/cgroup), besides strsignal's "Killed".
 OUT_OF_MEMORY = "Out Of Memory"
 _SRUN_ERROR = "srun: error: "
-_SRUN_TASKS = re.compile(r"([^ :]+): tasks? ([0-9,-]+): ")
-_OPENMPI_RANK = re.compile(r"^ *Process name: *\[\[\d*,\d*\],(\d+)\]")
-_OPENMPI_CODE = re.compile(r"^ *Exit code: *(\d+)")
+_SRUN_TASKS = r"([^ :]+): tasks? ([0-9,-]+): "  # patterns, compiled (and cached) by `re` where they are used
+_OPENMPI_RANK = r"^ *Process name: *\[\[\d*,\d*\],(\d+)\]"
+_OPENMPI_CODE = r"^ *Exit code: *(\d+)"
 # Open MPI's word on a rank a signal ended (its help-orterun.txt): "mpiexec noticed that process rank 0 with PID
 # 0 on node node1 exited on signal 10 (User defined signal 1)." It names the first such rank only.
-_OPENMPI_SIGNAL = re.compile(r"noticed that process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+_OPENMPI_SIGNAL = r"noticed that process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)"
 
 
 def signal_words() -> dict[str, tuple[int, str]]:
     """How srun words a task killed by a signal (strsignal's description: "Killed", "Segmentation fault"):
     the exit code it counts as (128 + N) and what the failure line says."""
+    from signal import Signals, strsignal
+
     words = {strsignal(s) or s.name: (128 + s.value, f"killed by {s.name}") for s in map(Signals.__getitem__, KILLING)}
     words[OUT_OF_MEMORY] = (128 + Signals.SIGKILL.value, "killed by SIGKILL: out of memory")
     return words
@@ -108,6 +105,14 @@ def stopped_line(who: str, code: int, text: str, others: str, first: bool = True
     return f"{who} failed{' first' if first else ''} with exit code {code} (stopped by slurmlaunch: {text}){others}"
 
 
+def _unlink(path: str) -> None:
+    """``path`` removed (a link itself, never its target), when it is there."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def _say(text: str) -> None:
     sys.stderr.write(f"slurmlaunch: {text}\n")
     sys.stderr.flush()
@@ -116,6 +121,8 @@ def _say(text: str) -> None:
 def put_file(path: str, text: str) -> bool:
     """``text`` and a newline into ``path``, never through a link planted there: a new file (O_EXCL, mode 600,
     a name nobody could plant beforehand) renamed over whatever ``path`` was (rename replaces a link itself)."""
+    import tempfile
+
     try:
         fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", dir=os.path.dirname(path) or ".")
     except OSError:
@@ -126,14 +133,15 @@ def put_file(path: str, text: str) -> bool:
         os.replace(tmp, path)
         return True
     except OSError:
-        with suppress(OSError):
-            os.unlink(tmp)
+        _unlink(tmp)
         return False
 
 
 def preflight(log_dir: str) -> str | None:
     """None when the output directory takes a write of 4 KiB (more than a page), else why not. A full file
     system or one gone read-only would otherwise lose every word of the job, the scheduler's logs included."""
+    import tempfile
+
     try:
         fd, tmp = tempfile.mkstemp(prefix=".slurmlaunch-probe.", dir=log_dir)
     except OSError as e:
@@ -144,17 +152,17 @@ def preflight(log_dir: str) -> str | None:
         return e.strerror or str(e)
     finally:
         os.close(fd)
-        with suppress(OSError):
-            os.unlink(tmp)
+        _unlink(tmp)
     return None
 
 
 def fresh_dir(path: str, variable: str) -> None:
     """``path`` as a new private directory (a requeued run starts clean), named to COMMAND in ``variable``; one
     that cannot be made is said, and the ranks run without it (what it holds is a report, not the work)."""
+    import shutil
+
     shutil.rmtree(path, ignore_errors=True)
-    with suppress(OSError):
-        os.unlink(path)  # a link planted there: the link itself, never its target
+    _unlink(path)  # a link planted there: the link itself, never its target
     try:
         os.mkdir(path, 0o700)
     except OSError as e:
@@ -166,12 +174,14 @@ def srun_first(lines: Sequence[str], skip: str) -> tuple[str, str, int, str] | N
     """srun's first word on a task that ended, as (node, tasks, code, how): "node2: task 2: Exited with exit
     code 7", or for a task killed by a signal its description ("node2: task 2: Killed"). The others' words come
     after srun stopped them; the warning signal's description (``skip``) is left to the warning's rule."""
+    import re
+
     words = signal_words()
     for line in lines:
         if not line.startswith(_SRUN_ERROR):
             continue
         text = line[len(_SRUN_ERROR):].removesuffix(" (core dumped)")
-        m = _SRUN_TASKS.match(text)
+        m = re.match(_SRUN_TASKS, text)
         if not m:
             continue
         what = text[m.end():]
@@ -197,8 +207,10 @@ def srun_killed_by(lines: Sequence[str], description: str) -> str:
 
 def openmpi_signalled(lines: Sequence[str]) -> tuple[int, str, int] | None:
     """The rank Open MPI says a signal ended, as (rank, host, signal number); None when it says none."""
+    import re
+
     for line in lines:
-        m = _OPENMPI_SIGNAL.search(line)
+        m = re.search(_OPENMPI_SIGNAL, line)
         if m:
             return int(m[1]), m[2], int(m[3])
     return None
@@ -206,6 +218,8 @@ def openmpi_signalled(lines: Sequence[str]) -> tuple[int, str, int] | None:
 
 def srun_aborted(lines: Sequence[str]) -> list[int]:
     """The ranks srun says SIGABRT ended ("node1: tasks 0-1,3: Aborted")."""
+    import re
+
     ranks: set[int] = set()
     for line in lines:
         m = re.match(r"srun: error: [^ :]*: tasks? ([0-9,-]*): Aborted", line)
@@ -216,7 +230,14 @@ def srun_aborted(lines: Sequence[str]) -> list[int]:
     return sorted(ranks)
 
 
-_PBS_ID = re.compile(r"\d+(\.[\w.-]+)?")
+_PBS_ID = r"\d+(\.[\w.-]+)?"
+
+
+def _pbs_id(text: str) -> bool:
+    """Whether ``text`` is a PBS job id (1234, or 1234.server)."""
+    import re
+
+    return re.fullmatch(_PBS_ID, text) is not None
 
 
 def _restarts(text: str) -> int:
@@ -238,30 +259,39 @@ def _started_at() -> float:
 class Step:
     """One run of COMMAND under the plan ``args`` (see :func:`parser`)."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace | SimpleNamespace) -> None:
         self.args = args
         first = os.environ.get(REQUEUE_OF, "")
         # a PBS job resubmitted at the warning: its files are the first job's, as a Slurm requeue's are its id's
-        tag = first.split(".", 1)[0] if args.resubmit is not None and _PBS_ID.fullmatch(first) else args.job
-        self.files = JobFiles(args.log_dir or "", tag or "", args.unit)
+        self.tag = first.split(".", 1)[0] if args.resubmit is not None and _pbs_id(first) else args.job
         if args.resubmit is not None:  # the ranks see which run this is (mpiexec -x passes it on)
             os.environ[RESTART_COUNT] = str(_restarts(os.environ.get(RESTART_COUNT, "")))
-        self.warning = Signals(signal_number(args.warning)) if args.warning else None
+        self.warning: int | None = signal_number(args.warning) if args.warning else None
         self.warned = False
         self.stopped = False
         self.stopped_after = 0.0  # seconds from the job's start to PBS's stop
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.pid: int | None = None  # COMMAND's
         self.openmpi: list[str] = []  # Open MPI's lines naming the first rank that failed (PBS)
+        self._files: JobFiles | None = None
+
+    @property
+    def files(self) -> JobFiles:
+        """The job's files (core.jobfiles), on the paths that use them: not the API's, which has none."""
+        if self._files is None:
+            from ..core.jobfiles import JobFiles
+
+            self._files = JobFiles(self.args.log_dir or "", self.tag or "", self.args.unit)
+        return self._files
 
     # --- signals -------------------------------------------------------------------------------------------
 
     def _ended(self) -> bool:
         """Whether COMMAND has ended, asked without reaping it: from a signal handler, while the main thread
         waits for it (Popen.poll would answer None then: wait() holds its lock)."""
-        if self.proc is None:
+        if self.pid is None:
             return False
         try:
-            return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+            return os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
         except ChildProcessError:
             return True
 
@@ -269,20 +299,22 @@ class Step:
         self.warned = True
         extra = " (the script's framework saves and requeues the job itself)" if self.args.requeued_by_script else ""
         _say(f"SIG{self.args.warning} received, passing it on to the ranks{extra}")
-        if self.proc is not None and not self._ended():
-            os.kill(self.proc.pid, signum)
+        if self.pid is not None and not self._ended():
+            os.kill(self.pid, signum)
 
     def _stacks_at_stop(self, signum: int, frame: FrameType | None) -> None:
         """Slurm's SIGTERM (the time limit, scancel): once the ranks have written their stacks (3 s at most),
         say where they were, then end by the signal as the shell would."""
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        from .stacks import summary_main
+
+        _signal.signal(_signal.SIGTERM, _signal.SIG_DFL)
         for _ in range(30):
-            if self.proc is None or self._ended():
+            if self.pid is None or self._ended():
                 break
             time.sleep(0.1)
         summary_main([self.files.stacks])
         sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), _signal.SIGTERM)
 
     def _pbs_stop(self, signum: int, frame: FrameType | None) -> None:
         """PBS's SIGTERM (qdel, the walltime): outlive it, so that once mpiexec has ended the stacks are said.
@@ -299,11 +331,13 @@ class Step:
 
     def _arm(self) -> None:
         a = self.args
-        if a.stacks and self.warning != signal.SIGTERM:
-            signal.signal(signal.SIGTERM, self._pbs_stop if a.outlive_stop else self._stacks_at_stop)
+        if a.stacks and self.warning != _signal.SIGTERM:
+            _signal.signal(_signal.SIGTERM, self._pbs_stop if a.outlive_stop else self._stacks_at_stop)
         if self.warning is not None:
-            signal.signal(self.warning, self._forward)
+            _signal.signal(self.warning, self._forward)
             if a.walltime is not None and a.warn_before is not None:  # PBS: nobody else sends it
+                import threading
+
                 delay = max(0.0, _started_at() + a.walltime - a.warn_before - time.time())
                 timer = threading.Timer(delay, os.kill, (os.getpid(), self.warning))
                 timer.daemon = True
@@ -313,6 +347,12 @@ class Step:
 
     def prepare(self) -> int | None:
         """The job's files before any rank starts; an exit code when they cannot be made."""
+        import glob
+
+        from ..core.jobfiles import WRITE_FAILED
+        from .reasons import REASONS_DIR
+        from .script_runner import RETURNED_DIR, STACKS_DIR
+
         f = self.files
         why = preflight(self.args.log_dir)
         if why is not None:
@@ -325,16 +365,14 @@ class Step:
                 if os.path.islink(planted):
                     os.unlink(planted)
             try:
-                with suppress(OSError):
-                    os.unlink(f.srun_log)
+                _unlink(f.srun_log)
                 os.close(os.open(f.srun_log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
             except OSError:
                 _say(f"cannot create {f.srun_log}")
                 return WRITE_FAILED
             fresh_dir(f.returned, RETURNED_DIR)  # each rank whose script returned leaves a mark here
         fresh_dir(f.reasons, REASONS_DIR)  # a rank slurmlaunch stops itself leaves why here
-        with suppress(OSError):
-            os.unlink(f.failure)
+        _unlink(f.failure)
         fresh_dir(f.stacks, STACKS_DIR)  # each rank's stacks, on demand and at a stop; kept after the job
         return None
 
@@ -342,22 +380,41 @@ class Step:
         """COMMAND's exit status (128 + N for a signal), its stderr into srun's log (Slurm) or passed through
         with Open MPI's naming lines kept (PBS)."""
         self._arm()
-        openmpi = self.openmpi
+        if not (self.args.srun and self.args.log_dir) and self.args.mpi != "openmpi":
+            return self._spawn(command)  # the API's Slurm jobs: nothing of COMMAND's output to keep
+        import re
+        import subprocess
+
+        proc: subprocess.Popen[bytes]
         if self.args.srun and self.args.log_dir:
             with open(self.files.srun_log, "ab") as log:
-                self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=log)
-        elif self.args.mpi == "openmpi":
-            self.proc = subprocess.Popen(command, stderr=subprocess.PIPE)
-            assert self.proc.stderr is not None
-            for raw in self.proc.stderr:  # line by line, as it comes
+                proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=log)
+                self.pid = proc.pid
+        else:
+            proc = subprocess.Popen(command, stderr=subprocess.PIPE)
+            self.pid = proc.pid
+            assert proc.stderr is not None
+            for raw in proc.stderr:  # line by line, as it comes
                 sys.stderr.buffer.write(raw)
                 sys.stderr.flush()
                 line = raw.decode("utf-8", errors="replace")
-                if _OPENMPI_RANK.match(line) or _OPENMPI_CODE.match(line) or _OPENMPI_SIGNAL.search(line):
-                    openmpi.append(line)
-        else:
-            self.proc = subprocess.Popen(command)
-        rc = self.proc.wait()
+                if re.match(_OPENMPI_RANK, line) or re.match(_OPENMPI_CODE, line) or re.search(_OPENMPI_SIGNAL, line):
+                    self.openmpi.append(line)
+        rc = proc.wait()
+        return 128 - rc if rc < 0 else rc
+
+    def _spawn(self, command: list[str]) -> int:
+        """COMMAND with this process's stdio, started as subprocess would start it (SIGPIPE and SIGXFSZ, which
+        Python ignores, back to their default), without loading subprocess: this is the path of every short
+        job of the API, and subprocess with its imports is about a third of a bare interpreter's start."""
+        try:
+            self.pid = os.posix_spawnp(command[0], command, os.environ,
+                                       setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ))
+        except OSError as e:  # as a shell says it: not found 127, not runnable 126
+            _say(f"cannot run {command[0]!r}: {e.strerror or e}")
+            return 127 if isinstance(e, FileNotFoundError) else 126
+        _, status = os.waitpid(self.pid, 0)  # retried after a signal's handler (the warning's) has run
+        rc = os.waitstatus_to_exitcode(status)
         return 128 - rc if rc < 0 else rc
 
     def others(self) -> str:
@@ -368,13 +425,18 @@ class Step:
 
     def first_failure(self, rc: int, lines: Sequence[str]) -> tuple[int, str, str]:
         """(the job's code, the summary line, how srun's first word says the rank was killed)."""
+        import re
+        from signal import Signals
+
+        from .reasons import read_first
+
         a = self.args
         stopped = read_first(self.files.reasons)
         if stopped is not None:
             who = f"{'a task' if stopped.rank is None else f'rank {stopped.rank}'} on {stopped.host}"
             return stopped.code, stopped_line(who, stopped.code, stopped.text, self.others()), ""
         if a.srun:
-            skip = (strsignal(self.warning) or "") if self.warning is not None else ""
+            skip = (_signal.strsignal(self.warning) or "") if self.warning is not None else ""
             found = srun_first(lines, skip)
             if found is None:
                 return rc, "", ""
@@ -384,8 +446,8 @@ class Step:
                 return code, f"torchrun on {node} (node task {tasks}) failed first with exit code {code}{shown}" \
                     f"{self.others()}", how
             return code, f"rank(s) {tasks} on {node} failed first with exit code {code}{shown}{self.others()}", how
-        ranks = [_OPENMPI_RANK.match(x) for x in self.openmpi]
-        codes = [_OPENMPI_CODE.match(x) for x in self.openmpi]
+        ranks = [re.match(_OPENMPI_RANK, x) for x in self.openmpi]
+        codes = [re.match(_OPENMPI_CODE, x) for x in self.openmpi]
         rank = next((int(m[1]) for m in ranks if m), None)
         said = next((int(m[1]) for m in codes if m), None)
         if rank is None or said is None:
@@ -401,10 +463,12 @@ class Step:
                 f"{self.others()}", how
         code = said
         node = "?"
-        with suppress(OSError):  # the rank's host: its block of the node file's hosts (gone once PBS removed it)
+        try:  # the rank's host: its block of the node file's hosts (gone once PBS removed it)
             with open(os.environ.get("PBS_NODEFILE", "")) as f:
                 hosts = list(dict.fromkeys(h.strip() for h in f if h.strip()))
             node = hosts[rank // a.tasks_per_node] if rank // a.tasks_per_node < len(hosts) else "?"
+        except OSError:
+            pass
         return code, f"rank {rank} on {node} failed first with exit code {code}{self.others()}", ""
 
     def killed_by_warning(self, lines: Sequence[str]) -> str:
@@ -412,10 +476,10 @@ class Step:
         MPI's, which names the first only); "" when none did."""
         assert self.warning is not None
         # srun (and mpiexec) stop the rest of a failed run with SIGTERM: only after the warning is it the warning's
-        if self.warning == signal.SIGTERM and not self.warned:
+        if self.warning == _signal.SIGTERM and not self.warned:
             return ""
         if self.args.srun:
-            return srun_killed_by(lines, strsignal(self.warning) or "")
+            return srun_killed_by(lines, _signal.strsignal(self.warning) or "")
         signalled = openmpi_signalled(self.openmpi)
         if signalled is None or signalled[2] != self.warning:
             return ""
@@ -424,6 +488,12 @@ class Step:
     def teardown_aborts(self, rc: int, summary: str, first_signal: str, lines: Sequence[str]) -> int:
         """Name the ranks SIGABRT ended after their script returned; one that had asked for 128 + the warning
         signal (saved, requeue me) keeps that code."""
+        import glob
+        from contextlib import suppress
+
+        from .script_runner import recorded_exit
+        from .torchrun_mode import aborted_workers, teardown_message
+
         if self.args.torchrun:
             aborted: set[int] = set()
             for path in glob.glob(glob.escape(self.files.log("\0")).replace("\0", "*")):
@@ -445,6 +515,11 @@ class Step:
 
     def finish(self, rc: int) -> int:
         """The plan after COMMAND ended: the first failure, the warning's rules, the exit code file."""
+        import shutil
+        from contextlib import suppress
+
+        from .stacks import summary_main
+
         a, f = self.args, self.files
         lines: list[str] = []
         if a.srun:
@@ -483,7 +558,7 @@ class Step:
             if killed:  # end as the ranks did, killed by the signal: sacct's ExitCode then reads 0:N
                 put_file(f.exit_code, str(code))
                 sys.stderr.flush()
-                signal.signal(self.warning, signal.SIG_DFL)
+                _signal.signal(self.warning, _signal.SIG_DFL)
                 os.kill(os.getpid(), self.warning)
         if not self.stopped and not put_file(f.exit_code, str(rc)):
             _say(f"could not write {f.exit_code}")
@@ -501,6 +576,8 @@ class Step:
             _say(f"not requeued: job {job} was already requeued {restarts} time(s) (--max-requeues {most})")
             return False
         _say(f"requeueing job {job} (restart {restarts + 1} of at most {most})")
+        import subprocess
+
         if subprocess.run(["scontrol", "requeue", job], stdin=subprocess.DEVNULL).returncode == 0:
             return True
         _say(f"scontrol requeue {job} failed")
@@ -514,11 +591,13 @@ class Step:
         and cancel follow them (schedulers/pbs.py)."""
         this = os.environ.get("PBS_JOBID", "")
         first = os.environ.get(REQUEUE_OF, "")
-        first = first if _PBS_ID.fullmatch(first) else this
+        first = first if _pbs_id(first) else this
         restarts = _restarts(os.environ.get(RESTART_COUNT, ""))
         if restarts >= most:
             _say(f"not requeued: job {first} was already requeued {restarts} time(s) (--max-requeues {most})")
             return False
+        import subprocess
+
         f = self.files
         cmd = ["qsub", "-N", name, "-o", os.path.join(self.args.log_dir, f"{first}.OU"), "-W",
                f"depend=afterany:{this}", "-v", f"{RESTART_COUNT}={restarts + 1},{REQUEUE_OF}={first}",
@@ -531,7 +610,7 @@ class Step:
             _say(f"not requeued: {join(cmd)} failed: {e}")
             return False
         new = done.stdout.strip()
-        if done.returncode != 0 or not _PBS_ID.fullmatch(new):
+        if done.returncode != 0 or not _pbs_id(new):
             said = (done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}").splitlines()[0]
             _say(f"not requeued: {join(cmd)} failed: {said}")
             return False
@@ -554,41 +633,90 @@ class Step:
 
 def read_chain(path: str) -> list[str]:
     """The job ids a job-ID.requeued file lists, in order (none when it is missing)."""
+    from .smallfile import read_small
+
     try:
         text = read_small(path, 64 << 10).decode("utf-8", errors="replace")  # never through a link, nor a FIFO
     except OSError:
         return []
-    return [line for line in text.split() if _PBS_ID.fullmatch(line)]
+    return [line for line in text.split() if _pbs_id(line)]
+
+
+# The plan's options, declared once (the renderers write them, render/slurm_script.py and render/pbs_script.py):
+# (flag, type (None: a switch), default, choices, metavar, help). parser() makes argparse's parser of them,
+# which is the definition (its --help, its errors); parse() reads the spellings the renderers write without
+# loading argparse, and leaves every other argv to argparse.
+_OPTIONS: tuple[tuple[str, type | None, object, tuple[str, ...] | None, str | None, str | None], ...] = (
+    ("--srun", None, False, None, None, "COMMAND is srun: its stderr goes to the job's srun log, whose words name "
+     "the first failure; the requeue is scontrol's"),
+    ("--outlive-stop", None, False, None, None, "SIGTERM (PBS's qdel, the walltime): wait for COMMAND, say where "
+     "the ranks were, write no exit code"),
+    ("--log-dir", str, None, None, None, "the job's output directory (without: the warning is passed on, no more)"),
+    ("--job", str, None, None, None, "the job's tag in its file names"),
+    ("--unit", str, "rank", ("rank", "node"), None, "what one output file holds"),
+    ("--ranks", int, 1, None, None, "the world size"),
+    ("--nodes", int, 1, None, None, None),
+    ("--tasks-per-node", int, 1, None, None, None),
+    ("--torchrun", None, False, None, None, "one task per node, each running torchrun"),
+    ("--mpi", str, None, None, None, "PBS: the MPI whose mpiexec COMMAND is"),
+    ("--warning", str, None, None, None, "the warning signal's name (USR2)"),
+    ("--walltime", float, None, None, None, "PBS: the walltime in seconds (the warning is sent here)"),
+    ("--warn-before", float, None, None, None, "PBS: seconds before the walltime to send the warning"),
+    ("--requeue", int, None, None, "MAX", "requeue after the warning, at most MAX times"),
+    ("--resubmit", str, None, None, "NAME", "PBS: requeue by submitting the job's kept script again, as job NAME, "
+     "to start once this job has ended"),
+    ("--requeued-by-script", None, False, None, None, "the script's framework requeues itself"),
+    ("--stacks", None, False, None, None, "say where the ranks were when they were stopped"),
+)
 
 
 def parser() -> argparse.ArgumentParser:
+    import argparse
+
     p = argparse.ArgumentParser(prog="slurmlaunch batch-step", description="the batch script's last command")
-    p.add_argument("--srun", action="store_true", help="COMMAND is srun: its stderr goes to the job's srun log, whose "
-                   "words name the first failure; the requeue is scontrol's")
-    p.add_argument("--outlive-stop", action="store_true", help="SIGTERM (PBS's qdel, the walltime): wait for COMMAND, "
-                   "say where the ranks were, write no exit code")
-    p.add_argument("--log-dir", help="the job's output directory (without: the warning is passed on, no more)")
-    p.add_argument("--job", help="the job's tag in its file names")
-    p.add_argument("--unit", choices=("rank", "node"), default="rank", help="what one output file holds")
-    p.add_argument("--ranks", type=int, default=1, help="the world size")
-    p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--tasks-per-node", type=int, default=1)
-    p.add_argument("--torchrun", action="store_true", help="one task per node, each running torchrun")
-    p.add_argument("--mpi", help="PBS: the MPI whose mpiexec COMMAND is")
-    p.add_argument("--warning", help="the warning signal's name (USR2)")
-    p.add_argument("--walltime", type=float, help="PBS: the walltime in seconds (the warning is sent here)")
-    p.add_argument("--warn-before", type=float, help="PBS: seconds before the walltime to send the warning")
-    p.add_argument("--requeue", type=int, metavar="MAX", help="requeue after the warning, at most MAX times")
-    p.add_argument("--resubmit", metavar="NAME", help="PBS: requeue by submitting the job's kept script again, "
-                   "as job NAME, to start once this job has ended")
-    p.add_argument("--requeued-by-script", action="store_true", help="the script's framework requeues itself")
-    p.add_argument("--stacks", action="store_true", help="say where the ranks were when they were stopped")
+    for flag, kind, default, choices, metavar, text in _OPTIONS:
+        if kind is None:
+            p.add_argument(flag, action="store_true", help=text)
+        else:
+            p.add_argument(flag, type=kind, default=default, choices=choices, metavar=metavar, help=text)
     p.add_argument("command", nargs=argparse.REMAINDER)
     return p
 
 
+def parse(argv: Sequence[str]) -> argparse.Namespace | SimpleNamespace:
+    """What ``parser().parse_args(argv)`` gives, for the plain spellings the renderers write (``--flag VALUE``,
+    a value that does not start with "-", COMMAND after ``--`` or after the options), without importing
+    argparse; any other argv (--help, an unknown or abbreviated flag, ``--flag=VALUE``, a value argparse would
+    refuse) goes to argparse, which answers as it always has."""
+    from types import SimpleNamespace
+
+    table = {flag: (kind, choices) for flag, kind, _, choices, _, _ in _OPTIONS}
+    values: dict[str, object] = {flag[2:].replace("-", "_"): default for flag, _, default, *_ in _OPTIONS}
+    i = 0
+    while i < len(argv) and argv[i] != "--" and argv[i].startswith("-"):
+        if argv[i] not in table:
+            return parser().parse_args(argv)
+        kind, choices = table[argv[i]]
+        name = argv[i][2:].replace("-", "_")
+        if kind is None:
+            values[name] = True
+            i += 1
+            continue
+        if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
+            return parser().parse_args(argv)
+        try:
+            value = kind(argv[i + 1])
+        except ValueError:
+            return parser().parse_args(argv)
+        if choices is not None and value not in choices:
+            return parser().parse_args(argv)
+        values[name] = value
+        i += 2
+    return SimpleNamespace(**values, command=list(argv[i:]))
+
+
 def main(argv: Sequence[str]) -> int:
-    args = parser().parse_args(argv)
+    args = parse(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         _say("error: batch-step needs a COMMAND after --")

@@ -253,3 +253,113 @@ def test_pbs_a_qdel_while_the_job_is_submitted_again_deletes_the_resubmission(tm
            "6.head, which was deleted" in err, err
     assert (tmp_path / "qsub-args.qdel").read_text() == "6.head\n" and code == 138, err
     assert (logs / "job-5.requeued").read_text() == "6.head\n"
+
+
+# --- the API's path: no job files, COMMAND started without subprocess (issue 32) -------------------------------
+
+def _api_step(tmp_path: Path, command: list[str], **env: str) -> subprocess.Popen[str]:
+    """The batch step as the API's Slurm jobs run it (app/api/executors.py: no --log-dir)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_WORDS": "", "FAKE_CODE": "0",
+            "FAKE_WAIT": "", **env}
+    return subprocess.Popen([sys.executable, "-m", "slurmlaunch", "batch-step", "--warning", "USR2", "--", *command],
+                            env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_the_apis_step_passes_the_warning_on_and_ends_with_the_commands_code(tmp_path: Path) -> None:
+    proc = _api_step(tmp_path, ["srun", "true"], FAKE_CODE="7", FAKE_WAIT=str(tmp_path / "waiting"))
+    _warn_when_waiting(proc, tmp_path)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 7, err
+    assert err == "slurmlaunch: SIGUSR2 received, passing it on to the ranks\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "waiting"]  # no job files: the API keeps its own
+
+
+def test_the_apis_step_reports_a_command_killed_by_a_signal_as_the_shell_would(tmp_path: Path) -> None:
+    proc = _api_step(tmp_path, ["sh", "-c", "kill -KILL $$"])
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGKILL and err == "", err
+
+
+def test_the_apis_step_gives_the_command_the_default_sigpipe(tmp_path: Path) -> None:
+    """Python ignores SIGPIPE; what it starts gets the default back, as subprocess gives it (a `head` in the
+    job's pipeline then ends its writer the usual way)."""
+    proc = _api_step(tmp_path, ["sh", "-c", "grep ^SigIgn: /proc/self/status"])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    ignored = int(out.split()[1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1)) and not ignored & (1 << (signal.SIGXFSZ - 1)), out
+
+
+def test_a_command_that_is_not_there_is_said_in_one_line(tmp_path: Path) -> None:
+    proc = _api_step(tmp_path, [str(tmp_path / "no-such-srun"), "x"])
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 127
+    assert err == f"slurmlaunch: cannot run {str(tmp_path / 'no-such-srun')!r}: No such file or directory\n"
+
+
+def test_the_apis_step_starts_on_the_standard_library_it_needs() -> None:
+    """What `python -m slurmlaunch batch-step` imports after `site` on the API's path: none of argparse,
+    subprocess, the job files' dataclasses and pathlib, the stacks' json, tempfile, shutil (issue 32: the step
+    starts once per job, before srun; its CPU is measured in benchmarks/api.py's notes, this guards the
+    structure, not the time). The CLI's path loads them where it uses them."""
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "slurmlaunch", "batch-step", "--warning", "USR2",
+                        "--", "true"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    names = [line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")]
+    assert "site" in names and "slurmlaunch.allocation.batch_step" in names, r.stderr[-2000:]
+    after_site = set(names[names.index("site") + 1:])
+    heavy = {"argparse", "subprocess", "selectors", "threading", "tempfile", "shutil", "glob", "json", "pathlib",
+             "dataclasses", "inspect", "typing", "slurmlaunch.core.jobfiles", "slurmlaunch.allocation.stacks",
+             "slurmlaunch.allocation.torchrun_mode", "torch", "submitit", "jinja2"}
+    assert sorted(heavy & after_site) == [], sorted(after_site)
+
+
+PLANS = [
+    [], ["--", "srun", "true"], ["srun", "--x", "-y"], ["--warning", "USR2", "--", "srun", "--kill-on-bad-exit=1"],
+    ["--srun", "--unit", "node", "--ranks", "8", "--nodes", "2", "--torchrun", "--warning", "USR1", "--requeue",
+     "3", "--requeued-by-script", "--stacks", "--log-dir", "/l o g", "--job", "7_2", "--", "srun", "-n", "2"],
+    ["--outlive-stop", "--mpi", "openmpi", "--ranks", "4", "--nodes", "2", "--tasks-per-node", "2", "--warning",
+     "TERM", "--walltime", "7200", "--warn-before", "90.5", "--requeue", "2", "--resubmit", "train", "--stacks",
+     "--log-dir", "d", "--job", "9", "--", "mpiexec", "-n", "4"],
+    ["--ranks", "3", "--ranks", "5", "--", "x"],  # the last one counts, as argparse has it
+]
+
+
+@pytest.mark.parametrize("argv", PLANS, ids=[" ".join(p) or "(none)" for p in PLANS])
+def test_the_fast_reading_of_a_plan_is_argparses(argv: list[str]) -> None:
+    fast = batch_step.parse(argv)
+    assert type(fast).__name__ == "SimpleNamespace"  # read without argparse
+    assert vars(fast) == vars(batch_step.parser().parse_args(argv))
+
+
+def test_the_renderers_plans_are_read_without_argparse(tmp_path: Path) -> None:
+    from slurmlaunch.core.spec import JobSpec
+    from slurmlaunch.render import pbs_script, slurm_script
+
+    for fields in ({}, {"signal": "USR1@60", "requeue": True, "nodes": 2, "time": "2:00:00"},
+                   {"mode": "torchrun", "nodes": 2, "tasks_per_node": 2, "time": "1:00:00"}):
+        spec = JobSpec.of(script="t.py", workdir=str(tmp_path), **fields)
+        for plan in (slurm_script.batch_step_plan(spec), pbs_script.batch_step_plan(spec)):
+            argv = [*plan, "--log-dir", str(tmp_path), "--job", "12", "--", "srun", "true"]
+            fast = batch_step.parse(argv)
+            assert type(fast).__name__ == "SimpleNamespace", argv
+            assert vars(fast) == vars(batch_step.parser().parse_args(argv))
+
+
+@pytest.mark.parametrize("argv", [["--ranks", "many", "--", "x"], ["--unit", "job", "--", "x"], ["--log-dir"],
+                                  ["--job", "--", "x"], ["--bogus", "x"]])
+def test_a_plan_the_fast_reading_does_not_know_goes_to_argparse(argv: list[str]) -> None:
+    r = subprocess.run([sys.executable, "-m", "slurmlaunch", "batch-step", *argv], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("usage: slurmlaunch batch-step"), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_the_fast_reading_leaves_spellings_it_does_not_write_to_argparse() -> None:
+    for argv in (["--log-dir=d", "--job=3", "--", "x"], ["--log", "d", "--job", "3", "--", "x"]):
+        assert type(batch_step.parse(argv)).__name__ == "Namespace"
+        assert vars(batch_step.parse(argv)) == vars(batch_step.parser().parse_args(argv))

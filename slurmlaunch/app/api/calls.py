@@ -3,7 +3,6 @@ the return value pickled by the rank itself, a SystemExit recorded with its code
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -12,8 +11,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...core.spec import JobSpec
 from .failures import _failure, _mark, _signal_name
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ...core.spec import JobSpec  # a rank under Slurm does not load it (_DistributedCall.spec)
 
 
 class _Packed:
@@ -75,9 +77,9 @@ def _pack(value: object) -> _Packed:
                        f"({where}): {type(e).__name__}: {e}") from None
 
 
-def _export_distributed_env(spec: JobSpec) -> None:
-    """In a task: give submitit's local tasks the variables a Slurm step would have, then map them exactly
-    as `slurmlaunch launch` does and export the result."""
+def _export_distributed_env(spec_of: Callable[[], JobSpec]) -> None:
+    """In a task: give submitit's local tasks the variables a Slurm step would have (``spec_of``: the job's
+    spec, asked for there only), then map them exactly as `slurmlaunch launch` does and export the result."""
     from ...allocation.launch import preflight, resolve
 
     environ = os.environ
@@ -85,6 +87,7 @@ def _export_distributed_env(spec: JobSpec) -> None:
         from ...schedulers.local import gpu_plan, rank_env
 
         rank = int(environ["SUBMITIT_LOCAL_GLOBALID"])
+        spec = spec_of()
         gpus, _ = gpu_plan(spec, environ)
         emulated = rank_env(spec, environ["SUBMITIT_LOCAL_JOB_ID"], rank, environ, gpus)
         if spec.resources.gpus_per_node == 0:  # asked for no GPU, gets none (as under Slurm, and as before: submitit's
@@ -122,11 +125,13 @@ def _record_exit(path: Path, error: SystemExit) -> None:
     number = 0 if code is None else code if isinstance(code, int) else 1  # sys.exit("text") exits 1
     message = "" if isinstance(code, int) or code is None else str(code)
     temporary = path.with_suffix(".tmp")
+    import json  # here: a rank that exits by SystemExit is rare, and json is not otherwise on a rank's start
+
     temporary.write_text(json.dumps({"code": number, "at": at, "message": message}))
     os.replace(temporary, path)
 
 
-def _arm_stacks(spec: JobSpec) -> None:
+def _arm_stacks(log_dir: str) -> None:
     """Arm this rank's stack dumps (`job.stacks()`, the stop signals) in the job's stacks directory, as the
     launcher's RUNNER does for a script."""
     import submitit
@@ -134,7 +139,7 @@ def _arm_stacks(spec: JobSpec) -> None:
     from ...allocation.script_runner import arm_stacks
     from ...core.jobfiles import JobFiles
 
-    directory = JobFiles(spec.log_dir, str(submitit.JobEnvironment().job_id)).stacks
+    directory = JobFiles(log_dir, str(submitit.JobEnvironment().job_id)).stacks
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
     except OSError:
@@ -183,14 +188,41 @@ class _DistributedCall:
     the code and the time itself (_exit_record)."""
 
     def __init__(self, spec: JobSpec, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> None:
-        self.spec, self.fn, self.args, self.kwargs = spec, fn, tuple(args), dict(kwargs)
+        self._spec: JobSpec | bytes = spec
+        self.log_dir = spec.log_dir
+        self.fn, self.args, self.kwargs = fn, tuple(args), dict(kwargs)
+
+    @property
+    def spec(self) -> JobSpec:
+        """The job's spec. It travels pickled on its own and a rank unpickles it only where it is used (the
+        local scheduler's step variables, a checkpoint's resubmission): a rank under Slurm needs the log
+        directory alone, and JobSpec's module (a dataclass of some 50 fields) costs a rank about 2.5 ms of CPU
+        to load, which every rank of every short job pays (issue 32)."""
+        spec = self._spec
+        if isinstance(spec, bytes):
+            import pickle
+
+            spec = self._spec = pickle.loads(spec)
+        return spec
+
+    def __getstate__(self) -> dict[str, Any]:
+        import pickle
+
+        spec = self._spec if isinstance(self._spec, bytes) else pickle.dumps(self._spec)
+        return {**self.__dict__, "_spec": spec}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "spec" in state:  # pickled by a slurmlaunch before this one (a job queued across an upgrade)
+            state["_spec"] = state.pop("spec")
+            state["log_dir"] = state["_spec"].log_dir
+        self.__dict__.update(state)
 
     def __call__(self) -> _Packed:
         record = _own_exit_record()
         if record is not None:
             record.unlink(missing_ok=True)  # an earlier run's, before a requeue
-        _export_distributed_env(self.spec)
-        _arm_stacks(self.spec)
+        _export_distributed_env(lambda: self.spec)
+        _arm_stacks(self.log_dir)
         try:
             value = self.fn(*self.args, **self.kwargs)
         except SystemExit as e:  # passed on: submitit exits that way to requeue a preempted job
@@ -225,7 +257,7 @@ class _ScriptCall:
     def __call__(self) -> int:
         from ...render.launch import launch_command
 
-        _export_distributed_env(self.spec)
+        _export_distributed_env(lambda: self.spec)
         done = subprocess.run(launch_command(self.spec), cwd=self.spec.program.workdir)
         if done.returncode != 0:
             how = (f"was killed by {_signal_name(-done.returncode)}" if done.returncode < 0

@@ -126,6 +126,7 @@ def _choose(requested: str) -> str:
 
     named = canonical(requested)
     own = named is not None and scheduler(named).submitit_executor is None
-    allowed = tuple(n for n in NAMES if n == named or scheduler(n).submitit_executor is not None)
+    # a named one is allowed as it is: the others' modules (the local one brings the launcher's) are not loaded
+    allowed = (named,) if named is not None else tuple(n for n in NAMES if scheduler(n).submitit_executor is not None)
     return choose(requested, allowed=allowed, check_client=own, announce=False)
 

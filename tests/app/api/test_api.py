@@ -236,3 +236,35 @@ def test_the_apis_time_limit_for_submitit_follows_sbatchs_reading(given: str | N
     from slurmlaunch.app.api.executors import _minutes
 
     assert _minutes(given) == minutes
+
+
+def test_a_rank_unpickles_its_call_without_loading_jobspec(tmp_path: Path) -> None:
+    """A rank under Slurm needs the call's log directory, not the JobSpec, whose module (a dataclass of some 50
+    fields) every rank of every short job would pay to load (issue 32): the spec travels pickled on its own and
+    is unpickled where it is used (the local scheduler's step variables, a checkpoint's resubmission)."""
+    made = ("import sys, cloudpickle\n"
+            "from slurmlaunch.core.spec import JobSpec\n"
+            "from slurmlaunch.app.api.calls import _wrap\n"
+            f"spec = JobSpec.of(script='t.py', workdir={str(tmp_path)!r}, output_dir='logs')\n"
+            "call = _wrap(spec, print, (1,), {})\n"
+            "sys.stdout.buffer.write(cloudpickle.dumps(call))\n")
+    pickled = subprocess.run([sys.executable, "-c", made], capture_output=True, check=True, timeout=60).stdout
+    rank = ("import pickle, sys\n"
+            "call = pickle.loads(sys.stdin.buffer.read())\n"
+            "print(call.log_dir, 'slurmlaunch.core.spec' in sys.modules)\n"
+            "spec = call.spec\n"
+            "print(spec.program.script, spec.log_dir == call.log_dir, 'slurmlaunch.core.spec' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", rank], input=pickled, capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode().splitlines() == [f"{tmp_path / 'logs'} False", "t.py True True"]
+
+
+def test_a_call_pickled_by_an_earlier_slurmlaunch_still_runs(tmp_path: Path) -> None:
+    """A job queued across an upgrade: its call was pickled with the spec as a plain attribute."""
+    from slurmlaunch.app.api.calls import _DistributedCall
+    from slurmlaunch.core.spec import JobSpec
+
+    spec = JobSpec.of(script="t.py", workdir=str(tmp_path), output_dir="logs")
+    call = _DistributedCall.__new__(_DistributedCall)
+    call.__setstate__({"spec": spec, "fn": print, "args": (1,), "kwargs": {}})
+    assert call.spec is spec and call.log_dir == str(tmp_path / "logs") and call.args == (1,)
