@@ -19,7 +19,7 @@ import pytest
 
 from slurmlaunch.core.detect import Context, derive_port, detect
 from slurmlaunch.core.errors import EnvironmentMappingError
-from tests.helpers import run_cli, skip_or_fail
+from tests.helpers import launch_job_id, run_cli, skip_or_fail
 
 NODEFILE = "node1\nnode1\nnode2\nnode2\n"
 
@@ -161,10 +161,11 @@ def test_real_mpirun_two_nodes_two_ranks_gloo(tmp_path: Path, torch_available: N
     hosts.write_text("127.0.0.1 localhost node1 node2\n")
     # One MPI world of 4 ranks; each app context (-x applies per context) plays one "node" of the emulated
     # PBS nodefile.
+    job = launch_job_id(2)  # its MASTER_PORT: this worker's own, not every session's on the machine
     contexts: list[str] = []
     for node in ("node1", "node2"):
         contexts += [":"] if contexts else []
-        contexts += ["-np", "2", "-x", "PBS_JOBID=4321.pbs-server", "-x", f"PBS_NODEFILE={nodefile}",
+        contexts += ["-np", "2", "-x", f"PBS_JOBID={job}.pbs-server", "-x", f"PBS_NODEFILE={nodefile}",
                      "-x", "SLURMLAUNCH_ALLOW_LOOPBACK=1", "-x", f"SLURMLAUNCH_HOSTNAME={node}", "-x", "PATH",
                      "-x", "OMP_NUM_THREADS=1", "-x", "SLURMLAUNCH_RDZV_TIMEOUT=60",
                      sys.executable, "-m", "slurmlaunch", "launch", str(script)]
@@ -186,4 +187,4 @@ def test_real_mpirun_two_nodes_two_ranks_gloo(tmp_path: Path, torch_available: N
     assert [(x["RANK"], x["LOCAL_RANK"], x["NODE_RANK"], x["host"]) for x in results] == [
         ("0", "0", "0", "node1"), ("1", "1", "0", "node1"), ("2", "0", "1", "node2"), ("3", "1", "1", "node2")]
     assert {(x["MASTER_ADDR"], x["MASTER_PORT"], x["WORLD_SIZE"], x["sum"]) for x in results} == {
-        ("node1", str(derive_port(4321, 0)), "4", 10)}
+        ("node1", str(derive_port(job, 0)), "4", 10)}

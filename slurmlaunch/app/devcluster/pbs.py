@@ -328,7 +328,7 @@ def up(root: Path, nodes: int = 3, cpus: int = 8, gpus: int = 0, timeout: float 
         (host_dir(root, f"node{i}") / "spool" / "mom_priv" / "config").write_text(
             f"$clienthost {HEAD}\n$usecp *:/ /\n$logevent 0x1ff\n")
     init = str(PBS_EXEC / "libexec" / "pbs_init.d")
-    _in(root, HEAD, [init, "start"], "starting the PBS head host", max(timeout, 180))
+    _start_head(root, init, max(timeout, 180))
     for setting in SERVER_SETTINGS:
         _qmgr(root, setting, timeout)
     if gpus:
@@ -345,6 +345,31 @@ def up(root: Path, nodes: int = 3, cpus: int = 8, gpus: int = 0, timeout: float 
     _write_clients(root, net)
     _wait_free(root, nodes, timeout)
     return {"PATH": f"{root}/bin:{os.environ.get('PATH', os.defpath)}"}
+
+
+# pbs_db_utility's known race on a busy machine: it takes `pg_ctl status` for PostgreSQL being ready, then
+# runs createdb before the socket exists. It then stops the datastore and removes its directory itself, so
+# the head host's start can simply be tried again.
+DATASTORE_RACE = "Error creating PBS datastore"
+HEAD_START_TRIES = 3
+
+
+def _start_head(root: Path, init: str, timeout: float) -> None:
+    """`pbs_init.d start` on the head host, tried again (HEAD_START_TRIES in all) only after the datastore's
+    start race; any other failure is said at once."""
+    for attempt in range(1, HEAD_START_TRIES + 1):
+        try:
+            _in(root, HEAD, [init, "start"], "starting the PBS head host", timeout)
+            return
+        except DevClusterError as e:
+            if DATASTORE_RACE not in str(e) or attempt == HEAD_START_TRIES:
+                if attempt > 1:
+                    raise DevClusterError(f"{e} (try {attempt} of {HEAD_START_TRIES}; the earlier ones met "
+                                          "PostgreSQL not yet listening)") from None
+                raise
+            sys.stderr.write(f"slurmlaunch dev-cluster: PBS's datastore was not listening in time when its "
+                             f"database was created (a busy machine); starting the head host again "
+                             f"({attempt + 1} of {HEAD_START_TRIES})\n")
 
 
 def node_states(root: Path, timeout: float = 30.0) -> dict[str, str]:
