@@ -32,13 +32,13 @@ def check_script(script: str, module: bool, no_python: bool, workdir: str) -> No
         # python -m takes dotted names, no path: "..x", "/abs" or "a..b" fail on every rank (and are no file to
         # look in for the client notes)
         if not all(part.isidentifier() for part in script.split(".")):
-            raise SpecError(f"-m {shown(script)} is not a module name (expected dotted Python names, as python -m "
-                            f"takes them: pkg.train; a file is given without -m)")
+            raise SpecError(f"-m/--module {shown(script)} is not a module name (expected dotted Python names, as "
+                            f"python -m takes them: pkg.train; a file is given without --module)")
         if script.endswith(".py") and os.path.isfile(os.path.join(workdir, script)) and \
                 not os.path.isdir(os.path.join(workdir, script[:-3])):
-            raise SpecError(f"-m {shown(script)} names a module py of a package {shown(script[:-3])}, which is the "
-                            f"file {shown(script)} here (expected: {shown(script)} without -m, or -m "
-                            f"{shown(script[:-3])})")
+            raise SpecError(f"-m/--module {shown(script)} names a module py of a package {shown(script[:-3])}, which "
+                            f"is the file {shown(script)} here (expected: {shown(script)} without --module, or "
+                            f"--module {shown(script[:-3])})")
         return
     if no_python:
         if not (os.path.exists(script) or shutil.which(script)):

@@ -352,7 +352,8 @@ EDGE = QueuedEdge(
     name="pbs", title="PBS", client="qsub", readers=("read_mpi", "read_pbs_script"), refusals=REFUSALS,
     script_suffix=SCRIPT_SUFFIX, is_available=available, check_auto=auto_check, render_script=render_script,
     submit_script_command=qsub_command, submit_script=submit, parse_id=parse_job_id, job_status=status,
-    array_status=array_status, cancel_job=cancel, resubmissions_of=resubmissions, resubmission_check=resubmission_of, rank_log_of=_rank_log,
+    array_status=array_status, cancel_job=cancel, resubmissions_of=resubmissions, rank_log_of=_rank_log,
+    resubmission_check=resubmission_of,
     batch_log_of=_batch_log, output_log_of=_output_log, node_commands_of=node_commands, check_request=check,
     # False: no Lightning adaptation (its requeue on the warning is Slurm's scontrol); --signal itself is carried
     # out, sent by the batch step before the walltime (allocation/batch_step.py)

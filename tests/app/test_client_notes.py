@@ -175,6 +175,7 @@ def test_a_file_given_with_m_is_refused_with_what_was_meant(tmp_path: Path) -> N
     (tmp_path / "train.py").write_text("print('hi')\n")
     r = run_cli("submit", "--scheduler", "slurm", "--dry-run", "-m", "train.py", cwd=tmp_path, timeout=60)
     assert (r.returncode, r.stdout) == (2, ""), r.stderr
-    assert r.stderr == ("slurmlaunch: error: -m 'train.py' names a module py of a package 'train', which is the file "
-                        "'train.py' here (expected: 'train.py' without -m, or -m 'train')\n"), r.stderr
+    assert r.stderr == ("slurmlaunch: error: -m/--module 'train.py' names a module py of a package 'train', which is "
+                        "the file 'train.py' here (expected: 'train.py' without --module, or --module "
+                        "'train')\n"), r.stderr
     assert run_cli("submit", "--scheduler", "slurm", "--dry-run", "-m", "train", cwd=tmp_path).returncode == 0

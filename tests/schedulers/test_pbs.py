@@ -358,7 +358,8 @@ def test_a_planted_list_of_resubmissions_deletes_and_follows_no_other_job(tmp_pa
         "print('    Exit_status = 0')\n"
         "print('    Variable_List = PBS_O_HOME=/root' + (',SLURMLAUNCH_REQUEUE_OF=99.pbs-server' "
         "if job.startswith('4343') else ''))\n")
-    assert run_cli("submit", "--scheduler", "pbs", str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path).returncode == 0
+    r = run_cli("submit", "--scheduler", "pbs", str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
     (tmp_path / "slurmlaunch-logs" / "job-77.requeued").write_text(planted)
     listed = planted[:64 << 10].split()[-1]  # the part read
 
