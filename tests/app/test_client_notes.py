@@ -179,3 +179,14 @@ def test_a_file_given_with_m_is_refused_with_what_was_meant(tmp_path: Path) -> N
                         "the file 'train.py' here (expected: 'train.py' without --module, or --module "
                         "'train')\n"), r.stderr
     assert run_cli("submit", "--scheduler", "slurm", "--dry-run", "-m", "train", cwd=tmp_path).returncode == 0
+
+
+def test_a_script_name_with_a_newline_or_an_escape_keeps_the_note_on_one_line(tmp_path: Path) -> None:
+    """The note names SCRIPT, which may hold any byte a file name may: a newline or a terminal escape there
+    is shown escaped, the note stays one line, and the job is still rendered for the file as it is named."""
+    name = "a\nb\x1b[31m.py"
+    (tmp_path / name).write_text("import idr_torch\n")
+    r = run_cli("submit", "--scheduler", "pbs", "--dry-run", name, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stderr, r.stderr
+    assert any(line.startswith(f"slurmlaunch: {name!r} uses {IDR}") for line in r.stderr.splitlines()), r.stderr
