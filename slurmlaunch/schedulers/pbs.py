@@ -239,7 +239,12 @@ def resubmission_of(job_id: str, first: str) -> bool:
     job-ID.requeued file is only a file in the log directory, which anyone who may write there can plant or
     garble: cancel deletes no id it lists without this word of the server's. False when qstat cannot say."""
     try:
-        text = _qstat(pbs_id(job_id))
+        attrs = _qstat_json(pbs_id(job_id))  # OpenPBS, PBS Pro: Variable_List is an object
+        if attrs is not None:
+            listed = attrs.get("Variable_List")
+            value = listed.get(REQUEUE_OF) if isinstance(listed, dict) else None
+            return value is not None and _array_base(str(value)) == _array_base(first)
+        text = _qstat(pbs_id(job_id))  # Torque: the text form
     except SchedulerError:
         return False
     text = re.sub(r"\n\t", "", text)  # qstat -f folds a long attribute onto lines that begin with a tab

@@ -381,3 +381,22 @@ def test_a_planted_list_of_resubmissions_deletes_and_follows_no_other_job(tmp_pa
     assert st["state"] == "COMPLETED" and "named" not in st, st  # job 77's own state, not the listed job's
     assert st["note"] == f"its job-77.requeued lists job {listed}, which PBS does not show as its resubmission: " \
                          f"not followed", st
+
+
+@pytest.mark.parametrize(("variables", "ours"), [
+    ({"SLURMLAUNCH_REQUEUE_OF": "77.pbs-server", "SLURMLAUNCH_RESTART_COUNT": 1}, True),
+    ({"SLURMLAUNCH_REQUEUE_OF": "99.pbs-server"}, False),
+    ({"PBS_O_HOME": "/root"}, False),
+    ("not an object", False),
+])
+def test_a_resubmission_is_known_by_its_variable_in_qstat_json(monkeypatch: pytest.MonkeyPatch,
+                                                               variables: object, ours: bool) -> None:
+    """EMULATION of `qstat -x -f -F json` (OpenPBS; the real server's form, tests/real/test_pbs_real_requeue.py
+    reads Variable_List there): the batch step's qsub -v SLURMLAUNCH_REQUEUE_OF=FIRST is what makes an id the
+    first job's resubmission."""
+    from slurmlaunch.schedulers import pbs
+
+    answer = json.dumps({"Jobs": {"78.pbs-server": {"job_state": "R", "Variable_List": variables}}})
+    monkeypatch.setattr(pbs, "run_command", lambda argv, timeout: subprocess.CompletedProcess(argv, 0, answer, ""))
+    assert pbs.resubmission_of("78.pbs-server", "77.pbs-server") is ours
+    assert pbs.resubmission_of("78", "77") is ours
