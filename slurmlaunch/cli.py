@@ -120,7 +120,20 @@ def _parser_class() -> Any:
     import argparse
 
     class Parser(argparse.ArgumentParser):
+        def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+            self.given = list(sys.argv[1:] if args is None else args)  # for error: what the user typed
+            return super().parse_known_args(args, namespace)
+
         def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse prints usage too)
+            if message.startswith("the following arguments are required"):
+                # argparse says the missing positional first: `submit --nodez 2` would say SCRIPT is missing
+                # and never name the option that was mistyped
+                given = getattr(self, "given", [])
+                words = given[:given.index("--")] if "--" in given else given
+                unknown = [w for w in words if w.startswith("-") and w != "-" and not w[1:2].isdigit()
+                           and w.split("=", 1)[0] not in self._option_string_actions]
+                if unknown:
+                    message = f"unrecognized arguments: {' '.join(unknown)} ({message[0].lower()}{message[1:]})"
             sys.stderr.write(f"{self.prog}: error: {message}\n")
             raise SystemExit(2)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -166,12 +167,36 @@ def script_source(script: str, module: bool, workdir: str) -> str | None:
     else:
         candidates = [script if os.path.isabs(script) else os.path.join(workdir, script)]
     for path in candidates:
-        try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_SOURCE_BYTES + 1)
-        except OSError:
+        data = _regular_file(path)
+        if data is None:
             continue
         if len(data) > MAX_SOURCE_BYTES:
             return None
         return data.decode("utf-8", errors="replace")
     return None
+
+
+def _regular_file(path: str) -> bytes | None:
+    """At most MAX_SOURCE_BYTES + 1 bytes of ``path`` when it is a regular file; None for anything else. A FIFO,
+    a terminal (/dev/stdin, /dev/tty) or a socket given as SCRIPT would block the read or eat the user's input:
+    it is opened without blocking and left unread, and submit goes on without a note."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except (OSError, ValueError):  # ValueError: a NUL in the path
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks: list[bytes] = []
+        left = MAX_SOURCE_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

@@ -29,6 +29,16 @@ def check_script(script: str, module: bool, no_python: bool, workdir: str) -> No
     """SCRIPT as this machine sees it: a module is not looked for; a --no-python executable is a path or a
     command on PATH; a Python file exists relative to ``workdir`` (and is no directory)."""
     if module:
+        # python -m takes dotted names, no path: "..x", "/abs" or "a..b" fail on every rank (and are no file to
+        # look in for the client notes)
+        if not all(part.isidentifier() for part in script.split(".")):
+            raise SpecError(f"-m/--module {shown(script)} is not a module name (expected dotted Python names, as "
+                            f"python -m takes them: pkg.train; a file is given without --module)")
+        if script.endswith(".py") and os.path.isfile(os.path.join(workdir, script)) and \
+                not os.path.isdir(os.path.join(workdir, script[:-3])):
+            raise SpecError(f"-m/--module {shown(script)} names a module py of a package {shown(script[:-3])}, which "
+                            f"is the file {shown(script)} here (expected: {shown(script)} without --module, or "
+                            f"--module {shown(script[:-3])})")
         return
     if no_python:
         if not (os.path.exists(script) or shutil.which(script)):
@@ -37,6 +47,8 @@ def check_script(script: str, module: bool, no_python: bool, workdir: str) -> No
     path = os.path.join(workdir, script)
     if os.path.isdir(path):
         raise SpecError(f"script {shown(script)} is a directory (expected a Python file; -m for a package)")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise SpecError(f"script {shown(script)} is not a regular file (a FIFO or a device; expected a Python file)")
     if not os.path.isfile(path):
         raise SpecError(f"script {shown(script)} not found (expected a file, relative to {workdir!r})")
 

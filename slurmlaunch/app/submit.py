@@ -73,7 +73,7 @@ def adapt_to_client(spec: JobSpec, origins: dict[str, str], edge: Scheduler) -> 
     if found is None or not found.requeues:
         return spec
     given = origins.get("signal", BUILTIN) != BUILTIN
-    what = f"{spec.program.script} uses {found.client} ({found.detail})"
+    what = f"{_said(spec.program.script)} uses {found.client} ({found.detail})"
     if found.signal is None:
         if not given:
             sys.stderr.write(f"slurmlaunch: {what}, whose requeue signal is not readable from the source: the "
@@ -119,7 +119,13 @@ def note_clients(spec: JobSpec, edge: Scheduler) -> None:
         return
     # the ranks of an edge whose in-allocation reader is Slurm's see a Slurm step's variables (local_stepenv.py)
     for note in clients.client_notes(source, "read_slurm" in edge.readers, spec.resources.gpus_per_node):
-        sys.stderr.write(f"slurmlaunch: {spec.program.script} uses {note}\n")
+        sys.stderr.write(f"slurmlaunch: {_said(spec.program.script)} uses {note}\n")
+
+
+def _said(script: str) -> str:
+    """SCRIPT in a note's one line: as given, or quoted with its escapes where it holds a newline or a control
+    character (a terminal escape), which would break the line or reach the terminal."""
+    return script if script.isprintable() else repr(script)
 
 
 _OMPI_AS_ROOT = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")

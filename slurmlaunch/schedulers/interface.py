@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..core.errors import SchedulerError
 from ..core.spec import JobSpec
 from . import JobStatus, Submission
 from .support import Refusals, refuse
@@ -208,6 +209,9 @@ class QueuedEdge:
     quick_states_of: Callable[[Sequence[str] | None], QuickStates] | None = None
     command_id_of: Callable[[str], str] | None = None  # None: the id as printed
     resubmissions_of: Callable[[str, str], list[str]] | None = None  # None: the job always runs under its own id
+    # (id, first job) -> whether the scheduler says the id is a resubmission of the first job; cancel deletes none
+    # its files list without it (None: every listed id is taken as it is)
+    resubmission_check: Callable[[str, str], bool] | None = None
     check_request: Callable[[JobSpec], None] | None = None  # more refusals, of the request's meaning there
     warning_signal: bool = True
     script_requeues: bool = False
@@ -261,12 +265,23 @@ class QueuedEdge:
     def cancel(self, job_id: str, log_dir: str | None = None) -> str:
         chain = self.resubmissions(job_id, log_dir) if log_dir is not None else []
         live = chain[-1] if chain else job_id
+        if live != job_id:
+            self._refuse_foreign(live, job_id)
         self.cancel_job(live)
         later = self.resubmissions(job_id, log_dir) if log_dir is not None else []
-        if later and later[-1] != live:  # submitted again while the cancel was on its way: that one as well
+        if later and later[-1] not in (live, job_id):  # submitted again while the cancel was on its way: it too
             live = later[-1]
+            self._refuse_foreign(live, job_id)
             self.cancel_job(live)
         return live
+
+    def _refuse_foreign(self, listed: str, job_id: str) -> None:
+        """SchedulerError unless the scheduler confirms that ``listed``, which job ``job_id``'s files name as its
+        resubmission, is one: a planted or garbled list must not make cancel delete another job."""
+        if self.resubmission_check is not None and not self.resubmission_check(listed, job_id):
+            raise SchedulerError(
+                f"job {job_id}: its log directory's list of resubmissions at the warning names job {listed}, which "
+                f"{self.title} does not show as one: nothing deleted (fix or remove that list, then cancel again)")
 
     def resubmissions(self, job_id: str, log_dir: str) -> list[str]:
         return self.resubmissions_of(job_id, log_dir) if self.resubmissions_of is not None else []

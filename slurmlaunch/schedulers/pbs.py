@@ -17,6 +17,7 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
+from ..core import REQUEUE_OF
 from ..core.errors import SchedulerError
 from ..core.jobfiles import JobFiles
 from ..core.spec import MPI_FLAVOURS, JobSpec
@@ -197,7 +198,10 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
     note = None
     if _STATES.get(str(attrs.get("job_state", ""))) == "COMPLETED" and log_dir is not None:
         chain = resubmissions(job_id, log_dir)
-        if chain:  # resubmitted at the warning (allocation/batch_step.py): the last one is the job now
+        if chain and not resubmission_of(chain[-1], job_id):  # a planted or garbled list: not followed
+            planted = os.path.basename(JobFiles(log_dir, _array_base(job_id)).requeued)
+            note = f"its {planted} lists job {chain[-1]}, which PBS does not show as its resubmission: not followed"
+        elif chain:  # resubmitted at the warning (allocation/batch_step.py): the last one is the job now
             attrs = _attributes(chain[-1])
             note = f"run {len(chain) + 1}: resubmitted at the warning as job {chain[-1]}"
     code_file = None
@@ -225,7 +229,27 @@ def resubmissions(job_id: str, log_dir: str) -> list[str]:
     line, in order; read where the job ran), each one's files being the first job's."""
     data = read_file(JobFiles(log_dir, _array_base(job_id)).requeued, limit=64 << 10)
     lines = (data or b"").decode("utf-8", errors="replace").split()
-    return [line for line in lines if re.fullmatch(r"\d+(\.[\w.-]+)?", line)]
+    return [line for line in lines if re.fullmatch(r"\d+(\.[\w.-]+)?", line)
+            and _array_base(line) != _array_base(job_id)]  # a list that names the job itself is no chain
+
+
+def resubmission_of(job_id: str, first: str) -> bool:
+    """Whether PBS job ``job_id`` is one the batch step submitted job ``first`` again as: its qsub -v gave it
+    SLURMLAUNCH_REQUEUE_OF=FIRST (allocation/batch_step.py), which qstat -f shows in its Variable_List. A
+    job-ID.requeued file is only a file in the log directory, which anyone who may write there can plant or
+    garble: cancel deletes no id it lists without this word of the server's. False when qstat cannot say."""
+    try:
+        attrs = _qstat_json(pbs_id(job_id))  # OpenPBS, PBS Pro: Variable_List is an object
+        if attrs is not None:
+            listed = attrs.get("Variable_List")
+            value = listed.get(REQUEUE_OF) if isinstance(listed, dict) else None
+            return value is not None and _array_base(str(value)) == _array_base(first)
+        text = _qstat(pbs_id(job_id))  # Torque: the text form
+    except SchedulerError:
+        return False
+    text = re.sub(r"\n\t", "", text)  # qstat -f folds a long attribute onto lines that begin with a tab
+    named = re.findall(rf"(?:^|[\s,]){REQUEUE_OF}=(\d+)", text)
+    return bool(named) and all(n == _array_base(first) for n in named)
 
 
 def _subjobs_json(base: str) -> dict[int, dict[str, Any]] | None:
@@ -334,6 +358,7 @@ EDGE = QueuedEdge(
     script_suffix=SCRIPT_SUFFIX, is_available=available, check_auto=auto_check, render_script=render_script,
     submit_script_command=qsub_command, submit_script=submit, parse_id=parse_job_id, job_status=status,
     array_status=array_status, cancel_job=cancel, resubmissions_of=resubmissions, rank_log_of=_rank_log,
+    resubmission_check=resubmission_of,
     batch_log_of=_batch_log, output_log_of=_output_log, node_commands_of=node_commands, check_request=check,
     # False: no Lightning adaptation (its requeue on the warning is Slurm's scontrol); --signal itself is carried
     # out, sent by the batch step before the walltime (allocation/batch_step.py)

@@ -98,3 +98,21 @@ def test_a_local_submission_imports_none_of_the_remote_modules(tmp_path: Path) -
                         "--dry-run", "t.py"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert [line for line in r.stderr.splitlines() if "slurmlaunch.app.remote" in line] == []
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["submit", "--bogus"], "slurmlaunch submit: error: unrecognized arguments: --bogus (the following arguments "
+                            "are required: SCRIPT)\n"),
+    (["submit", "--dry-run", "--nodez=2", "--wait"], "slurmlaunch submit: error: unrecognized arguments: --nodez=2 "
+                                                     "(the following arguments are required: SCRIPT)\n"),
+    (["status", "--jsn"], "slurmlaunch status: error: unrecognized arguments: --jsn (the following arguments are "
+                          "required: job)\n"),
+    (["submit", "--nodes", "-1"], "slurmlaunch submit: error: the following arguments are required: SCRIPT\n"),
+    (["submit"], "slurmlaunch submit: error: the following arguments are required: SCRIPT\n"),
+])
+def test_a_mistyped_option_is_named_even_when_script_is_missing_too(tmp_path: Path, args: list[str],
+                                                                    said: str) -> None:
+    """argparse says a missing positional before an unknown option: `submit --bogus` said only that SCRIPT was
+    missing, and never which option was mistyped. One line, exit 2, the option byte for byte."""
+    r = run_cli(*args, env=no_slurm_env(tmp_path), cwd=tmp_path)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", said)

@@ -123,3 +123,70 @@ def test_submit_says_what_roots_pbs_job_needs(tmp_path: Path, scheduler: str, op
     assert len(lines) == (1 if missing else 0), r.stderr
     if missing:
         assert lines[0].endswith(f"add {' '.join(f'--env {name}=1' for name in missing)}, or the job fails at once")
+
+
+# --- the scan reads a file the user named: bounded, regular files only -----------------------------------------
+
+def test_the_scan_reads_only_a_regular_file_and_at_most_its_bound(tmp_path: Path) -> None:
+    """script_source opens the file without blocking and reads nothing but a regular file: a FIFO (whose open
+    alone would wait for a writer for ever), a terminal or /dev/zero is no source; nor is a directory, a
+    symlink loop or a file past MAX_SOURCE_BYTES. Bytes that are not UTF-8 are read all the same."""
+    from slurmlaunch.app.clients import MAX_SOURCE_BYTES, script_source
+
+    os.mkfifo(tmp_path / "fifo.py")
+    (tmp_path / "pkg").mkdir()
+    os.mkfifo(tmp_path / "pkg" / "__main__.py")
+    (tmp_path / "loop.py").symlink_to(tmp_path / "loop.py")
+    (tmp_path / "big.py").write_bytes(b"import idr_torch\n" + b"#" * MAX_SOURCE_BYTES)
+    (tmp_path / "latin.py").write_bytes(b"import idr_torch\n# caf\xe9\n")
+    for script, module in [("fifo.py", False), ("fifo", True), ("pkg", True), ("/dev/zero", False),
+                           ("/dev/null", False), ("loop.py", False), ("big.py", False), (str(tmp_path), False)]:
+        assert script_source(script, module, str(tmp_path)) is None, script
+    assert script_source("latin.py", False, str(tmp_path)) == "import idr_torch\n# caf\ufffd\n"
+
+
+def test_submit_with_a_fifo_for_the_module_goes_on_without_a_note(tmp_path: Path) -> None:
+    """-m names a module whose file is a FIFO (nothing ever writes to it): submit --dry-run ends, prints its
+    script and no client line (before, it waited in the FIFO's open for ever). A FIFO as SCRIPT is refused in
+    one line, as no regular file."""
+    os.mkfifo(tmp_path / "train.py")
+    r = run_cli("submit", "--scheduler", "slurm", "--dry-run", "--nodes", "2", "-m", "train", cwd=tmp_path, timeout=60)
+    assert r.returncode == 0 and "#SBATCH" in r.stdout and "uses" not in r.stderr, r.stderr
+    r = run_cli("submit", "--scheduler", "slurm", "--dry-run", "train.py", cwd=tmp_path, timeout=60)
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr == ("slurmlaunch: error: script 'train.py' is not a regular file (a FIFO or a device; expected a "
+                        "Python file)\n"), r.stderr
+
+
+@pytest.mark.parametrize("name", ["..etc.passwd", "/etc/passwd", "a..b", ".x", "pkg.", "my-pkg.train", "pkg/train",
+                                  "$(touch pwned)", "a\nb"])
+def test_a_module_name_that_python_m_cannot_take_is_refused(tmp_path: Path, name: str) -> None:
+    """-m takes dotted Python names: a path, a relative name or an empty part would fail on every rank, and
+    would have the client scan look outside the working directory. One line, exit 2, nothing run."""
+    r = run_cli("submit", "--scheduler", "slurm", "--dry-run", "-m", name, cwd=tmp_path, timeout=60)
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr.count("\n") == 1 and "is not a module name (expected dotted Python names" in r.stderr, r.stderr
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_file_given_with_m_is_refused_with_what_was_meant(tmp_path: Path) -> None:
+    """submit -m train.py where train.py is a file: python -m would look for a package train; the line says to
+    leave out -m (or drop .py)."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    r = run_cli("submit", "--scheduler", "slurm", "--dry-run", "-m", "train.py", cwd=tmp_path, timeout=60)
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr == ("slurmlaunch: error: -m/--module 'train.py' names a module py of a package 'train', which is "
+                        "the file 'train.py' here (expected: 'train.py' without --module, or --module "
+                        "'train')\n"), r.stderr
+    assert run_cli("submit", "--scheduler", "slurm", "--dry-run", "-m", "train", cwd=tmp_path).returncode == 0
+
+
+def test_a_script_name_with_a_newline_or_an_escape_keeps_the_note_on_one_line(tmp_path: Path) -> None:
+    """The note names SCRIPT, which may hold any byte a file name may: a newline or a terminal escape there
+    is shown escaped, the note stays one line, and the job is still rendered for the file as it is named."""
+    name = "a\nb\x1b[31m.py"
+    (tmp_path / name).write_text("import idr_torch\n")
+    r = run_cli("submit", "--scheduler", "pbs", "--dry-run", name, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stderr, r.stderr
+    assert any(line.startswith(f"slurmlaunch: {name!r} uses {IDR}") for line in r.stderr.splitlines()), r.stderr

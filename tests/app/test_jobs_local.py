@@ -46,8 +46,32 @@ def test_list_keeps_its_columns_when_a_record_is_gone(tmp_path: Path) -> None:
     shutil.rmtree(tmp_path / "removed")
     listed = run_cli("list", env=env, cwd=tmp_path).stdout.splitlines()
     assert "record gone" in listed[2] and "COMPLETED" in listed[1], listed
-    starts = {line.index("SUBMITTED") if i == 0 else line.index("20") for i, line in enumerate(listed)}
-    assert len(starts) == 1, listed  # the submission time under its heading on every row
+    starts = {line.index("SUBMITTED") if i == 0 else line.index(" 20") + 1 for i, line in enumerate(listed)}
+    assert len(starts) == 1, listed  # the submission time under its heading on every row (a job id may hold "20")
+
+
+def test_list_shows_control_characters_escaped_and_keeps_its_columns(tmp_path: Path) -> None:
+    """An index line edited by hand (or a remote login node's answer) with a terminal escape, a newline or a
+    carriage return in the job's id, name or directory: `list` shows them escaped, one row a job, every row's
+    submission time under its heading; --json keeps the values as they are."""
+    env = no_slurm_env(tmp_path)
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    (tmp_path / "job.py").write_text("print('hi')\n")
+    assert run_cli("submit", "--scheduler", "local", "-o", "kept", "job.py", env=env, cwd=tmp_path).returncode == 0
+    name = "\x1b]0;pwned\x07evil\x1b[2J\r\nx"
+    planted = {"job_id": "9\r\x1b[1A", "scheduler": "local", "record": str(tmp_path / "gone\n\x1b[31m" / "job.json"),
+               "name": name, "submitted_at": "2026-12-02T18:00:00+0000"}
+    with open(tmp_path / "state" / "slurmlaunch" / "jobs.jsonl", "a") as f:
+        f.write(json.dumps(planted) + "\n")
+    r = run_cli("list", env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    listed = r.stdout.splitlines()
+    assert len(listed) == 3 and "\x1b" not in r.stdout and "\r" not in r.stdout and "\x07" not in r.stdout, listed
+    assert listed[2].lstrip().startswith("9\\r\\x1b[1A  local ") and "\\x1b]0;pwned\\x07evil\\x1b[2J\\r\\nx" in \
+        listed[2] and listed[2].endswith("gone\\n\\x1b[31m"), listed
+    starts = {line.index("SUBMITTED") if i == 0 else line.index(" 20") + 1 for i, line in enumerate(listed)}
+    assert len(starts) == 1, listed
+    assert json.loads(run_cli("list", "--json", env=env, cwd=tmp_path).stdout)[-1]["name"] == name
 
 
 def test_list_without_jobs_says_so(tmp_path: Path) -> None:

@@ -701,3 +701,24 @@ def test_doctor_remote_with_pbs_allocate_runs_pbs_s_checks_there(laptop: sshd.La
     checks = {c["name"]: c["detail"] for c in report["checks"]}
     assert "qsub" in checks["commands"] and "sbatch" not in checks["commands"], report
     assert report["probe_job"] is None, report
+
+
+@pytest.mark.parametrize("shell", ["bash", "dash"])
+def test_setup_lines_leave_the_commands_stdout_alone_and_cannot_end_it_silently(laptop: sshd.Laptop, tmp_path: Path,
+                                                                              shell: str) -> None:
+    """What a setup line prints on stdout (a module system's chatter) goes to stderr, not before the command's
+    answer (a job id, JSON); a line that ends the shell with status 0 (`exit`) is a failure naming it, not an
+    empty answer taken for the command's. The same with dash (Debian's sh) as the login shell."""
+    if shell == "dash":
+        dash = shutil.which("dash", path="/usr/bin:/bin")
+        if not dash:
+            pytest.skip("dash is not installed")
+        _bash_env(laptop, tmp_path, f'exec {dash} -c "$BASH_EXECUTION_STRING"\n')
+    setup = ["echo 'Loading module cuda/12'", "export SL_S=1"]
+    with remote.Connection(remote.parse_destination("login"), setup=setup) as conn:
+        proc = conn.run_argv(["printenv", "SL_S"], timeout=60, check=False)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"1\n", b"Loading module cuda/12\n")
+        assert SshRunner(conn).run(["printf", "%s", "a b"], timeout=60).stdout == "a b"  # within the setup bound
+    with remote.Connection(remote.parse_destination("login"), setup=["export SL_S=1", "exit 0"]) as conn:
+        error = _one_line_error(lambda: SshRunner(conn).run(["printenv", "SL_S"], timeout=60))
+    assert "--remote-setup 'exit 0' (line 2 of 2) failed (exit 125)" in error, error

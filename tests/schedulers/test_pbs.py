@@ -268,7 +268,9 @@ def test_a_job_submitted_again_at_the_warning_is_cancelled_where_it_runs_now(tmp
     assert pbs.resubmissions("5.head", str(tmp_path)) == ["6.head", "7.head"]
     assert pbs.EDGE.resubmissions("5.head", str(tmp_path)) == ["6.head", "7.head"]
     sent: list[str] = []
-    edge = dataclasses.replace(pbs.EDGE, cancel_job=sent.append)  # qdel's stand-in
+    ours = {("6.head", "5.head"), ("7.head", "5.head"), ("10.head", "9.head")}  # qstat -f's Variable_List
+    edge = dataclasses.replace(pbs.EDGE, cancel_job=sent.append,  # qdel's stand-in
+                               resubmission_check=lambda job, first: (job, first) in ours)
     assert edge.cancel("5.head", str(tmp_path)) == "7.head"  # the id cancel says it deleted
     assert edge.cancel("8.head", str(tmp_path)) == "8.head" and edge.cancel("5.head") == "5.head"
     assert sent == ["7.head", "8.head", "5.head"]
@@ -278,7 +280,7 @@ def test_a_job_submitted_again_at_the_warning_is_cancelled_where_it_runs_now(tmp
         (tmp_path / "job-9.requeued").write_text("10.head\n")
 
     sent.clear()
-    edge = dataclasses.replace(pbs.EDGE, cancel_job=qdel_as_it_is_submitted_again)
+    edge = dataclasses.replace(edge, cancel_job=qdel_as_it_is_submitted_again)
     assert edge.cancel("9.head", str(tmp_path)) == "10.head" and sent == ["9.head", "10.head"]
 
 
@@ -293,7 +295,10 @@ def test_every_id_of_a_chain_submitted_again_at_the_warning_names_the_chain(tmp_
         "if '-F' in sys.argv: sys.exit(\"qstat: invalid option -- 'F'\")\n"
         "job = sys.argv[-1]\nprint('Job Id: ' + job)\n"
         "print('    job_state = ' + ('R' if job.startswith('79') else 'F'))\n"
-        "print('    Exit_status = 0')\n")
+        "print('    Exit_status = 0')\n"
+        "if job[:2] in ('78', '79'):  # the batch step's qsub -v, folded as qstat -f folds a long line\n"
+        "    print('    Variable_List = PBS_O_HOME=/root,SLURMLAUNCH_RESTART_COUNT=1,SLURMLAUNCH_REQ')\n"
+        "    print('\\tUEUE_OF=77.pbs-server,PBS_O_WORKDIR=/tmp')\n")
     r = run_cli("submit", "--scheduler", "pbs", str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     logs = tmp_path / "slurmlaunch-logs"
@@ -331,3 +336,67 @@ def test_every_id_of_a_chain_submitted_again_at_the_warning_names_the_chain(tmp_
         assert c.stdout == "cancelled job 79.pbs-server (run 3 of job 77.pbs-server)\n", c.stdout + c.stderr
     qdels = [c[1:] for c in calls(tmp_path) if Path(c[0]).name == "qdel"]
     assert qdels == [["79.pbs-server"], ["79.pbs-server"]]  # the run that runs now, never an ended one
+
+
+@pytest.mark.parametrize("planted", [
+    "4242.pbs-server\n",  # another user's job: qstat shows no resubmission word in its Variable_List
+    "4343.pbs-server\n",  # a resubmission, but of job 99
+    "77.pbs-server\n" * 100 + "4242\n",  # the job itself (a chain that loops), many times over, then another's
+    "4242\n" * 20000,  # past the 64 KiB read: the first lines are read, no more
+])
+def test_a_planted_list_of_resubmissions_deletes_and_follows_no_other_job(tmp_path: Path, planted: str) -> None:
+    """EMULATION: job-77.requeued is only a file in the log directory; whoever may write there can plant one
+    that names someone else's job. cancel deletes no listed id that qstat -f does not show as job 77's
+    resubmission (the batch step's qsub -v SLURMLAUNCH_REQUEUE_OF=77...), and says so in one line; status
+    reports job 77 itself, and says why it did not follow the list."""
+    env = fake_pbs(tmp_path)
+    (tmp_path / "fake-pbs" / "qstat").write_text(
+        "#!/usr/bin/env python3\nimport sys\n"
+        "if '-F' in sys.argv: sys.exit(\"qstat: invalid option -- 'F'\")\n"
+        "job = sys.argv[-1]\nprint('Job Id: ' + job)\n"
+        f"print('    job_state = ' + (open({str(tmp_path / 'state-77')!r}).read() if job.startswith('77') else 'R'))\n"
+        "print('    Exit_status = 0')\n"
+        "print('    Variable_List = PBS_O_HOME=/root' + (',SLURMLAUNCH_REQUEUE_OF=99.pbs-server' "
+        "if job.startswith('4343') else ''))\n")
+    r = run_cli("submit", "--scheduler", "pbs", str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "slurmlaunch-logs" / "job-77.requeued").write_text(planted)
+    listed = planted[:64 << 10].split()[-1]  # the part read
+
+    (tmp_path / "state-77").write_text("R")  # the first run runs (the list was planted meanwhile)
+    c = run_cli("cancel", "77", env=env, cwd=tmp_path)
+    assert c.returncode != 0 and "Traceback" not in c.stderr, c.stderr
+    assert c.stderr.count("\n") == 1 and f"names job {listed}, which PBS does not show as one: nothing deleted" \
+        in c.stderr, c.stderr
+    assert [c for c in calls(tmp_path) if Path(c[0]).name == "qdel"] == []
+
+    (tmp_path / "state-77").write_text("F")  # it ended: status does not take the listed job for its next run
+    ended = run_cli("cancel", "77", env=env, cwd=tmp_path)
+    assert ended.stdout.startswith("job 77 had already ended"), ended.stdout + ended.stderr
+    assert [c for c in calls(tmp_path) if Path(c[0]).name == "qdel"] == []
+
+    s = run_cli("status", "77", "--json", env=env, cwd=tmp_path)
+    assert s.returncode == 0, s.stderr
+    st = json.loads(s.stdout)
+    assert st["state"] == "COMPLETED" and "named" not in st, st  # job 77's own state, not the listed job's
+    assert st["note"] == f"its job-77.requeued lists job {listed}, which PBS does not show as its resubmission: " \
+                         f"not followed", st
+
+
+@pytest.mark.parametrize(("variables", "ours"), [
+    ({"SLURMLAUNCH_REQUEUE_OF": "77.pbs-server", "SLURMLAUNCH_RESTART_COUNT": 1}, True),
+    ({"SLURMLAUNCH_REQUEUE_OF": "99.pbs-server"}, False),
+    ({"PBS_O_HOME": "/root"}, False),
+    ("not an object", False),
+])
+def test_a_resubmission_is_known_by_its_variable_in_qstat_json(monkeypatch: pytest.MonkeyPatch,
+                                                               variables: object, ours: bool) -> None:
+    """EMULATION of `qstat -x -f -F json` (OpenPBS; the real server's form, tests/real/test_pbs_real_requeue.py
+    reads Variable_List there): the batch step's qsub -v SLURMLAUNCH_REQUEUE_OF=FIRST is what makes an id the
+    first job's resubmission."""
+    from slurmlaunch.schedulers import pbs
+
+    answer = json.dumps({"Jobs": {"78.pbs-server": {"job_state": "R", "Variable_List": variables}}})
+    monkeypatch.setattr(pbs, "run_command", lambda argv, timeout: subprocess.CompletedProcess(argv, 0, answer, ""))
+    assert pbs.resubmission_of("78.pbs-server", "77.pbs-server") is ours
+    assert pbs.resubmission_of("78", "77") is ours

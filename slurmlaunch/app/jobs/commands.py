@@ -358,13 +358,23 @@ def cmd_list(as_json: bool) -> int:
     if not shown:
         print(f"no jobs submitted yet (the index is {index_path()})")
         return 0
-    width = max(6, *(len(r["job_id"]) for r in shown))
-    states = max(10, *(len(r["state"]) for r in shown))  # "record gone" is wider than STATE
+    cells = [{key: _cell(r.get(key, "")) for key in ("job_id", "scheduler", "state", "submitted_at", "name",
+                                                     "directory")} for r in shown]
+    width = max(6, *(len(r["job_id"]) for r in cells))
+    states = max(10, *(len(r["state"]) for r in cells))  # "record gone" is wider than STATE
     print(f"{'JOB ID':>{width}}  {'SCHED':<6} {'STATE':<{states}} {'SUBMITTED':<24} {'NAME':<20} DIRECTORY")
-    for r in shown:
+    for r in cells:
         print(f"{r['job_id']:>{width}}  {r['scheduler']:<6} {r['state']:<{states}} {r['submitted_at']:<24} "
               f"{r['name']:<20} {r['directory']}")
     return 0
+
+
+def _cell(value: object) -> str:
+    """One cell of `list`'s table as printable characters only: a control character in a job's id, name or
+    directory (an index line edited by hand, a remote login node's answer) is shown escaped (\\x1b, \\n), never
+    sent to the terminal, where an escape sequence could rewrite the screen or a newline or \\r break a row."""
+    text = str(value)
+    return text if text.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def cmd_status(job_id: str, as_json: bool) -> int:

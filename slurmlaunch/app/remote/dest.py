@@ -113,7 +113,10 @@ def shell_command(script: str, setup: Sequence[str] = (), bound: float | None = 
     if not setup:
         return script
     steps = "".join(f"{SETUP_STEP}={i}\n{line}\n" for i, line in enumerate(setup, 1))
-    trap = f"trap '[ \"${SETUP_STEP}\" = 0 ] || echo \"{SETUP_FAILED}${SETUP_STEP}\" >&2' EXIT"
+    # A line that ends the shell itself with status 0 (`exit`, `exit 0`) has the command not run at all: the trap
+    # makes that a failure (125), else the caller would take the empty output for the command's.
+    trap = (f"trap '{SETUP_STEP}_rc=$?; [ \"${SETUP_STEP}\" = 0 ] || {{ echo \"{SETUP_FAILED}${SETUP_STEP}\" >&2; "
+            f"[ \"${SETUP_STEP}_rc\" != 0 ] || exit 125; }}' EXIT")
     watch = disarm = ""
     if bound is not None:
         limit = max(1, math.ceil(bound))
@@ -124,7 +127,10 @@ def shell_command(script: str, setup: Sequence[str] = (), bound: float | None = 
                  f"timeout -s KILL {limit} tail --pid=$$ -f /dev/null || {{ kill -TERM -$$; "
                  f"sleep {SETUP_KILL_AFTER_S}; kill -KILL -$$; }} ) </dev/null >/dev/null 2>&1 & echo $! ); fi\n")
         disarm = f'[ -z "${SETUP_WATCH}" ] || kill -KILL "${SETUP_WATCH}" 2>/dev/null\n'
-    return f"{trap}\n{watch}set -e\n{steps}set +e\n{disarm}{SETUP_STEP}=0\ntrap - EXIT\n{script}"
+    # What the setup lines print on stdout (a module system's "Loading ...", an echo) goes to stderr: stdout is
+    # the command's answer (a job id, JSON), which a line before it would garble. fd 9 keeps stdout meanwhile.
+    return (f"{trap}\n{watch}set -e\nexec 9>&1 1>&2\n{steps}exec 1>&9 9>&-\nset +e\n{disarm}{SETUP_STEP}=0\n"
+            f"trap - EXIT\n{script}")
 
 
 def remote_command(argv: Sequence[str], setup: Sequence[str] = ()) -> str:
