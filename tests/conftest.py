@@ -15,7 +15,7 @@ from slurmlaunch.app.devcluster import pbs as pbscluster
 from slurmlaunch.app.devcluster import slurm as slurmcluster
 from slurmlaunch.core.errors import DevClusterError
 from tests import sshd as _sshd
-from tests.helpers import first_job_id, per_test_env, skip_or_fail
+from tests.helpers import StaleShimLockSweeper, first_job_id, per_test_env, skip_or_fail
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -103,7 +103,12 @@ def pbs_cluster() -> Iterator[dict[str, str]]:
             logs += f"\n{left}"
         pytest.fail(f"the OpenPBS dev cluster did not come up: {e}\n{logs}")
     up_s = time.monotonic() - t0
-    yield {**os.environ, **env, "SLURMLAUNCH_TEST_PBS_DIR": str(root), "SLURMLAUNCH_TEST_PBS_UP_S": f"{up_s:.1f}"}
+    sweeper = StaleShimLockSweeper()
+    sweeper.start()
+    try:
+        yield {**os.environ, **env, "SLURMLAUNCH_TEST_PBS_DIR": str(root), "SLURMLAUNCH_TEST_PBS_UP_S": f"{up_s:.1f}"}
+    finally:
+        sweeper.stop()
     pbscluster.down(root)
     shutil.rmtree(root, ignore_errors=True)
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import JOB_IDS_PER_WORKER, first_job_id, launch_job_id, per_test_env
+from tests.helpers import JOB_IDS_PER_WORKER, StaleShimLockSweeper, first_job_id, launch_job_id, per_test_env
 
 
 def test_each_test_gets_its_own_per_user_state(tmp_path: Path) -> None:
@@ -93,3 +94,17 @@ def test_two_loopback_clusters_started_at_the_same_moment_both_come_up(tmp_path:
         for root in roots:
             if (root / "slurm.conf").exists():
                 devcluster.down(root)
+
+
+def test_the_pyenv_lock_sweeper_removes_only_a_stale_lock(tmp_path: Path) -> None:
+    lock = tmp_path / ".pyenv-shim"
+    sweeper = StaleShimLockSweeper(lock, stale_s=30)
+    lock.write_text("a rehash holds it now\n")
+    sweeper.sweep()
+    assert lock.exists() and sweeper.removed == 0
+    old = time.time() - 120  # a rehash killed two minutes ago
+    os.utime(lock, (old, old))
+    sweeper.sweep()
+    assert not lock.exists() and sweeper.removed == 1
+    sweeper.sweep()  # nothing there: nothing to do
+    assert sweeper.removed == 1
