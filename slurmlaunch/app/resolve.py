@@ -71,17 +71,19 @@ def check_output_dir(log_dir: str, given: str) -> None:
         path = parent
 
 
-def check_files(spec: JobSpec) -> JobSpec:
-    """The checks that need this machine's files, after the core's (validate): the logs' directory, SCRIPT,
-    and the interpreter (outside a container, where it is the image's)."""
+def check_files(spec: JobSpec, has_script: bool = True) -> JobSpec:
+    """The checks that need this machine's files, after the core's (validate): the logs' directory, SCRIPT
+    (unless ``has_script`` is false: the API's pickled call, whose ranks run this interpreter), and the
+    interpreter (outside a container, where it is the image's)."""
     check_output_dir(spec.log_dir, spec.output.output_dir)
-    check_script(spec.program.script, spec.program.module, spec.program.no_python, spec.program.workdir)
+    if has_script:
+        check_script(spec.program.script, spec.program.module, spec.program.no_python, spec.program.workdir)
     if spec.container is None and not os.path.isfile(spec.program.python):
         raise SpecError(f"--python {spec.program.python!r} not found (expected the interpreter that runs the ranks)")
     return spec
 
 
-def resolve(spec: JobSpec, python: str | None = None, workdir: str | None = None) -> JobSpec:
+def resolve(spec: JobSpec, python: str | None = None, workdir: str | None = None, has_script: bool = True) -> JobSpec:
     """The request the user asked for, completed (:func:`from_process`), validated (the core's rules) and
     checked against this machine's files (:func:`check_files`); SpecError for the first thing wrong."""
-    return check_files(validate(from_process(spec, python, workdir)))
+    return check_files(validate(from_process(spec, python, workdir)), has_script)

@@ -78,7 +78,7 @@ def submit(fn: Callable[..., Any], *args: Any, scheduler: str = "auto", remote: 
     where = _where(options, scheduler, remote, remote_setup, remote_python)
     job_options, kwargs = _split_options(options)
     job_options.setdefault("job_name", getattr(fn, "__name__", "slurmlaunch"))
-    spec = resolve_request(_spec(sys.executable, dict(job_options), module=True))
+    spec = resolve_request(_spec(sys.executable, dict(job_options), module=True), has_script=False)
     if where.remote is not None:
         from ..remote.api import submit_remote
 
@@ -117,7 +117,7 @@ def map_array(fn: Callable[..., Any], *iterables: Iterable[Any], scheduler: str 
     where = _where(options, scheduler, remote, remote_setup, remote_python)
     job_options, kwargs = _split_options(options)
     job_options.setdefault("job_name", getattr(fn, "__name__", "slurmlaunch"))
-    spec = resolve_request(_spec(sys.executable, dict(job_options), module=True))
+    spec = resolve_request(_spec(sys.executable, dict(job_options), module=True), has_script=False)
     points = [list(point) for point in zip(*iterables, strict=True)]
     if where.remote is not None:
         from ..remote.api import map_remote
@@ -141,7 +141,7 @@ class Batch:
             raise SpecError(f"unknown option(s) {', '.join(sorted(unknown))} for batch "
                             f"(the functions' own arguments go to submit)")
         job_options.setdefault("job_name", "slurmlaunch-batch")
-        self.spec = resolve_request(_spec(sys.executable, dict(job_options), module=True))
+        self.spec = resolve_request(_spec(sys.executable, dict(job_options), module=True), has_script=False)
         self.scheduler = scheduler
         self.where = where
         self._options = job_options
