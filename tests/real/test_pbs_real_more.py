@@ -65,7 +65,7 @@ def test_an_array_runs_reads_and_cancels_through_the_real_server(pbs_env: dict[s
     printed = submitted(r.stderr)
     assert re.fullmatch(r"\d+\[\]\.head", printed), printed
     job = printed.split("[", 1)[0]
-    assert f"slurmlaunch:   {job}[3].head: " in r.stderr, r.stderr  # elements named as qstat names them
+    assert f"({job}[INDEX].head in slurmlaunch status/logs)" in r.stderr, r.stderr  # named as qstat names them
     try:
         seen = sorted(p.read_text().split() for p in wait_for_files(tmp_path, "idx-*", 4, timeout=180))
         assert [s[:3] for s in seen] == [[str(i), "0", "1"] for i in range(4)], seen
