@@ -392,7 +392,7 @@ def test_a_planted_list_of_resubmissions_deletes_and_follows_no_other_job(tmp_pa
 
     (tmp_path / "state-77").write_text("F")  # it ended: status does not take the listed job for its next run
     ended = run_cli("cancel", "77", env=env, cwd=tmp_path)
-    assert ended.stdout.startswith("job 77 had already ended"), ended.stdout + ended.stderr
+    assert ended.stdout.startswith("job 77.pbs-server had already ended"), ended.stdout + ended.stderr
     assert [c for c in calls(tmp_path) if Path(c[0]).name == "qdel"] == []
 
     s = run_cli("status", "77", "--json", env=env, cwd=tmp_path)
