@@ -52,6 +52,12 @@ _SRUN_ERROR = "srun: error: "
 _SRUN_TASKS = r"([^ :]+): tasks? ([0-9,-]+): "  # patterns, compiled (and cached) by `re` where they are used
 _OPENMPI_RANK = r"^ *Process name: *\[\[\d*,\d*\],(\d+)\]"
 _OPENMPI_CODE = r"^ *Exit code: *(\d+)"
+# Open MPI's refusal to start ranks as root without both OMPI_ALLOW_RUN_AS_ROOT variables (its help-orterun.txt,
+# seen from Debian's 4.1.4 here: "mpiexec has detected an attempt to run as root."; Open MPI 5's prterun says it
+# in the same words): it exits 1 before any rank starts, so Open MPI names no rank.
+_OPENMPI_ROOT = r"^(\S+) has detected an attempt to run as root\."
+ROOT_FIX = ("add --env OMPI_ALLOW_RUN_AS_ROOT=1 --env OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 to slurmlaunch submit, or "
+            "submit as a user other than root")
 # Open MPI's word on a rank a signal ended (its help-orterun.txt): "mpiexec noticed that process rank 0 with PID
 # 0 on node node1 exited on signal 10 (User defined signal 1)." It names the first such rank only.
 _OPENMPI_SIGNAL = r"noticed that process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)"
@@ -398,7 +404,8 @@ class Step:
                 sys.stderr.buffer.write(raw)
                 sys.stderr.flush()
                 line = raw.decode("utf-8", errors="replace")
-                if re.match(_OPENMPI_RANK, line) or re.match(_OPENMPI_CODE, line) or re.search(_OPENMPI_SIGNAL, line):
+                if re.match(_OPENMPI_RANK, line) or re.match(_OPENMPI_CODE, line) or re.search(_OPENMPI_SIGNAL, line) \
+                        or re.match(_OPENMPI_ROOT, line):
                     self.openmpi.append(line)
         rc = proc.wait()
         return 128 - rc if rc < 0 else rc
@@ -446,6 +453,10 @@ class Step:
                 return code, f"torchrun on {node} (node task {tasks}) failed first with exit code {code}{shown}" \
                     f"{self.others()}", how
             return code, f"rank(s) {tasks} on {node} failed first with exit code {code}{shown}{self.others()}", how
+        root = next((m for m in (re.match(_OPENMPI_ROOT, x) for x in self.openmpi) if m), None)
+        if root is not None:
+            return rc, f"{root[1]} refused to start the ranks as root (Open MPI's run-as-root protection; no rank " \
+                f"ran). Fix: {ROOT_FIX}", ""
         ranks = [re.match(_OPENMPI_RANK, x) for x in self.openmpi]
         codes = [re.match(_OPENMPI_CODE, x) for x in self.openmpi]
         rank = next((int(m[1]) for m in ranks if m), None)

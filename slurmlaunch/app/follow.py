@@ -154,15 +154,16 @@ def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, 
         time.sleep(poll)
 
 
-def cancel_where_it_runs(edge: Scheduler, job_id: str, log_dir: str | None) -> str:
+def cancel_where_it_runs(edge: Scheduler, job_id: str, log_dir: str | None, shown: str | None = None) -> str:
     """Cancel job ``job_id`` where it runs now (PBS: its latest resubmission at the warning, as its files in
-    ``log_dir`` list them); what was cancelled, in words: "job 7.head (run 3 of job 5.head)", or "job 5.head"."""
+    ``log_dir`` list them); what was cancelled, in words: "job 7.head (run 3 of job 5.head)", or "job 5.head".
+    ``shown``: the job's id as the user sees it, where it is not ``job_id`` (a PBS array element: 5[2].head)."""
     sent = edge.cancel(job_id, log_dir)
     if sent == job_id or log_dir is None:
-        return f"job {job_id}"
+        return f"job {shown or job_id}"
     chain = edge.resubmissions(job_id, log_dir)
     run = f"run {chain.index(sent) + 2}" if sent in chain else "a later run"
-    return f"job {sent} ({run} of job {job_id})"
+    return f"job {sent} ({run} of job {shown or job_id})"
 
 
 def interrupted(job_id: str, cancel: Callable[[], str], cancel_on_interrupt: bool, where: str = "") -> int:

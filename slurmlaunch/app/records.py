@@ -70,6 +70,14 @@ class JobRecord:
         """What the job's file names carry: its id, or ARRAYID_INDEX for an array element."""
         return f"{self.job_id}_{self.element}" if self.element is not None else self.job_id
 
+    @property
+    def shown_id(self) -> str:
+        """The id as the user sees it from submit and the scheduler's own tools: the one the scheduler printed
+        (PBS: 1234.server, as qstat shows it; Slurm: 1234), an array element's as :func:`element_id` spells it."""
+        if self.element is None:
+            return self.full_id
+        return element_id(self.full_id.rsplit("_", 1)[0], self.element)
+
     def of_element(self, index: str) -> JobRecord:
         """The record naming element ``index`` of this array job."""
         return replace(self, element=index, full_id=f"{self.full_id}_{index}")
@@ -78,3 +86,10 @@ class JobRecord:
         """The record naming the whole job (an element's array)."""
         return replace(self, element=None, full_id=self.full_id.rsplit("_", 1)[0]) if self.element is not None \
             else self
+
+
+def element_id(printed: str, index: int | str) -> str:
+    """Element ``index`` of the array the scheduler printed as ``printed``, as its own tools show it: PBS's
+    1234[].server has 1234[3].server (qstat's spelling), Slurm's 1234 has 1234_3."""
+    base, sep, rest = printed.partition("[]")
+    return f"{base}[{index}]{rest}" if sep else f"{printed}_{index}"

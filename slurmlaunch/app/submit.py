@@ -219,20 +219,26 @@ def describe_array(spec: JobSpec, job_id: str) -> None:
     if not spec.is_array:
         return
     points = spec.sweep_points
+    from .records import element_id
+
     sys.stderr.write(f"slurmlaunch: job {job_id} is an array of {len(spec.array_indices)} distributed jobs "
-                     f"({job_id}_INDEX in slurmlaunch status/logs)\n")
+                     f"({element_id(job_id, 'INDEX')} in slurmlaunch status/logs)\n")
     for index, args in enumerate(points):
-        sys.stderr.write(f"slurmlaunch:   {job_id}_{index}: {shlex.join(args)}\n")
+        sys.stderr.write(f"slurmlaunch:   {element_id(job_id, index)}: {shlex.join(args)}\n")
 
 
 def wait_for(edge: Scheduler, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, timeout: float | None,
              files_id: str | None = None) -> int:
     from ..schedulers import JobStatus
     from .follow import cancel_where_it_runs, follow, interrupted
+    from .records import element_id
 
     # Follow rank 0's own log where the scheduler writes one (an array has many rank 0s: its elements' states
-    # are shown instead).
+    # are shown instead); where every rank writes to the job's one output, tagged (PBS: written in place
+    # while the job runs, -k doe), that output.
     rank0 = edge.rank_log(spec, job_id, 0)
+    if rank0 is None and edge.shared_output and not spec.is_array:
+        rank0 = edge.output_log(spec.log_dir, files_id or job_id, job_id)
     last: list[JobStatus] = []
 
     def status() -> JobStatus:
@@ -247,7 +253,7 @@ def wait_for(edge: Scheduler, job_id: str, spec: JobSpec, cancel_on_interrupt: b
             sys.stderr.write(line)
         if last and last[0].elements:
             for index, state in last[0].elements.items():
-                sys.stderr.write(f"slurmlaunch:   {job_id}_{index}: {state}\n")
+                sys.stderr.write(f"slurmlaunch:   {element_id(job_id, index)}: {state}\n")
         return code
     except KeyboardInterrupt:
         return interrupted(job_id, lambda: cancel_where_it_runs(edge, job_id, spec.log_dir), cancel_on_interrupt)

@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import shutil
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -117,18 +118,19 @@ EXIT_RERUN = {-11: "qrerun", -14: "a host of it failed", -18: "a hook asked", -1
               -20: "its first host failed"}
 
 
-def job_status(attrs: dict[str, Any], code_file: int | None = None) -> JobStatus:
+def job_status(attrs: dict[str, Any], code_file: int | None = None, now: float | None = None) -> JobStatus:
     """One job of `qstat -x -f -F json`'s "Jobs" as slurmlaunch's state (Slurm's words) and exit code. A qdel'd
     job (substate 91) is CANCELLED whatever its Exit_status says (PBS leaves 0 there); past its walltime
     (Exit_status -29) TIMEOUT; PBS's other negative codes FAILED with code 1; Exit_status 256+N (the job
     script killed by signal N) reads as 128+N, as a shell shows it. ``code_file`` (the script's own word,
-    the first failing rank's code) wins over Exit_status for a job that ended by itself."""
+    the first failing rank's code) wins over Exit_status for a job that ended by itself. The elapsed time of
+    a running job is ``now`` (seconds since the epoch) less its stime, see :func:`elapsed_of`."""
     letter = str(attrs.get("job_state", ""))
     if letter not in _STATES:
         raise SchedulerError(f"qstat: unknown job_state {letter!r} (expected one of {''.join(_STATES)})")
     state = _STATES[letter]
     nodes = attrs.get("exec_host")
-    elapsed = (attrs.get("resources_used") or {}).get("walltime")
+    elapsed = elapsed_of(attrs, now if state in ("RUNNING", "SUSPENDED", "COMPLETING") else None)
     raw = attrs.get("Exit_status")
     code = int(raw) if isinstance(raw, int) or (isinstance(raw, str) and raw.lstrip("-").isdigit()) else None
     if state != "COMPLETED":
@@ -154,6 +156,34 @@ def job_status(attrs: dict[str, Any], code_file: int | None = None) -> JobStatus
     if code is None or code < 0 or (code == 0 and state != "COMPLETED"):
         code = 0 if state == "COMPLETED" else 1
     return JobStatus(state, code, nodes, elapsed=elapsed)
+
+
+def elapsed_of(attrs: dict[str, Any], now: float | None = None) -> str | None:
+    """HH:MM:SS the job has run. resources_used.walltime is the MoM's, sent to the server only when it polls
+    the job (a real OpenPBS showed 00:00:00 for a job running for a minute), so while the job runs (``now``
+    given) it is ``now`` less stime (when the job started, as qstat -F json prints it: ctime's form in the
+    server's local time, or seconds since the epoch) where that is later."""
+    used = (attrs.get("resources_used") or {}).get("walltime")
+    used = str(used) if used is not None else None
+    started = _epoch(attrs.get("stime"))
+    if now is None or started is None:
+        return used
+    seconds = max(0, int(now - started), _seconds(used))
+    return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _epoch(value: object) -> float | None:
+    if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+        return float(value)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError, OverflowError):
+            return time.mktime(time.strptime(" ".join(value.split()), "%a %b %d %H:%M:%S %Y"))
+    return None
+
+
+def _seconds(hms: str | None) -> int:
+    parts = (hms or "").split(":")
+    return sum(int(p) * 60 ** i for i, p in enumerate(reversed(parts))) if all(p.isdigit() for p in parts) else 0
 
 
 def _rerun_note(state: str, code: int | None, run_count: object) -> str | None:
@@ -211,7 +241,7 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
         text = read_file(JobFiles(log_dir, _array_base(job_id)).exit_code, limit=64)
         with contextlib.suppress(ValueError):
             code_file = int(text.strip()) if text is not None else None
-    st = job_status(attrs, code_file)
+    st = job_status(attrs, code_file, now=time.time())
     return dataclasses.replace(st, note=f"{note}; {st.note}" if st.note and note else note or st.note)
 
 

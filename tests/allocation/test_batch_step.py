@@ -228,6 +228,41 @@ def test_pbs_ranks_killed_by_the_warning_or_another_signal_are_named(tmp_path: P
     assert not (tmp_path / "qsub-args").exists()
 
 
+# What Debian's Open MPI 4.1.4 printed on stderr here for `mpiexec -n 1 true` run as root without the two
+# OMPI_ALLOW_RUN_AS_ROOT variables (exit code 1), word for word.
+OPENMPI_AS_ROOT = """--------------------------------------------------------------------------
+mpiexec has detected an attempt to run as root.
+
+Running as root is *strongly* discouraged as any mistake (e.g., in
+defining TMPDIR) or bug can result in catastrophic damage to the OS
+file system, leaving your system in an unusable state.
+
+We strongly suggest that you run mpiexec as a non-root user.
+
+You can override this protection by adding the --allow-run-as-root option
+to the cmd line or by setting two environment variables in the following way:
+the variable OMPI_ALLOW_RUN_AS_ROOT=1 to indicate the desire to override this
+protection, and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 to confirm the choice and
+add one more layer of certainty that you want to do so.
+We reiterate our advice against doing so - please proceed at your own risk.
+--------------------------------------------------------------------------
+"""
+
+
+def test_pbs_open_mpis_refusal_to_run_as_root_is_the_first_failure_with_its_fix(tmp_path: Path) -> None:
+    """mpiexec refuses root before any rank starts (exit 1, no rank named): the step names that, with the fix,
+    in its stderr and the failure file that status and --wait read; Open MPI's own text is passed on."""
+    code, err, logs = _pbs_step(tmp_path, "5", 1, OPENMPI_AS_ROOT.replace("\n", "\\n"))
+    line = "mpiexec refused to start the ranks as root (Open MPI's run-as-root protection; no rank ran). Fix: add " \
+           "--env OMPI_ALLOW_RUN_AS_ROOT=1 --env OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 to slurmlaunch submit, or submit " \
+           "as a user other than root"
+    assert code == 1 and f"slurmlaunch: {line}" in err and OPENMPI_AS_ROOT in err, err
+    assert (logs / "job-5.failure").read_text() == f"slurmlaunch: {line}\n"
+    assert (logs / "job-5.exitcode").read_text() == "1\n" and not (tmp_path / "qsub-args").exists()
+    code, err, logs = _pbs_step(tmp_path, "5", 1, OPENMPI_AS_ROOT.split("\n", 2)[2].replace("\n", "\\n"))
+    assert code == 1 and "refused" not in err and not (logs / "job-5.failure").exists(), err  # not without its line
+
+
 def test_pbs_ranks_a_stop_ended_are_not_a_failure(tmp_path: Path) -> None:
     """qdel or the walltime (SIGTERM to the batch step, which outlives it): Open MPI's word on a rank the stop
     ended names no failure, and the step writes no exit code (PBS's word stands)."""

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from slurmlaunch.app.records import JobRecord
+from slurmlaunch.app.records import JobRecord, element_id
 
 DATA = {"job_id": "41", "scheduler": "pbs", "log_dir": "/logs", "pbs_job_id": "41[].server",
         "spec": {"nodes": 2, "array": "0-3"}}
@@ -27,6 +27,18 @@ def test_elements() -> None:
     assert (record.tag, record.element) == ("41", None)
     assert element.whole() == record and record.whole() is record
     assert element.data is record.data
+
+
+def test_the_id_shown_is_the_one_the_schedulers_tools_show() -> None:
+    """PBS: qsub and qstat say 41.server, 41[].server and 41[3].server; Slurm: 41 and 41_3."""
+    pbs = JobRecord.from_json(json.dumps(DATA), "41[].server")
+    assert (pbs.shown_id, pbs.of_element("3").shown_id, pbs.of_element("3").tag) == ("41[].server", "41[3].server",
+                                                                                      "41_3")
+    assert JobRecord.from_json(json.dumps(DATA), "41.head").shown_id == "41.head"
+    slurm = JobRecord({**DATA, "scheduler": "slurm"}, "41")
+    assert (slurm.shown_id, slurm.of_element("3").shown_id) == ("41", "41_3")
+    assert (element_id("41[].server", "INDEX"), element_id("41[]", 0), element_id("41", 0)) == (
+        "41[INDEX].server", "41[0]", "41_0")
 
 
 def test_remote() -> None:

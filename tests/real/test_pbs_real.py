@@ -76,6 +76,8 @@ def test_ddp_on_two_hosts_through_the_real_qsub(pbs_env: dict[str, str], tmp_pat
     assert [r[:5] for r in ranks] == [["0", "0", "4", first, first], ["1", "1", "4", first, first],
                                       ["2", "0", "4", first, second], ["3", "1", "4", first, second]]
     assert len({r[5] for r in ranks}) == 1, ranks  # identical final parameters on every rank
+    # --wait showed the job's one output as PBS wrote it in place (-k doe), after the id submit prints
+    assert r.stdout == f"{job}\n{out}", r.stdout
     st = run_cli("status", job, "--json", env=pbs_env, cwd=tmp_path)
     info = json.loads(st.stdout)
     assert (info["state"], info["exit_code"]) == ("COMPLETED", 0), info
@@ -99,6 +101,20 @@ def test_status_logs_list_and_cancel_of_a_running_job(pbs_env: dict[str, str], t
     st = json.loads(run_cli("status", job, "--json", env=pbs_env, cwd=tmp_path).stdout)
     assert st["state"] == "RUNNING" and st["exit_code"] is None and re.fullmatch(r"node\d/0\*2\+node\d/0\*2",
                                                                                  st["nodes"]), st
+    # status names the job as qsub and qstat do, whichever spelling named it; its elapsed time is counted from
+    # the server's stime (resources_used.walltime stays 00:00:00 until the MoM polls the job)
+    raw = _raw(pbs_env, job)
+    started = time.mktime(time.strptime(" ".join(str(raw["stime"]).split()), "%a %b %d %H:%M:%S %Y"))
+    while time.time() - started < 2:  # at least 2 s in: never 00:00:00 (bounded: the job runs already)
+        time.sleep(0.2)
+    before = time.time()
+    text = run_cli("status", job.split(".", 1)[0], env=pbs_env, cwd=tmp_path).stdout
+    after = time.time()
+    m = re.fullmatch(rf"job {re.escape(job)} \(pbs\): RUNNING on {re.escape(st['nodes'])}, elapsed "
+                     r"(\d\d):(\d\d):(\d\d)\n", text)
+    assert m, (text, raw.get("resources_used"))
+    shown = int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3])
+    assert int(before - started) <= shown <= after - started + 1, (text, raw["stime"], before, after)
     listed = json.loads(run_cli("list", "--json", env=pbs_env, cwd=tmp_path).stdout)
     assert [(row["job_id"], row["scheduler"]) for row in listed] == [(job, "pbs")], listed
     cancel = run_cli("cancel", job, env=pbs_env, cwd=tmp_path)
@@ -142,6 +158,23 @@ def test_a_failing_rank_ends_the_job_with_its_code_naming_rank_and_host(pbs_env:
     assert f"job {job} ended FAILED, exit code 7" in r.stderr
     pids = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
     assert len(pids) == 4 and not any(alive(p) for p in pids)
+
+
+def test_roots_job_without_open_mpis_consent_says_why(pbs_env: dict[str, str], tmp_path: Path) -> None:
+    """Root's job without the two OMPI_ALLOW_RUN_AS_ROOT variables: submit warns, the real mpiexec refuses at
+    once (exit 1, no rank started), and --wait names that refusal, with the fix, as the job's failure."""
+    script = tmp_path / "never.py"
+    script.write_text("raise SystemExit(5)\n")  # never runs: a 5 would mean a rank did
+    r = run_cli("submit", "--scheduler", "pbs", "--nodes", "1", "--wait", "--wait-timeout", "200", str(script),
+                env=pbs_env, cwd=tmp_path, timeout=300)
+    job = submitted(r.stderr)
+    assert r.returncode == 1, r.stderr
+    assert "slurmlaunch: this job is root's: Open MPI's mpiexec starts no rank as root" in r.stderr
+    line = "slurmlaunch: mpiexec refused to start the ranks as root (Open MPI's run-as-root protection; no rank " \
+           "ran). Fix: add --env OMPI_ALLOW_RUN_AS_ROOT=1 --env OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 to slurmlaunch " \
+           "submit, or submit as a user other than root"
+    assert f"{line}\nslurmlaunch: job {job} ended FAILED, exit code 1" in r.stderr, r.stderr
+    assert "mpiexec has detected an attempt to run as root." in r.stdout, r.stdout  # Open MPI's own words
 
 
 def _qsub(env: dict[str, str], tmp_path: Path, *args: str) -> str:

@@ -65,6 +65,7 @@ def test_an_array_runs_reads_and_cancels_through_the_real_server(pbs_env: dict[s
     printed = submitted(r.stderr)
     assert re.fullmatch(r"\d+\[\]\.head", printed), printed
     job = printed.split("[", 1)[0]
+    assert f"({job}[INDEX].head in slurmlaunch status/logs)" in r.stderr, r.stderr  # named as qstat names them
     try:
         seen = sorted(p.read_text().split() for p in wait_for_files(tmp_path, "idx-*", 4, timeout=180))
         assert [s[:3] for s in seen] == [[str(i), "0", "1"] for i in range(4)], seen
@@ -79,19 +80,23 @@ def test_an_array_runs_reads_and_cancels_through_the_real_server(pbs_env: dict[s
             out = tmp_path / "slurmlaunch-logs" / f"{job}[{i}].head.OU"
             assert f"ELEMENT {i}" in out.read_text(), out
 
-        assert run_cli("cancel", f"{job}_2", env=pbs_env, cwd=tmp_path).returncode == 0
+        c = run_cli("cancel", f"{job}[2]", env=pbs_env, cwd=tmp_path)  # qstat's spelling names it too
+        assert c.returncode == 0 and c.stdout == f"cancelled job {job}[2].head\n", c
         (tmp_path / "release-0").touch()
         st = _status_until(pbs_env, tmp_path, job, lambda s: s["elements"]["0"] == "COMPLETED 0"  # type: ignore
                            and s["elements"]["2"] == "CANCELLED 1", "element 0 done and 2 cancelled")
         assert st["state"] == "RUNNING" and st["elements"]["1"] == st["elements"]["3"] == "RUNNING", st
         assert _raw(pbs_env, f"{job}[2].head")["job_state"] == "X"  # a finished subjob of a running array
         assert _status(pbs_env, tmp_path, f"{job}_2")["state"] == "CANCELLED"
+        assert _status(pbs_env, tmp_path, f"{job}[2].head")["job_id"] == f"{job}[2].head"
     finally:
         subprocess.run(["qdel", f"{job}[]"], env=pbs_env, capture_output=True, timeout=60)
     _until(pbs_env, printed, lambda raw: raw["job_state"] == "F")
     st = _status(pbs_env, tmp_path, job)
     assert (st["state"], st["exit_code"], st["elements"]) == (
         "CANCELLED", 1, {"0": "COMPLETED 0", "1": "CANCELLED 1", "2": "CANCELLED 1", "3": "CANCELLED 1"}), st
+    text = run_cli("status", job, env=pbs_env, cwd=tmp_path).stdout
+    assert text.startswith(f"job {printed} (pbs): CANCELLED") and f"\n  {job}[0].head: COMPLETED 0\n" in text, text
     listed = {row["job_id"]: row for row in json.loads(run_cli("list", "--json", env=pbs_env, cwd=tmp_path).stdout)}
     assert listed[printed]["state"] == "CANCELLED", listed
 

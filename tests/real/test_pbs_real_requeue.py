@@ -167,7 +167,7 @@ def test_requeue_resubmits_at_the_warning_and_the_chain_is_followed(pbs_env: dic
     # logs --follow of the first id went on across the resubmission to the chain's end
     assert follow.returncode == 138, follow_err
     assert "RUN 0 rank 1 waits" in followed and "RESUMED run 1 rank 0 from step 5" in followed, followed
-    assert f"job {short} ended FAILED, exit code 138" in follow_err, follow_err
+    assert f"job {job} ended FAILED, exit code 138" in follow_err, follow_err  # named as qsub printed it
     # the second run's own id (as qstat shows it) names the chain, and says which run it is
     st = json.loads(run_cli("status", second, "--json", env=pbs_env, cwd=tmp_path).stdout)
     assert (st["state"], st["exit_code"], st["named"], st["run"]) == ("FAILED", 138, second, 2), st

@@ -229,6 +229,26 @@ def test_a_rerun_is_noted(attrs: dict[str, object], state: str, note: str | None
     assert (st.state, st.note) == (state, note)
 
 
+def test_a_running_jobs_elapsed_time_is_counted_from_its_start() -> None:
+    """The MoM sends resources_used.walltime only when it polls (00:00:00 for the first minutes on the real
+    server): while the job runs, elapsed is now less stime; once it has ended, PBS's walltime."""
+    import time
+
+    from slurmlaunch.schedulers.pbs import elapsed_of, job_status
+
+    start = time.mktime((2026, 12, 2, 17, 0, 5, 0, 0, -1))
+    stime = time.strftime("%a %b %e %H:%M:%S %Y", time.localtime(start))  # qstat's form: "Wed Dec  2 17:00:05 2026"
+    running = {"job_state": "R", "substate": 42, "stime": stime, "resources_used": {"walltime": "00:00:00"}}
+    assert job_status(running, now=start + 3725).elapsed == "01:02:05"
+    assert elapsed_of({**running, "stime": int(start)}, start + 61) == "00:01:01"
+    assert elapsed_of({**running, "resources_used": {"walltime": "00:05:00"}}, start + 61) == "00:05:00"
+    assert elapsed_of({**running, "stime": "soon"}, start + 61) == "00:00:00"  # unreadable: PBS's own word
+    assert elapsed_of({"job_state": "Q"}, start) is None
+    ended = {"job_state": "F", "substate": 92, "Exit_status": 0, "stime": stime,
+             "resources_used": {"walltime": "00:00:17"}}
+    assert job_status(ended, now=start + 3725).elapsed == "00:00:17"  # no clock reading once it has ended
+
+
 def test_an_unknown_pbs_state_is_named() -> None:
     from slurmlaunch.schedulers.pbs import job_status
 
@@ -321,8 +341,8 @@ def test_every_id_of_a_chain_submitted_again_at_the_warning_names_the_chain(tmp_
     assert (third["named"], third["run"]) == ("79.pbs-server", 3), third
     assert third["note"] == "run 3: resubmitted at the warning as job 79.pbs-server", third  # said once
     text = run_cli("status", "78", env=env, cwd=tmp_path).stdout
-    assert text == ("job 77 (pbs): RUNNING (job 78.pbs-server is its run 2; run 3: resubmitted at the warning as "
-                    "job 79.pbs-server)\n"), text
+    assert text == ("job 77.pbs-server (pbs): RUNNING (job 78.pbs-server is its run 2; run 3: resubmitted at the "
+                    "warning as job 79.pbs-server)\n"), text  # named as qsub printed it, though 78 was asked
     unknown = run_cli("status", "80", env=env, cwd=tmp_path)
     assert unknown.returncode == 2 and "job '80' was not submitted from here" in unknown.stderr, unknown.stderr
 
@@ -372,7 +392,7 @@ def test_a_planted_list_of_resubmissions_deletes_and_follows_no_other_job(tmp_pa
 
     (tmp_path / "state-77").write_text("F")  # it ended: status does not take the listed job for its next run
     ended = run_cli("cancel", "77", env=env, cwd=tmp_path)
-    assert ended.stdout.startswith("job 77 had already ended"), ended.stdout + ended.stderr
+    assert ended.stdout.startswith("job 77.pbs-server had already ended"), ended.stdout + ended.stderr
     assert [c for c in calls(tmp_path) if Path(c[0]).name == "qdel"] == []
 
     s = run_cli("status", "77", "--json", env=env, cwd=tmp_path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
@@ -17,7 +18,7 @@ from ...core.errors import JobStateError, SchedulerError, SlurmLaunchError, Spec
 from ...core.jobfiles import JobFiles
 from ...schedulers.index import index_path, read_bounded
 from ...schedulers.registry import NAMES, scheduler
-from ..records import JobRecord
+from ..records import JobRecord, element_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -69,6 +70,9 @@ def find(job_id: str, gone_ok: bool = False) -> JobRecord:
     record, with ``named`` and ``run`` saying which run it is."""
     from ...core.limits import MAX_ARRAY_INDEX, is_digits, parse_count
 
+    pbs_element = re.fullmatch(r"(\d+)\[(\d+)\](?:\.[\w.-]+)?", job_id)  # qstat's spelling: 1234[3].server
+    if pbs_element:
+        return find(f"{pbs_element[1]}_{pbs_element[2]}", gone_ok)
     base, sep, element = job_id.partition("_")
     if sep and is_digits(element):
         array = find(base)
@@ -157,7 +161,7 @@ def status(record: JobRecord) -> dict[str, Any]:
         from ..remote import jobs as remote_jobs
 
         return remote_jobs.status(record)
-    shown_id = record.tag
+    shown_id = record.shown_id
     if not scheduler(record.scheduler).queued:
         whole = record.whole()
         state, code = local_state(whole)
@@ -395,7 +399,7 @@ def cmd_status(job_id: str, as_json: bool) -> int:
         note = f" ({info['note']})" if info.get("note") else ""
         print(f"job {info['job_id']} ({info['scheduler']}): {info['state']}{nodes}{elapsed}{code}{note}")
         for index, state in info.get("elements", {}).items():
-            print(f"  {info['job_id']}_{index}: {state}")
+            print(f"  {element_id(info['job_id'], index)}: {state}")
     return 0
 
 
@@ -419,7 +423,8 @@ def cmd_logs(job_id: str, rank: int | None, follow: bool) -> int:
     from ..follow import follow as follow_job
 
     edge = _edge(record)
-    return follow_job(record.tag, lambda: edge.status(record.full_id, record.log_dir), path)
+    return follow_job(record.shown_id, lambda: edge.status(record.full_id, record.log_dir), path,
+                      files_id=record.tag)
 
 
 def already_ended(edge: Scheduler, record: JobRecord) -> str | None:
@@ -452,7 +457,7 @@ def _cancel_here(record: JobRecord) -> tuple[str | None, str]:
         return (state if code is None else f"{state}, exit code {code}"), ""
     ended = already_ended(edge, record)
     if ended is None:
-        return None, cancel_where_it_runs(edge, record.full_id, record.log_dir)
+        return None, cancel_where_it_runs(edge, record.full_id, record.log_dir, record.shown_id)
     return ended, ""
 
 
@@ -471,7 +476,7 @@ def cmd_cancel(job_id: str) -> int:
             print(f"job {record.named} (run {record.run} of job {record.full_id}) had already ended, as had every "
                   f"run after it ({ended}): nothing to cancel")
             return 0
-        print(f"job {record.tag} had already ended ({ended}): nothing to cancel")
+        print(f"job {record.shown_id} had already ended ({ended}): nothing to cancel")
         return 0
     print(f"cancelled {cancelled}")
     return 0

@@ -45,7 +45,7 @@ def login_node(record: JobRecord, deadline: float | None = None) -> Iterator[tup
 def status(record: JobRecord) -> dict[str, Any]:
     with login_node(record) as (_, edge):
         st = edge.status(record.full_id, record.log_dir)
-    return {"job_id": record.full_id, "scheduler": record.scheduler, "remote": record.remote, "state": st.state,
+    return {"job_id": record.shown_id, "scheduler": record.scheduler, "remote": record.remote, "state": st.state,
             "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed,
             **({"note": st.note} if st.note else {})}
 
@@ -78,7 +78,7 @@ def cancel(record: JobRecord, ended: Callable[[Scheduler], str | None]) -> tuple
     with login_node(record) as (_, edge):
         was = ended(edge)
         if was is None:
-            return None, cancel_where_it_runs(edge, record.full_id, record.log_dir)
+            return None, cancel_where_it_runs(edge, record.full_id, record.log_dir, record.shown_id)
     return was, ""
 
 
