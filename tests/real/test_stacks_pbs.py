@@ -109,7 +109,8 @@ def test_pbs_walltime_leaves_the_summary_in_the_batch_log(pbs_env: dict[str, str
         subprocess.run(["qdel", job], env=pbs_env, capture_output=True, timeout=60)
     # The summary runs once mpiexec has ended, which may be before the last rank's dump is written (seen once
     # in CI under load: rank 3's was missing, ranks 0-2's were there): rank 3, when present, is named right.
-    assert re.search(r"ranks 0-2(?: on \S+)?: sleepy\.py:14 in wait_for_peer", log), log
+    # (seen again in CI run 9: rank 1's dump missing): the waiting ranks that are there form one group
+    assert re.search(r"ranks? [0-2](?:[,-][0-2])*(?: on \S+)?: sleepy\.py:14 in wait_for_peer", log), log
     assert "rank 3 " not in log or f"rank 3 on {second}: sleepy.py:11 in load_batch: time.sleep(600)" in log, log
     st = json.loads(run_cli("status", job, "--json", env=pbs_env, cwd=tmp_path).stdout)
     assert st["state"] == "TIMEOUT", st
