@@ -376,6 +376,7 @@ class Step:
             except OSError:
                 _say(f"cannot create {f.srun_log}")
                 return WRITE_FAILED
+        if self.args.srun or self.args.mpi == "openmpi":  # the runs whose words name an aborted rank
             fresh_dir(f.returned, RETURNED_DIR)  # each rank whose script returned leaves a mark here
         fresh_dir(f.reasons, REASONS_DIR)  # a rank slurmlaunch stops itself leaves why here
         _unlink(f.failure)
@@ -511,8 +512,11 @@ class Step:
                 with suppress(OSError), open(path, encoding="utf-8", errors="replace") as f:
                     aborted.update(aborted_workers(f.read()))
             ranks = sorted(aborted)
-        else:
+        elif self.args.srun:
             ranks = srun_aborted(lines)
+        else:  # Open MPI names the first rank a signal ended, and only that one
+            signalled = openmpi_signalled(self.openmpi)
+            ranks = [signalled[0]] if signalled is not None and signalled[2] == _signal.SIGABRT else []
         for r in ranks:
             if os.path.exists(self.files.returned_mark(r)):
                 _say(teardown_message(r))
@@ -547,7 +551,7 @@ class Step:
                 _say(summary)
                 if not put_file(f.failure, "slurmlaunch: " + summary):
                     _say(f"could not write {f.failure}")
-            if a.srun:
+            if a.srun or a.mpi == "openmpi":
                 rc = self.teardown_aborts(rc, summary, first_signal, lines)
         shutil.rmtree(f.returned, ignore_errors=True)
         shutil.rmtree(f.reasons, ignore_errors=True)

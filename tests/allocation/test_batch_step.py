@@ -151,6 +151,11 @@ FAKE_MPIEXEC = """#!/bin/bash
 echo "${SLURMLAUNCH_RESTART_COUNT-unset}" > "$FAKE_SEEN"
 [ -n "$FAKE_STOP" ] && kill -TERM $PPID && sleep 0.5  # PBS's stop reaches the batch step (which outlives it)
 printf '%b' "$FAKE_WORDS" >&2
+# what the runner leaves for rank $FAKE_MARK: its script returned (and with $FAKE_ASKED, exited so)
+if [ -n "$FAKE_MARK" ]; then
+    if [ -n "$FAKE_ASKED" ]; then printf %s "$FAKE_ASKED" > "$SLURMLAUNCH_RETURNED_DIR/$FAKE_MARK.exit"
+    else : > "$SLURMLAUNCH_RETURNED_DIR/$FAKE_MARK"; fi
+fi
 exit "$FAKE_CODE"
 """
 FAKE_QSUB = """#!/bin/bash
@@ -226,6 +231,22 @@ def test_pbs_ranks_killed_by_the_warning_or_another_signal_are_named(tmp_path: P
     assert code == 139 and f"slurmlaunch: {line}" in err, err
     assert (logs / "job-5.failure").read_text() == f"slurmlaunch: {line}\n"
     assert not (tmp_path / "qsub-args").exists()
+
+
+def test_pbs_a_rank_aborted_after_its_script_returned_is_named(tmp_path: Path) -> None:
+    """torch's teardown abort under PBS (CI run of f5766bd-1: a DDP rank, after its training): Open MPI's word
+    on the SIGABRT plus the runner's mark name it, as under srun; without the mark it is an abort like any."""
+    said = "mpiexec noticed that process rank 1 with PID 0 on node node2 exited on signal 6 (Aborted).\\n"
+    teardown = "slurmlaunch: rank 1 aborted in torch's teardown after the script returned"
+    code, err, logs = _pbs_step(tmp_path, "5", 134, said, FAKE_MARK="1")
+    assert code == 134 and "rank 1 on node2 failed first with exit code 134 (killed by SIGABRT)" in err, err
+    assert teardown in err and not (logs / "job-5.returned").exists(), err
+    code, err, _ = _pbs_step(tmp_path, "5", 134, said)  # an abort inside the script leaves no mark
+    assert code == 134 and "killed by SIGABRT" in err and "teardown" not in err, err
+    # a rank that had asked for the requeue (138: saved after SIGUSR1) keeps its request through the abort
+    code, err, logs = _pbs_step(tmp_path, "5", 134, said, FAKE_MARK="1", FAKE_ASKED="138")
+    assert "slurmlaunch: rank 1 aborted in torch's teardown after the script exited 138" in err, err
+    assert code == 0 and (logs / "job-5.requeued").read_text() == "6.head\n", err
 
 
 # What Debian's Open MPI 4.1.4 printed on stderr here for `mpiexec -n 1 true` run as root without the two

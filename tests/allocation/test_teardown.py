@@ -74,6 +74,13 @@ def run_python(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedPr
     ("srun: error: node2: task 1: Aborted (core dumped)\n"
      "slurmlaunch: rank 1 aborted in torch's teardown after the script returned (SIGABRT ...)\n", True),
     ("slurmlaunch: local job 9: rank 2 failed first with exit code 134; the other ranks were stopped\n", False),
+    # `submit --wait` repeats the batch log's line on the console, and the tests read both (CI, f5766bd)
+    ("slurmlaunch: rank(s) 1 on node2 failed first with exit code 134 (killed by SIGABRT); the other ranks were "
+     "stopped\n" * 2 + "slurmlaunch: rank 1 aborted in torch's teardown after the script returned (SIGABRT ...)\n",
+     True),
+    ("slurmlaunch: rank(s) 1 on node2 failed first with exit code 134 (killed by SIGABRT)\n"
+     "slurmlaunch: rank(s) 3 on node2 failed first with exit code 7\n"
+     "slurmlaunch: rank 1 aborted in torch's teardown after the script returned (SIGABRT ...)\n", False),
     ("", False),
 ])
 def test_only_a_diagnosed_teardown_abort_is_tolerated(log: str, tolerated: bool) -> None:
