@@ -319,6 +319,8 @@ def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping
     import uuid
 
     from ..allocation.reasons import REASONS_DIR
+    from ..allocation.script_runner import RETURNED_DIR
+    from ..allocation.torchrun_mode import SIGABRT_CODE, teardown_aborts, teardown_message
     from ..schedulers.local import stopped_first
     from ..schedulers.supervisor import RankProcess, supervise
 
@@ -332,8 +334,10 @@ def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping
     errors = tempfile.mkdtemp(prefix="slurmlaunch-run-")  # torchrun's per-run directory of error files
     reasons = os.path.join(errors, "reasons")  # why a rank's watchdog stopped it (allocation.reasons)
     os.mkdir(reasons, 0o700)
+    returned = os.path.join(errors, "returned")  # each rank whose script returned leaves a mark (teardown aborts)
+    os.mkdir(returned, 0o700)
     # The rendezvous bound is the ranks' own watchdog's (it stops only a rank that reached nobody).
-    base.update({RDZV_TIMEOUT_VAR: f"{ns.master_timeout:g}", REASONS_DIR: reasons})
+    base.update({RDZV_TIMEOUT_VAR: f"{ns.master_timeout:g}", REASONS_DIR: reasons, RETURNED_DIR: returned})
     base.update(SLURMLAUNCH_RUN="1", SLURMLAUNCH_NNODES=str(nnodes), SLURMLAUNCH_NODE_RANK=str(ns.node_rank),
                 SLURMLAUNCH_NPROC_PER_NODE=str(nproc), MASTER_ADDR=ns.master_addr, MASTER_PORT=str(ns.master_port))
     run_id = str(uuid.uuid4()) if ns.standalone else str(ns.rdzv_id)  # torchrun's choice of id
@@ -367,6 +371,7 @@ def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping
             reporter.join(timeout=5.0)  # its last line before the outcome's (a probe takes 2 s at most)
         # a rank its watchdog stopped died by SIGTERM, which says nothing of why: its reason file does
         outcome, stopped = stopped_first(outcome, reasons)
+        aborted = teardown_aborts([r for r, c in sorted(outcome.codes.items()) if c == SIGABRT_CODE], returned)
     finally:
         stop.set()
         shutil.rmtree(errors, ignore_errors=True)
@@ -385,4 +390,6 @@ def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping
     elif outcome.first_failed_rank is not None:
         sys.stderr.write(f"slurmlaunch: rank {outcome.first_failed_rank} failed first with exit code "
                          f"{outcome.exit_code}; the other ranks were stopped\n")
+    for rank in aborted:
+        sys.stderr.write(f"slurmlaunch: {teardown_message(rank)}\n")
     return outcome.exit_code

@@ -171,6 +171,17 @@ def test_local_scheduler_names_the_rank_that_aborted_after_returning(mode: str, 
     assert not list((tmp_path / "slurmlaunch-logs").glob("*.returned"))  # the marks are cleaned up
 
 
+@pytest.mark.parametrize("early", [False, True])
+def test_run_names_the_rank_that_aborted_after_returning(early: bool, tmp_path: Path) -> None:
+    """`slurmlaunch run` (torch.distributed.launch's place, one node): the same word as the schedulers."""
+    (tmp_path / "aborts.py").write_text(ABORTS)
+    r = run_cli("run", "--standalone", "--nproc-per-node", "2", "aborts.py", *(["early"] if early else []),
+                env=no_slurm_env(tmp_path), cwd=tmp_path, timeout=120)
+    assert r.returncode == 134 and "rank 1 finished its work" in r.stdout, r.stdout + r.stderr
+    assert "slurmlaunch: rank 1 failed first with exit code 134" in r.stderr, r.stderr
+    assert (f"slurmlaunch: {TEARDOWN}" in r.stderr) != early and teardown_abort_only(r.stderr) != early, r.stderr
+
+
 @pytest.mark.slurm
 @pytest.mark.parametrize("mode", ["srun", "torchrun"])
 @pytest.mark.parametrize("early", [False, True])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import EXAMPLES, clean_env, run_cli
+from tests.helpers import EXAMPLES, clean_env, run_cli, teardown_abort_only
 
 ALLREDUCE = """
 import os, torch, torch.distributed as dist
@@ -71,7 +71,7 @@ def test_seed_article_command_line_with_the_program_swapped(torch_available: Non
     port = str(free_port())
     r = run_cli("run", "--use_env", "--nnodes=1", "--node_rank=0", "--master_addr=127.0.0.1", f"--master_port={port}",
                 "--nproc_per_node=2", str(EXAMPLES / "train_ddp.py"), "--epochs", "1", env=clean_env(), timeout=180)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0 or teardown_abort_only(r.stderr), r.stderr  # torch's, named (docs: Teardown aborts)
     assert "[rank 0] done: world_size=2 sum_of_ranks=1" in r.stdout
 
 
