@@ -92,6 +92,11 @@ def _export_distributed_env(spec_of: Callable[[], JobSpec]) -> None:
         emulated = rank_env(spec, environ["SUBMITIT_LOCAL_JOB_ID"], rank, environ, gpus)
         if spec.resources.gpus_per_node == 0:  # asked for no GPU, gets none (as under Slurm, and as before: submitit's
             emulated["CUDA_VISIBLE_DEVICES"] = ""  # controller blanked it, for every job, GPUs asked or not)
+        # submitit.JobEnvironment() (and its TorchDistributedEnvironment) in the function sees the emulated
+        # nodes too: submitit's local executor, whose controller ours replaces, has one node for every task
+        emulated.update(SUBMITIT_LOCAL_NODEID=emulated["SLURM_NODEID"],
+                        SUBMITIT_LOCAL_LOCALID=emulated["SLURM_LOCALID"],
+                        SUBMITIT_LOCAL_JOB_NUM_NODES=str(spec.resources.nodes))
         environ.update({k: v for k, v in emulated.items() if environ.get(k) != v})
     dist = preflight(resolve(environ), environ)
     environ.update(dist.exports(environ))
@@ -148,6 +153,21 @@ def _arm_stacks(log_dir: str) -> None:
 
 
 _PICKLED_CODE = "<dynamic-code>"  # cloudpickle's file name for a function it pickled by value (a script's)
+
+
+# submitit.helpers.TorchDistributedEnvironment().export() refuses to replace what is set: these words (submitit
+# 1.5) on one of the variables slurmlaunch exports to every rank before the function runs
+_EXPORT_REFUSED = "Cannot export environment variables as "
+
+
+def _hint(error: BaseException) -> str:
+    """One line after the traceback where slurmlaunch knows why the function failed; "" otherwise."""
+    if isinstance(error, RuntimeError) and str(error).startswith(_EXPORT_REFUSED):
+        return ("slurmlaunch: this rank's MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE and "
+                "LOCAL_WORLD_SIZE are exported before the function runs (docs: Python API); submitit's "
+                "TorchDistributedEnvironment() reads the same world without .export(): drop the call, or call "
+                "export(overwrite=True)\n")
+    return ""
 
 
 def _traceback_text(error: BaseException) -> str:
@@ -231,7 +251,7 @@ class _DistributedCall:
             raise
         except Exception as e:
             mark = _mark()
-            raise RuntimeError(mark + _traceback_text(e)) from e
+            raise RuntimeError(mark + _traceback_text(e) + _hint(e)) from e
         return _pack(value)
 
 

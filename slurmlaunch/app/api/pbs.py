@@ -41,6 +41,17 @@ class PbsJobEnvironment(submitit.JobEnvironment):
         local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1")) or 1
         return self.global_rank // local  # --map-by ppr:N:node fills each node in turn
 
+    @property
+    def hostnames(self) -> list[str]:
+        """The job's hosts in PBS's order (the distinct lines of $PBS_NODEFILE, which mpiexec -x passes on):
+        submitit's TorchDistributedEnvironment takes the first as MASTER_ADDR, as the launcher does."""
+        try:
+            with open(os.environ["PBS_NODEFILE"], encoding="utf-8") as f:
+                hosts = list(dict.fromkeys(line.strip() for line in f if line.strip()))
+        except (KeyError, OSError):
+            hosts = []
+        return hosts or [self.hostname]
+
 
 class _PbsWatcher(core.InfoWatcher):
     """submitit's Job registers with a watcher: job.py asks qstat itself (schedulers/pbs.py)."""
