@@ -37,7 +37,7 @@ STACKS_DIR = "SLURMLAUNCH_STACKS_DIR"
 # The status matters when torch then aborts: the batch script (and the local scheduler) count a rank that
 # aborted after asking for 128 + the warning signal as having exited so, and the requeue is not lost.
 _RUNNER = """-0  # torchrun names a failed worker by its first argument without a leading "-": the script, not this
-ARM_DEFINITIONdef _slurmlaunch_main():
+ARM_DEFINITIONSETTLE_DEFINITIONdef _slurmlaunch_main():
     import os, sys
     where, argv = os.environ.get("SLURMLAUNCH_RETURNED_DIR", ""), sys.argv[1:]
     main = sys.modules["__main__"].__dict__
@@ -46,6 +46,7 @@ ARM_DEFINITIONdef _slurmlaunch_main():
     if stacks:
         _slurmlaunch_arm(stacks)
     del main["_slurmlaunch_arm"]
+    settle = main.pop("_slurmlaunch_settle")
     hook = sys.excepthook
     def excepthook(kind, value, tb):
         while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
@@ -88,9 +89,38 @@ ARM_DEFINITIONdef _slurmlaunch_main():
             returned()
         else:
             exited(e.code)
+        settle()
+        raise
+    except BaseException:
+        settle()
         raise
     returned()
+    settle()
 _slurmlaunch_main()
+"""
+# After the script (or the API's function) ended, before the interpreter finalizes (docs: Teardown aborts).
+_SETTLE = """def _slurmlaunch_settle():
+    # torch's gloo workers destroy each finished all-reduce themselves, and with it a Python object that
+    # the backward pass left in the work's thread-local state: a worker still on its way there when the
+    # interpreter finalizes is ended by CPython 3.11-3.13 inside a C++ destructor, and that is SIGABRT
+    # (docs: Teardown aborts). Before finalizing, give them the GIL until none is running (at most 0.5 s).
+    import os, sys
+    if "torch" not in sys.modules:
+        return
+    import time
+    quiet, deadline = 0, time.monotonic() + 0.5
+    while quiet < 2 and time.monotonic() < deadline:
+        time.sleep(0.002)
+        quiet += 1
+        try:
+            for tid in os.listdir("/proc/self/task"):
+                with open("/proc/self/task/" + tid + "/stat", "rb") as f:
+                    stat = f.read()
+                end = stat.rindex(b")")
+                if stat[stat.index(b"(") + 1:end].startswith(b"pt_gloo") and stat[end + 2:end + 3] == b"R":
+                    quiet = 0
+        except (OSError, ValueError):
+            return
 """
 # The stacks' arming (the comment above), one definition for the RUNNER and for arm_stacks (the Python API's ranks).
 _ARM = """def _slurmlaunch_arm(stacks):
@@ -123,7 +153,7 @@ _ARM = """def _slurmlaunch_arm(stacks):
     except (OSError, ValueError, IndexError, RuntimeError, AttributeError):
         pass
 """
-RUNNER = _RUNNER.replace("ARM_DEFINITION", _ARM)  # with the names JobFiles spells
+RUNNER = _RUNNER.replace("ARM_DEFINITION", _ARM).replace("SETTLE_DEFINITION", _SETTLE)  # with the names JobFiles spells
 for _name, _value in (("EXIT_MARK_SUFFIX", EXIT_MARK_SUFFIX), ("STACKS_DUMP_SUFFIX", STACKS_DUMP_SUFFIX),
                       ("STACKS_STOP_SUFFIX", STACKS_STOP_SUFFIX), ("STACKS_PID_SUFFIX", STACKS_PID_SUFFIX),
                       *((f"SIGNAL_{name}", int(getattr(_signal, "SIG" + name)))
@@ -140,6 +170,16 @@ def arm_stacks(directory: str) -> None:
     arm = namespace["_slurmlaunch_arm"]
     assert callable(arm)
     arm(directory)
+
+
+def settle() -> None:
+    """In this process (a rank of the Python API, whose function ran here), what the RUNNER does after the
+    script: give torch's gloo workers the GIL until none is running, at most 0.5 s (docs: Teardown aborts)."""
+    namespace: dict[str, object] = {}
+    exec(_SETTLE, namespace)
+    run = namespace["_slurmlaunch_settle"]
+    assert callable(run)
+    run()
 
 
 def recorded_exit(path: str) -> int | None:

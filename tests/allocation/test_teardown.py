@@ -171,6 +171,36 @@ def test_local_scheduler_names_the_rank_that_aborted_after_returning(mode: str, 
     assert not list((tmp_path / "slurmlaunch-logs").glob("*.returned"))  # the marks are cleaned up
 
 
+# A stand-in for torch's gloo worker that is still running when the script returns: a thread named as gloo's
+# are ("pt_gloo_runloop", set with prctl), busy for 0.3 s; "torch" is in sys.modules (a stand-in too).
+BUSY_GLOO_WORKER = """
+import atexit, ctypes, sys, threading, time, types
+sys.modules["torch"] = types.ModuleType("torch")
+def worker():
+    ctypes.CDLL(None).prctl(15, b"pt_gloo_runloop", 0, 0, 0)  # PR_SET_NAME
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:
+        pass
+    print("worker done", time.monotonic(), flush=True)
+threading.Thread(target=worker, daemon=True).start()
+time.sleep(0.05)
+atexit.register(lambda: print("finalizing", time.monotonic(), flush=True))
+"""
+
+
+def test_the_runner_lets_torchs_gloo_workers_finish_before_the_interpreter_finalizes(tmp_path: Path) -> None:
+    """The settle after the script (docs: Teardown aborts): the interpreter's exit waits for a running gloo
+    worker (at most 0.5 s); without torch imported it does not wait at all."""
+    (tmp_path / "busy.py").write_text(BUSY_GLOO_WORKER)
+    r = run_python([sys.executable, "-u", "-c", RUNNER, str(tmp_path / "busy.py")], tmp_path)
+    assert r.returncode == 0, r.stderr
+    times = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines())
+    assert float(times["worker done"]) < float(times["finalizing"]), r.stdout
+    (tmp_path / "busy.py").write_text(BUSY_GLOO_WORKER.replace('sys.modules["torch"] = ', "_ = "))
+    r = run_python([sys.executable, "-u", "-c", RUNNER, str(tmp_path / "busy.py")], tmp_path)
+    assert r.returncode == 0 and "worker done" not in r.stdout, r.stdout  # a daemon thread, cut off at exit
+
+
 @pytest.mark.parametrize("early", [False, True])
 def test_run_names_the_rank_that_aborted_after_returning(early: bool, tmp_path: Path) -> None:
     """`slurmlaunch run` (torch.distributed.launch's place, one node): the same word as the schedulers."""
@@ -180,6 +210,24 @@ def test_run_names_the_rank_that_aborted_after_returning(early: bool, tmp_path: 
     assert r.returncode == 134 and "rank 1 finished its work" in r.stdout, r.stdout + r.stderr
     assert "slurmlaunch: rank 1 failed first with exit code 134" in r.stderr, r.stderr
     assert (f"slurmlaunch: {TEARDOWN}" in r.stderr) != early and teardown_abort_only(r.stderr) != early, r.stderr
+
+
+@pytest.mark.parametrize("early", [False, True])
+def test_the_apis_script_jobs_name_the_rank_that_aborted_after_returning(early: bool, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """submit_script: RankFailed says it, from the runner's mark (in the task's own private directory)."""
+    import slurmlaunch
+
+    (tmp_path / "aborts.py").write_text(ABORTS)
+    for k, v in no_slurm_env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(tmp_path)
+    job = slurmlaunch.submit_script("aborts.py", ["early"] if early else [], scheduler="local", nodes=1,
+                                    tasks_per_node=2, output_dir=str(tmp_path / "logs"))
+    with pytest.raises(slurmlaunch.RankFailed) as failed:
+        job.results()
+    assert failed.value.rank == 1 and "killed by SIGABRT" in str(failed.value), str(failed.value)
+    assert (TEARDOWN in str(failed.value)) != early and teardown_abort_only(str(failed.value)) != early
 
 
 @pytest.mark.slurm

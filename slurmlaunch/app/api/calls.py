@@ -4,6 +4,7 @@ the return value pickled by the rank itself, a SystemExit recorded with its code
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 import traceback
@@ -241,6 +242,8 @@ class _DistributedCall:
         record = _own_exit_record()
         if record is not None:
             record.unlink(missing_ok=True)  # an earlier run's, before a requeue
+        from ...allocation.script_runner import settle
+
         _export_distributed_env(lambda: self.spec)
         _arm_stacks(self.log_dir)
         try:
@@ -252,6 +255,8 @@ class _DistributedCall:
         except Exception as e:
             mark = _mark()
             raise RuntimeError(mark + _traceback_text(e) + _hint(e)) from e
+        finally:  # before submitit's process finalizes: torch's gloo workers done (docs: Teardown aborts)
+            settle()
         return _pack(value)
 
 
@@ -275,13 +280,27 @@ class _ScriptCall:
         self.spec = spec
 
     def __call__(self) -> int:
+        import shutil
+        import tempfile
+
+        from ...allocation.script_runner import RETURNED_DIR
+        from ...allocation.torchrun_mode import teardown_message
         from ...render.launch import launch_command
 
         _export_distributed_env(lambda: self.spec)
-        done = subprocess.run(launch_command(self.spec), cwd=self.spec.program.workdir)
+        marks = tempfile.mkdtemp(prefix="slurmlaunch-returned-")  # the runner marks a script that returned
+        try:
+            done = subprocess.run(launch_command(self.spec), cwd=self.spec.program.workdir,
+                                  env=dict(os.environ, **{RETURNED_DIR: marks}))
+            rank = os.environ.get("RANK", "rank")
+            returned = os.path.exists(os.path.join(marks, rank))
+        finally:
+            shutil.rmtree(marks, ignore_errors=True)
         if done.returncode != 0:
             how = (f"was killed by {_signal_name(-done.returncode)}" if done.returncode < 0
                    else f"exited with code {done.returncode}")
+            if done.returncode == -signal.SIGABRT and returned and rank.isdigit():  # docs: Teardown aborts
+                how += f": {teardown_message(int(rank))}"
             raise _failure(f"{self.spec.program.script} {how}")
         return done.returncode
 
