@@ -203,10 +203,12 @@ def teardown_abort_only(log: str) -> bool:
     runs: a failure of that kind alone (the only failure line is a torchrun node's 1 or a rank's 134, or none,
     as srun reports an aborted task without an exit code), with the training's output checked in full by the
     caller, is torch's and not the test's. Any other failure is the test's."""
-    # a set: `submit --wait` repeats the batch log's first-failure line on the console, and callers join both
-    failed = set(re.findall(r"^slurmlaunch: .*failed first with exit code (\d+)", log, re.M))
+    # each line once: `submit --wait` repeats the batch log's first-failure line on the console, and callers
+    # join both; two different lines (two array elements) stay two
+    lines = dict.fromkeys(re.findall(r"^slurmlaunch: .*failed first with exit code \d+.*$", log, re.M))
+    failed = [re.search(r"failed first with exit code (\d+)", line)[1] for line in lines]  # type: ignore[index]
     teardown = re.findall(r"rank \d+ aborted in torch's teardown after the script returned", log)
-    return bool(teardown) and failed in (set(), {"1"}, {"134"})
+    return bool(teardown) and failed in ([], ["1"], ["134"])
 
 
 # --- what srun sets for a task ---------------------------------------------------------------------------------

@@ -104,23 +104,30 @@ _SETTLE = """def _slurmlaunch_settle():
     # the backward pass left in the work's thread-local state: a worker still on its way there when the
     # interpreter finalizes is ended by CPython 3.11-3.13 inside a C++ destructor, and that is SIGABRT
     # (docs: Teardown aborts). Before finalizing, give them the GIL until none is running (at most 0.5 s).
-    import os, sys
+    # names taken from builtins here: in the RUNNER this runs with the script's globals, which may rebind
+    # them (`from os import *` brings os.open); best effort, so nothing it meets ends the process
+    import builtins, os, sys
     if "torch" not in sys.modules:
         return
     import time
+    fail, reader = builtins.Exception, builtins.open
     quiet, deadline = 0, time.monotonic() + 0.5
     while quiet < 2 and time.monotonic() < deadline:
         time.sleep(0.002)
         quiet += 1
         try:
-            for tid in os.listdir("/proc/self/task"):
-                with open("/proc/self/task/" + tid + "/stat", "rb") as f:
+            tids = os.listdir("/proc/self/task")
+        except fail:
+            return
+        for tid in tids:
+            try:  # a thread that ended since the listing is skipped
+                with reader("/proc/self/task/" + tid + "/stat", "rb") as f:
                     stat = f.read()
                 end = stat.rindex(b")")
                 if stat[stat.index(b"(") + 1:end].startswith(b"pt_gloo") and stat[end + 2:end + 3] == b"R":
                     quiet = 0
-        except (OSError, ValueError):
-            return
+            except fail:
+                continue
 """
 # The stacks' arming (the comment above), one definition for the RUNNER and for arm_stacks (the Python API's ranks).
 _ARM = """def _slurmlaunch_arm(stacks):

@@ -78,6 +78,10 @@ def run_python(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedPr
     ("slurmlaunch: rank(s) 1 on node2 failed first with exit code 134 (killed by SIGABRT); the other ranks were "
      "stopped\n" * 2 + "slurmlaunch: rank 1 aborted in torch's teardown after the script returned (SIGABRT ...)\n",
      True),
+    # two array elements' lines with the same code are two failures, one of them not a teardown abort
+    ("slurmlaunch: job 5_0: rank 1 failed first with exit code 134; the other ranks were stopped\n"
+     "slurmlaunch: job 5_1: rank 0 failed first with exit code 134; the other ranks were stopped\n"
+     "slurmlaunch: rank 1 aborted in torch's teardown after the script returned (SIGABRT ...)\n", False),
     ("slurmlaunch: rank(s) 1 on node2 failed first with exit code 134 (killed by SIGABRT)\n"
      "slurmlaunch: rank(s) 3 on node2 failed first with exit code 7\n"
      "slurmlaunch: rank 1 aborted in torch's teardown after the script returned (SIGABRT ...)\n", False),
@@ -172,13 +176,15 @@ def test_local_scheduler_names_the_rank_that_aborted_after_returning(mode: str, 
 
 
 # A stand-in for torch's gloo worker that is still running when the script returns: a thread named as gloo's
-# are ("pt_gloo_runloop", set with prctl), busy for 0.3 s; "torch" is in sys.modules (a stand-in too).
+# are ("pt_gloo_runloop", set with prctl), busy for BUSY seconds; "torch" is in sys.modules (a stand-in too).
+# `from os import *` rebinds open in the script's globals, which the runner's code shares.
 BUSY_GLOO_WORKER = """
 import atexit, ctypes, sys, threading, time, types
+from os import *
 sys.modules["torch"] = types.ModuleType("torch")
 def worker():
     ctypes.CDLL(None).prctl(15, b"pt_gloo_runloop", 0, 0, 0)  # PR_SET_NAME
-    end = time.monotonic() + 0.3
+    end = time.monotonic() + BUSY
     while time.monotonic() < end:
         pass
     print("worker done", time.monotonic(), flush=True)
@@ -191,14 +197,15 @@ atexit.register(lambda: print("finalizing", time.monotonic(), flush=True))
 def test_the_runner_lets_torchs_gloo_workers_finish_before_the_interpreter_finalizes(tmp_path: Path) -> None:
     """The settle after the script (docs: Teardown aborts): the interpreter's exit waits for a running gloo
     worker (at most 0.5 s); without torch imported it does not wait at all."""
-    (tmp_path / "busy.py").write_text(BUSY_GLOO_WORKER)
+    (tmp_path / "busy.py").write_text(BUSY_GLOO_WORKER.replace("BUSY", "0.3"))
     r = run_python([sys.executable, "-u", "-c", RUNNER, str(tmp_path / "busy.py")], tmp_path)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0 and "worker done" in r.stdout, r.stdout + r.stderr
     times = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines())
     assert float(times["worker done"]) < float(times["finalizing"]), r.stdout
-    (tmp_path / "busy.py").write_text(BUSY_GLOO_WORKER.replace('sys.modules["torch"] = ', "_ = "))
+    # no torch: no wait (a daemon thread busy for 5 s is cut off at exit)
+    (tmp_path / "busy.py").write_text(BUSY_GLOO_WORKER.replace("BUSY", "5").replace('sys.modules["torch"] = ', "_ = "))
     r = run_python([sys.executable, "-u", "-c", RUNNER, str(tmp_path / "busy.py")], tmp_path)
-    assert r.returncode == 0 and "worker done" not in r.stdout, r.stdout  # a daemon thread, cut off at exit
+    assert r.returncode == 0 and "worker done" not in r.stdout and "finalizing" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("early", [False, True])

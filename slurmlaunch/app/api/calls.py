@@ -167,7 +167,7 @@ def _hint(error: BaseException) -> str:
         return ("slurmlaunch: this rank's MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE and "
                 "LOCAL_WORLD_SIZE are exported before the function runs (docs: Python API); submitit's "
                 "TorchDistributedEnvironment() reads the same world without .export(): drop the call, or call "
-                "export(overwrite=True)\n")
+                "export(overwrite=True, set_cuda_visible_devices=False)\n")
     return ""
 
 
@@ -288,14 +288,18 @@ class _ScriptCall:
         from ...render.launch import launch_command
 
         _export_distributed_env(lambda: self.spec)
-        marks = tempfile.mkdtemp(prefix="slurmlaunch-returned-")  # the runner marks a script that returned
+        try:
+            marks = tempfile.mkdtemp(prefix="slurmlaunch-returned-")  # the runner marks a script that returned
+        except OSError:  # no writable TMPDIR: the script runs all the same, an abort is then not told apart
+            marks = ""
+        rank = os.environ.get("RANK", "rank")
         try:
             done = subprocess.run(launch_command(self.spec), cwd=self.spec.program.workdir,
-                                  env=dict(os.environ, **{RETURNED_DIR: marks}))
-            rank = os.environ.get("RANK", "rank")
-            returned = os.path.exists(os.path.join(marks, rank))
+                                  env=dict(os.environ, **{RETURNED_DIR: marks}) if marks else None)
+            returned = bool(marks) and os.path.exists(os.path.join(marks, rank))
         finally:
-            shutil.rmtree(marks, ignore_errors=True)
+            if marks:
+                shutil.rmtree(marks, ignore_errors=True)
         if done.returncode != 0:
             how = (f"was killed by {_signal_name(-done.returncode)}" if done.returncode < 0
                    else f"exited with code {done.returncode}")

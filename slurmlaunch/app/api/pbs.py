@@ -48,9 +48,10 @@ class PbsJobEnvironment(submitit.JobEnvironment):
         try:
             with open(os.environ["PBS_NODEFILE"], encoding="utf-8") as f:
                 hosts = list(dict.fromkeys(line.strip() for line in f if line.strip()))
-        except (KeyError, OSError):
+        except (KeyError, OSError, ValueError):  # ValueError: not UTF-8
             hosts = []
-        return hosts or [self.hostname]
+        # unreadable: the master the launcher chose, the same for every rank (its own host would not be)
+        return hosts or [os.environ.get("MASTER_ADDR") or self.hostname]
 
 
 class _PbsWatcher(core.InfoWatcher):

@@ -34,6 +34,7 @@ def test_submitits_export_says_why_it_fails_and_overwrite_trains(tmp_path, monke
         run("export", tmp_path, monkeypatch)
     assert "RuntimeError: Cannot export environment variables as MASTER_ADDR is already set" in str(failed.value)
     last = [x for x in str(failed.value).splitlines() if x][-1]
-    assert last.startswith("slurmlaunch: ") and last.endswith("drop the call, or call export(overwrite=True)")
+    assert last.startswith("slurmlaunch: ") and last.endswith(
+        "drop the call, or call export(overwrite=True, set_cuda_visible_devices=False)")
     values = run("overwrite", tmp_path, monkeypatch)
     assert [v["sum"] for v in values] == [4] * 4 and all(v["theirs"] == v["ours"] for v in values), values
