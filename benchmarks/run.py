@@ -53,9 +53,25 @@ def base_env() -> dict[str, str]:
     return keep
 
 
+_given_ports: list[int] = []
+
+
 def free_port() -> int:
+    """A port nothing listens on now: the next of SLURMLAUNCH_TEST_PORTS ("LO-HI", ports of their own that the
+    tests hand this run, tests/ports.py), else one the kernel picks."""
     import socket
 
+    if not _given_ports and os.environ.get("SLURMLAUNCH_TEST_PORTS"):
+        lo, hi = (int(x) for x in os.environ["SLURMLAUNCH_TEST_PORTS"].split("-"))
+        _given_ports.extend(range(lo, hi + 1))
+    while _given_ports:
+        port = _given_ports.pop(0)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -300,9 +316,9 @@ def bench_barrier_n(n: int, pairs: int, workdir: Path) -> list[dict[str, object]
                         MASTER_ADDR="127.0.0.1", MASTER_PORT=port)) for r in range(n)])
 
     def launch(e: dict[str, str], helper: bool = False) -> None:
-        job = 20000 + free_port() % 10000
+        job, port = 20000 + free_port() % 10000, str(free_port())
         run_many([([slurmlaunch, "launch", BARRIER, *(["--helper"] if helper else [])],
-                   dict(e, **slurm_env(r, [n], job=job))) for r in range(n)])
+                   dict(e, **slurm_env(r, [n], job=job), MASTER_PORT=port)) for r in range(n)])
 
     def local(e: dict[str, str]) -> None:
         run_ok([slurmlaunch, "submit", "--scheduler", "local", "--tasks-per-node", str(n), "--output-dir",

@@ -20,6 +20,7 @@ import pytest
 from slurmlaunch.core import hostlist
 from slurmlaunch.core.errors import SpecError
 from slurmlaunch.core.spec import JobSpec, validate
+from tests import ports
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -356,25 +357,33 @@ INVALID = [
 ]
 
 
-# Under pytest-xdist every worker is a session of its own, with its own clusters. Their job ids start apart:
-# a job's MASTER_PORT is derived from its id (envvars.derive_port), so two loopback clusters' job 7 would
-# otherwise rendezvous on the same port of 127.0.0.1.
-JOB_IDS_PER_WORKER = 4000
+# Every test process (a pytest-xdist worker, or pytest alone) holds a slot of its own on this machine
+# (tests/ports.py), and its clusters' job ids start in that slot's block: a job's MASTER_PORT is derived from its
+# id (envvars.derive_port), so two loopback clusters' job 7 (two workers', or two test runs') would otherwise
+# rendezvous on the same port of 127.0.0.1. The block's parts, one per cluster that can be up at once:
+JOB_IDS_PER_WORKER = ports.JOB_IDS_PER_SLOT
+JOB_ID_BLOCKS = {
+    "session": (0, 1100),       # the session's Slurm 22.05 cluster (conftest.slurm_cluster)
+    "stacks": (1100, 1200),     # test_stacks' cluster of its own
+    "faults": (1200, 1300),     # test_slurm_faults' clusters (one at a time)
+    "faults-big": (1300, 1400),
+    "current": (1400, 1900),    # the session's current Slurm (25.11) cluster
+    "launch": (1900, 2000),     # launchers run outside any cluster (launch_job_id)
+}
 
 
-def first_job_id(worker: str | None = None) -> int:
-    """FirstJobId of this pytest-xdist worker's clusters ("gw0" or no xdist: 1; "gw1": 4001; ...)."""
-    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0") if worker is None else worker
-    index = int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
-    return 1 + index * JOB_IDS_PER_WORKER
+def first_job_id(block: str = "session", slot: int | None = None) -> int:
+    """The first job id of ``block`` (JOB_ID_BLOCKS) in this process's slot (or ``slot``'s)."""
+    n = ports.slot() if slot is None else slot
+    return 1 + n * JOB_IDS_PER_WORKER + JOB_ID_BLOCKS[block][0]
 
 
-def launch_job_id(n: int = 0, worker: str | None = None) -> int:
+def launch_job_id(n: int = 0, slot: int | None = None) -> int:
     """A job id for a test that runs launchers outside any cluster (step_env's ``job``), the ``n``th (0-99) of
-    this worker's last hundred ids, which its clusters never reach: the ranks derive MASTER_PORT from it, and a
-    fixed id would put every worker and every session on this machine on one port."""
+    the slot's "launch" block, which no cluster hands out: the ranks derive MASTER_PORT from it, and a fixed id
+    would put every worker and every test run on this machine on one port."""
     assert 0 <= n < 100, n
-    return first_job_id(worker) + JOB_IDS_PER_WORKER - 1 - n
+    return first_job_id("launch", slot) + n
 
 
 class StaleShimLockSweeper:

@@ -10,9 +10,32 @@
 #   - OpenPBS in /opt/pbs for the real multi-host PBS cluster (slurmlaunch dev-cluster up --scheduler pbs);
 #   - a virtual environment .venv with torch==2.13.0 (the CPU build where pip's configuration finds one, as on the
 #     project's machines; PyPI's own is the CUDA one) and slurmlaunch with its test and docs extras.
+#   - the unit layer (tests/core, tests/render) on Python 3.10 and 3.13 as well (pyenv's; each its own venv),
+#     and the sdist and wheel as users get them (tests/check_wheel.sh).
+# It prints the wall time of each phase at the end, failed or not, and pytest prints the slowest tests.
 # Usage: bash tests/run.sh [pytest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+run_start=$(date +%s)
+phase_start=$run_start
+phase="install"
+phases=()
+phase_done() {  # the phase that just ended, then the name of the next one
+    local now
+    now=$(date +%s)
+    phases+=("$(printf '%-44s %5d s' "$phase" $((now - phase_start)))")
+    phase_start=$now
+    phase="$1"
+}
+print_phases() {
+    local rc=$?
+    [ "$phase" = "done" ] || phases+=("$(printf '%-44s %5d s  (ended here, exit %d)' "$phase" $(($(date +%s) - phase_start)) "$rc")")
+    echo "tests/run.sh: wall time per phase"
+    printf '  %s\n' "${phases[@]}"
+    printf '  %-44s %5d s\n' "total" $(($(date +%s) - run_start))
+}
+trap print_phases EXIT
 
 packages=(slurmctld slurmd slurm-client openmpi-bin libpmix-dev slurmdbd slurm-wlm-mysql-plugin mariadb-server-core
           mariadb-client-core iproute2 openssh-server openssh-client rsync)
@@ -57,13 +80,51 @@ if [ "$(id -u)" -eq 0 ]; then
 else
     echo "tests/run.sh: not root, cannot install OpenPBS: the real-PBS tests will skip" >&2
 fi
+phase_done "lint, types, layer contracts"
+# The unit layer on the other Python versions the package claims (pyproject's classifiers), in the background
+# beside lint and the docs build. No torch wheel of 2.13.0 for them here: the few unit tests that need torch or
+# mpi4py skip there (CI unset for that run) and run on 3.11 below.
+unit_pids=()
+for version in 3.10 3.13; do
+    interp="$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$version".*/bin/python 2>/dev/null | tail -1)"
+    if [ -z "$interp" ]; then
+        if [ "${CI:-}" = "true" ]; then echo "tests/run.sh: no Python $version (pyenv) for the unit layer" >&2; exit 1; fi
+        echo "tests/run.sh: no Python $version (pyenv): its unit layer is not run" >&2
+        continue
+    fi
+    (
+        "$interp" -m venv ".venv-py$version" &&
+        { ".venv-py$version/bin/python" -m pip install -q --disable-pip-version-check -e ".[unit]" 2>&1 |
+              grep -v -e "is ignored" -e "DEPRECATION" || true; } &&
+        env -u CI ".venv-py$version/bin/python" -m pytest -q -n 0 -p no:cacheprovider --durations=0 --durations-min=60 \
+            tests/core tests/render > ".venv-py$version/unit.log" 2>&1
+    ) &
+    unit_pids+=("$!:$version")
+done
 .venv/bin/python -m ruff check slurmlaunch tests examples benchmarks docs/hooks
 .venv/bin/python -m mypy
 .venv/bin/lint-imports --no-cache  # the layers (pyproject: [tool.importlinter]; docs/explanation/architecture.md)
+phase_done "docs build"
 # The documentation site: a broken internal link, a missing page or a page outside the nav fails (mkdocs.yml)
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir .venv/docs-site
+phase_done "sdist, wheel, a job from the wheel"
+bash tests/check_wheel.sh .venv/bin/python
+phase_done "unit layer on 3.10 and 3.13 (the rest of it)"
+for entry in "${unit_pids[@]}"; do
+    if ! wait "${entry%%:*}"; then
+        tail -30 ".venv-py${entry#*:}/unit.log"
+        echo "tests/run.sh: the unit layer failed on Python ${entry#*:} (.venv-py${entry#*:}/unit.log)" >&2
+        exit 1
+    fi
+    echo "tests/run.sh: unit layer on Python ${entry#*:}: $(tail -1 ".venv-py${entry#*:}/unit.log")"
+done
+phase_done "pytest"
 export PATH="$PWD/.venv/bin:$PATH"
 # Workers (pytest-xdist): much of the suite's time is spent waiting on Slurm (time limits, requeues, sacct),
-# so workers overlap those waits. Each worker is a session of its own with its own cluster and sshd
-# (tests/conftest.py), its job ids apart (tests/helpers.first_job_id). -n 0 runs it in one process.
-exec .venv/bin/python -m pytest -n "${SLURMLAUNCH_TEST_WORKERS:-3}" "$@"
+# so workers overlap those waits. Each worker is a session of its own with its own clusters and sshd
+# (tests/conftest.py), its ports and job ids from a slot of its own on this machine (tests/ports.py). -n 0 runs
+# it in one process.
+rc=0
+.venv/bin/python -m pytest -n "${SLURMLAUNCH_TEST_WORKERS:-3}" "$@" || rc=$?
+phase_done "done"
+exit "$rc"

@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests import ports
+
 SSHD = "/usr/sbin/sshd"
 # What the laptop's PATH holds: enough for ssh, rsync and a shell, and nothing of Slurm's.
 LAPTOP_TOOLS = ("rsync", "ssh-keygen", "sh", "bash", "env", "cat", "ls", "mkdir", "rm", "printf", "true", "false")
@@ -47,13 +49,6 @@ def ipv6_loopback() -> bool:
     except OSError:
         return False
     return True
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -109,7 +104,7 @@ class Sshd:
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # the privilege separation directory sshd requires
         for _attempt in range(5):
             if not self.port or self.proc is None:
-                self.port = self.port or _free_port()
+                self.port = self.port or ports.port()
             (self.root / "sshd_config").write_text(self._config())
             log = open(self.root / "sshd.log", "ab")
             # -D: no daemon (we hold its pid), -e: log to the file, not syslog.
@@ -125,7 +120,7 @@ class Sshd:
                 time.sleep(0.05)
             self.stop()
             if "Address already in use" in self.log:
-                self.port = _free_port()  # taken in between by someone else: another port
+                self.port = ports.port()  # taken by a process of this test run's that outlived its test: another
                 continue
             raise RuntimeError(f"sshd did not start on 127.0.0.1:{self.port}:\n{self.log[-3000:]}")
         raise RuntimeError(f"sshd found no free port:\n{self.log[-3000:]}")

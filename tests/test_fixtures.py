@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import JOB_IDS_PER_WORKER, StaleShimLockSweeper, first_job_id, launch_job_id, per_test_env
+from tests import ports
+from tests.helpers import (
+    JOB_ID_BLOCKS,
+    JOB_IDS_PER_WORKER,
+    StaleShimLockSweeper,
+    first_job_id,
+    launch_job_id,
+    per_test_env,
+)
 
 
 def test_each_test_gets_its_own_per_user_state(tmp_path: Path) -> None:
@@ -23,23 +31,69 @@ def test_each_test_gets_its_own_per_user_state(tmp_path: Path) -> None:
     assert cluster["XDG_STATE_HOME"] == "/session/state"  # the session's environment is left as it was
 
 
-def test_xdist_workers_get_job_ids_apart() -> None:
-    assert first_job_id("gw0") == 1 and first_job_id("master") == 1
-    assert first_job_id("gw1") == 1 + JOB_IDS_PER_WORKER and first_job_id("gw2") == 1 + 2 * JOB_IDS_PER_WORKER
-
-
-def test_launchers_outside_a_cluster_get_a_master_port_per_worker() -> None:
-    """The job ids of tests that run ranks with step_env: inside the worker's block, apart from the ids its
-    clusters hand out, and (what matters) a MASTER_PORT of their own for every worker of the 16 the team's
-    sessions and CI use, so that no two sessions' ranks rendezvous on one port of 127.0.0.1."""
+def test_slots_get_job_ids_apart_and_no_two_derive_one_port() -> None:
+    """Every block of every slot: ids apart, inside the slot, and (what matters) no two live ids of two
+    different slots derive the same MASTER_PORT, nor two blocks of one slot."""
     from slurmlaunch.core.envvars import derive_port
 
-    ports = set()
-    for worker in (f"gw{i}" for i in range(16)):
-        ids = [launch_job_id(n, worker) for n in range(3)]
-        assert all(first_job_id(worker) + 3900 <= i < first_job_id(worker) + JOB_IDS_PER_WORKER for i in ids), ids
-        ports |= {derive_port(i) for i in ids}
-    assert len(ports) == 16 * 3
+    assert first_job_id(slot=0) == 1 and first_job_id(slot=1) == 1 + JOB_IDS_PER_WORKER
+    spans = sorted(JOB_ID_BLOCKS.values())
+    assert spans[0][0] == 0 and spans[-1][1] == JOB_IDS_PER_WORKER
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False)), spans  # a partition: no overlap, no gap
+    every = [first_job_id(block, n) + k for n in range(ports.SLOTS) for block, (lo, hi) in JOB_ID_BLOCKS.items()
+             for k in range(hi - lo)]
+    assert len({derive_port(i) for i in every}) == len(every) == ports.SLOTS * JOB_IDS_PER_WORKER
+
+
+def test_launchers_outside_a_cluster_get_a_master_port_per_slot() -> None:
+    ids = [launch_job_id(n, slot) for slot in range(ports.SLOTS) for n in range(3)]
+    assert all(first_job_id("launch", i // 3) <= j < first_job_id("launch", i // 3) + 100 for i, j in enumerate(ids))
+
+
+_ASK = """
+import json, sys
+from tests import ports
+got = [ports.port() for _ in range(20)] + list(ports.port_block(5))
+print(json.dumps({"slot": ports.slot(), "ports": got}), flush=True)
+sys.stdin.read()  # hold the slot until the test has seen every process's answer
+"""
+
+
+def test_many_test_processes_asking_at_once_never_share_a_slot_or_a_port(tmp_path: Path) -> None:
+    """As many processes as there are slots take a slot and 25 ports each at the same moment (in a slot
+    directory of their own, so that this run's workers are not in the way): all slots differ, all ports differ,
+    every port in its slot's range and outside the kernel's ephemeral range. A ninth asks while they hold every
+    slot: it waits, and gets the slot the first to leave gave back."""
+    import json
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+               SLURMLAUNCH_TEST_SLOT_DIR=str(tmp_path / "slots"))
+    env.pop(ports.INHERITED, None)
+
+    def ask() -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-c", _ASK], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+
+    procs = [ask() for _ in range(ports.SLOTS)]
+    try:
+        answers = [json.loads(p.stdout.readline()) for p in procs if p.stdout]
+        assert sorted(a["slot"] for a in answers) == list(range(ports.SLOTS))
+        seen = [port for a in answers for port in a["ports"]]
+        assert len(set(seen)) == len(seen) == 25 * ports.SLOTS
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        for a in answers:
+            assert all(p in ports.slot_ports(a["slot"]) and not low <= p <= high for p in a["ports"]), a
+        ninth = ask()
+        procs.append(ninth)
+        time.sleep(1.5)
+        assert ninth.poll() is None  # waiting for a slot, not sharing one
+        procs[0].communicate("", timeout=30)
+        assert ninth.stdout and json.loads(ninth.stdout.readline())["slot"] == answers[0]["slot"]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.communicate("", timeout=30)
 
 
 @pytest.mark.slurm
@@ -68,7 +122,8 @@ def test_two_loopback_clusters_started_at_the_same_moment_both_come_up(tmp_path:
 
     def start(i: int) -> None:
         try:
-            results[i] = devcluster.up(roots[i], nodes=2, gpus=0, cpus=1, first_job_id=1 + 100 * i)
+            results[i] = devcluster.up(roots[i], nodes=2, gpus=0, cpus=1,
+                                       first_job_id=first_job_id(("faults", "faults-big")[i]))
         except Exception as e:  # reported below, with the other one's result
             results[i] = e
 

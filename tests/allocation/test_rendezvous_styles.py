@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import no_slurm_env, skip_or_fail
-from tests.real.test_clients import CLIENTS, free_port, job_text, run_together, submit, succeeded, workdir_for
+from tests.ports import port as free_port
+from tests.real.test_clients import CLIENTS, job_text, run_together, submit, succeeded, workdir_for
 
 STYLES = ("port", "tcp", "file")
 BOUND = 30  # --rdzv-timeout, seconds

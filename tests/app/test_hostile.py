@@ -372,7 +372,8 @@ RUN_IGNORED = {"ignored", "refused"}
 
 
 def test_trailing_newline_on_every_run_option(work: tuple[Path, dict[str, str]]) -> None:
-    from slurmlaunch.app.run import add_run_options, free_port
+    from slurmlaunch.app.run import add_run_options
+    from tests.ports import port as free_port
 
     cwd, env = work
     parser = argparse.ArgumentParser(add_help=False)

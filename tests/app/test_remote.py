@@ -23,7 +23,7 @@ from slurmlaunch.app.remote.runner import SshRunner
 from slurmlaunch.core.errors import SchedulerError, SlurmLaunchError, SpecError
 from slurmlaunch.schedulers import slurm
 from slurmlaunch.schedulers.runner import READ_LIMIT, LocalRunner, use_runner
-from tests import sshd
+from tests import ports, sshd
 from tests.helpers import alive
 
 # The remote calls here run in this process, as the laptop: its environment is this process's (conftest laptop).
@@ -475,7 +475,7 @@ def test_logs_reads_tell_missing_from_failing(laptop: sshd.Laptop, tmp_path: Pat
 def test_jump_host_and_host_key_alias_are_named(laptop: sshd.Laptop, server: sshd.Sshd, tmp_path: Path) -> None:
     """Audit 13: through a ProxyJump host that is closed the error names it; the changed-key advice uses
     HostKeyAlias and UserKnownHostsFile as `ssh -G` resolves them."""
-    closed = sshd._free_port()
+    closed = ports.port()
     key = laptop.ssh_dir / "id_ed25519"
     other = laptop.home / "impostor"
     sshd.keygen(other, "impostor")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import EXAMPLES, clean_env, run_cli, teardown_abort_only
+from tests.ports import port as free_port
 
 ALLREDUCE = """
 import os, torch, torch.distributed as dist
@@ -24,12 +25,6 @@ print(f"rank={dist.get_rank()} world={dist.get_world_size()} local={os.environ['
 dist.barrier()
 dist.destroy_process_group()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -142,10 +137,10 @@ def test_refusals(args: list[str], env: dict[str, str], expect: str, tmp_path: P
 def test_master_port_taken_is_refused(tmp_path: Path) -> None:
     script = tmp_path / "s.py"
     script.write_text("pass")
+    port = free_port()
     with socket.socket() as s:
-        s.bind(("", 0))
+        s.bind(("", port))
         s.listen(1)
-        port = s.getsockname()[1]
         r = run_cli("run", "--master-port", str(port), str(script), env=clean_env(), timeout=60)
     assert r.returncode == 2 and f"--master-port {port} is already in use" in r.stderr
 

@@ -370,7 +370,7 @@ def test_slurm_stacks_at_64_ranks(slurm_cluster: dict[str, str], tmp_path: Path)
 
     root = tmp_path / "cluster"
     root.mkdir()
-    env = {**slurm_cluster, **devcluster.up(root, nodes=4, gpus=0, cpus=16, first_job_id=first_job_id() + 2000)}
+    env = {**slurm_cluster, **devcluster.up(root, nodes=4, gpus=0, cpus=16, first_job_id=first_job_id("stacks"))}
     try:
         _stacks_at_64(per_test_env(env, tmp_path), tmp_path)
     finally:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import slurmlaunch
+from tests import ports
 
 ROOT = Path(__file__).resolve().parents[2]
 # How soon after the job's end (sacct's End, whole seconds) the caller must hear: one sacct poll (2 s), the
@@ -29,19 +30,10 @@ SIXTEEN = {"nodes": 4, "tasks_per_node": 4, "cpus_per_task": 1}
 
 
 def free_port() -> int:
-    """A port nothing listens on now, below the ephemeral range. The port derived from the job id is not
-    enough here: other engineers' dev clusters restart job ids at 1 on the same loopback addresses."""
-    import random
-    import socket
-
-    for port in random.sample(range(20000, 32000), 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-31999")
+    """A port nothing listens on now, of this test run's own (tests/ports.py; run_api's child is handed a block).
+    The port derived from the job id is not enough here: other engineers' dev clusters restart job ids at 1 on
+    the same loopback addresses."""
+    return ports.port()
 
 
 def started(folder: str) -> None:
@@ -137,7 +129,8 @@ def run_api(env: dict[str, str], tmp_path: Path, body: str, timeout: float = 300
         "    out.update(heard=heard, job_id=job.job_id, state=job.state, done=job.done())\n"
         + body + "\nprint('OUT ' + json.dumps(out, default=repr))\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], env=dict(env, PYTHONPATH=str(ROOT)), cwd=tmp_path,
+    r = subprocess.run([sys.executable, "-c", code], env=dict(env, PYTHONPATH=str(ROOT), **ports.child_env()),
+                       cwd=tmp_path,
                        capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return dict(json.loads(r.stdout.split("OUT ", 1)[1]))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import no_slurm_env, skip_or_fail, teardown_abort_only
+from tests.ports import port as free_port
 
 CLIENTS = Path(__file__).resolve().parents[1] / "clients"
 ROOT = CLIENTS.parent.parent
@@ -220,12 +220,6 @@ def test_real_slurm(mode: str, netns_cluster_env: dict[str, str], tmp_path: Path
 
 
 # --- `slurmlaunch run`, two "nodes" on this machine -------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def test_run_two_nodes(tmp_path: Path, clients_installed: None) -> None:
     per_node = PER_NODE["run"]

@@ -4,7 +4,7 @@ directory removed, a user function that raises. What is checked is what a user s
 exit codes) against what Slurm itself says (squeue, sinfo, sacct): the oracles nobody here wrote.
 
 The clusters here are their own, not the session's: a stalled controller or a dead node would break the
-other tests' jobs. Their job ids start 2000 and 3000 past this worker's (tests.helpers.first_job_id), so that
+other tests' jobs. Their job ids come from blocks of this worker's own (tests.helpers.JOB_ID_BLOCKS), so that
 no two clusters of one worker hand out the same ids (jobs derive MASTER_PORT from them)."""
 
 from __future__ import annotations
@@ -45,14 +45,14 @@ def wait_for(what: str, check: Callable[[], bool], bound: float = 120.0, poll: f
         time.sleep(poll)
 
 
-def start_cluster(offset: int, nodes: int = 3) -> tuple[Path, dict[str, str]]:
+def start_cluster(block: str, nodes: int = 3) -> tuple[Path, dict[str, str]]:
     why = devcluster.missing_requirements() or devcluster.accounting_missing()
     if why:
         skip_or_fail(why)
     root = Path(tempfile.mkdtemp(prefix="slurmlaunch-faults-"))
     try:
         env = devcluster.up(root, nodes=nodes, gpus=0, cpus=4, accounting=True,
-                            first_job_id=first_job_id() + offset, slurmd_timeout=SLURMD_TIMEOUT)
+                            first_job_id=first_job_id(block), slurmd_timeout=SLURMD_TIMEOUT)
     except Exception as e:
         logs = "".join(p.read_text(errors="replace")[-2000:] for p in (root / "log").glob("*.log"))
         with contextlib.suppress(DevClusterError):
@@ -72,7 +72,7 @@ def stop_cluster(root: Path) -> None:
 @pytest.fixture(scope="module")
 def fault_cluster() -> Iterator[tuple[Path, dict[str, str]]]:
     """A 3-node cluster with accounting whose controller the tests here stall (and always resume)."""
-    root, env = start_cluster(2000)
+    root, env = start_cluster("faults")
     yield root, env
     stop_cluster(root)
 
@@ -378,7 +378,7 @@ def test_wait_names_a_lost_node_and_slurms_requeue(tmp_path: Path) -> None:
     requeue Slurm makes after NODE_FAIL and why the job waits; `dev-cluster down` afterwards leaves none of
     that cluster's step daemons (node2's outlived its slurmd) and none of the jobs' ranks (node2's outlived
     both)."""
-    root, env = start_cluster(3000, nodes=6)
+    root, env = start_cluster("faults-big", nodes=6)
     procs: dict[str, subprocess.Popen[str]] = {}
     try:
         env = per_test_env(env, tmp_path)
@@ -457,7 +457,7 @@ def test_wait_names_a_lost_node_and_slurms_requeue(tmp_path: Path) -> None:
 def test_down_stops_the_step_daemons_of_a_job_that_ran_during_a_stall(tmp_path: Path) -> None:
     """A job ends while the controller is stopped: its step daemons wait to report it. `slurmlaunch
     dev-cluster down` (the CLI, as a developer runs it) stops them too, by pid, and no other cluster's."""
-    root, env = start_cluster(3000)
+    root, env = start_cluster("faults-big")
     try:
         env = per_test_env(env, tmp_path)
         done, go = tmp_path / "done", tmp_path / "go"
