@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import pytest
 
 from slurmlaunch.allocation.torch_helpers import _compress, _select_device
 from slurmlaunch.core.errors import SlurmLaunchError
+from tests import ports
 from tests.helpers import clean_env, run_cli
 
 SCRIPT = """
@@ -46,9 +46,7 @@ def lone_rank(tmp_path: Path, rank: int, timeout: int) -> tuple[subprocess.Compl
     """One rank of a world of 4 whose others never come, on a port nobody listens on."""
     script = tmp_path / "h.py"
     script.write_text(SCRIPT)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = ports.port()
     env = clean_env(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     start = time.monotonic()
     r = subprocess.run([sys.executable, str(script), str(timeout)], env=env, capture_output=True, text=True,

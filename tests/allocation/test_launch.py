@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import ports
 from tests.helpers import EXAMPLES, clean_env, launch, launch_job_id, run_cli, step_env
 
 DUMP = """
@@ -183,9 +184,7 @@ def test_rank_waiting_for_a_master_that_never_listens_is_stopped(tmp_path: Path)
     """The rendezvous watchdog: not a hang until the time limit, a message naming MASTER_ADDR:PORT."""
     script = tmp_path / "wait.py"
     script.write_text("import time; time.sleep(120)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = ports.port()
     env = clean_env(**step_env("localhost,localhost", [1, 1], 1, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
                     SLURMLAUNCH_RDZV_TIMEOUT="2")
     start = time.monotonic()

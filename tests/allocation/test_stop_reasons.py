@@ -23,6 +23,7 @@ import pytest
 from slurmlaunch.allocation import reasons
 from slurmlaunch.allocation.smallfile import read_small
 from slurmlaunch.render import pbs_script
+from tests import ports
 from tests.helpers import clean_env, golden_spec, launch, no_slurm_env, run_cli, step_env
 
 # Rank 0 never starts its rendezvous (it sleeps); the others would wait in init_process_group for ever.
@@ -149,9 +150,7 @@ def test_mapping_error_names_the_task_by_its_stated_rank(tmp_path: Path) -> None
 def test_watchdog_leaves_its_reason_before_the_sigterm(tmp_path: Path) -> None:
     script = tmp_path / "wait.py"
     script.write_text(NEVER_LISTENS)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = ports.port()
     env = clean_env(**step_env("localhost,localhost", [1, 1], 1, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
                     SLURMLAUNCH_RDZV_TIMEOUT="2")
     code, _, found = _stop(script, env, tmp_path / "r")
@@ -298,9 +297,7 @@ def test_slurm_rendezvous_timeout_reaches_batch_log_and_wait(cluster_env: dict[s
     (tmp_path / "hang.py").write_text(NEVER_LISTENS)
     # A port of our choosing: the derived one (15001 for job 1) may be held by a job of another test cluster,
     # and rank 0 would then refuse (78) before the watchdog's time-out this test is about.
-    with socket.socket() as s:
-        s.bind(("", 0))
-        free = s.getsockname()[1]
+    free = ports.port()
     r, job, batch = _submit(cluster_env, tmp_path, "--rdzv-timeout", "3", "--master-port", str(free), "hang.py")
     line = re.search(r"^slurmlaunch: rank 1 on node2 failed first with exit code 69 \(stopped by slurmlaunch: nothing "
                      rf"listened at MASTER_ADDR:MASTER_PORT=node1:{free} within 3s .*\); the other ranks were stopped$",

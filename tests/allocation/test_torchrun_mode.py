@@ -12,7 +12,8 @@ from slurmlaunch.allocation.torchrun_mode import RELAY, parse, torchrun_command
 from slurmlaunch.core.errors import SlurmLaunchError, SpecError
 from slurmlaunch.core.rdzv import parse_rendezvous_timeout
 from slurmlaunch.core.spec import JobSpec, parse_nodes, validate
-from tests.helpers import EXAMPLES, assert_refused, no_slurm_env, run_cli, step_env, teardown_abort_only
+from tests import ports
+from tests.helpers import EXAMPLES, assert_refused, launch_job_id, no_slurm_env, run_cli, step_env, teardown_abort_only
 
 # The task srun starts on the first of two nodes for --mode torchrun (one task per node).
 STEP = step_env("gpu[07-08]", [1, 1], 0, job=4242, SLURM_CPUS_PER_TASK="32")
@@ -310,19 +311,17 @@ json.dump({k: os.environ.get(k) for k in keys}, open(os.path.join(sys.argv[1], o
 def test_real_torchrun_workers_see_their_own_task_variables(nproc: str, tmp_path: Path, torch_available: None) -> None:
     """The command torchrun-node builds, run by the real torchrun on this machine in a Slurm-like node task:
     every worker's Slurm variables agree with torch's (alone, through AS_WORKER; several, through RELAY)."""
-    import socket
     import subprocess
     import sys
 
     from slurmlaunch.allocation.torchrun_mode import torchrun_command
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(ports.port())
     (tmp_path / "view.py").write_text(WORKER_VIEW)
     env = dict(no_slurm_env(tmp_path), **NODE_TASK)
-    env.update(step_env("gpu07", [1], 0, job=4242), SLURM_NPROCS="1", SLURM_NTASKS_PER_NODE="1", SLURM_GTIDS="0",
-               SLURM_JOB_NUM_NODES="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    job = launch_job_id(3)
+    env.update(step_env("gpu07", [1], 0, job=job), SLURM_NPROCS="1", SLURM_NTASKS_PER_NODE="1",
+               SLURM_GTIDS="0", SLURM_JOB_NUM_NODES="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     values, flags, script = parse([f"--nproc-per-node={nproc}", "view.py", str(tmp_path)])
     cmd, extra = torchrun_command(env, values, flags, script, sys.executable)
     r = subprocess.run(cmd, env=dict(env, **extra), cwd=tmp_path, capture_output=True, text=True, timeout=180)
@@ -331,4 +330,4 @@ def test_real_torchrun_workers_see_their_own_task_variables(nproc: str, tmp_path
         seen = json.loads((tmp_path / str(rank)).read_text())
         assert seen == {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": nproc, "SLURM_PROCID": str(rank),
                         "SLURM_LOCALID": str(rank), "SLURM_NTASKS": nproc, "SLURM_NODEID": "0",
-                        "SLURM_STEP_TASKS_PER_NODE": nproc, "SLURM_STEP_ID": None, "SLURM_JOB_ID": "4242"}, seen
+                        "SLURM_STEP_TASKS_PER_NODE": nproc, "SLURM_STEP_ID": None, "SLURM_JOB_ID": str(job)}, seen

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import ports
 from tests.helpers import no_slurm_env, run_cli
 
 # --- item 2: every boolean a file may set has its --no- undo; what changes SCRIPT is refused in files ----------
@@ -164,9 +165,7 @@ def test_non_master_says_it_waits_for_the_master(tmp_path: Path) -> None:
     script = tmp_path / "s.py"
     script.write_text("import time\ntime.sleep(240)\n")  # waits as a rank in init_process_group would
     env = no_slurm_env(tmp_path)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = ports.port()
     # nobody listens: the start, the "still waiting" lines (one per 10 s) and the end are all said; the ranks
     # run meanwhile, and their watchdog stops them at the bound
     r = run_cli("run", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),

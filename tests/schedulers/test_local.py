@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import ports
 from tests.helpers import EXAMPLES, SLEEPER, alive, no_slurm_env, run_cli, teardown_abort_only, wait_for_files
 
 
@@ -94,9 +94,7 @@ def test_a_local_jobs_master_port_is_free_here_not_derived_from_its_id(tmp_path:
 
     (tmp_path / "port.py").write_text("import os\n"
                                       "print('PORT', os.environ['MASTER_PORT'], os.environ['SLURM_JOB_ID'])\n")
-    with socket.socket() as s:  # a port nobody holds now: a fixed one would be every session's on this machine
-        s.bind(("127.0.0.1", 0))
-        free = str(s.getsockname()[1])
+    free = str(ports.port())  # a port nobody holds now: a fixed one would be every session's on this machine
     for given in ([], ["--master-port", free]):
         r = run_cli("submit", "--scheduler", "local", "--nodes", "2", *given, "port.py", env=no_slurm_env(tmp_path),
                     cwd=tmp_path, timeout=120)
