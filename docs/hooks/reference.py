@@ -117,7 +117,10 @@ def prose(text: str) -> str:
 
 
 def code(text: str) -> str:
-    """``text`` as a code span (a | in it does not end a table cell: Python-Markdown's tables see code spans)."""
+    """``text`` as a code span. One with a | is written as HTML (`<code>N&#124;M</code>`): GitHub's tables end a
+    cell at a | even inside a code span, unless escaped, and Python-Markdown's show the escape as written."""
+    if "|" in text:
+        return "<code>" + text.replace("&", "&amp;").replace("<", "&lt;").replace("|", "&#124;") + "</code>"
     return "`" + text + "`"
 
 
@@ -325,7 +328,7 @@ def on_page_markdown(markdown: str, **kwargs: Any) -> str:
 
 def main(argv: list[str]) -> int:
     if argv not in (["--write"], ["--check"]):
-        print(f"usage: python docs/hooks/reference.py --write | --check (not {' '.join(argv) or 'nothing'})",
+        print(f"usage: python docs/hooks/reference.py --write | --check (got: {' '.join(argv) or 'no argument'})",
               file=sys.stderr)
         return 2
     try:
