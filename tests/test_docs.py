@@ -119,8 +119,15 @@ def test_the_reference_generator_rewrites_only_its_parts(tmp_path: Path) -> None
 
 def code_spans(text: str) -> list[str]:
     """The inline code spans of a Markdown text (fenced blocks left out: tests/test_docs_snippets.py)."""
-    prose = re.sub(r"^(\s*)```.*?^\1```", "", text, flags=re.S | re.M)
+    prose = re.sub(r"^([ \t]*)```.*?^\1```", "", text, flags=re.S | re.M)
     return [span.strip() for span in re.findall(r"(?<!`)`([^`\n]+)`(?!`)", prose)]
+
+
+def test_code_spans_reads_the_prose_between_blocks() -> None:
+    """A blank line before a fence once made the fence pattern run from one block's opening to the next's,
+    leaving the prose between them unread (and its flags unchecked)."""
+    text = "a `--x`\n\n```\n`--in-block`\n```\n\nb `--y`\n\n  ```text\n  `--z`\n  ```\n\nc `--w`\n"
+    assert code_spans(text) == ["--x", "--y", "--w"]
 
 
 FLAG = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*")
@@ -130,7 +137,8 @@ LONG_FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
 # and PALS), apptainer, pyxis, rsync, git, squeue, pip, torchrun (the ones `run` refuses), the benchmarks.
 OTHER_TOOLS = {
     "sbatch/srun": "--gres --ntasks --ntasks-per-node --kill-on-bad-exit --comment --wckey --distribution "
-                   "--test-only --overlap --jobid --container-mounts --gpus-per-task --me --batch --cpu-only",
+                   "--test-only --overlap --jobid --container-mounts --gpus-per-task --me --batch --cpu-only --error "
+                   "--mail-type",
     "mpiexec": "--hostfile --ppn --depth --cpu-bind --gpu-bind --pmi --hosts --mca --map-by --native",
     "apptainer": "--nv --bind --pwd",
     "rsync, git, pip": "--files-from --chmod --cached --others --exclude-standard --no-build-isolation",
