@@ -126,8 +126,9 @@ def code_spans(text: str) -> list[str]:
 def test_code_spans_reads_the_prose_between_blocks() -> None:
     """A blank line before a fence once made the fence pattern run from one block's opening to the next's,
     leaving the prose between them unread (and its flags unchecked)."""
-    text = "a `--x`\n\n```\n`--in-block`\n```\n\nb `--y`\n\n  ```text\n  `--z`\n  ```\n\nc `--w`\n"
-    assert code_spans(text) == ["--x", "--y", "--w"]
+    text = ("a `--x`\n\n```\n`--in`\n```\n\nb `--y`\n\n```\n`--in`\n```\n\nc `--w`\n\n  ```text\n  `--in`\n  ```\n"
+            "\nd `--v`\n")
+    assert code_spans(text) == ["--x", "--y", "--w", "--v"]
 
 
 FLAG = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*")
