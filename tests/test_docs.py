@@ -66,7 +66,7 @@ def test_strict_build(tmp_path: Path) -> None:
     assert (tmp_path / "site" / "how-to" / "pbs" / "index.html").is_file()
 
 
-# --- the reference written from the code (docs/hooks/reference.py, run by mkdocs at build time) -----------------
+# --- the reference written from the code (docs/hooks/reference.py --write; committed, checked here) --------------
 
 
 def reference_hook() -> Any:
@@ -79,14 +79,56 @@ def reference_hook() -> Any:
 
 
 def hand_written_text() -> dict[str, str]:
-    """README.md and every page of docs/, as written (the generated parts are markers there)."""
-    return {str(p.relative_to(ROOT)): p.read_text() for p in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]}
+    """README.md and every page of docs/, as written by hand (each generated part left out, its marker kept)."""
+    hook = reference_hook()
+    return {str(p.relative_to(ROOT)): hook.without_generated(p.read_text())
+            for p in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]}
+
+
+def test_the_committed_reference_is_what_the_code_produces_now() -> None:
+    """The reference pages are committed (the README links them; a code host shows no MkDocs build), so a
+    changed option, command, help line or docstring must be regenerated with them."""
+    hook = reference_hook()
+    pages = {str(p.relative_to(DOCS)) for p in hook.generated_pages()}
+    assert {"reference/options.md", "reference/commands.md", "reference/python-api.md"} <= pages, pages
+    for page in sorted(pages):
+        text = (DOCS / page).read_text()
+        assert hook.without_generated(text) != text, f"docs/{page}: a marker with nothing written below it"
+        assert hook.render(text) == text, (f"docs/{page} differs from what the code produces now; regenerate the "
+                                           f"reference pages: .venv/bin/{hook.COMMAND}")
+
+
+def test_the_reference_generator_rewrites_only_its_parts(tmp_path: Path) -> None:
+    """--write replaces what is between a marker and its end line, and keeps the text around it; --check says
+    which page is stale, exit 1 (the real pages' freshness: the test above)."""
+    hook = reference_hook()
+    page = "# Commands\n\nbefore\n\n<!-- generated: commands -->\n\nold table\n\n<!-- end generated -->\n\nafter\n"
+    once = hook.render(page)
+    assert once.startswith("# Commands\n\nbefore\n\n<!-- generated: commands -->\n\n| command |"), once
+    assert once.endswith("\n\n<!-- end generated -->\n\nafter\n") and "old table" not in once
+    assert hook.render(once) == once
+    assert hook.render(page.replace("\nold table\n\n<!-- end generated -->\n", "")) == once  # a new marker
+    assert hook.without_generated(once) == "# Commands\n\nbefore\n\n<!-- generated: commands -->\n\nafter\n"
+    r = subprocess.run([sys.executable, str(DOCS / "hooks" / "reference.py"), "--check"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout) == (0, "the generated reference pages are up to date\n"), r.stderr
+    r = subprocess.run([sys.executable, str(DOCS / "hooks" / "reference.py")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "usage: python docs/hooks/reference.py --write | --check" in r.stderr
 
 
 def code_spans(text: str) -> list[str]:
     """The inline code spans of a Markdown text (fenced blocks left out: tests/test_docs_snippets.py)."""
-    prose = re.sub(r"^(\s*)```.*?^\1```", "", text, flags=re.S | re.M)
+    prose = re.sub(r"^([ \t]*)```.*?^\1```", "", text, flags=re.S | re.M)
     return [span.strip() for span in re.findall(r"(?<!`)`([^`\n]+)`(?!`)", prose)]
+
+
+def test_code_spans_reads_the_prose_between_blocks() -> None:
+    """A blank line before a fence once made the fence pattern run from one block's opening to the next's,
+    leaving the prose between them unread (and its flags unchecked)."""
+    text = ("a `--x`\n\n```\n`--in`\n```\n\nb `--y`\n\n```\n`--in`\n```\n\nc `--w`\n\n  ```text\n  `--in`\n  ```\n"
+            "\nd `--v`\n")
+    assert code_spans(text) == ["--x", "--y", "--w", "--v"]
 
 
 FLAG = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*")
@@ -96,7 +138,8 @@ LONG_FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
 # and PALS), apptainer, pyxis, rsync, git, squeue, pip, torchrun (the ones `run` refuses), the benchmarks.
 OTHER_TOOLS = {
     "sbatch/srun": "--gres --ntasks --ntasks-per-node --kill-on-bad-exit --comment --wckey --distribution "
-                   "--test-only --overlap --jobid --container-mounts --gpus-per-task --me --batch --cpu-only",
+                   "--test-only --overlap --jobid --container-mounts --gpus-per-task --me --batch --cpu-only --error "
+                   "--mail-type",
     "mpiexec": "--hostfile --ppn --depth --cpu-bind --gpu-bind --pmi --hosts --mca --map-by --native",
     "apptainer": "--nv --bind --pwd",
     "rsync, git, pip": "--files-from --chmod --cached --others --exclude-standard --no-build-isolation",
@@ -123,7 +166,7 @@ def slurmlaunch_options() -> dict[str, set[str]]:
 def test_the_options_reference_lists_every_option_of_every_command() -> None:
     hook = reference_hook()
     page = hook.render((DOCS / "reference" / "options.md").read_text())
-    assert "<!-- generated" not in page
+    assert page.count("<!-- end generated -->") == 1 and "## `slurmlaunch submit`" in page  # the marker was filled
     sections = dict(re.findall(r"^## `slurmlaunch ([\w-]+)`\n(.*?)(?=^## |\Z)", page, re.S | re.M))
     options = slurmlaunch_options()
     assert {"submit", "run", "launch", "doctor", "stacks"} <= set(sections)

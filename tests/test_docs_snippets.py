@@ -18,7 +18,9 @@ The line before a fenced block (blank lines aside) is an HTML comment that says 
     <!-- snippet: illustrative: WHY -->  not run: WHY says why (a real cluster, root, sample output, ...)
 
 A block without such a line fails test_every_code_block_is_checked_or_marked_illustrative. All of it takes
-a few seconds: the parser, --dry-run and the API's names; nothing waits for a job.
+a few seconds: the parser, --dry-run and the API's names; nothing waits for a job. The reference pages' generated
+parts (between `<!-- generated: ... -->` and `<!-- end generated -->`: signatures, `launch`'s usage) are written
+from the code, not by hand, and tests/test_docs.py checks them against it; their blocks are not read here.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ def blocks(path: Path) -> list[Block]:
     found: list[Block] = []
     i = 0
     while i < len(lines):
+        if lines[i].startswith("<!-- generated: "):  # docs/hooks/reference.py's part: skip to its end line
+            i = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "<!-- end generated -->"), i) + 1
+            continue
         fence = re.match(r"^(\s*)(```+|~~~+)\s*([\w+-]*)", lines[i])
         if not fence:
             i += 1

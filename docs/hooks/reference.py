@@ -1,5 +1,5 @@
-"""MkDocs hook (mkdocs.yml `hooks:`): the reference pages that describe the code are written from the code
-when the site is built, so that they cannot drift from it.
+"""The reference pages that describe the code (options, commands, the Python API), written from the code and
+committed: a page reads the same on a code host as on the built site.
 
 A page asks for a generated part with a line of its own, an HTML comment:
 
@@ -8,15 +8,23 @@ A page asks for a generated part with a line of its own, an HTML comment:
     <!-- generated: commands -->           the table of commands, from the parser's subcommands
     <!-- generated: python-api -->         every name of `slurmlaunch.__all__`, its signature and docstring
 
-The options come from the argparse tree the CLI itself parses with (slurmlaunch.cli._parser; `submit`'s
-options from its table, app/options.py), and `launch`'s from its own usage text (it parses without
-argparse): whatever defines an option, the parser is where it ends up. An unknown marker, a command
-without a "read more" page below or a name there that is not a command fails the (strict) build.
+and `python docs/hooks/reference.py --write` writes what it asks for below it, up to a line
+`<!-- end generated -->` (added the first time). The options come from the argparse tree the CLI itself
+parses with (slurmlaunch.cli._parser; `submit`'s options from its table, app/options.py), and `launch`'s from
+its own usage text (it parses without argparse): whatever defines an option, the parser is where it ends up.
 
-Why at build time rather than a generated file in git: the option table is edited often, by several
-people at once; a committed copy would be stale after every such change until someone regenerates it, and
-its regeneration would be one more merge conflict. tests/test_docs.py runs the same functions and checks
-what they produce.
+Regenerate after changing an option, a command, a help line or a public name of the API:
+
+    .venv/bin/python docs/hooks/reference.py --write      # --check: only say which pages are stale (exit 1)
+
+tests/test_docs.py fails, with that command, when a committed page differs from what the code produces now;
+the MkDocs hook (mkdocs.yml `hooks:`) fails the strict build the same way, so the site never shows text that
+git does not have. An unknown marker, a command without a "read more" page below or a name there that is not
+a command fails both.
+
+Why committed rather than written at build time only (as this hook first did): the README links these pages,
+and on a code host, outside a MkDocs build, they were empty (issue 41). The price is a regeneration after an
+option changes, one command, which the test names.
 """
 
 from __future__ import annotations
@@ -37,6 +45,12 @@ if _TREE not in sys.path:
     sys.path.insert(0, _TREE)
 
 MARKER = re.compile(r"^<!-- generated: ([a-z-]+)(?: ([a-z-]+))? -->[ \t]*$", re.M)
+END = "<!-- end generated -->"
+# A marker and what was written below it, up to the end line (absent the first time).
+REGION = re.compile(r"^<!-- generated: ([a-z-]+)(?: ([a-z-]+))? -->[ \t]*$"
+                    r"(?:\n(?:(?!^<!-- generated: ).)*?^<!-- end generated -->[ \t]*$)?", re.M | re.S)
+DOCS = Path(__file__).resolve().parents[1]
+COMMAND = "python docs/hooks/reference.py --write"
 
 # Where each command is explained (relative to docs/reference/); every command needs one.
 READ_MORE = {
@@ -49,7 +63,7 @@ READ_MORE = {
     "doctor": ("Debugging", "../how-to/debugging.md"),
     "config": ("Profiles", "../how-to/profiles.md"),
     "run": ("run without a scheduler", "../how-to/run.md"),
-    "dev-cluster": ("Tests", "../development/tests.md"),
+    "dev-cluster": ("A dev cluster on this machine", "../how-to/dev-cluster.md"),
     "completion": ("Submit a job", "../how-to/submit.md"),
     "launch": ("The launcher", "../explanation/launcher.md"),
     "torchrun-node": ("--mode torchrun", "../how-to/torchrun-mode.md"),
@@ -103,7 +117,10 @@ def prose(text: str) -> str:
 
 
 def code(text: str) -> str:
-    """``text`` as a code span (a | in it does not end a table cell: Python-Markdown's tables see code spans)."""
+    """``text`` as a code span. One with a | is written as HTML (`<code>N&#124;M</code>`): GitHub's tables end a
+    cell at a | even inside a code span, unless escaped, and Python-Markdown's show the escape as written."""
+    if "|" in text:
+        return "<code>" + text.replace("&", "&amp;").replace("<", "&lt;").replace("|", "&#124;") + "</code>"
     return "`" + text + "`"
 
 
@@ -275,14 +292,63 @@ def generate(kind: str, argument: str | None) -> str:
 
 
 def render(markdown: str) -> str:
-    """``markdown`` with every marker replaced by what it asks for."""
-    return MARKER.sub(lambda m: generate(m[1], m[2]), markdown)
+    """``markdown`` with what each marker asks for written below it (replacing what was there), up to END."""
+    return REGION.sub(lambda m: f"{m[0].splitlines()[0]}\n\n{generate(m[1], m[2]).rstrip(chr(10))}\n\n{END}",
+                      markdown)
+
+
+def generated_pages() -> list[Path]:
+    """The pages of docs/ with a marker."""
+    return [p for p in sorted(DOCS.rglob("*.md")) if MARKER.search(p.read_text())]
+
+
+def stale_pages() -> list[Path]:
+    """The pages whose committed text differs from what the code produces now."""
+    return [p for p in generated_pages() if render(p.read_text()) != p.read_text()]
+
+
+def without_generated(markdown: str) -> str:
+    """``markdown`` as written by hand: each generated part left out, its marker kept."""
+    return REGION.sub(lambda m: m[0].splitlines()[0], markdown)
 
 
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
-    try:
-        return render(markdown)
-    except GenerationError as e:
-        from mkdocs.exceptions import PluginError
+    """The build checks, it does not write: a stale page fails the strict build with the command that fixes it."""
+    from mkdocs.exceptions import PluginError
 
-        raise PluginError(f"docs/hooks/reference.py: {kwargs['page'].file.src_path}: {e}") from e
+    where = f"docs/hooks/reference.py: docs/{kwargs['page'].file.src_path}"
+    try:
+        fresh = render(markdown)
+    except GenerationError as e:
+        raise PluginError(f"{where}: {e}") from e
+    if fresh != markdown:
+        raise PluginError(f"{where}: the generated reference differs from the code; regenerate it: {COMMAND}")
+    return markdown
+
+
+def main(argv: list[str]) -> int:
+    if argv not in (["--write"], ["--check"]):
+        print(f"usage: python docs/hooks/reference.py --write | --check (got: {' '.join(argv) or 'no argument'})",
+              file=sys.stderr)
+        return 2
+    try:
+        stale = stale_pages()
+        if argv == ["--write"]:
+            for page in stale:
+                page.write_text(render(page.read_text()))
+    except GenerationError as e:
+        print(f"docs/hooks/reference.py: {e}", file=sys.stderr)
+        return 2
+    names = ", ".join(str(p.relative_to(DOCS.parent)) for p in stale)
+    if argv == ["--write"]:
+        print(f"rewrote {names}" if stale else "the generated reference pages are up to date")
+        return 0
+    if stale:
+        print(f"stale: {names}; regenerate: {COMMAND}", file=sys.stderr)
+        return 1
+    print("the generated reference pages are up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
