@@ -57,6 +57,7 @@ if [ "$(id -u)" -eq 0 ]; then
 else
     echo "tests/run.sh: not root, cannot install OpenPBS: the real-PBS tests will skip" >&2
 fi
+bash tests/install_slurm_current.sh  # Slurm 25.11 in /opt/slurm-25.11, beside Debian's 22.05 (tests/slurm_current.py)
 .venv/bin/python -m ruff check slurmlaunch tests examples benchmarks docs/hooks
 .venv/bin/python -m mypy
 .venv/bin/lint-imports --no-cache  # the layers (pyproject: [tool.importlinter]; docs/explanation/architecture.md)
