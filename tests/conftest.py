@@ -16,6 +16,7 @@ from slurmlaunch.app.devcluster import slurm as slurmcluster
 from slurmlaunch.core.errors import DevClusterError
 from tests import sshd as _sshd
 from tests.helpers import StaleShimLockSweeper, first_job_id, per_test_env, skip_or_fail
+from tests.slurm_current import slurm_current_cluster, slurm_current_env  # noqa: F401  (fixtures: Slurm 25.11)
 
 
 def pytest_configure(config: pytest.Config) -> None:

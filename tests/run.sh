@@ -80,6 +80,7 @@ if [ "$(id -u)" -eq 0 ]; then
 else
     echo "tests/run.sh: not root, cannot install OpenPBS: the real-PBS tests will skip" >&2
 fi
+bash tests/install_slurm_current.sh  # Slurm 25.11 in /opt/slurm-25.11, beside Debian's 22.05 (tests/slurm_current.py)
 phase_done "lint, types, layer contracts"
 # The unit layer on the other Python versions the package claims (pyproject's classifiers), in the background
 # beside lint and the docs build. No torch wheel of 2.13.0 for them here: the few unit tests that need torch or

@@ -10,6 +10,7 @@ cluster. It runs in the foreground (as if --wait).
 from __future__ import annotations
 
 import functools
+import grp
 import ipaddress
 import itertools
 import os
@@ -109,7 +110,12 @@ def submitter() -> Submitter:
         user = pwd.getpwuid(uid).pw_name
     except KeyError:  # a uid without a passwd entry (containers): Slurm would refuse it; keep the number
         user = str(uid)
-    return Submitter(user=user, uid=uid, gid=os.getgid(), host=socket.gethostname().split(".")[0],
+    gid = os.getgid()
+    try:
+        group = grp.getgrgid(gid).gr_name
+    except KeyError:  # a gid without a group entry: its number
+        group = str(gid)
+    return Submitter(user=user, uid=uid, gid=gid, group=group, host=socket.gethostname().split(".")[0],
                      umask=current_umask(), nice=os.getpriority(os.PRIO_PROCESS, 0),
                      node_cpus=_usable_cpus())  # every emulated node is this machine
 

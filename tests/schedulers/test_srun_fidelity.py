@@ -12,6 +12,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -54,6 +55,8 @@ FREE_VALUES = {
     "SLURMLAUNCH_RETURNED_DIR": "the job's own job-ID.returned directory (named by the job id)",
     "SLURMLAUNCH_REASONS_DIR": "the job's own job-ID.reasons directory (named by the job id)",
     "SLURMLAUNCH_STACKS_DIR": "the job's own job-ID.stacks directory (named by the job id)",
+    "SLURM_JOB_START_TIME": "the time the job started (checked instead: within the test, on both sides)",
+    "SLURM_JOB_END_TIME": "its start plus the time limit (checked instead: the same limit on both sides)",
 }
 # The node's size, which an --exclusive job gets whole: the dev cluster's nodes have 8 CPUs and 4 GPUs, the
 # emulated ones this machine's (possibly no GPU: then no SLURM_JOB_GPUS either).
@@ -207,31 +210,64 @@ def dumps(d: Path, side: str) -> dict[str, dict[str, object]]:
     return {p.stem.removeprefix(side + "-"): json.loads(p.read_text()) for p in d.glob(f"{side}-*.json")}
 
 
+# The releases a step is compared against (the fixture of each cluster): Debian's 22.05 and a current one,
+# 25.11 (tests/slurm_current.py). The emulation follows the newest; what the older one's step has or lacks
+# beside it is listed and left out of its comparison, on the side that has it.
+RELEASES = {"22.05": "cluster_env", "25.11": "slurm_current_env"}
+NOT_IN = {
+    "22.05": ("SLURM_JOB_START_TIME", "SLURM_JOB_END_TIME", "SLURM_JOB_GROUP", "SLURM_OOM_KILL_STEP",
+              "SLURM_TRES_PER_TASK", "SLURMD_DEBUG"),
+    "25.11": (),
+}
+ONLY_IN = {
+    "22.05": ("SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0", "SLURM_NODE_ALIASES"),
+    "25.11": (),
+}
+
+
+def times(env: Mapping[str, str]) -> tuple[int, int]:
+    """The job's start (epoch seconds) and how long after it its end is (the time limit; a year without one)."""
+    start = int(env["SLURM_JOB_START_TIME"])
+    return start, int(env["SLURM_JOB_END_TIME"]) - start
+
+
 @pytest.mark.slurm
+@pytest.mark.parametrize("release", list(RELEASES))
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_local_task_environment_equals_a_real_srun_steps(shape: str, cluster_env: dict[str, str],
+def test_local_task_environment_equals_a_real_srun_steps(shape: str, release: str, request: pytest.FixtureRequest,
                                                         tmp_path: Path) -> None:
-    request = SHAPES[shape]
-    torchrun = "torchrun" in request
+    cluster_env: dict[str, str] = request.getfixturevalue(RELEASES[release])
+    asked = SHAPES[shape]
+    torchrun = "torchrun" in asked
     if torchrun:
         pytest.importorskip("torch")
     (tmp_path / "dump.py").write_text(DUMP)
     env = {k: v for k, v in cluster_env.items() if k not in GPU_IDS and k != "SLURMLAUNCH_SCHEDULER"}
     if shape in GPU_SHAPES:
         env["CUDA_VISIBLE_DEVICES"] = "0,1,2,3,4,5,6,7"  # this machine's GPUs for the local side; Slurm sets its own
+    began = int(time.time())
     for side, scheduler in (("real", "slurm"), ("local", "local")):
-        r = run_cli("submit", "--scheduler", scheduler, "--wait", *request, "--env", f"OUT_DIR={tmp_path}",
+        r = run_cli("submit", "--scheduler", scheduler, "--wait", *asked, "--env", f"OUT_DIR={tmp_path}",
                     "dump.py", side, env=env, cwd=tmp_path, timeout=240)
         assert r.returncode == 0, r.stdout + r.stderr
+    ended = int(time.time())
     real, local = dumps(tmp_path, "real"), dumps(tmp_path, "local")
     assert sorted(real) == sorted(local) and real, (sorted(real), sorted(local))
     drift, compared = [], 0
     for task in sorted(real):
-        want = normalise(real[task]["env"], request, torchrun)  # type: ignore[arg-type]
-        got = normalise(local[task]["env"], request, torchrun)  # type: ignore[arg-type]
+        real_env: dict[str, str] = real[task]["env"]  # type: ignore[assignment]
+        local_env: dict[str, str] = local[task]["env"]  # type: ignore[assignment]
+        assert not set(ONLY_IN[release]) - set(real_env) and not set(NOT_IN[release]) & set(real_env), \
+            f"{release}'s step has other variables than listed: {sorted(real_env)}"
+        if not NOT_IN[release]:  # the times, each side's own: a start within the test, the same time limit
+            for side_env in (real_env, local_env):
+                assert began <= times(side_env)[0] <= ended, (task, times(side_env), began, ended)
+            assert times(real_env)[1] == times(local_env)[1], (task, times(real_env), times(local_env))
+        want = normalise({k: v for k, v in real_env.items() if k not in ONLY_IN[release]}, asked, torchrun)
+        got = normalise({k: v for k, v in local_env.items() if k not in NOT_IN[release]}, asked, torchrun)
         drift += [f"task {task}: {d}" for d in differences(want, got)]
         compared += sum(k.startswith("SLURM") for k in want)
-    assert not drift, f"{shape}: the local task environment differs from srun's:\n" + "\n".join(drift)
+    assert not drift, f"{shape}: the local task environment differs from srun's ({release}):\n" + "\n".join(drift)
     assert compared >= 35 * len(real)  # the comparison saw the step, not an empty dump
     for side in (*real.values(), *local.values()):
         task_env: dict[str, str] = side["env"]  # type: ignore[assignment]
