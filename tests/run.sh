@@ -126,6 +126,6 @@ export PATH="$PWD/.venv/bin:$PATH"
 # (tests/conftest.py), its ports and job ids from a slot of its own on this machine (tests/ports.py). -n 0 runs
 # it in one process.
 rc=0
-.venv/bin/python -m pytest -n "${SLURMLAUNCH_TEST_WORKERS:-3}" "$@" || rc=$?
+.venv/bin/python -m pytest -n "${SLURMLAUNCH_TEST_WORKERS:-3}" --dist loadgroup "$@" || rc=$?
 phase_done "done"
 exit "$rc"

@@ -27,7 +27,8 @@ from tests.real.test_slurm_cluster import (  # noqa: F401
 )
 from tests.slurm_current import PREFIX, VERSION, bin_path, missing
 
-pytestmark = pytest.mark.slurm
+# every 25.11 test on one worker (tests/run.sh: --dist loadgroup): one 25.11 cluster serves them all
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm_current")]
 
 
 @pytest.fixture

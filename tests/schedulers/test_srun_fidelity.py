@@ -232,7 +232,9 @@ def times(env: Mapping[str, str]) -> tuple[int, int]:
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("release", list(RELEASES))
+# every 25.11 test on one worker (tests/run.sh: --dist loadgroup), so that one 25.11 cluster serves them all
+@pytest.mark.parametrize("release", [pytest.param(r, marks=pytest.mark.xdist_group("slurm_current")) if r == "25.11"
+                                     else r for r in RELEASES])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_local_task_environment_equals_a_real_srun_steps(shape: str, release: str, request: pytest.FixtureRequest,
                                                         tmp_path: Path) -> None:
