@@ -259,7 +259,16 @@ def _add_config_and_job_commands(sub: Any) -> None:
     cfg.add_argument("--profile", help="the profile to merge (default: $SLURMLAUNCH_PROFILE or the files' profile =)")
     cfg.add_argument("--json", action="store_true")
 
-    lst = sub.add_parser("list", allow_abbrev=False, help="every job you submitted, from any directory, with its state")
+    lst = sub.add_parser("list", allow_abbrev=False, help="every job you submitted, from any directory, with its "
+                         "state (? and ENDED: explained under the table)")
+    lst.add_argument("name", nargs="?", metavar="NAME", help="only the jobs whose name or id is NAME (a glob: 'train*')")
+    lst.add_argument("--state", action="append", default=[], metavar="STATE[,STATE]",
+                     help="only jobs in STATE (FAILED keeps 'FAILED 7'; repeatable), e.g. RUNNING,PENDING")
+    lst.add_argument("--since", metavar="WHEN", help="only jobs submitted since WHEN: 2026-12-01, "
+                     "2026-12-01T10:00 or an age (30m, 12h, 3d, 2w)")
+    lst.add_argument("--before", metavar="WHEN", help="only jobs submitted before WHEN (as --since)")
+    lst.add_argument("--prune", action="store_true",
+                     help="remove the jobs listed (those that ended) from the list; their logs stay")
     lst.add_argument("--json", action="store_true")
     st = sub.add_parser("status", allow_abbrev=False, help="a job's state, nodes and exit code")
     st.add_argument("job")
@@ -334,7 +343,9 @@ EXAMPLES = {
                "slurmlaunch submit --mode torchrun --nodes 2:4 --gpus-per-node 8 --max-restarts 3 train.py",
                "slurmlaunch submit --apptainer torch.sif --nodes 2 --gpus-per-node 4 -m pkg.train",
                "slurmlaunch submit --dry-run --nodes 2 --gpus-per-node 4 train.py    # print the script only"],
-    "list": ["slurmlaunch list --json | jq -r '.[-1].job_id'"],
+    "list": ["slurmlaunch list --json | jq -r '.[-1].job_id'",
+             "slurmlaunch list --state FAILED --since 3d 'train*'",
+             "slurmlaunch list --prune --before 30d        # forget the jobs older than 30 days"],
     "status": ["slurmlaunch status 1234", "slurmlaunch status 1234_3 --json     # element 3 of an array"],
     "logs": ["slurmlaunch logs 1234 --rank 3 --follow"],
     "cancel": ["slurmlaunch cancel 1234", "slurmlaunch cancel --stacks 1234     # where each rank was, then cancel"],
@@ -372,7 +383,12 @@ def _dispatch(args: list[str]) -> int:
         from .app.jobs import commands as jobs
 
         if ns.command == "list":
-            return jobs.cmd_list(ns.json)
+            from .app.jobs import listing
+
+            return jobs.cmd_list(ns.json, listing.Filters(
+                listing.parse_states(ns.state),
+                None if ns.since is None else listing.parse_when(ns.since, "--since"),
+                None if ns.before is None else listing.parse_when(ns.before, "--before"), ns.name), ns.prune)
         if ns.command == "status":
             return jobs.cmd_status(ns.job, ns.json)
         if ns.command == "logs":

@@ -515,6 +515,16 @@ def shown_not_enforced(spec: JobSpec) -> list[str]:
     return out
 
 
+def not_enforced_note(spec: JobSpec) -> str | None:
+    """The line said at submission (the CLI's and the Python API's) when ``spec`` asks for what the local
+    scheduler only shows its tasks (:func:`shown_not_enforced`); None when it asks for none of it."""
+    shown = shown_not_enforced(spec)
+    if not shown:
+        return None
+    return (f"the local scheduler shows {', '.join(shown)} to the tasks as Slurm would (SLURM_* variables) but "
+            f"reserves and enforces nothing on this machine")
+
+
 class LocalScheduler:
     """The local scheduler as a :class:`~.interface.Scheduler`: it renders its plan (--dry-run) and runs a job
     with :func:`run`, in the foreground; there is no queue, so nothing to submit, ask about or cancel later."""
