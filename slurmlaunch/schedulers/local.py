@@ -185,8 +185,39 @@ def dry_run(spec: JobSpec, environ: Mapping[str, str]) -> str:
             asked = {k for k, _ in spec.environment.env}
             emulated = {k: v for k, v in r.env.items() if k.startswith(("SLURM", "CUDA_", "MASTER_")) or k in asked}
             lines.append(f"# rank {r.rank}: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(emulated.items())))
+            if spec.launch.mode != "torchrun":
+                lines.append(f"# rank {r.rank} reads: {_distributed_shown(r.env)}")
             lines.append(shlex.join(r.argv))
+    if spec.launch.mode == "torchrun":
+        lines.append("# each node's torchrun sets its workers' RANK, LOCAL_RANK and WORLD_SIZE (c10d rendezvous on "
+                     "the first node)")
     return "\n".join(lines) + "\n"
+
+
+_SHOWN_DIST = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+               "OMP_NUM_THREADS")
+
+
+def _distributed_shown(env: Mapping[str, str]) -> str:
+    """The torch variables the launcher will export from a rank's emulated Slurm variables (what the rank's
+    script reads: RANK, WORLD_SIZE, MASTER_ADDR...), as the launcher maps them (core.detect). MASTER_PORT,
+    derived from the job id, is shown as such unless it was given."""
+    from ..allocation.launch import context
+    from ..core.detect import detect
+    from ..core.errors import SlurmLaunchError
+
+    seen = []
+    for job_id in ("1", "2"):  # two ids: a port that follows the job id differs between them
+        given = {**env, "SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id}
+        try:
+            dist = detect(given, context())
+        except SlurmLaunchError as e:
+            return f"(not known before the job runs: {e})"
+        seen.append(dist.exports(given))
+    shown = {k: seen[0][k] for k in _SHOWN_DIST if k in seen[0]}
+    if "MASTER_PORT" in shown and seen[0]["MASTER_PORT"] != seen[1]["MASTER_PORT"]:
+        shown["MASTER_PORT"] = "<from the job id>"
+    return " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
 
 
 def aborted_ranks(spec: JobSpec, procs: list[RankProcess], result: Outcome) -> list[int]:
