@@ -73,7 +73,7 @@ SUBMIT_HINTS: dict[str, tuple[str, str]] = {
         "--reservation", "--hold", "-H", "--licenses", "-L", "--comment", "--nice", "--distribution",
         "--open-mode", "--switches", "--hint", "--mincpus", "--tmp", "--deadline", "--clusters", "-M",
         "--wckey", "--gpu-bind", "--cpu-freq", "--gpu-freq", "--uid", "--gid", "--priority", "--kill-on-invalid-dep",
-        "--no-requeue", "--parsable", "--cores-per-socket", "--sockets-per-node", "--threads-per-core")},
+        "--parsable", "--cores-per-socket", "--sockets-per-node", "--threads-per-core")},
 }
 
 
