@@ -47,7 +47,7 @@ SUBMIT_HINTS: dict[str, tuple[str, str]] = {
     "--ntasks-per-node": ("sbatch", "--tasks-per-node N (ranks per node; default: --gpus-per-node)"),
     "--ntasks": ("sbatch", "--nodes N with --tasks-per-node M: a job is asked for per node"),
     "-n": ("sbatch", "--nodes N with --tasks-per-node M: a job is asked for per node"),
-    "--gres": ("sbatch", "--gpus-per-node N (--gpu-flag gres asks with --gres=gpu:N); another gres: " + SBATCH_ARG),
+    "--gres": ("sbatch", "--gpus-per-node N (with --gpu-flag gres, asked as a gres); another gres: " + SBATCH_ARG),
     "--gpus": ("sbatch", "--gpus-per-node N (per node, one rank per GPU)"),
     "-G": ("sbatch", "--gpus-per-node N (per node, one rank per GPU)"),
     "--gpus-per-task": ("sbatch", "none: one rank per GPU, --gpus-per-node N"),
