@@ -201,7 +201,7 @@ _SHOWN_DIST = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RAN
 def _distributed_shown(env: Mapping[str, str]) -> str:
     """The torch variables the launcher will export from a rank's emulated Slurm variables (what the rank's
     script reads: RANK, WORLD_SIZE, MASTER_ADDR...), as the launcher maps them (core.detect). MASTER_PORT,
-    derived from the job id, is shown as such unless it was given."""
+    unless it was given, is a port free when the job starts (run_job), shown as such."""
     from ..allocation.launch import context
     from ..core.detect import detect
     from ..core.errors import SlurmLaunchError
@@ -216,7 +216,7 @@ def _distributed_shown(env: Mapping[str, str]) -> str:
         seen.append(dist.exports(given))
     shown = {k: seen[0][k] for k in _SHOWN_DIST if k in seen[0]}
     if "MASTER_PORT" in shown and seen[0]["MASTER_PORT"] != seen[1]["MASTER_PORT"]:
-        shown["MASTER_PORT"] = "<from the job id>"
+        shown["MASTER_PORT"] = "<a free port, when the job starts>"
     return " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
 
 
