@@ -261,7 +261,8 @@ def _add_config_and_job_commands(sub: Any) -> None:
 
     lst = sub.add_parser("list", allow_abbrev=False, help="every job you submitted, from any directory, with its "
                          "state (? and ENDED: explained under the table)")
-    lst.add_argument("name", nargs="?", metavar="NAME", help="only the jobs whose name or id is NAME (a glob: 'train*')")
+    lst.add_argument("name", nargs="?", metavar="NAME",
+                     help="only the jobs whose name or id is NAME (a glob: 'train*')")
     lst.add_argument("--state", action="append", default=[], metavar="STATE[,STATE]",
                      help="only jobs in STATE (FAILED keeps 'FAILED 7'; repeatable), e.g. RUNNING,PENDING")
     lst.add_argument("--since", metavar="WHEN", help="only jobs submitted since WHEN: 2026-12-01, "

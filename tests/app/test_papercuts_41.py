@@ -224,7 +224,8 @@ def test_list_explains_the_states_it_cannot_tell(tmp_path: Path) -> None:
     index.write_text("".join(json.dumps(r) + "\n" for r in rows))
     r = run_cli("list", env=env)
     assert "record gone" in r.stdout and "slurmlaunch: record gone: its record" in r.stderr, r.stdout + r.stderr
-    assert listing.legend(["?", "COMPLETED"]) == [f"?: {listing.UNKNOWN_STATES['?']} (slurmlaunch status JOB says more)"]
+    assert listing.legend(["?", "COMPLETED"]) == [
+        f"?: {listing.UNKNOWN_STATES['?']} (slurmlaunch status JOB says more)"]
 
 
 def test_prune_keeps_jobs_that_may_still_run_and_lines_it_cannot_read(tmp_path: Path) -> None:
