@@ -283,3 +283,37 @@ def test_the_apis_local_job_says_what_it_does_not_enforce(tmp_path: Path, capsys
         "reserves and enforces nothing" in err, err
     _executor(resolve(_spec(sys.executable, {}, module=True), has_script=False), "local")
     assert "enforces nothing" not in capsys.readouterr().err
+
+
+# -- on the real Slurm cluster ---------------------------------------------------------------------------------
+
+ARGV_ONLY = """
+with open("/proc/self/cmdline", "rb") as f:
+    print("ARGV", [a.decode() for a in f.read().split(b"\\0")[:-1]], flush=True)
+"""
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("mode", ["srun", "torchrun"])
+def test_on_slurm_the_help_form_reaches_sbatch_and_a_rank_shows_its_script(mode: str, cluster_env: dict[str, str],
+                                                                           tmp_path: Path) -> None:
+    """`--sbatch-arg --comment=...` as --help shows it reaches the real sbatch (scontrol reads the comment back);
+    each rank's command line, as ps shows it, is its script and arguments behind the runner's short prefix."""
+    import subprocess
+
+    (tmp_path / "argv41.py").write_text(ARGV_ONLY)
+    size = ["--nproc-per-node", "2"] if mode == "torchrun" else ["--tasks-per-node", "2"]
+    r = run_cli("submit", "--mode", mode, "--nodes", "2", *size, "--sbatch-arg", "--comment=papercut41", "--wait",
+                "--wait-timeout", "150", "argv41.py", "--lr", "0.5", env=cluster_env, cwd=tmp_path, timeout=200)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = r.stdout.split()[0]
+    shown = subprocess.run(["scontrol", "show", "job", job], env=cluster_env, capture_output=True, text=True,
+                           timeout=60).stdout
+    assert "Comment=papercut41" in shown, shown
+    text = "".join(p.read_text() for p in (tmp_path / "slurmlaunch-logs").glob(f"job-{job}.*.log"))
+    argvs = [eval(line.split("ARGV ", 1)[1]) for line in text.splitlines() if "ARGV [" in line]  # noqa: S307
+    assert len(argvs) == 4, text
+    for argv in argvs:
+        script = next(i for i, a in enumerate(argv) if a.endswith("argv41.py"))
+        assert argv[script + 1:] == ["--lr", "0.5"] and "rank_runner.py" in argv[script - 1], argv
+        assert all("def _slurmlaunch" not in a for a in argv), argv
