@@ -228,6 +228,21 @@ def test_list_explains_the_states_it_cannot_tell(tmp_path: Path) -> None:
         f"?: {listing.UNKNOWN_STATES['?']} (slurmlaunch status JOB says more)"]
 
 
+def test_prune_keeps_a_job_whose_state_is_unknown_unless_asked(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    index = tmp_path / "state" / "slurmlaunch" / "jobs.jsonl"
+    index.parent.mkdir(parents=True)
+    (tmp_path / "bad.json").write_text('{"not": "a record"}')  # a record that does not read: "?"
+    row = {"job_id": "5", "scheduler": "slurm", "record": str(tmp_path / "bad.json"), "name": "x",
+           "submitted_at": "2026-01-01T00:00:00+0000"}
+    index.write_text(json.dumps(row) + "\n")
+    assert json.loads(run_cli("list", "--json", env=env).stdout)[0]["state"] == "?"
+    r = run_cli("list", "--prune", env=env)
+    assert "removed 0 job(s)" in r.stdout and "kept 1 job(s) that may still run (or whose state is ?): 5" in r.stderr
+    r = run_cli("list", "--prune", "--state", "?", env=env)
+    assert "removed 1 job(s)" in r.stdout and index.read_text() == "", r.stdout + r.stderr
+
+
 def test_prune_keeps_jobs_that_may_still_run_and_lines_it_cannot_read(tmp_path: Path) -> None:
     index = tmp_path / "jobs.jsonl"
     rows = [{"job_id": str(n), "record": f"/r/{n}"} for n in range(3)]

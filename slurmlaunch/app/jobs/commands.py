@@ -364,7 +364,7 @@ def cmd_list(as_json: bool, filters: Filters | None = None, prune: bool = False)
                           "directory": os.path.dirname(row["record"])})
     shown = [r for r in shown if listing.matches_state(str(r.get("state", "")), filters)]
     if prune:
-        return listing.cmd_prune(shown)
+        return listing.cmd_prune(shown, filters)
     if as_json:
         print(json.dumps(shown))
         return 0

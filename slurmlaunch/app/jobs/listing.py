@@ -139,18 +139,20 @@ def prune(path: str, drop: set[tuple[str, str]]) -> int:
     raise SpecError(f"list --prune: {path} keeps changing (jobs being submitted); try again")
 
 
-def cmd_prune(shown: Sequence[Mapping[str, Any]]) -> int:
-    """`list --prune`: the jobs in ``shown`` (`list`'s rows, after the filters) that have ended, removed from
-    the index; one that may still run is kept and named. Their records and logs stay where they are."""
+def cmd_prune(shown: Sequence[Mapping[str, Any]], filters: Filters) -> int:
+    """`list --prune`: the jobs in ``shown`` (`list`'s rows, after ``filters``) that have ended, removed from
+    the index; one that may still run is kept and named (so is a `?`, whose scheduler did not say, unless
+    --state ? asks for those). Their records and logs stay where they are."""
     import sys
 
     from ...schedulers.index import index_path
 
-    kept = [r for r in shown if alive(str(r.get("state", "")))]
+    unsure = "?" not in filters.states
+    kept = [r for r in shown if alive(str(r.get("state", ""))) or (unsure and r.get("state") == "?")]
     drop = {(str(r["job_id"]), str(r["record"])) for r in shown if r not in kept and "record" in r}
     removed = prune(index_path(), drop) if drop else 0
     if kept:
-        sys.stderr.write(f"slurmlaunch: kept {len(kept)} job(s) that may still run: "
+        sys.stderr.write(f"slurmlaunch: kept {len(kept)} job(s) that may still run (or whose state is ?): "
                          f"{', '.join(str(r['job_id']) for r in kept)}\n")
     print(f"removed {removed} job(s) from {index_path()} (their logs and records stay in their directories)")
     return 0
