@@ -122,7 +122,7 @@ def _parser_class() -> Any:
     class Parser(argparse.ArgumentParser):
         def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
             self.given = list(sys.argv[1:] if args is None else args)  # for error: what the user typed
-            return super().parse_known_args(args, namespace)
+            return super().parse_known_args(_glue_dash_values(self, self.given), namespace)
 
         def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse prints usage too)
             if message.startswith("the following arguments are required"):
@@ -134,6 +134,8 @@ def _parser_class() -> Any:
                            and w.split("=", 1)[0] not in self._option_string_actions]
                 if unknown:
                     message = f"unrecognized arguments: {' '.join(unknown)} ({message[0].lower()}{message[1:]})"
+            if message.startswith("unrecognized arguments: "):
+                message += _hints(self, message.removeprefix("unrecognized arguments: ").split())
             sys.stderr.write(f"{self.prog}: error: {message}\n")
             raise SystemExit(2)
 
@@ -147,6 +149,49 @@ def _parser_class() -> Any:
             return super()._get_values(action, arg_strings)
 
     return Parser
+
+
+def _glue_dash_values(parser: Any, args: list[str]) -> list[str]:
+    """``args`` with `--sbatch-arg --mem=4G` as `--sbatch-arg=--mem=4G`, the form argparse takes: the options
+    whose metavar starts with '-' (--OPTION=VALUE: a flag passed through to sbatch, qsub or mpiexec) take the
+    word after them even where it starts with '-' (argparse would read it as an option of ours and say
+    "expected one argument"). Only before SCRIPT (the first word that is no option nor an option's value) and
+    before '--': SCRIPT's own arguments are never changed."""
+    actions = parser._option_string_actions
+    if not any(str(a.metavar or "").startswith("-") for a in actions.values()):
+        return args
+    out, i = list(args), 0
+    while i < len(out):
+        word = out[i]
+        if word == "--" or not word.startswith("-") or word == "-":
+            break
+        action = actions.get(word)
+        if action is None or action.nargs == 0:  # a flag, `--opt=value`, `-N2`, or unknown
+            i += 1
+            continue
+        value = out[i + 1] if i + 1 < len(out) else None
+        if value is not None and value.startswith("-") and str(action.metavar or "").startswith("-"):
+            out[i:i + 2] = [f"{word}={value}"]
+            i += 1
+        else:
+            i += 2 if value is not None and not value.startswith("-") else 1
+    return out
+
+
+def _hints(parser: Any, words: list[str]) -> str:
+    """For the unrecognized ``words``: what a torchrun or sbatch user's flags are here (app/flag_hints.py),
+    as " (HINT; HINT)", or nothing."""
+    import argparse
+
+    from .app.flag_hints import hint
+
+    command, given = parser.prog.rsplit(" ", 1)[-1], getattr(parser, "given", [])
+    for action in parser._actions:  # the top parser reports its subcommand's leftovers: ask that one
+        if isinstance(action, argparse._SubParsersAction) and given and given[0] in action.choices:
+            parser, command = action.choices[given[0]], given[0]
+    found = [h for h in (hint(w, parser._option_string_actions, command) for w in words if w.startswith("-"))
+             if h is not None]
+    return "".join(f"; {h}" for h in dict.fromkeys(found))
 
 
 def _add_allocation_commands(sub: Any) -> None:
@@ -214,7 +259,17 @@ def _add_config_and_job_commands(sub: Any) -> None:
     cfg.add_argument("--profile", help="the profile to merge (default: $SLURMLAUNCH_PROFILE or the files' profile =)")
     cfg.add_argument("--json", action="store_true")
 
-    lst = sub.add_parser("list", allow_abbrev=False, help="every job you submitted, from any directory, with its state")
+    lst = sub.add_parser("list", allow_abbrev=False, help="every job you submitted, from any directory, with its "
+                         "state (? and ENDED: explained under the table)")
+    lst.add_argument("name", nargs="?", metavar="NAME",
+                     help="only the jobs whose name or id is NAME (a glob: 'train*')")
+    lst.add_argument("--state", action="append", default=[], metavar="STATE[,STATE]",
+                     help="only jobs in STATE (FAILED keeps 'FAILED 7'; repeatable), e.g. RUNNING,PENDING")
+    lst.add_argument("--since", metavar="WHEN", help="only jobs submitted since WHEN: 2026-12-01, "
+                     "2026-12-01T10:00 or an age (30m, 12h, 3d, 2w)")
+    lst.add_argument("--before", metavar="WHEN", help="only jobs submitted before WHEN (as --since)")
+    lst.add_argument("--prune", action="store_true",
+                     help="remove the jobs listed (those that ended) from the list; their logs stay")
     lst.add_argument("--json", action="store_true")
     st = sub.add_parser("status", allow_abbrev=False, help="a job's state, nodes and exit code")
     st.add_argument("job")
@@ -289,7 +344,9 @@ EXAMPLES = {
                "slurmlaunch submit --mode torchrun --nodes 2:4 --gpus-per-node 8 --max-restarts 3 train.py",
                "slurmlaunch submit --apptainer torch.sif --nodes 2 --gpus-per-node 4 -m pkg.train",
                "slurmlaunch submit --dry-run --nodes 2 --gpus-per-node 4 train.py    # print the script only"],
-    "list": ["slurmlaunch list --json | jq -r '.[-1].job_id'"],
+    "list": ["slurmlaunch list --json | jq -r '.[-1].job_id'",
+             "slurmlaunch list --state FAILED --since 3d 'train*'",
+             "slurmlaunch list --prune --before 30d        # forget the jobs older than 30 days"],
     "status": ["slurmlaunch status 1234", "slurmlaunch status 1234_3 --json     # element 3 of an array"],
     "logs": ["slurmlaunch logs 1234 --rank 3 --follow"],
     "cancel": ["slurmlaunch cancel 1234", "slurmlaunch cancel --stacks 1234     # where each rank was, then cancel"],
@@ -327,7 +384,12 @@ def _dispatch(args: list[str]) -> int:
         from .app.jobs import commands as jobs
 
         if ns.command == "list":
-            return jobs.cmd_list(ns.json)
+            from .app.jobs import listing
+
+            return jobs.cmd_list(ns.json, listing.Filters(
+                listing.parse_states(ns.state),
+                None if ns.since is None else listing.parse_when(ns.since, "--since"),
+                None if ns.before is None else listing.parse_when(ns.before, "--before"), ns.name), ns.prune)
         if ns.command == "status":
             return jobs.cmd_status(ns.job, ns.json)
         if ns.command == "logs":

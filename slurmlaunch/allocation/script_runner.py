@@ -5,10 +5,9 @@ standard library basics only."""
 
 from __future__ import annotations
 
-import _signal  # type: ignore[import-not-found]  # the C module, as the launcher: `signal` loads enum
 from collections.abc import Mapping
-
-from ..core import EXIT_MARK_SUFFIX, STACKS_DUMP_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX
+from os import path as _path
+from typing import Any
 
 RETURNED_DIR = "SLURMLAUNCH_RETURNED_DIR"
 STACKS_DIR = "SLURMLAUNCH_STACKS_DIR"
@@ -36,157 +35,31 @@ STACKS_DIR = "SLURMLAUNCH_STACKS_DIR"
 # followed); a requeued or restarted rank starts them anew.
 # The status matters when torch then aborts: the batch script (and the local scheduler) count a rank that
 # aborted after asking for 128 + the warning signal as having exited so, and the requeue is not lost.
-_RUNNER = """-0  # torchrun names a failed worker by its first argument without a leading "-": the script, not this
-ARM_DEFINITIONSETTLE_DEFINITIONdef _slurmlaunch_main():
-    import os, sys
-    where, argv = os.environ.get("SLURMLAUNCH_RETURNED_DIR", ""), sys.argv[1:]
-    main = sys.modules["__main__"].__dict__
-    del main["_slurmlaunch_main"]
-    stacks = os.environ.get("SLURMLAUNCH_STACKS_DIR", "")
-    if stacks:
-        _slurmlaunch_arm(stacks)
-    del main["_slurmlaunch_arm"]
-    settle = main.pop("_slurmlaunch_settle")
-    hook = sys.excepthook
-    def excepthook(kind, value, tb):
-        while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
-            tb = tb.tb_next
-        hook(kind, value.with_traceback(tb) if isinstance(value, BaseException) else value, tb)
-    sys.excepthook = excepthook
-    def returned():
-        if where:
-            try:
-                os.close(os.open(os.path.join(where, os.environ.get("RANK", "rank")), os.O_WRONLY | os.O_CREAT, 0o644))
-            except OSError:
-                pass
-    def exited(code):
-        if where:
-            try:
-                fd = os.open(os.path.join(where, os.environ.get("RANK", "rank") + EXIT_MARK_SUFFIX),
-                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                try:
-                    os.write(fd, str(code & 255 if isinstance(code, int) else 1).encode())
-                finally:
-                    os.close(fd)
-            except OSError:
-                pass
-    try:
-        if argv[:1] == ["-m"]:
-            import runpy
-            sys.argv[:] = ["-m", *argv[2:]]
-            sys.path[0] = os.getcwd()
-            runpy._run_module_as_main(argv[1])
-        else:
-            path = os.path.abspath(argv[0])
-            sys.argv[:] = argv
-            sys.path[0] = os.path.dirname(os.path.realpath(path))
-            with open(path, "rb") as f:
-                code = compile(f.read(), path, "exec", dont_inherit=True)
-            main.update(__file__=path, __cached__=None)
-            exec(code, main)
-    except SystemExit as e:
-        if e.code is None or e.code == 0:
-            returned()
-        else:
-            exited(e.code)
-        settle()
-        raise
-    except BaseException:
-        settle()
-        raise
-    returned()
-    settle()
-_slurmlaunch_main()
-"""
-# After the script (or the API's function) ended, before the interpreter finalizes (docs: Teardown aborts).
-_SETTLE = """def _slurmlaunch_settle():
-    # torch's gloo workers destroy each finished all-reduce themselves, and with it a Python object that
-    # the backward pass left in the work's thread-local state: a worker still on its way there when the
-    # interpreter finalizes is ended by CPython 3.11-3.13 inside a C++ destructor, and that is SIGABRT
-    # (docs: Teardown aborts). Before finalizing, give them the GIL until none is running (at most 0.5 s).
-    # names taken from builtins here: in the RUNNER this runs with the script's globals, which may rebind
-    # them (`from os import *` brings os.open); best effort, so nothing it meets ends the process
-    import builtins, os, sys
-    if "torch" not in sys.modules:
-        return
-    import time
-    fail, reader = builtins.Exception, builtins.open
-    quiet, deadline = 0, time.monotonic() + 0.5
-    while quiet < 2 and time.monotonic() < deadline:
-        time.sleep(0.002)
-        quiet += 1
-        try:
-            tids = os.listdir("/proc/self/task")
-        except fail:
-            return
-        for tid in tids:
-            try:  # a thread that ended since the listing is skipped
-                with reader("/proc/self/task/" + tid + "/stat", "rb") as f:
-                    stat = f.read()
-                end = stat.rindex(b")")
-                if stat[stat.index(b"(") + 1:end].startswith(b"pt_gloo") and stat[end + 2:end + 3] == b"R":
-                    quiet = 0
-            except fail:
-                continue
-"""
-# The stacks' arming (the comment above), one definition for the RUNNER and for arm_stacks (the Python API's ranks).
-_ARM = """def _slurmlaunch_arm(stacks):
-    import os
-    try:
-        import faulthandler  # not `signal`: its enums cost ~10 ms at start-up; the numbers are filled in below
-        base = os.path.join(stacks, os.environ.get("RANK", "rank"))
-        def fresh(path):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-            how = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
-            return os.open(path, how, 0o600)
-        armed = [SIGNAL_WINCH, SIGNAL_TERM, SIGNAL_HUP, SIGNAL_USR1, SIGNAL_USR2]
-        faulthandler.register(armed[0], fresh(base + STACKS_DUMP_SUFFIX), all_threads=True)
-        stop = fresh(base + STACKS_STOP_SUFFIX)
-        for s in armed[1:]:
-            faulthandler.register(s, stop, all_threads=True, chain=True)
-        def forked():
-            for s in armed:
-                faulthandler.unregister(s)
-        os.register_at_fork(after_in_child=forked)
-        with open("/proc/self/stat", "rb") as f:
-            start = f.read().rsplit(b")", 1)[1].split()[19].decode()
-        host = "".join((os.environ.get("SLURMD_NODENAME") or os.uname().nodename).split()) or "?"
-        fd = fresh(base + STACKS_PID_SUFFIX)
-        os.write(fd, f"{os.getpid()} {start} {host}\\n".encode())
-        os.close(fd)
-    except (OSError, ValueError, IndexError, RuntimeError, AttributeError):
-        pass
-"""
-RUNNER = _RUNNER.replace("ARM_DEFINITION", _ARM).replace("SETTLE_DEFINITION", _SETTLE)  # with the names JobFiles spells
-for _name, _value in (("EXIT_MARK_SUFFIX", EXIT_MARK_SUFFIX), ("STACKS_DUMP_SUFFIX", STACKS_DUMP_SUFFIX),
-                      ("STACKS_STOP_SUFFIX", STACKS_STOP_SUFFIX), ("STACKS_PID_SUFFIX", STACKS_PID_SUFFIX),
-                      *((f"SIGNAL_{name}", int(getattr(_signal, "SIG" + name)))
-                        for name in ("WINCH", "TERM", "HUP", "USR1", "USR2"))):
-    RUNNER = RUNNER.replace(_name, repr(_value))
-    _ARM = _ARM.replace(_name, repr(_value))
+RUNNER_FILE = _path.join(_path.dirname(_path.abspath(__file__)), "rank_runner.py")
+# `-0`: torchrun names a failed worker by its first argument without a leading "-" (the script, not this); the
+# file's text runs in the rank's __main__, where the code compiled from it is named "<string>" as before; _f is
+# closed and removed by the runner itself. In `ps`, a rank reads `python -u -c -0;_f=open(...) SCRIPT ARGS`.
+RUNNER = f"-0;_f=open({RUNNER_FILE!r});exec(_f.read())"
+
+
+def _runner_function(name: str) -> Any:
+    """One of the runner's functions, defined in a namespace of its own (the runner's main is not run)."""
+    namespace: dict[str, object] = {"__name__": "slurmlaunch_runner"}
+    with open(RUNNER_FILE, encoding="utf-8") as f:
+        exec(f.read(), namespace)
+    return namespace[name]
 
 
 def arm_stacks(directory: str) -> None:
     """In this process (a rank the RUNNER does not start: the Python API's), what the RUNNER arms: the dumps
     into ``directory`` on SIGWINCH and at a stop signal, and RANK.pid ($RANK, $SLURMD_NODENAME)."""
-    namespace: dict[str, object] = {}
-    exec(_ARM, namespace)
-    arm = namespace["_slurmlaunch_arm"]
-    assert callable(arm)
-    arm(directory)
+    _runner_function("_slurmlaunch_arm")(directory)
 
 
 def settle() -> None:
     """In this process (a rank of the Python API, whose function ran here), what the RUNNER does after the
     script: give torch's gloo workers the GIL until none is running, at most 0.5 s (docs: Teardown aborts)."""
-    namespace: dict[str, object] = {}
-    exec(_SETTLE, namespace)
-    run = namespace["_slurmlaunch_settle"]
-    assert callable(run)
-    run()
+    _runner_function("_slurmlaunch_settle")()
 
 
 def recorded_exit(path: str) -> int | None:

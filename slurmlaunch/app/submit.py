@@ -207,10 +207,9 @@ def submit_local(spec: JobSpec, ns: Any) -> int:
     if ns.dry_run:
         sys.stdout.write(local.dry_run(spec, os.environ))
         return 0
-    shown = local.shown_not_enforced(spec)
-    if shown:
-        sys.stderr.write(f"slurmlaunch: the local scheduler shows {', '.join(shown)} to the tasks as Slurm "
-                         f"would (SLURM_* variables) but reserves and enforces nothing on this machine\n")
+    note = local.not_enforced_note(spec)
+    if note:
+        sys.stderr.write(f"slurmlaunch: {note}\n")
     _, outcome = local.run(spec, os.environ)
     return outcome.exit_code
 

@@ -123,14 +123,14 @@ def omp_threads(environ: Mapping[str, str], cpus: int | None, ranks_on_node: int
     return 1 if ranks_on_node > 1 else None
 
 
-def omp_note(environ: Mapping[str, str], cpus: int | None, ranks_on_node: int) -> str | None:
+def omp_note(environ: Mapping[str, str], cpus: int | None, ranks_on_node: int, by_run: bool = False) -> str | None:
     """The line said once per job (by rank 0, or torchrun mode's first node) when OMP_NUM_THREADS=1 came from
-    the several-ranks-per-node rule of :func:`omp_threads`; None otherwise."""
+    the several-ranks-per-node rule of :func:`omp_threads`; None otherwise. ``by_run``: the ranks of
+    `slurmlaunch run` (no --cpus-per-task to give there: the variable is the way)."""
     if cpus or omp_threads(environ, cpus, ranks_on_node) != 1:
         return None
-    return (f"OMP_NUM_THREADS=1 for every rank ({ranks_on_node} ranks share a node and neither OMP_NUM_THREADS "
-            f"nor the CPUs per task were given; torchrun does the same): set OMP_NUM_THREADS, or submit "
-            f"--cpus-per-task N, to use more threads per rank")
+    more = "OMP_NUM_THREADS=N slurmlaunch run ..." if by_run else "submit --cpus-per-task N"
+    return f"OMP_NUM_THREADS=1 per rank ({ranks_on_node} ranks per node, as torchrun does); for more: {more}"
 
 
 _FIELDS = ("source", "rank", "local_rank", "world_size", "local_world_size", "node_rank", "num_nodes",
@@ -221,7 +221,7 @@ class DistEnv:
         """:func:`omp_note` on rank 0 (said once per job, not per rank), None on the others."""
         if self.owned_by_torchrun or self.rank != 0:
             return None
-        return omp_note(environ, self.omp_num_threads, self.local_world_size)
+        return omp_note(environ, self.omp_num_threads, self.local_world_size, by_run=self.source == "run")
 
     def summary(self) -> str:
         """One line for --print-env: what this rank will see."""

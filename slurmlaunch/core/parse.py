@@ -121,6 +121,9 @@ def parse_signal(text: str | None) -> tuple[str, int] | None:
     name, _, when = text.removeprefix("B:").removeprefix("b:").partition("@")
     name = name.upper().removeprefix("SIG")
     seconds = bounded_int(when, 65535) if when else DEFAULT_WARNING_SECONDS
+    if name in WARNING_SIGNALS and seconds is None:
+        raise SpecError(f"--signal {shown(text)} is not valid (expected SECONDS 0..65535 after @, as Slurm "
+                        f"allows, e.g. {name}@90)")
     if name not in WARNING_SIGNALS or seconds is None:
         number = " (a name, not a number: signal numbers differ between systems)" if name.isdigit() else ""
         raise SpecError(f"--signal {shown(text)} is not valid (expected NAME[@SECONDS] with NAME one of "

@@ -30,8 +30,36 @@ def choose(requested: str, *, preview: bool = False, allowed: Sequence[Scheduler
         return name
     chosen, why = auto_choice([scheduler(n) for n in NAMES if n in allowed], lambda edge: edge.available())
     if announce:
-        sys.stderr.write(f"slurmlaunch: --scheduler auto chose {chosen.name} ({why})\n")
+        announce_once(f"--scheduler auto chose {chosen.name} ({why})")
     return chosen.name
+
+
+CHOICE_FILE = "scheduler-choice"  # in the state directory: the choice last said
+
+
+def announce_once(line: str) -> None:
+    """Say ``line`` (what auto chose, and why) on stderr unless it is what was said last for this user (the
+    state directory's CHOICE_FILE): the first command on a machine says it, and so does the first after the
+    choice or its reason changed (sbatch installed, a cluster gone), not every command after. Where the file
+    cannot be read or written, it is said."""
+    import os
+
+    from ..core.paths import state_dir
+
+    path = os.path.join(state_dir(os.environ), CHOICE_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read(4096) == line:
+                return
+    except (OSError, UnicodeError):
+        pass
+    sys.stderr.write(f"slurmlaunch: {line}\n")
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(line)
+    except OSError:
+        pass
 
 
 def auto_choice(candidates: Sequence[Scheduler], has_client: Callable[[Scheduler], bool], *, where: str = "PATH",

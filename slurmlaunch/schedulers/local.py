@@ -191,8 +191,39 @@ def dry_run(spec: JobSpec, environ: Mapping[str, str]) -> str:
             asked = {k for k, _ in spec.environment.env}
             emulated = {k: v for k, v in r.env.items() if k.startswith(("SLURM", "CUDA_", "MASTER_")) or k in asked}
             lines.append(f"# rank {r.rank}: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(emulated.items())))
+            if spec.launch.mode != "torchrun":
+                lines.append(f"# rank {r.rank} reads: {_distributed_shown(r.env)}")
             lines.append(shlex.join(r.argv))
+    if spec.launch.mode == "torchrun":
+        lines.append("# each node's torchrun sets its workers' RANK, LOCAL_RANK and WORLD_SIZE (c10d rendezvous on "
+                     "the first node)")
     return "\n".join(lines) + "\n"
+
+
+_SHOWN_DIST = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+               "OMP_NUM_THREADS")
+
+
+def _distributed_shown(env: Mapping[str, str]) -> str:
+    """The torch variables the launcher will export from a rank's emulated Slurm variables (what the rank's
+    script reads: RANK, WORLD_SIZE, MASTER_ADDR...), as the launcher maps them (core.detect). MASTER_PORT,
+    unless it was given, is a port free when the job starts (run_job), shown as such."""
+    from ..allocation.launch import context
+    from ..core.detect import detect
+    from ..core.errors import SlurmLaunchError
+
+    seen = []
+    for job_id in ("1", "2"):  # two ids: a port that follows the job id differs between them
+        given = {**env, "SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id}
+        try:
+            dist = detect(given, context())
+        except SlurmLaunchError as e:
+            return f"(not known before the job runs: {e})"
+        seen.append(dist.exports(given))
+    shown = {k: seen[0][k] for k in _SHOWN_DIST if k in seen[0]}
+    if "MASTER_PORT" in shown and seen[0]["MASTER_PORT"] != seen[1]["MASTER_PORT"]:
+        shown["MASTER_PORT"] = "<a free port, when the job starts>"
+    return " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
 
 
 def aborted_ranks(spec: JobSpec, procs: list[RankProcess], result: Outcome) -> list[int]:
@@ -519,6 +550,16 @@ def shown_not_enforced(spec: JobSpec) -> list[str]:
         if value != default(name) and value not in (None, False):
             out.append(flag(name) if value is True else f"{flag(name)} {value}")
     return out
+
+
+def not_enforced_note(spec: JobSpec) -> str | None:
+    """The line said at submission (the CLI's and the Python API's) when ``spec`` asks for what the local
+    scheduler only shows its tasks (:func:`shown_not_enforced`); None when it asks for none of it."""
+    shown = shown_not_enforced(spec)
+    if not shown:
+        return None
+    return (f"the local scheduler shows {', '.join(shown)} to the tasks as Slurm would (SLURM_* variables) but "
+            f"reserves and enforces nothing on this machine")
 
 
 class LocalScheduler:

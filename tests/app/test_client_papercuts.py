@@ -111,7 +111,10 @@ def test_legacy_script_through_run(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert _legacy_lines(r.stdout) == [("0", "0", "0", "1"), ("1", "1", "1", "1")], r.stdout
-    assert r.stdout.count("OMP_NUM_THREADS=1 for every rank") == 1, r.stdout  # said once, by rank 0
+    assert r.stdout.count("OMP_NUM_THREADS=1 per rank") == 1, r.stdout  # said once, by rank 0
+    # the advice `run` can take (it has no --cpus-per-task), in one short line
+    note = next(line for line in r.stdout.splitlines() if "OMP_NUM_THREADS=1 per rank" in line)
+    assert "OMP_NUM_THREADS=N slurmlaunch run" in note and "--cpus-per-task" not in note and len(note) < 140, note
 
 
 @pytest.mark.slurm
@@ -208,7 +211,8 @@ def test_omp_rule(local_world: int, cpus: int | None, environ: dict[str, str], e
 
 
 def test_omp_note_is_said_by_rank_0_only() -> None:
-    assert "OMP_NUM_THREADS=1 for every rank (4 ranks share a node" in (_dist(4).omp_note({}) or "")
+    assert _dist(4).omp_note({}) == ("OMP_NUM_THREADS=1 per rank (4 ranks per node, as torchrun does); for more: "
+                                     "submit --cpus-per-task N")
     assert _dist(4, rank=5).omp_note({}) is None and _dist(4, cpus=2).omp_note({}) is None
     assert _dist(4).omp_note({"OMP_NUM_THREADS": "8"}) is None and _dist(1).omp_note({}) is None
 
@@ -237,7 +241,7 @@ def test_omp_rule_on_the_local_scheduler(options: list[str], expect: str, tmp_pa
     assert r.returncode == 0, r.stdout + r.stderr
     text = "".join(p.read_text() for p in (tmp_path / "slurmlaunch-logs").glob("*.log"))
     assert sorted(re.findall(r"^OMP (\d) (\S+)$", text, re.M)) == [("0", expect), ("1", expect)], text
-    assert text.count("OMP_NUM_THREADS=1 for every rank") == (1 if expect == "1" and not options else 0)
+    assert text.count("OMP_NUM_THREADS=1 per rank") == (1 if expect == "1" and not options else 0)
 
 
 # -- the prepared GPU check ------------------------------------------------------------------------------------

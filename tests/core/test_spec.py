@@ -93,9 +93,10 @@ BAD: list[tuple[dict[str, object], str]] = [
     (dict(signal="KILL@10"),
      "--signal 'KILL@10' is not valid (expected NAME[@SECONDS] with NAME one of USR2, USR1, TERM, INT, HUP, ALRM, "
      "URG, XCPU, CONT, e.g. USR2@90; or none)"),
-    (dict(signal="USR2@65536"),
-     "--signal 'USR2@65536' is not valid (expected NAME[@SECONDS] with NAME one of USR2, USR1, TERM, INT, HUP, "
-     "ALRM, URG, XCPU, CONT, e.g. USR2@90; or none)"),
+    (dict(signal="USR2@65536"), "--signal 'USR2@65536' is not valid (expected SECONDS 0..65535 after @, as Slurm "
+                                "allows, e.g. USR2@90)"),
+    (dict(signal="B:usr1@-1"), "--signal 'B:usr1@-1' is not valid (expected SECONDS 0..65535 after @, as Slurm "
+                               "allows, e.g. USR1@90)"),
     (dict(max_requeues=-1), "--max-requeues -1 is not valid (expected an integer 0..65535)"),
     (dict(requeued_by="me"), "requeued_by 'me' is not valid (expected one of slurmlaunch, script)"),
     (dict(requeue=True, signal=None), "--requeue needs a warning signal (--signal NAME@SECONDS), not --signal none"),

@@ -228,7 +228,7 @@ def test_auto_without_any_slurm_configuration_runs_here(tmp_path: Path) -> None:
         pytest.skip(f"this machine has a Slurm configuration: {probe.stdout.strip() or probe.stderr.strip()}")
     train = script(tmp_path, "import os; print('hello-from', os.environ['RANK'])\n")
     r = run_cli("submit", "--nodes", "2", "--tasks-per-node", "2", "--wait", str(train),
-                env=dict(env, HOME=str(tmp_path)), cwd=tmp_path)
+                env=dict(env, HOME=str(tmp_path), XDG_STATE_HOME=str(tmp_path / "state")), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "auto chose local (sbatch is on PATH but no Slurm cluster is configured here)" in r.stderr, r.stderr
     assert sorted(line.split()[-1] for line in r.stdout.splitlines() if "hello-from" in line) == ["0", "1", "2", "3"]

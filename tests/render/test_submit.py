@@ -116,7 +116,7 @@ def test_auto_needs_a_controller_not_just_sbatch(tmp_path: Path) -> None:
                                    "echo 'scontrol: fatal: Could not establish a configuration source' >&2\n"
                                    "exit 1\n")
     (fake / "scontrol").chmod(0o755)
-    env = no_slurm_env(tmp_path)
+    env = {**no_slurm_env(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")}  # auto: said once per user
     env["PATH"] = f"{fake}:{env['PATH']}"
     r = run_cli("submit", "--dry-run", str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
     assert r.returncode == 0 and "auto chose local (sbatch is on PATH but no Slurm cluster is configured" in r.stderr

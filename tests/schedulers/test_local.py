@@ -16,8 +16,9 @@ from tests.helpers import EXAMPLES, SLEEPER, alive, no_slurm_env, run_cli, teard
 
 
 def test_example_trains_on_two_emulated_nodes(torch_available: None, tmp_path: Path) -> None:
+    env = {**no_slurm_env(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")}  # auto's choice: said once per user
     r = run_cli("submit", "--nodes", "2", "--gpus-per-node", "2", "--wait", str(EXAMPLES / "train_ddp.py"),
-                "--epochs", "1", env=no_slurm_env(tmp_path), cwd=tmp_path, timeout=300)
+                "--epochs", "1", env=env, cwd=tmp_path, timeout=300)
     assert r.returncode == 0 or teardown_abort_only(r.stderr), r.stderr  # caught once in 4 runs of this file
     assert "auto chose local" in r.stderr and "run on the CPU" in r.stderr
     ranks = sorted(re.findall(r"\[rank (\d)\] rank=(\d) local_rank=(\d) node_rank=(\d) world_size=(\d)", r.stdout))

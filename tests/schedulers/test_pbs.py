@@ -80,7 +80,7 @@ def calls(tmp_path: Path) -> list[list[str]]:
 
 
 def test_submit_wait_through_emulated_pbs(tmp_path: Path) -> None:
-    env = fake_pbs(tmp_path, exit_status=3)
+    env = {**fake_pbs(tmp_path, exit_status=3), "XDG_STATE_HOME": str(tmp_path / "state")}  # auto: said once per user
     name = "job-1.x+y_z"  # every kind of character the real qsub takes in a name (a "$(" it refuses)
     r = run_cli("submit", "--nodes", "2", "--gpus-per-node", "4", f"--job-name={name}", "--wait",
                 str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)

@@ -162,6 +162,7 @@ def clients(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # auto's choice is said once per user
     return bin_dir
 
 

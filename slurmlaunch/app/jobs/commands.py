@@ -24,6 +24,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ...core.spec import JobSpec
     from ...schedulers.interface import QuickStates, Scheduler
+    from .listing import Filters
 
 
 _FIELDS = ("job_id", "scheduler", "record")
@@ -272,8 +273,9 @@ def _list_state(row: Mapping[str, Any], quick: Mapping[str, QuickStates | None])
     except ValueError:
         return "?"
     edge = scheduler(record.scheduler)
-    if not edge.queued:
-        return local_state(record)[0]
+    if not edge.queued:  # as a queued job's: FAILED with its exit code where there is one
+        state, code = local_state(record)
+        return f"{state} {code}" if state == "FAILED" and code else state
     short = row["job_id"].split(".", 1)[0]
     states = quick.get(record.scheduler)
     live = states.live if states is not None else None
@@ -337,10 +339,14 @@ def _quick_states(rows: list[dict[str, Any]]) -> dict[str, QuickStates | None]:
     return out
 
 
-def cmd_list(as_json: bool) -> int:
+def cmd_list(as_json: bool, filters: Filters | None = None, prune: bool = False) -> int:
     """Every job this user submitted (the index is per user), newest last, with the directory of its files
-    and a quick state."""
-    rows = entries()
+    and a quick state; only those ``filters`` keep (app/jobs/listing.py). ``prune``: remove those (that have
+    ended) from the index instead; their files stay."""
+    from . import listing
+
+    filters = filters or listing.Filters()
+    rows = [r for r in entries() if listing.matches_time_and_name(r, filters)]
     quick = _quick_states(rows)
     remote_live: dict[str, dict[str, str] | None] = {}  # per destination: one squeue over ssh for all its jobs
     if any(r.get("remote") for r in rows):
@@ -356,11 +362,15 @@ def cmd_list(as_json: bool) -> int:
         else:
             shown.append({**row, "state": _list_state(row, quick),
                           "directory": os.path.dirname(row["record"])})
+    shown = [r for r in shown if listing.matches_state(str(r.get("state", "")), filters)]
+    if prune:
+        return listing.cmd_prune(shown, filters)
     if as_json:
         print(json.dumps(shown))
         return 0
     if not shown:
-        print(f"no jobs submitted yet (the index is {index_path()})")
+        print(f"no jobs submitted yet (the index is {index_path()})" if not rows and filters == listing.Filters()
+              else "no job matches")
         return 0
     cells = [{key: _cell(r.get(key, "")) for key in ("job_id", "scheduler", "state", "submitted_at", "name",
                                                      "directory")} for r in shown]
@@ -370,6 +380,8 @@ def cmd_list(as_json: bool) -> int:
     for r in cells:
         print(f"{r['job_id']:>{width}}  {r['scheduler']:<6} {r['state']:<{states}} {r['submitted_at']:<24} "
               f"{r['name']:<20} {r['directory']}")
+    for line in listing.legend([r["state"] for r in cells]):
+        sys.stderr.write(f"slurmlaunch: {line}\n")
     return 0
 
 

@@ -1,0 +1,158 @@
+# The runner each rank's Python script goes through (script_runner.py says why and when). Not imported: its text
+# is run in the rank's __main__ by `python -u -c '-0;_f=open(THIS FILE);exec(_f.read())' [-m] SCRIPT ARGS...`
+# (script_runner.RUNNER), so that `ps`, `top` and `pgrep -f` show SCRIPT and its arguments, not this code. Hence no
+# docstring (it would become the script's __doc__) and no name left behind at module level: the three functions
+# remove themselves from the script's globals before the script runs. Standard library only, and only inside
+# the functions; the file names (.exit, .dump, .stopped, .pid) are core/__init__.py's, spelled here because
+# nothing of slurmlaunch is importable in the rank (tests/allocation/test_teardown.py checks they agree).
+
+
+def _slurmlaunch_arm(stacks: str) -> None:
+    # SIGWINCH appends every thread's stack to RANK.dump; the stop and warning signals write it to RANK.stopped
+    # and go on to the handler there was (script_runner.py: why these signals).
+    import os
+
+    try:
+        import _signal  # type: ignore[import-not-found]  # not `signal`: its enums cost ~10 ms at start-up
+        import faulthandler
+
+        base = os.path.join(stacks, os.environ.get("RANK", "rank"))
+
+        def fresh(path: str) -> int:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            how = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
+            return os.open(path, how, 0o600)
+
+        armed = [int(getattr(_signal, "SIG" + name)) for name in ("WINCH", "TERM", "HUP", "USR1", "USR2")]
+        faulthandler.register(armed[0], fresh(base + ".dump"), all_threads=True)
+        stop = fresh(base + ".stopped")
+        for s in armed[1:]:
+            faulthandler.register(s, stop, all_threads=True, chain=True)
+
+        def forked() -> None:
+            for s in armed:
+                faulthandler.unregister(s)
+
+        os.register_at_fork(after_in_child=forked)
+        with open("/proc/self/stat", "rb") as f:
+            start = f.read().rsplit(b")", 1)[1].split()[19].decode()
+        host = "".join((os.environ.get("SLURMD_NODENAME") or os.uname().nodename).split()) or "?"
+        fd = fresh(base + ".pid")
+        os.write(fd, f"{os.getpid()} {start} {host}\n".encode())
+        os.close(fd)
+    except (OSError, ValueError, IndexError, RuntimeError, AttributeError):
+        pass
+
+
+def _slurmlaunch_settle() -> None:
+    # torch's gloo workers destroy each finished all-reduce themselves, and with it a Python object that
+    # the backward pass left in the work's thread-local state: a worker still on its way there when the
+    # interpreter finalizes is ended by CPython 3.11-3.13 inside a C++ destructor, and that is SIGABRT
+    # (docs: Teardown aborts). Before finalizing, give them the GIL until none is running (at most 0.5 s).
+    # names taken from builtins here: this runs with the script's globals, which may rebind them
+    # (`from os import *` brings os.open); best effort, so nothing it meets ends the process
+    import builtins
+    import os
+    import sys
+
+    if "torch" not in sys.modules:
+        return
+    import time
+
+    fail, reader = builtins.Exception, builtins.open
+    quiet, deadline = 0, time.monotonic() + 0.5
+    while quiet < 2 and time.monotonic() < deadline:
+        time.sleep(0.002)
+        quiet += 1
+        try:
+            tids = os.listdir("/proc/self/task")
+        except fail:
+            return
+        for tid in tids:
+            try:  # a thread that ended since the listing is skipped
+                with reader("/proc/self/task/" + tid + "/stat", "rb") as f:
+                    stat = f.read()
+                end = stat.rindex(b")")
+                if stat[stat.index(b"(") + 1:end].startswith(b"pt_gloo") and stat[end + 2:end + 3] == b"R":
+                    quiet = 0
+            except fail:
+                continue
+
+
+def _slurmlaunch_main() -> None:
+    import os
+    import sys
+
+    where, argv = os.environ.get("SLURMLAUNCH_RETURNED_DIR", ""), sys.argv[1:]
+    main = sys.modules["__main__"].__dict__
+    opened = main.pop("_f", None)  # the file this text was read from (script_runner.RUNNER)
+    if opened is not None:
+        opened.close()
+    del main["_slurmlaunch_main"]
+    stacks = os.environ.get("SLURMLAUNCH_STACKS_DIR", "")
+    if stacks:
+        _slurmlaunch_arm(stacks)
+    del main["_slurmlaunch_arm"]
+    settle = main.pop("_slurmlaunch_settle")
+    hook = sys.excepthook
+
+    def excepthook(kind: type[BaseException], value: BaseException, tb: object) -> None:
+        while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":  # type: ignore[attr-defined]
+            tb = tb.tb_next  # type: ignore[attr-defined]
+        hook(kind, value.with_traceback(tb) if isinstance(value, BaseException) else value, tb)  # type: ignore[arg-type]
+
+    sys.excepthook = excepthook
+
+    def returned() -> None:
+        if where:
+            try:
+                os.close(os.open(os.path.join(where, os.environ.get("RANK", "rank")), os.O_WRONLY | os.O_CREAT, 0o644))
+            except OSError:
+                pass
+
+    def exited(code: object) -> None:
+        if where:
+            try:
+                fd = os.open(os.path.join(where, os.environ.get("RANK", "rank") + ".exit"),
+                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                try:
+                    os.write(fd, str(code & 255 if isinstance(code, int) else 1).encode())
+                finally:
+                    os.close(fd)
+            except OSError:
+                pass
+
+    try:
+        if argv[:1] == ["-m"]:
+            import runpy
+
+            sys.argv[:] = ["-m", *argv[2:]]
+            sys.path[0] = os.getcwd()
+            runpy._run_module_as_main(argv[1])  # type: ignore[attr-defined]
+        else:
+            path = os.path.abspath(argv[0])
+            sys.argv[:] = argv
+            sys.path[0] = os.path.dirname(os.path.realpath(path))
+            with open(path, "rb") as f:
+                code = compile(f.read(), path, "exec", dont_inherit=True)
+            main.update(__file__=path, __cached__=None)
+            exec(code, main)
+    except SystemExit as e:
+        if e.code is None or e.code == 0:
+            returned()
+        else:
+            exited(e.code)
+        settle()
+        raise
+    except BaseException:
+        settle()
+        raise
+    returned()
+    settle()
+
+
+if __name__ == "__main__":
+    _slurmlaunch_main()
