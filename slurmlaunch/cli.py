@@ -67,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .allocation.batch_step import main as batch_step_main
 
             return batch_step_main(args[1:])
+        if args and args[0] == "local-job":  # a detached local job's supervisor (schedulers/local.py)
+            from .schedulers.local import detached_main
+
+            return detached_main(args[1:])
         if args and args[0] == "stacks-summary":
             from .allocation.stacks import summary_main
 

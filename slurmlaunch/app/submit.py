@@ -168,7 +168,7 @@ def cmd_submit(ns: Any) -> int:
     if spec.warning_note:
         sys.stderr.write(f"slurmlaunch: {spec.warning_note}\n")
     if not edge.queued:
-        return submit_local(spec, ns)
+        return submit_local(spec, ns, edge)
     if edge.site_gpu_flag:
         spec = adapt_to_site(spec, getattr(ns, "option_origins", {}))
     script = edge.render(spec, ns.template_dir)
@@ -191,15 +191,16 @@ def cmd_submit(ns: Any) -> int:
     return wait_for(edge, sub.job_id, spec, ns.cancel_on_interrupt, ns.wait_timeout, sub.files_id or None)
 
 
-def submit_local(spec: JobSpec, ns: Any) -> int:
-    """Run the job on the local scheduler, in the foreground (or print its commands for --dry-run)."""
+def submit_local(spec: JobSpec, ns: Any, edge: Scheduler) -> int:
+    """Run the job on the local scheduler (or print its commands for --dry-run): with --no-wait detached,
+    its id printed at once; with --wait detached and followed as a queued job is (Ctrl-C asks whether to
+    cancel it); without either, in this process, as in a terminal a training script runs (Ctrl-C or a
+    hang-up stops it). Every way, `status`, `logs --follow`, `cancel` and `list` know it from any terminal."""
     from ..schedulers import local
 
-    for given, why in ((ns.template_dir, "--template-dir: the local scheduler renders no batch script"),
-                       (ns.wait_timeout, "--wait-timeout: the local scheduler runs the job in the foreground; "
-                                         "bound it with --time")):
-        if given is not None:
-            raise SpecError(f"{why} (leave it out, or --scheduler slurm/pbs)")
+    if ns.template_dir is not None:
+        raise SpecError("--template-dir: the local scheduler renders no batch script (leave it out, or "
+                        "--scheduler slurm/pbs)")
     if spec.containers.apptainer and not shutil.which("apptainer"):
         raise SpecError("--apptainer: apptainer is not on PATH on this machine (install it, or leave out "
                         "--apptainer for the local scheduler)")
@@ -207,12 +208,28 @@ def submit_local(spec: JobSpec, ns: Any) -> int:
     if ns.dry_run:
         sys.stdout.write(local.dry_run(spec, os.environ))
         return 0
+    from .profiles import BUILTIN
+
+    detached = getattr(ns, "option_origins", {}).get("wait", BUILTIN) != BUILTIN
+    if ns.wait_timeout is not None and not (detached and ns.wait):
+        raise SpecError("--wait-timeout: only with --wait on the local scheduler (without --wait the job runs in "
+                        "this process; bound it with --time)")
     shown = local.shown_not_enforced(spec)
     if shown:
         sys.stderr.write(f"slurmlaunch: the local scheduler shows {', '.join(shown)} to the tasks as Slurm "
                          f"would (SLURM_* variables) but reserves and enforces nothing on this machine\n")
-    _, outcome = local.run(spec, os.environ)
-    return outcome.exit_code
+    if not detached:
+        _, outcome = local.run(spec, os.environ)
+        return int(outcome.exit_code)
+    job_id = local.start_detached(spec, os.environ)
+    sys.stderr.write(f"slurmlaunch: started local job {job_id} ({spec.world_size} ranks on {spec.resources.nodes} "
+                     f"emulated node(s)), detached; logs in {spec.log_dir}\n")
+    describe_array(spec, job_id)
+    print(job_id)
+    sys.stdout.flush()
+    if not ns.wait:
+        return 0
+    return wait_for(edge, job_id, spec, ns.cancel_on_interrupt, ns.wait_timeout)
 
 
 def describe_array(spec: JobSpec, job_id: str) -> None:
