@@ -295,7 +295,12 @@ def supervisor_alive(entry: object) -> bool:
         return False
     if entry.get("boot") and entry["boot"] != boot_id():
         return False
-    return process_identity(entry["pid"]) == {"pid": entry["pid"], "start": entry["start"]}
+    try:
+        with open(f"/proc/{entry['pid']}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0] != b"Z" and int(fields[19]) == entry["start"]  # a zombie has ended
+    except (OSError, IndexError, ValueError):
+        return False
 
 
 def _say(text: str) -> None:
