@@ -204,16 +204,16 @@ def submit_local(spec: JobSpec, ns: Any, edge: Scheduler) -> int:
     if spec.containers.apptainer and not shutil.which("apptainer"):
         raise SpecError("--apptainer: apptainer is not on PATH on this machine (install it, or leave out "
                         "--apptainer for the local scheduler)")
-    validate_local(spec)  # before the ranks (or the dry run's lines) are built
-    if ns.dry_run:
-        sys.stdout.write(local.dry_run(spec, os.environ))
-        return 0
     from .profiles import BUILTIN
 
     detached = getattr(ns, "option_origins", {}).get("wait", BUILTIN) != BUILTIN
     if ns.wait_timeout is not None and not (detached and ns.wait):
-        raise SpecError("--wait-timeout: only with --wait on the local scheduler (without --wait the job runs in "
-                        "this process; bound it with --time)")
+        raise SpecError("--wait-timeout: on the local scheduler only with --wait (without it the job runs in this "
+                        "process: bound it with --time)")
+    validate_local(spec)  # before the ranks (or the dry run's lines) are built
+    if ns.dry_run:
+        sys.stdout.write(local.dry_run(spec, os.environ))
+        return 0
     shown = local.shown_not_enforced(spec)
     if shown:
         sys.stderr.write(f"slurmlaunch: the local scheduler shows {', '.join(shown)} to the tasks as Slurm "

@@ -55,7 +55,7 @@ from ..render.launch import launch_command, script_env
 from . import JobStatus, Submission, current_umask, make_log_dir, rank_log, write_private, write_record
 from .interface import QuickStates
 from .local_stepenv import GPU_LISTS, Submitter, step_env
-from .supervisor import Outcome, RankProcess, supervise
+from .supervisor import Outcome, RankProcess, detach, supervise
 from .support import Refusals, default, flag, refuse
 
 # Emulated node I is named 127.0.0.1 + I: an address is its own name to every resolver (getaddrinfo, gloo,
@@ -539,28 +539,12 @@ def start_detached(spec: JobSpec, environ: Mapping[str, str]) -> str:
     it), with stdin from /dev/null, the ranks' output in their logs and its own messages in the job's batch
     log; it is not this process's to wait for, so this process may end (the submitting shell too)."""
     import pickle
-    import subprocess
-    import threading
 
     gpu_plan(spec, environ)  # a refusal before anything is written
     job_id, record = claim(spec, environ)
-    files = JobFiles(spec.log_dir, job_id)
-    err = os.open(files.batch_log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
-    try:
-        proc = subprocess.Popen([sys.executable, "-m", "slurmlaunch", DETACHED_COMMAND, record],
-                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err, env=dict(environ),
-                                start_new_session=True, close_fds=True)
-    finally:
-        os.close(err)
-    assert proc.stdin is not None
-    try:
-        proc.stdin.write(pickle.dumps((spec, job_id)))
-        proc.stdin.close()
-    except OSError:  # it died at once: its batch log says why, and its record reads as ended
-        pass
-    _name_supervisor(record, proc.pid)
-    # a long-lived submitter (the Python API) reaps it when it ends; a CLI submitter just exits
-    threading.Thread(target=proc.wait, daemon=True, name=f"slurmlaunch-local-{job_id}").start()
+    pid = detach([sys.executable, "-m", "slurmlaunch", DETACHED_COMMAND, record], environ,
+                 pickle.dumps((spec, job_id)), JobFiles(spec.log_dir, job_id).batch_log)
+    _name_supervisor(record, pid)
     return job_id
 
 

@@ -194,6 +194,27 @@ def _die_with_parent() -> Callable[[], None] | None:
     return arm
 
 
+def detach(argv: Sequence[str], env: Mapping[str, str], payload: bytes, log_path: str) -> int:
+    """Start ``argv`` as a supervisor of its own, for a job that outlives this process: a session of its own
+    (no controlling terminal: neither its hang-up nor Ctrl-C reaches it), ``payload`` on its stdin (it reads
+    it whole, then takes /dev/null), stdout on /dev/null, stderr to the new file ``log_path``; its pid. A
+    daemon thread reaps it in a long-lived caller (the Python API); a CLI caller simply exits."""
+    err = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
+                                env=dict(env), start_new_session=True, close_fds=True)
+    finally:
+        os.close(err)
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(payload)
+        proc.stdin.close()
+    except OSError:  # it died at once: its log says why
+        pass
+    threading.Thread(target=proc.wait, daemon=True, name=f"slurmlaunch-reap-{proc.pid}").start()
+    return proc.pid
+
+
 def _children() -> list[int]:
     pids: list[int] = []
     try:
