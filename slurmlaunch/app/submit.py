@@ -222,8 +222,8 @@ def submit_local(spec: JobSpec, ns: Any, edge: Scheduler) -> int:
         _, outcome = local.run(spec, os.environ)
         return int(outcome.exit_code)
     job_id = local.start_detached(spec, os.environ)
-    sys.stderr.write(f"slurmlaunch: started local job {job_id} ({spec.world_size} ranks on {spec.resources.nodes} "
-                     f"emulated node(s)), detached; logs in {spec.log_dir}\n")
+    sys.stderr.write(f"slurmlaunch: started local job {job_id} ({local.count(spec.world_size, 'rank')} on "
+                     f"{local.count(spec.resources.nodes, 'emulated node')}), detached; logs in {spec.log_dir}\n")
     describe_array(spec, job_id)
     print(job_id)
     sys.stdout.flush()

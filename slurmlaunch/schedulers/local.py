@@ -216,6 +216,11 @@ ID_FILE = "local-job-ids"
 STATES_BY_SIGNAL = {signal.SIGINT: "CANCELLED", signal.SIGTERM: "CANCELLED", signal.SIGHUP: "CANCELLED"}
 
 
+def write_end(log_dir: str, tag: str, code: int, state: str) -> None:
+    """The job's (or element's) exit file, "CODE\\nSTATE", which :func:`job_status` reads: written once, at the end."""
+    write_private(JobFiles(log_dir, tag).exit_code, f"{code}\n{state}\n", exclusive=True)
+
+
 def allocate_ids(count: int, environ: Mapping[str, str]) -> int:
     """The first of ``count`` consecutive local job ids, unique for this user: a counter kept under an
     exclusive lock in the state directory (so concurrent submitters, in any PID namespace, never get the
@@ -393,7 +398,7 @@ def _report(what: str, spec: JobSpec, result: Outcome, stopped: Reason | None = 
     return failure
 
 
-def _count(n: int, noun: str) -> str:
+def count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
@@ -426,7 +431,7 @@ def _run_once(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: 
               restarts: int) -> tuple[Outcome, str | None, bool]:
     """One run of an element: (its outcome, the failure line, whether the ranks saved for a requeue)."""
     tag, step_job, extra, point = step
-    _say(f"{what}: {_count(spec.world_size, 'rank')} on {_count(spec.resources.nodes, 'emulated node')} "
+    _say(f"{what}: {count(spec.world_size, 'rank')} on {count(spec.resources.nodes, 'emulated node')} "
          f"{node_list(spec.resources.nodes)}; logs in {spec.log_dir}")
     ranks, files = _step_ranks(spec, environ, tag, step_job, extra, point, restarts)
     result = supervise(ranks, grace=grace, time_limit=spec.time_limit_seconds, warning=warning)
@@ -483,13 +488,15 @@ def _array_summary(job_id: str, steps: Sequence[tuple[str, str, dict[str, str], 
         _say(f"  {tag}: CANCELLED (not started)")
 
 
-def claim(spec: JobSpec, environ: Mapping[str, str]) -> tuple[str, str]:
+def claim(spec: JobSpec, environ: Mapping[str, str], command: Sequence[str] | None = None) -> tuple[str, str]:
     """(job id, record path): the job's id claimed, its record written (naming this process as its
-    supervisor) and its line added to the index, so that `status`, `list` and `cancel` know it at once."""
+    supervisor) and its line added to the index, so that `status`, `list` and `cancel` know it at once.
+    ``command``: what runs the job, for the record (default: rank 0's command line)."""
     make_log_dir(spec.log_dir)
     count = len(spec.array_indices) if spec.is_array else 1
     first_point = spec.sweep_points[spec.array_indices[0]] if spec.arrays.sweep else []
-    argv = list(rank_processes(spec, "0", environ, "0", None, first_point)[0].argv)
+    argv = list(command) if command is not None else \
+        list(rank_processes(spec, "0", environ, "0", None, first_point)[0].argv)
     job_id, record = _claim(spec, count, environ, argv)
     from .index import remember
 
@@ -540,15 +547,17 @@ def start_detached(spec: JobSpec, environ: Mapping[str, str]) -> str:
     log; it is not this process's to wait for, so this process may end (the submitting shell too)."""
     import pickle
 
-    gpu_plan(spec, environ)  # a refusal before anything is written
+    _, note = gpu_plan(spec, environ)  # a refusal before anything is written
+    if note:
+        _say(note)  # here too: its supervisor says it in the batch log
     job_id, record = claim(spec, environ)
     pid = detach([sys.executable, "-m", "slurmlaunch", DETACHED_COMMAND, record], environ,
                  pickle.dumps((spec, job_id)), JobFiles(spec.log_dir, job_id).batch_log)
-    _name_supervisor(record, pid)
+    name_supervisor(record, pid)
     return job_id
 
 
-def _name_supervisor(record: str, pid: int) -> None:
+def name_supervisor(record: str, pid: int) -> None:
     """Write process ``pid`` into the job's record as the one that supervises it."""
     from .index import read_bounded
 

@@ -194,3 +194,67 @@ def test_a_record_of_another_boot_or_a_reused_pid_is_not_running(tmp_path: Path,
         assert alive(supervisor)
     finally:
         os.kill(supervisor, signal.SIGTERM)  # the supervisor this test started: it stops its ranks
+
+
+def api_wait(directory: str) -> int:
+    """An API function: waits for the file "go", then returns its rank."""
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.path.join(directory, "go")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return int(os.environ["RANK"])
+
+
+API_CALL = """
+import json, sys
+import slurmlaunch
+from tests.app.test_jobs_local_detached import api_wait
+job = slurmlaunch.submit(api_wait, sys.argv[1], scheduler="local", nodes=2, output_dir=sys.argv[1] + "/logs")
+print(job.job_id, flush=True)
+print(json.dumps(job.results()), flush=True)
+"""
+
+
+def test_an_api_job_on_the_local_scheduler_is_a_local_job(tmp_path: Path) -> None:
+    # issue 41: its id was the controller's pid, `list` did not show it and `status` did not know it
+    env = _env(tmp_path)
+    env["PYTHONPATH"] = str(Path(__file__).parents[2])
+    before = int(time.time())
+    proc = subprocess.Popen([sys.executable, "-c", API_CALL, str(tmp_path)], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        job = proc.stdout.readline().strip()
+        assert job.isdigit() and int(job) >= before, job
+        st = _status(env, job)
+        assert (st["state"], st["nodes"], st["exit_code"]) == ("RUNNING", "127.0.0.[1-2]", None), st
+        assert _listed(env, job) == "RUNNING"
+        (tmp_path / "go").touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and json.loads(out) == [0, 1], err
+    st = _status(env, job)
+    assert (st["state"], st["exit_code"]) == ("COMPLETED", 0) and st["elapsed"] is not None, st
+    assert _listed(env, job) == "COMPLETED"
+    assert "Job completed successfully" in run_cli("logs", job, "--rank", "1", env=env).stdout
+
+
+def test_cancel_of_an_api_job_on_the_local_scheduler(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    env["PYTHONPATH"] = str(Path(__file__).parents[2])
+    call = API_CALL.replace("print(json.dumps(job.results()), flush=True)",
+                            "try:\n    job.results()\nexcept Exception as e:\n    print(type(e).__name__, flush=True)")
+    proc = subprocess.Popen([sys.executable, "-c", call, str(tmp_path)], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        job = proc.stdout.readline().strip()
+        assert _status(env, job)["state"] == "RUNNING"
+        c = run_cli("cancel", job, env=env)
+        assert (c.returncode, c.stdout) == (0, f"cancelled job {job}\n"), c.stderr
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert out.strip(), err  # the caller's wait ended with an error, not a value
+    st = _final_status(env, job)
+    assert (st["state"], st["exit_code"]) == ("CANCELLED", 128 + signal.SIGTERM), st

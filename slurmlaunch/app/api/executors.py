@@ -72,7 +72,7 @@ def _executor(spec: JobSpec, name: str) -> Any:
     if spec.warning_note:  # the CLI's line: the warning moved half-way (a time limit too short for it)
         sys.stderr.write(f"slurmlaunch: {spec.warning_note}\n")
     if not edge.queued:
-        local = _local_executor(str(folder), spec.program.python, spec.warning)
+        local = _local_executor(str(folder), spec)
         local.update_parameters(tasks_per_node=spec.world_size, nodes=1, timeout_min=_minutes(spec.resources.time),
                                 signal_delay_s=spec.warning[1] if spec.warning else 90)
         return local

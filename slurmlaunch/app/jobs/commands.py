@@ -161,8 +161,8 @@ def status(record: JobRecord) -> dict[str, Any]:
     shown_id = record.shown_id
     indices = array_indices(record) if record.element is None else []
     st = _edge(record).status(record.full_id, record.log_dir, indices)
-    info = {"job_id": shown_id, "scheduler": record.scheduler, "state": st.state,
-            "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
+    info: dict[str, Any] = {"job_id": shown_id, "scheduler": record.scheduler, "state": st.state,
+                            "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
     if st.elements is not None:
         info["elements"] = st.elements
     if record.named is not None:  # a later run's id: the chain's state, and which run the id is
@@ -205,10 +205,10 @@ def log_path(record: JobRecord, rank: int | None) -> str:
 
 
 def _list_state(row: Mapping[str, Any], quick: Mapping[str, QuickStates | None]) -> str:
-    """A quick state for `list`: a local job's from its edge (its files and supervisor); a queued job's from its scheduler's queue or
-    accounting (one call each for all its jobs, ``quick``, by scheduler: its live states None when the queue
-    could not be asked), else from the exit code its script wrote, else from the scheduler's status where it
-    has no such call (PBS); `status` asks the scheduler properly."""
+    """A quick state for `list`: a local job's from its edge (its files and supervisor); a queued job's from
+    its scheduler's queue or accounting (one call each for all its jobs, ``quick``, by scheduler: its live
+    states None when the queue could not be asked), else from the exit code its script wrote, else from the
+    scheduler's status where it has no such call (PBS); `status` asks the scheduler properly."""
     try:
         data = json.loads(read_bounded(row["record"]).decode("utf-8"))
     except (OSError, ValueError):
