@@ -258,3 +258,33 @@ def test_cancel_of_an_api_job_on_the_local_scheduler(tmp_path: Path) -> None:
     assert out.strip(), err  # the caller's wait ended with an error, not a value
     st = _final_status(env, job)
     assert (st["state"], st["exit_code"]) == ("CANCELLED", 128 + signal.SIGTERM), st
+
+
+def test_a_foreground_job_is_followed_and_cancelled_from_another_terminal(tmp_path: Path) -> None:
+    # without --wait/--no-wait the job runs in the submitting terminal, and is a job all the same: `logs
+    # --follow` from another terminal follows it, `cancel` there stops it (issue 41: "Ctrl-C there stops it")
+    env = _env(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "submit", "--scheduler", "local", "-o", "logs",
+                             "--nodes", "2", "job.py", str(tmp_path), "0"], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ranks = _pids(tmp_path, 2)
+        job = json.loads(run_cli("list", "--json", env=env).stdout)[-1]["job_id"]
+        assert _status(env, job)["nodes"] == "127.0.0.[1-2]"
+        follow = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "logs", job, "--follow"], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert follow.stdout is not None
+            assert follow.stdout.readline() == "started 0\n"
+            c = run_cli("cancel", job, env=env)
+            assert (c.returncode, c.stdout) == (0, f"cancelled job {job}\n"), c.stderr
+            _, follow_err = follow.communicate(timeout=60)
+        finally:
+            follow.kill()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in err, err
+    assert f"job {job} ended CANCELLED, exit code 143" in follow_err, follow_err
+    assert not [p for p in ranks if alive(p)]
+    assert _listed(env, job) == "CANCELLED"
