@@ -174,7 +174,8 @@ def _add_submit(sub: Any, profiles: bool, options: bool = True) -> None:
                        usage="%(prog)s [OPTIONS] SCRIPT [ARGS ...]",  # the options are listed below, by group
                        description="Render a batch script for SCRIPT and submit it: with sbatch (Slurm), qsub\n"
                                    "(PBS) or, with neither, on this machine. --wait follows the job to its end;\n"
-                                   "--dry-run prints the script only. Examples at the end.")
+                                   "on this machine, a job runs in the terminal unless --wait or --no-wait\n"
+                                   "detaches it. --dry-run prints the script only. Examples at the end.")
     if not options:
         return
     from .app.options import add_submit_options

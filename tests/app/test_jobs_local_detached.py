@@ -288,3 +288,32 @@ def test_a_foreground_job_is_followed_and_cancelled_from_another_terminal(tmp_pa
     assert f"job {job} ended CANCELLED, exit code 143" in follow_err, follow_err
     assert not [p for p in ranks if alive(p)]
     assert _listed(env, job) == "CANCELLED"
+
+
+@pytest.mark.parametrize("cancel", [True, False])
+def test_ctrl_c_of_a_wait_follows_the_queued_rule(tmp_path: Path, cancel: bool) -> None:
+    # as under Slurm: Ctrl-C of `submit --wait` cancels the job with --cancel-on-interrupt (on a terminal it
+    # asks), and without it, where nobody can be asked, leaves the job running and says how to reach it
+    env = _env(tmp_path)
+    flags = ["--cancel-on-interrupt"] if cancel else []
+    proc = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "submit", "--scheduler", "local", "--wait", *flags,
+                             "-o", "logs", "job.py", str(tmp_path), "0"], env=env, cwd=tmp_path,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        job = proc.stdout.readline().strip()
+        ranks = _pids(tmp_path, 1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    if cancel:
+        assert f"cancelled job {job}" in err, err
+        assert _final_status(env, job)["state"] == "CANCELLED"
+        assert not [p for p in ranks if alive(p)]
+    else:
+        assert f"job {job} keeps running (slurmlaunch cancel {job} cancels it" in err, err
+        assert _status(env, job)["state"] == "RUNNING" and all(alive(p) for p in ranks)
+        (tmp_path / "go").touch()
+        assert _final_status(env, job)["state"] == "COMPLETED"
