@@ -247,7 +247,7 @@ def describe_array(spec: JobSpec, job_id: str) -> None:
 def wait_for(edge: Scheduler, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, timeout: float | None,
              files_id: str | None = None) -> int:
     from ..schedulers import JobStatus
-    from .follow import cancel_where_it_runs, follow, interrupted
+    from .follow import cancel_where_it_runs, follow, interrupted, poll_seconds
     from .records import element_id
 
     # Follow rank 0's own log where the scheduler writes one (an array has many rank 0s: its elements' states
@@ -264,7 +264,8 @@ def wait_for(edge: Scheduler, job_id: str, spec: JobSpec, cancel_on_interrupt: b
         return st
 
     try:
-        code: int = follow(job_id, status, rank0, timeout=timeout, log_dir=spec.log_dir, files_id=files_id)
+        code: int = follow(job_id, status, rank0, timeout=timeout, log_dir=spec.log_dir, files_id=files_id,
+                           poll=poll_seconds(edge))
         batch_log = edge.batch_log(spec, job_id)
         for line in warning_lines(batch_log) if batch_log else []:
             sys.stderr.write(line)

@@ -160,7 +160,11 @@ def test_a_record_whose_supervisor_was_killed_reads_as_ended_and_no_rank_is_left
     env = _env(tmp_path)
     job = _submit(env, tmp_path, "--nodes", "2")
     ranks = _pids(tmp_path, 2)
-    os.kill(_supervisor(tmp_path, job), signal.SIGKILL)  # the OOM killer, say
+    supervisor = _supervisor(tmp_path, job)
+    os.kill(supervisor, signal.SIGKILL)  # the OOM killer, say
+    deadline = time.monotonic() + 30
+    while alive(supervisor) and time.monotonic() < deadline:  # the signal's delivery, not the test's subject
+        time.sleep(0.05)
     st = _status(env, job)
     assert (st["state"], st["exit_code"]) == ("FAILED", None) and st["note"].startswith("lost: "), st
     assert _listed(env, job) == "FAILED"

@@ -367,10 +367,11 @@ def cmd_logs(job_id: str, rank: int | None, follow: bool) -> int:
             raise JobStateError(f"no log {path!r} yet ({e.strerror})") from None
         return 0
     from ..follow import follow as follow_job
+    from ..follow import poll_seconds
 
     edge = _edge(record)
     return follow_job(record.shown_id, lambda: edge.status(record.full_id, record.log_dir), path,
-                      files_id=record.tag)
+                      files_id=record.tag, poll=poll_seconds(edge))
 
 
 def already_ended(edge: Scheduler, record: JobRecord) -> str | None:
