@@ -22,8 +22,8 @@ import pytest
 
 from tests.helpers import alive, no_slurm_env, run_cli, wait_for_files
 
-# Each rank says which process it is (pid-RANK, written whole), then waits for the file "go" (at most 120 s)
-# and exits with code argv[2].
+# Each rank says which process it is (pid-RANK, written whole), then waits for the file "go" (at most 120 s);
+# rank 0 then exits with code argv[2], the others with 0 (a failing rank 1 could stop rank 0 before it prints).
 WAITER = """
 import os, sys, time
 d, rank = sys.argv[1], int(os.environ["RANK"])
@@ -35,7 +35,7 @@ deadline = time.monotonic() + 120
 while not os.path.exists(os.path.join(d, "go")) and time.monotonic() < deadline:
     time.sleep(0.05)
 print(f"finished {rank}", flush=True)
-sys.exit(int(sys.argv[2]))
+sys.exit(int(sys.argv[2]) if rank == 0 else 0)
 """
 
 
