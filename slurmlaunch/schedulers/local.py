@@ -473,7 +473,7 @@ def _run_element(spec: JobSpec, environ: Mapping[str, str], grace: float, warnin
                  f"{spec.preemption.max_requeues})")
         break
     files = JobFiles(spec.log_dir, step[0])
-    write_private(files.exit_code, f"{result.exit_code}\n{end_state(result)}\n", exclusive=True)
+    write_end(spec.log_dir, step[0], result.exit_code, end_state(result))
     if failure:
         write_private(files.failure, f"slurmlaunch: {failure}\n", exclusive=True)
     return result
@@ -532,8 +532,7 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0,
     assert outcome is not None
     if spec.is_array:
         _array_summary(job_id, steps, ended)
-        write_private(JobFiles(spec.log_dir, job_id).exit_code,
-                      f"{outcome.exit_code}\n{end_state(outcome)}\n", exclusive=True)
+        write_end(spec.log_dir, job_id, outcome.exit_code, end_state(outcome))
     return job_id, outcome
 
 
