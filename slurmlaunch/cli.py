@@ -67,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .allocation.batch_step import main as batch_step_main
 
             return batch_step_main(args[1:])
+        if args and args[0] == "local-job":  # a detached local job's supervisor (schedulers/local.py)
+            from .schedulers.local import detached_main
+
+            return detached_main(args[1:])
         if args and args[0] == "stacks-summary":
             from .allocation.stacks import summary_main
 
@@ -215,7 +219,8 @@ def _add_submit(sub: Any, profiles: bool, options: bool = True) -> None:
                        usage="%(prog)s [OPTIONS] SCRIPT [ARGS ...]",  # the options are listed below, by group
                        description="Render a batch script for SCRIPT and submit it: with sbatch (Slurm), qsub\n"
                                    "(PBS) or, with neither, on this machine. --wait follows the job to its end;\n"
-                                   "--dry-run prints the script only. Examples at the end.")
+                                   "on this machine, a job runs in the terminal unless --wait or --no-wait\n"
+                                   "detaches it. --dry-run prints the script only. Examples at the end.")
     if not options:
         return
     from .app.options import add_submit_options

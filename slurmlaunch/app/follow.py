@@ -19,6 +19,13 @@ if TYPE_CHECKING:
     from ..schedulers.interface import Scheduler
 
 LOST_CONTACT_S = 120.0
+POLL_S = 1.0  # how often a follow asks a queued scheduler (squeue, qstat: a shared controller)
+LOCAL_POLL_S = 0.2  # and a local job's files: nobody else's controller is asked
+
+
+def poll_seconds(edge: Scheduler) -> float:
+    """How often to ask ``edge`` while following one of its jobs."""
+    return POLL_S if edge.queued else LOCAL_POLL_S
 
 
 def _elapsed(seconds: float) -> str:
@@ -85,7 +92,7 @@ def stopped_summary(log_dir: str, job_id: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()][:50]
 
 
-def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, *, poll: float = 1.0,
+def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, *, poll: float = POLL_S,
            timeout: float | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
            log_dir: str | None = None, files_id: str | None = None,
            failures: Callable[[], list[str]] | None = None) -> int:

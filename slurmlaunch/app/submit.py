@@ -168,7 +168,7 @@ def cmd_submit(ns: Any) -> int:
     if spec.warning_note:
         sys.stderr.write(f"slurmlaunch: {spec.warning_note}\n")
     if not edge.queued:
-        return submit_local(spec, ns)
+        return submit_local(spec, ns, edge)
     if edge.site_gpu_flag:
         spec = adapt_to_site(spec, getattr(ns, "option_origins", {}))
     script = edge.render(spec, ns.template_dir)
@@ -191,18 +191,25 @@ def cmd_submit(ns: Any) -> int:
     return wait_for(edge, sub.job_id, spec, ns.cancel_on_interrupt, ns.wait_timeout, sub.files_id or None)
 
 
-def submit_local(spec: JobSpec, ns: Any) -> int:
-    """Run the job on the local scheduler, in the foreground (or print its commands for --dry-run)."""
+def submit_local(spec: JobSpec, ns: Any, edge: Scheduler) -> int:
+    """Run the job on the local scheduler (or print its commands for --dry-run): with --no-wait detached,
+    its id printed at once; with --wait detached and followed as a queued job is (Ctrl-C asks whether to
+    cancel it); without either, in this process, as in a terminal a training script runs (Ctrl-C or a
+    hang-up stops it). Every way, `status`, `logs --follow`, `cancel` and `list` know it from any terminal."""
     from ..schedulers import local
 
-    for given, why in ((ns.template_dir, "--template-dir: the local scheduler renders no batch script"),
-                       (ns.wait_timeout, "--wait-timeout: the local scheduler runs the job in the foreground; "
-                                         "bound it with --time")):
-        if given is not None:
-            raise SpecError(f"{why} (leave it out, or --scheduler slurm/pbs)")
+    if ns.template_dir is not None:
+        raise SpecError("--template-dir: the local scheduler renders no batch script (leave it out, or "
+                        "--scheduler slurm/pbs)")
     if spec.containers.apptainer and not shutil.which("apptainer"):
         raise SpecError("--apptainer: apptainer is not on PATH on this machine (install it, or leave out "
                         "--apptainer for the local scheduler)")
+    from .profiles import BUILTIN
+
+    detached = getattr(ns, "option_origins", {}).get("wait", BUILTIN) != BUILTIN
+    if ns.wait_timeout is not None and not (detached and ns.wait):
+        raise SpecError("--wait-timeout: on the local scheduler only with --wait (without it the job runs in this "
+                        "process: bound it with --time)")
     validate_local(spec)  # before the ranks (or the dry run's lines) are built
     if ns.dry_run:
         sys.stdout.write(local.dry_run(spec, os.environ))
@@ -210,8 +217,18 @@ def submit_local(spec: JobSpec, ns: Any) -> int:
     note = local.not_enforced_note(spec)
     if note:
         sys.stderr.write(f"slurmlaunch: {note}\n")
-    _, outcome = local.run(spec, os.environ)
-    return outcome.exit_code
+    if not detached:
+        _, outcome = local.run(spec, os.environ)
+        return int(outcome.exit_code)
+    job_id = local.start_detached(spec, os.environ)
+    sys.stderr.write(f"slurmlaunch: started local job {job_id} ({local.count(spec.world_size, 'rank')} on "
+                     f"{local.count(spec.resources.nodes, 'emulated node')}), detached; logs in {spec.log_dir}\n")
+    describe_array(spec, job_id)
+    print(job_id)
+    sys.stdout.flush()
+    if not ns.wait:
+        return 0
+    return wait_for(edge, job_id, spec, ns.cancel_on_interrupt, ns.wait_timeout)
 
 
 def describe_array(spec: JobSpec, job_id: str) -> None:
@@ -229,7 +246,7 @@ def describe_array(spec: JobSpec, job_id: str) -> None:
 def wait_for(edge: Scheduler, job_id: str, spec: JobSpec, cancel_on_interrupt: bool, timeout: float | None,
              files_id: str | None = None) -> int:
     from ..schedulers import JobStatus
-    from .follow import cancel_where_it_runs, follow, interrupted
+    from .follow import cancel_where_it_runs, follow, interrupted, poll_seconds
     from .records import element_id
 
     # Follow rank 0's own log where the scheduler writes one (an array has many rank 0s: its elements' states
@@ -246,7 +263,8 @@ def wait_for(edge: Scheduler, job_id: str, spec: JobSpec, cancel_on_interrupt: b
         return st
 
     try:
-        code: int = follow(job_id, status, rank0, timeout=timeout, log_dir=spec.log_dir, files_id=files_id)
+        code: int = follow(job_id, status, rank0, timeout=timeout, log_dir=spec.log_dir, files_id=files_id,
+                           poll=poll_seconds(edge))
         batch_log = edge.batch_log(spec, job_id)
         for line in warning_lines(batch_log) if batch_log else []:
             sys.stderr.write(line)

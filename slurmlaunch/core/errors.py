@@ -31,7 +31,7 @@ class PreflightError(SlurmLaunchError):
 
 class JobStateError(SlurmLaunchError):
     """A job command about a job that is not known here, or not in a state that allows it (its record is
-    gone, no such array element, it ended in the foreground, no log yet). Not a bad request: the same
+    gone, no such array element, its local supervisor is gone, no log yet). Not a bad request: the same
     command may succeed later or elsewhere."""
 
 

@@ -44,8 +44,9 @@ class Scheduler(Protocol):
 
     @property
     def queued(self) -> bool:
-        """Whether jobs go to a queue (submit, then status/cancel by id); False: they run in the foreground, and
-        the job commands read the state its supervisor wrote (app/jobs.py's local_state)."""
+        """Whether jobs go to a queue (submit renders and submits a script); False: they start at once on this
+        machine under a supervisor of slurmlaunch's (the local scheduler), whose :meth:`status` reads the job's
+        files and that supervisor, and whose :meth:`cancel` signals it."""
         ...
 
     @property

@@ -4,7 +4,13 @@ It starts nodes x tasks-per-node processes with the variables a real srun step s
 SLURM_LOCALID, SLURM_NODEID, the step's node list and task counts, SLURMD_NODENAME, ...), so each rank
 goes through exactly the launcher path it takes on a cluster. The emulated nodes are named by loopback
 addresses (see :func:`node_names`), so every client resolves them and MASTER_ADDR is the first node's, as on a
-cluster. It runs in the foreground (as if --wait).
+cluster.
+
+A job runs under a supervisor (supervisor.py): in the submitting process (submit without --wait/--no-wait),
+or detached in a session of its own (:func:`start_detached`: --no-wait, --wait, the Python API's jobs), which
+no terminal's hang-up or Ctrl-C reaches. Either way the job's record names the supervisor by pid, start time
+and boot, so `status`, `logs --follow`, `cancel` and `list` answer from any terminal (:class:`LocalScheduler`),
+and a job whose supervisor is gone without writing its end (killed, the machine restarted) reads as ended.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import functools
 import grp
 import ipaddress
 import itertools
+import json
 import os
 import pwd
 import shlex
@@ -49,7 +56,7 @@ from ..render.launch import launch_command, script_env
 from . import JobStatus, Submission, current_umask, make_log_dir, rank_log, write_private, write_record
 from .interface import QuickStates
 from .local_stepenv import GPU_LISTS, Submitter, step_env
-from .supervisor import Outcome, RankProcess, supervise
+from .supervisor import Outcome, RankProcess, detach, supervise
 from .support import Refusals, default, flag, refuse
 
 # Emulated node I is named 127.0.0.1 + I: an address is its own name to every resolver (getaddrinfo, gloo,
@@ -246,6 +253,11 @@ ID_FILE = "local-job-ids"
 STATES_BY_SIGNAL = {signal.SIGINT: "CANCELLED", signal.SIGTERM: "CANCELLED", signal.SIGHUP: "CANCELLED"}
 
 
+def write_end(log_dir: str, tag: str, code: int, state: str) -> None:
+    """The job's (or element's) exit file, "CODE\\nSTATE", which :func:`job_status` reads: written once, at the end."""
+    write_private(JobFiles(log_dir, tag).exit_code, f"{code}\n{state}\n", exclusive=True)
+
+
 def allocate_ids(count: int, environ: Mapping[str, str]) -> int:
     """The first of ``count`` consecutive local job ids, unique for this user: a counter kept under an
     exclusive lock in the state directory (so concurrent submitters, in any PID namespace, never get the
@@ -276,7 +288,7 @@ def _claim(spec: JobSpec, count: int, environ: Mapping[str, str], argv: list[str
     for _ in range(50):
         job_id = str(allocate_ids(count, environ))
         try:
-            record = write_record(spec, job_id, "local", argv, {"supervisor": process_identity(os.getpid())},
+            record = write_record(spec, job_id, "local", argv, {"supervisor": supervisor_entry(os.getpid())},
                                   exclusive=True)
         except FileExistsError:
             continue
@@ -297,6 +309,40 @@ def process_identity(pid: int) -> dict[str, int] | None:
         return {"pid": pid, "start": int(fields[19])}
     except (OSError, IndexError, ValueError):
         return None
+
+
+def boot_id() -> str:
+    """This boot's id (Linux: /proc/sys/kernel/random/boot_id); "" where there is none. A start time counts
+    from the boot, so after a restart an early process may have the same pid and start time as a recorded one."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def supervisor_entry(pid: int) -> dict[str, object] | None:
+    """What a record keeps of the process that supervises a job: its identity, this boot, when it started."""
+    identity = process_identity(pid)
+    if identity is None:
+        return None
+    return {**identity, "boot": boot_id(), "started": time.time()}
+
+
+def supervisor_alive(entry: object) -> bool:
+    """Whether the supervisor a record names still runs: the same pid with the same start time, in the same
+    boot (a pid alone is reused)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("pid"), int) or \
+            not isinstance(entry.get("start"), int):
+        return False
+    if entry.get("boot") and entry["boot"] != boot_id():
+        return False
+    try:
+        with open(f"/proc/{entry['pid']}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0] != b"Z" and int(fields[19]) == entry["start"]  # a zombie has ended
+    except (OSError, IndexError, ValueError):
+        return False
 
 
 def _say(text: str) -> None:
@@ -389,7 +435,7 @@ def _report(what: str, spec: JobSpec, result: Outcome, stopped: Reason | None = 
     return failure
 
 
-def _count(n: int, noun: str) -> str:
+def count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
@@ -422,7 +468,7 @@ def _run_once(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: 
               restarts: int) -> tuple[Outcome, str | None, bool]:
     """One run of an element: (its outcome, the failure line, whether the ranks saved for a requeue)."""
     tag, step_job, extra, point = step
-    _say(f"{what}: {_count(spec.world_size, 'rank')} on {_count(spec.resources.nodes, 'emulated node')} "
+    _say(f"{what}: {count(spec.world_size, 'rank')} on {count(spec.resources.nodes, 'emulated node')} "
          f"{node_list(spec.resources.nodes)}; logs in {spec.log_dir}")
     ranks, files = _step_ranks(spec, environ, tag, step_job, extra, point, restarts)
     result = supervise(ranks, grace=grace, time_limit=spec.time_limit_seconds, warning=warning)
@@ -464,7 +510,7 @@ def _run_element(spec: JobSpec, environ: Mapping[str, str], grace: float, warnin
                  f"{spec.preemption.max_requeues})")
         break
     files = JobFiles(spec.log_dir, step[0])
-    write_private(files.exit_code, f"{result.exit_code}\n{end_state(result)}\n", exclusive=True)
+    write_end(spec.log_dir, step[0], result.exit_code, end_state(result))
     if failure:
         write_private(files.failure, f"slurmlaunch: {failure}\n", exclusive=True)
     return result
@@ -479,21 +525,32 @@ def _array_summary(job_id: str, steps: Sequence[tuple[str, str, dict[str, str], 
         _say(f"  {tag}: CANCELLED (not started)")
 
 
-def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple[str, Outcome]:
-    """Run the job in the foreground (an array's elements one after another); returns (job id, outcome):
-    an array's is its first failing element's, in index order. Like Slurm: --time stops the ranks at the
-    limit, after the warning signal; with --requeue a run that got the warning, or whose ranks exited with
-    128 + its number, runs again (SLURM_RESTART_COUNT), at most --max-requeues times."""
-    _, note = gpu_plan(spec, environ)
+def claim(spec: JobSpec, environ: Mapping[str, str], command: Sequence[str] | None = None) -> tuple[str, str]:
+    """(job id, record path): the job's id claimed, its record written (naming this process as its
+    supervisor) and its line added to the index, so that `status`, `list` and `cancel` know it at once.
+    ``command``: what runs the job, for the record (default: rank 0's command line)."""
     make_log_dir(spec.log_dir)
     count = len(spec.array_indices) if spec.is_array else 1
     first_point = spec.sweep_points[spec.array_indices[0]] if spec.arrays.sweep else []
-    argv = list(rank_processes(spec, "0", environ, "0", None, first_point)[0].argv)
+    argv = list(command) if command is not None else \
+        list(rank_processes(spec, "0", environ, "0", None, first_point)[0].argv)
     job_id, record = _claim(spec, count, environ, argv)
-    steps = elements(spec, int(job_id)) if spec.is_array else [(job_id, job_id, {}, [])]
     from .index import remember
 
     remember(job_id, "local", record, spec.name)
+    return job_id, record
+
+
+def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0,
+        claimed: str | None = None) -> tuple[str, Outcome]:
+    """Run the job under a supervisor in this process (an array's elements one after another); returns (job
+    id, outcome): an array's is its first failing element's, in index order. ``claimed``: the id
+    :func:`claim` gave it (a detached job's); else one is claimed here. Like Slurm: --time stops the ranks at
+    the limit, after the warning signal; with --requeue a run that got the warning, or whose ranks exited
+    with 128 + its number, runs again (SLURM_RESTART_COUNT), at most --max-requeues times."""
+    _, note = gpu_plan(spec, environ)
+    job_id = claimed if claimed is not None else claim(spec, environ)[0]
+    steps = elements(spec, int(job_id)) if spec.is_array else [(job_id, job_id, {}, [])]
     if note:
         _say(note)
     warning = _warning(spec)
@@ -512,12 +569,173 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0) -> tuple
     assert outcome is not None
     if spec.is_array:
         _array_summary(job_id, steps, ended)
-        write_private(JobFiles(spec.log_dir, job_id).exit_code,
-                      f"{outcome.exit_code}\n{end_state(outcome)}\n", exclusive=True)
+        write_end(spec.log_dir, job_id, outcome.exit_code, end_state(outcome))
     return job_id, outcome
 
 
-_NO_QUEUE = ("the local scheduler has no queue to submit to: it runs the job in the foreground "
+DETACHED_COMMAND = "local-job"  # the hidden command a detached job's supervisor runs (cli.py)
+
+
+def start_detached(spec: JobSpec, environ: Mapping[str, str]) -> str:
+    """Start the job under a supervisor of its own (``python -m slurmlaunch local-job``) and return its id at
+    once. The supervisor runs in a session of its own (no terminal: a hang-up or Ctrl-C there does not reach
+    it), with stdin from /dev/null, the ranks' output in their logs and its own messages in the job's batch
+    log; it is not this process's to wait for, so this process may end (the submitting shell too)."""
+    import pickle
+
+    _, note = gpu_plan(spec, environ)  # a refusal before anything is written
+    if note:
+        _say(note)  # here too: its supervisor says it in the batch log
+    job_id, record = claim(spec, environ)
+    pid = detach([sys.executable, "-m", "slurmlaunch", DETACHED_COMMAND, record], environ,
+                 pickle.dumps((spec, job_id)), JobFiles(spec.log_dir, job_id).batch_log)
+    name_supervisor(record, pid)
+    return job_id
+
+
+def name_supervisor(record: str, pid: int) -> None:
+    """Write process ``pid`` into the job's record as the one that supervises it."""
+    from .index import read_bounded
+
+    data = json.loads(read_bounded(record).decode("utf-8"))
+    data["supervisor"] = supervisor_entry(pid)
+    write_private(record, json.dumps(data, indent=2) + "\n")
+
+
+def detached_main(argv: Sequence[str]) -> int:
+    """The detached supervisor (``slurmlaunch local-job RECORD``, started by :func:`start_detached`): reads the
+    job from stdin, then runs it as the foreground one runs, with stdin on /dev/null."""
+    import pickle
+
+    data = sys.stdin.buffer.read()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    try:
+        spec, job_id = pickle.loads(data)
+    except Exception as e:  # the submitter went away before it sent the job: nothing ran
+        _say(f"local job {' '.join(argv)}: its submitter sent no job ({type(e).__name__}); nothing ran")
+        return 2
+    _, outcome = run(spec, os.environ, claimed=job_id)
+    return outcome.exit_code
+
+
+def _read_record(log_dir: str, job_id: str) -> dict[str, object]:
+    from .index import read_bounded
+
+    path = JobFiles(log_dir, job_id).record
+    try:
+        data = json.loads(read_bounded(path).decode("utf-8"))
+    except (OSError, ValueError) as e:
+        raise JobStateError(f"job {job_id}: its record {path!r} cannot be read ({e})") from None
+    if not isinstance(data, dict):
+        raise JobStateError(f"job {job_id}: {path!r} is not a slurmlaunch job record")
+    return data
+
+
+def _ended(log_dir: str, tag: str) -> tuple[int, str, float] | None:
+    """(exit code, state, when) from the exit file the supervisor writes at a job's (or element's) end."""
+    path = JobFiles(log_dir, tag).exit_code
+    try:
+        with open(path, "rb") as f:
+            words = f.read(4096).decode().split()
+        code = int(words[0])
+        return code, words[1] if len(words) > 1 else ("COMPLETED" if code == 0 else "FAILED"), os.stat(path).st_mtime
+    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return None
+
+
+def _elapsed(seconds: float) -> str:
+    """As sacct shows it: [D-]HH:MM:SS."""
+    days, rest = divmod(max(0, int(seconds)), 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    return f"{days}-{h:02d}:{m:02d}:{s:02d}" if days else f"{h:02d}:{m:02d}:{s:02d}"
+
+
+LOST_NOTE = ("lost: its supervisor (pid {pid}) is gone without recording how the job ended: killed, or this "
+             "machine restarted")
+
+
+def job_status(job_id: str, log_dir: str | None, indices: Sequence[int] = ()) -> JobStatus:
+    """A local job's (or array element's, ``ID_INDEX``) state, from its files: the exit file once it has
+    ended; RUNNING while the supervisor its record names runs (the same pid and start time, this boot);
+    else FAILED without an exit code, "lost" (its processes are gone: nothing can run it any more)."""
+    base, _, element = job_id.partition("_")
+    if log_dir is None:
+        raise JobStateError(f"job {job_id}: the local scheduler answers from the job's files, and their "
+                            f"directory is not known")
+    record = _read_record(log_dir, base)
+    saved = record.get("spec") if isinstance(record.get("spec"), dict) else {}
+    assert isinstance(saved, dict)
+    nodes = node_list(int(saved.get("nodes") or 1))
+    entry = record.get("supervisor")
+    running = supervisor_alive(entry)
+    started = entry.get("started") if isinstance(entry, dict) else None
+    ended = _ended(log_dir, base)
+    note = None
+    if ended is not None:
+        code: int | None
+        code, state, at = ended
+    elif running:
+        state, code, at = "RUNNING", None, time.time()
+    else:
+        pid = entry.get("pid") if isinstance(entry, dict) else "?"
+        state, code, at, note = "FAILED", None, None, LOST_NOTE.format(pid=pid)
+    elapsed = _elapsed(at - started) if isinstance(started, (int, float)) and at is not None else None
+    if element or indices:
+        sweep = tuple((k, tuple(v)) for k, v in saved.get("sweep", ()))
+        array = JobSpec.of(script="", array=saved.get("array"), sweep=sweep).array_indices
+        words = _element_states(log_dir, base, array, state)
+        if element:
+            if element not in words:
+                raise JobStateError(f"job {base} has no array element {element}")
+            word, _, shown = words[element].partition(" ")
+            return JobStatus(word, int(shown) if shown.isdigit() else None, nodes if word == "RUNNING" else None,
+                             elapsed=elapsed if word == "RUNNING" else None, note=note)
+        return JobStatus(state, code, nodes, words, elapsed, note)
+    return JobStatus(state, code, nodes, None, elapsed, note)
+
+
+def _element_states(log_dir: str, base: str, indices: Sequence[int], job_state: str) -> dict[str, str]:
+    """A local array's elements, index -> "STATE CODE" or "STATE". They run one after another: while the
+    job runs, the first without an exit file is RUNNING and the rest PENDING; elements a stopped job never
+    reached are CANCELLED."""
+    out: dict[str, str] = {}
+    running_seen = False
+    for index in indices:
+        ended = _ended(log_dir, f"{base}_{index}")
+        if ended is not None:
+            out[str(index)] = f"{ended[1]} {ended[0]}"
+        elif job_state == "RUNNING":
+            out[str(index)] = "PENDING" if running_seen else "RUNNING"
+            running_seen = True
+        else:
+            out[str(index)] = "CANCELLED" if job_state == "CANCELLED" else "FAILED (no exit code recorded)"
+    return out
+
+
+def cancel(job_id: str, log_dir: str | None) -> str:
+    """SIGTERM to the job's supervisor (checked by pid, start time and boot), which stops every rank as a
+    stop signal does (SIGTERM, SIGKILL after the grace) and records the job CANCELLED."""
+    base, _, element = job_id.partition("_")
+    if element:
+        raise JobStateError(f"job {job_id}: the local scheduler runs an array's elements one after another under "
+                            f"one supervisor: cancel the whole job, slurmlaunch cancel {base}")
+    if log_dir is None:
+        raise JobStateError(f"job {job_id}: the directory of its files is not known")
+    entry = _read_record(log_dir, base).get("supervisor")
+    if not supervisor_alive(entry):
+        raise JobStateError(f"job {job_id} does not run (its supervisor is gone)")
+    assert isinstance(entry, dict)
+    try:
+        os.kill(entry["pid"], signal.SIGTERM)
+    except ProcessLookupError:
+        raise JobStateError(f"job {job_id} does not run (its supervisor has just ended)") from None
+    return job_id
+
+
+_NO_QUEUE = ("the local scheduler has no queue to submit to: it starts the job at once, on this machine "
              "(slurmlaunch submit --scheduler local)")
 
 
@@ -564,7 +782,8 @@ def not_enforced_note(spec: JobSpec) -> str | None:
 
 class LocalScheduler:
     """The local scheduler as a :class:`~.interface.Scheduler`: it renders its plan (--dry-run) and runs a job
-    with :func:`run`, in the foreground; there is no queue, so nothing to submit, ask about or cancel later."""
+    with :func:`run` or :func:`start_detached`; there is no queue to submit to, but a job's state comes from
+    its files and its supervisor (:func:`job_status`), and cancel signals that supervisor."""
 
     name: Final = "local"
     title: Final = "the local scheduler"
@@ -616,10 +835,10 @@ class LocalScheduler:
         raise SchedulerError(_NO_QUEUE)
 
     def status(self, job_id: str, log_dir: str | None, indices: Sequence[int] = ()) -> JobStatus:
-        raise JobStateError(f"job {job_id} ran on the local scheduler, in the foreground: it has ended")
+        return job_status(job_id, log_dir, indices)
 
     def cancel(self, job_id: str, log_dir: str | None = None) -> str:
-        raise JobStateError(f"job {job_id} ran on the local scheduler, in the foreground: it has ended")
+        return cancel(job_id, log_dir)
 
     def resubmissions(self, job_id: str, log_dir: str) -> list[str]:
         return []  # its requeue (--requeue, locally) keeps the job's id
@@ -628,7 +847,8 @@ class LocalScheduler:
         return None if spec.is_array else rank_log(spec, job_id, rank)
 
     def batch_log(self, spec: JobSpec, job_id: str) -> str | None:
-        return None
+        path = JobFiles(spec.log_dir, job_id).batch_log  # a detached job's supervisor writes it
+        return path if os.path.exists(path) else None
 
     def node_commands(self, job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, list[str]]:
         return {}  # every emulated node is this machine: `slurmlaunch stacks` signals the ranks itself

@@ -1,7 +1,9 @@
 """Runs a set of rank processes on this machine: the local scheduler's and `slurmlaunch run`'s engine.
 
 * each rank in its own session (process group), so a stop reaches its children too;
-* nothing of the job outlives it: on Linux the supervisor is a child subreaper while it runs, so a process a
+* nothing of the job outlives it: on Linux every rank dies with the supervisor (PR_SET_PDEATHSIG: a supervisor
+  killed by SIGKILL or the OOM killer leaves no rank running unsupervised), and the supervisor is a child
+  subreaper while it runs, so a process a
   rank started in a session of its own (setsid, a daemon) is re-parented to the supervisor when its parent
   dies and is killed with the job; such processes are told apart from the supervisor's other children by
   a per-run token in their environment;
@@ -26,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -38,6 +40,7 @@ AS_RECEIVED_BY_RANKS = {signal.SIGHUP: signal.SIGTERM}
 DRAIN_BOUND = 2.0  # seconds the output threads may take once every process of the job has ended
 TOKEN_VARIABLE = "SLURMLAUNCH_SUPERVISOR_TOKEN"
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,45 @@ def _set_subreaper(on: bool) -> bool:
         return False
 
 
+def _die_with_parent() -> Callable[[], None] | None:
+    """What a rank runs between fork and exec so that it gets SIGKILL when the supervisor dies (Linux); libc
+    is loaded here, before any fork, so the child only makes the call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+    return arm
+
+
+def detach(argv: Sequence[str], env: Mapping[str, str], payload: bytes, log_path: str) -> int:
+    """Start ``argv`` as a supervisor of its own, for a job that outlives this process: a session of its own
+    (no controlling terminal: neither its hang-up nor Ctrl-C reaches it), ``payload`` on its stdin (it reads
+    it whole, then takes /dev/null), stdout on /dev/null, stderr to the new file ``log_path``; its pid. A
+    daemon thread reaps it in a long-lived caller (the Python API); a CLI caller simply exits."""
+    err = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
+                                env=dict(env), start_new_session=True, close_fds=True)
+    finally:
+        os.close(err)
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(payload)
+        proc.stdin.close()
+    except OSError:  # it died at once: its log says why
+        pass
+    threading.Thread(target=proc.wait, daemon=True, name=f"slurmlaunch-reap-{proc.pid}").start()
+    return proc.pid
+
+
 def _children() -> list[int]:
     pids: list[int] = []
     try:
@@ -245,6 +287,7 @@ class _Job:
         self.first_failed: int | None = None
         self.stop_deadline: float | None = None
         self.warned = self.timed_out = False
+        self.die_with_parent = _die_with_parent()
 
     def forward(self, signum: int, _frame: object) -> None:
         """The signal handler: a signal to the supervisor goes on to every rank still running."""
@@ -263,7 +306,7 @@ class _Job:
             self.logs.append(log_fd)
         p = subprocess.Popen(list(r.argv), env={**r.env, TOKEN_VARIABLE: self.token}, cwd=r.cwd,
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=self.die_with_parent)
         self.procs[r.rank] = p
         label = f"[{r.unit} {r.rank}] ".encode() if prefix else b""
         assert p.stdout is not None

@@ -16,8 +16,9 @@ from tests.helpers import EXAMPLES, SLEEPER, alive, no_slurm_env, run_cli, teard
 
 
 def test_example_trains_on_two_emulated_nodes(torch_available: None, tmp_path: Path) -> None:
+    # without --wait/--no-wait: in the foreground, every rank's output on the console, prefixed
     env = {**no_slurm_env(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")}  # auto's choice: said once per user
-    r = run_cli("submit", "--nodes", "2", "--gpus-per-node", "2", "--wait", str(EXAMPLES / "train_ddp.py"),
+    r = run_cli("submit", "--nodes", "2", "--gpus-per-node", "2", str(EXAMPLES / "train_ddp.py"),
                 "--epochs", "1", env=env, cwd=tmp_path, timeout=300)
     assert r.returncode == 0 or teardown_abort_only(r.stderr), r.stderr  # caught once in 4 runs of this file
     assert "auto chose local" in r.stderr and "run on the CPU" in r.stderr
@@ -130,7 +131,9 @@ def test_readme_command_1_prints_no_warning_and_each_fact_once(torch_available: 
     r = run_cli("submit", "--nodes", "2", "--gpus-per-node", "4", "--wait", str(EXAMPLES / "train_ddp.py"),
                 env=env, cwd=tmp_path, timeout=600)
     assert r.returncode == 0 or teardown_abort_only(r.stderr), r.stderr
-    assert "[rank 0] done: world_size=8 sum_of_ranks=28" in r.stdout
+    # --wait on the local default: detached and followed as a queued job is (rank 0's output, unprefixed)
+    assert "\ndone: world_size=8 sum_of_ranks=28\n" in r.stdout and "[rank" not in r.stdout, r.stdout
+    assert "run on the CPU" in r.stderr and "ended COMPLETED, exit code 0" in r.stderr, r.stderr
     out = r.stdout + r.stderr
     assert PY_WARNING.findall(out) == [], out
     ours = [line for line in out.splitlines() if re.match(r"(\[rank \d\] )?slurmlaunch: ", line)]

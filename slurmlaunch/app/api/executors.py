@@ -77,7 +77,7 @@ def _executor(spec: JobSpec, name: str) -> Any:
         note = not_enforced_note(spec)  # the CLI's line: a partition, --mem... this machine only shows
         if note:
             sys.stderr.write(f"slurmlaunch: {note}\n")
-        local = _local_executor(str(folder), spec.program.python, spec.warning)
+        local = _local_executor(str(folder), spec)
         local.update_parameters(tasks_per_node=spec.world_size, nodes=1, timeout_min=_minutes(spec.resources.time),
                                 signal_delay_s=spec.warning[1] if spec.warning else 90)
         return local

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import weakref
 from pathlib import Path
@@ -246,6 +247,22 @@ class Job:
 
     def __repr__(self) -> str:
         return f"slurmlaunch.Job({self.job_id!r}, {self.scheduler}, {self.spec.world_size} ranks)"
+
+
+def link_logs(spec: JobSpec, job: Any) -> None:
+    """The job commands' file names (JobFiles) for submitit's job ``job``'s, so that `slurmlaunch logs JOB
+    [--rank N]` finds a rank's output (its stdout; the batch log: rank 0's): on a login node for the laptop,
+    and for the local scheduler's jobs."""
+    from ...core.jobfiles import JobFiles
+
+    files = JobFiles(spec.log_dir, str(job.job_id), spec.log_unit, spec.ranks_per_log)
+    for rank in range(spec.world_size):
+        target = os.path.relpath(str(job.task(rank).paths.stdout), spec.log_dir)
+        for name in {files.rank_log(rank), *([files.batch_log] if rank == 0 else [])}:
+            try:
+                os.symlink(target, name)
+            except OSError:  # there already (a resubmitted id on a new cluster): keep it
+                pass
 
 
 # The Slurm jobs of this process (weakly: a handle dropped is forgotten): one squeue confirms every one of

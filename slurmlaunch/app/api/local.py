@@ -15,12 +15,18 @@ from typing import Any
 
 from .collect import _STATUS_FILE
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ...core.spec import JobSpec
+
 # After the first rank fails, the others get SIGINT (submitit's tasks ignore SIGTERM), then SIGKILL after
 # this many seconds: long enough for `finally` blocks, short enough that the caller hears within seconds.
 _STOP_GRACE_S = 3.0
 _POLL_MS = 50  # the controller's timer (signals received, time limit); a rank's end wakes it at once
 _REQUEUE_CODE = 144  # what submitit's local tasks exit with to be started again (after a checkpoint)
 _MAX_STARTS = 6  # submitit's local bound on requeues; its per-job timeout countdown applies as well
+_JOB_ID_VARIABLE = "SLURMLAUNCH_LOCAL_JOB_ID"  # the job's id and log directory, for the controller
+_LOG_DIR_VARIABLE = "SLURMLAUNCH_LOCAL_LOG_DIR"
 
 
 class _LocalController:
@@ -36,7 +42,9 @@ class _LocalController:
         self.timeout_s = float(env["SUBMITIT_LOCAL_TIMEOUT_S"])
         delay = env["SUBMITIT_LOCAL_SIGNAL_DELAY_S"]  # empty: no warning (signal="none")
         self.warn_s = self.timeout_s - float(delay) if delay else 0.0
-        self.job_id = str(os.getpid())
+        # the local scheduler's job id, claimed by the submitter (_local_executor): the files, SUBMITIT_LOCAL_JOB_ID
+        self.job_id = env.get(_JOB_ID_VARIABLE) or str(os.getpid())
+        self.log_dir = env.get(_LOG_DIR_VARIABLE)
         self.folder = folder
         self.received: list[int] = []
         self.received_stop: int | None = None  # the SIGINT or SIGTERM that cancelled the job
@@ -59,11 +67,33 @@ class _LocalController:
         temporary = target.with_suffix(".tmp")
         temporary.write_text(json.dumps(status))
         os.replace(temporary, target)  # the caller reads it once this process has ended; atomic anyway
+        self._write_end(ended, reason)
         if reason and reason.startswith("cancelled"):
             number = self.received_stop or signal.SIGINT
             signal.signal(number, signal.SIG_DFL)
             os.kill(os.getpid(), number)  # the job's state reads INTERRUPTED, as with submitit's controller
         return 0 if all(v["code"] == 0 for v in ended.values()) else 1
+
+    def _write_end(self, ended: dict[int, dict[str, Any]], reason: str | None) -> None:
+        """The job's exit file, as the local scheduler's supervisor writes it (`slurmlaunch status JOB`)."""
+        if not self.log_dir:
+            return
+        from ...schedulers.local import write_end
+
+        failed = sorted((v["at"], k) for k, v in ended.items() if v["code"] != 0 and not v.get("stopped"))
+        if reason and reason.startswith("cancelled"):
+            state, code = "CANCELLED", 128 + (self.received_stop or signal.SIGINT)
+        elif reason == "stopped at its time limit":
+            state, code = "TIMEOUT", 128 + signal.SIGTERM
+        elif failed or any(v["code"] != 0 for v in ended.values()):
+            first = ended[failed[0][1]]["code"] if failed else next(v["code"] for v in ended.values() if v["code"])
+            state, code = "FAILED", 128 - first if first < 0 else first
+        else:
+            state, code = "COMPLETED", 0
+        try:
+            write_end(self.log_dir, self.job_id, code, state)
+        except OSError:
+            pass
 
     def _attempt(self, paths: list[Any]) -> tuple[dict[int, dict[str, Any]], str | None]:
         attempt = _Attempt(self, paths)
@@ -186,12 +216,14 @@ def _controller_main() -> None:
 
 
 def _start_controller(folder: Path, command: str, ntasks: int, timeout_min: float,
-                      warning: tuple[str, int] | None) -> subprocess.Popen[bytes]:
+                      warning: tuple[str, int] | None, job: tuple[str, str] | None = None) -> subprocess.Popen[bytes]:
     """submitit's start_controller, with our controller, and without blanking CUDA_VISIBLE_DEVICES:
     the emulated nodes hand out the GPUs themselves (_export_distributed_env). ``warning``: the job's
     (JobSpec.warning): its NAME is submitit's preempt signal in the controller and the ranks (their handler),
-    sent SECONDS before the limit; None sends none."""
+    sent SECONDS before the limit; None sends none. ``job``: its local job id and log directory."""
     named = {"SUBMITIT_PREEMPT_SIGNAL": warning[0]} if warning else {}
+    if job is not None:
+        named.update({_JOB_ID_VARIABLE: job[0], _LOG_DIR_VARIABLE: job[1]})
     env = dict(os.environ, **named, SUBMITIT_LOCAL_NTASKS=str(ntasks), SUBMITIT_LOCAL_COMMAND=command,
                SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * timeout_min)),
                SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(warning[1]) if warning else "",
@@ -201,18 +233,28 @@ def _start_controller(folder: Path, command: str, ntasks: int, timeout_min: floa
     return subprocess.Popen([sys.executable, "-c", code, str(folder)], env=env)
 
 
-def _local_executor(folder: str, python: str, warning: tuple[str, int] | None = None) -> Any:
+def _local_executor(folder: str, spec: JobSpec) -> Any:
     """submitit's LocalExecutor (pickling, paths, arrays) starting _LocalController for every job, which sends
-    ``warning`` (JobSpec.warning: NAME, SECONDS before the limit; None: none)."""
+    the job's warning (JobSpec.warning: NAME, SECONDS before the limit; None: none). Every job is a local
+    scheduler's job: its id claimed as the CLI's are (never below the Unix time), its record beside its logs
+    naming the controller as its supervisor, a line in the index: `slurmlaunch list`, `status`, `logs`,
+    `cancel` know it."""
     import submitit
     from submitit.local.local import LocalJob
+
+    from ...schedulers.local import claim, name_supervisor
+    from .job import link_logs
 
     class Executor(submitit.LocalExecutor):
         def _submit_command(self, command: str) -> LocalJob[Any]:
             ntasks = int(self.parameters.get("tasks_per_node", 1))
+            job_id, record = claim(spec, os.environ, shlex.split(command))
             process = _start_controller(self.folder, command, ntasks, float(self.parameters["timeout_min"]),
-                                        warning)
-            return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
+                                        spec.warning, (job_id, spec.log_dir))
+            name_supervisor(record, process.pid)
+            job: LocalJob[Any] = LocalJob(folder=self.folder, job_id=job_id, process=process,
+                                          tasks=list(range(ntasks)))
+            link_logs(spec, job)
+            return job
 
-    return Executor(folder=folder, python=python)
-
+    return Executor(folder=folder, python=spec.program.python)

@@ -14,7 +14,6 @@ map_array's handles costs one ssh command per poll, not one per job (_wait_sever
 from __future__ import annotations
 
 import base64
-import os
 import pickle
 import sys
 import time
@@ -22,9 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...core.errors import SlurmLaunchError, SpecError
-from ...core.jobfiles import JobFiles
 from .functions import batch, map_array, submit, submit_script
-from .job import Job
+from .job import Job, link_logs
 
 
 def _reply(**out: Any) -> None:
@@ -34,20 +32,6 @@ def _reply(**out: Any) -> None:
         blob = pickle.dumps({"error": SlurmLaunchError(f"the result could not be pickled to go back over ssh: "
                                                        f"{type(e).__name__}: {e}")})
     sys.stdout.write(base64.b64encode(blob).decode() + "\n")
-
-
-def link_logs(job: Job) -> None:
-    """The job commands' file names (JobFiles) for submitit's, so that `slurmlaunch logs JOB [--rank N]` on
-    the laptop finds a rank's output (its stdout; the batch log: rank 0's)."""
-    spec = job.spec
-    files = JobFiles(spec.log_dir, job.job_id, spec.log_unit, spec.ranks_per_log)
-    for rank in range(spec.world_size):
-        target = os.path.relpath(str(job._job.task(rank).paths.stdout), spec.log_dir)
-        for name in {files.rank_log(rank), *([files.batch_log] if rank == 0 else [])}:
-            try:
-                os.symlink(target, name)
-            except OSError:  # there already (a resubmitted id on a new cluster): keep it
-                pass
 
 
 def login_scheduler(requested: str) -> str:
@@ -62,7 +46,7 @@ def login_scheduler(requested: str) -> str:
 
 def _submitted(jobs: Sequence[Job], scheduler: str) -> None:
     for job in jobs:
-        link_logs(job)
+        link_logs(job.spec, job._job)
     script_path = str(getattr(jobs[0]._job.paths, "submission_file", ""))
     try:
         with open(script_path, encoding="utf-8", errors="replace") as f:

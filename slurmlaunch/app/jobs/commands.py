@@ -132,10 +132,7 @@ def _load(entry: Mapping[str, Any], job_id: str, gone_ok: bool) -> JobRecord:
 
 
 def _edge(record: JobRecord) -> Scheduler:
-    edge = scheduler(record.scheduler)
-    if not edge.queued:
-        raise JobStateError(f"job {record.job_id} ran on {edge.title}, in the foreground: it has ended")
-    return edge
+    return scheduler(record.scheduler)
 
 
 def recorded_spec(record: JobRecord) -> JobSpec:
@@ -163,25 +160,10 @@ def status(record: JobRecord) -> dict[str, Any]:
 
         return remote_jobs.status(record)
     shown_id = record.shown_id
-    if not scheduler(record.scheduler).queued:
-        whole = record.whole()
-        state, code = local_state(whole)
-        info: dict[str, Any] = {"job_id": shown_id, "scheduler": record.scheduler, "state": state, "exit_code": code,
-                                "nodes": None, "elapsed": None}
-        if array_indices(record):
-            elements = local_elements(whole, state)
-            element = record.element
-            if element is None:
-                info["elements"] = elements
-            else:
-                shown_state, _, shown_code = elements[str(element)].partition(" ")
-                info.update(state=shown_state, exit_code=int(shown_code) if shown_code.isdigit() else None)
-        return info
-
     indices = array_indices(record) if record.element is None else []
     st = _edge(record).status(record.full_id, record.log_dir, indices)
-    info = {"job_id": shown_id, "scheduler": record.scheduler, "state": st.state,
-            "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
+    info: dict[str, Any] = {"job_id": shown_id, "scheduler": record.scheduler, "state": st.state,
+                            "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
     if st.elements is not None:
         info["elements"] = st.elements
     if record.named is not None:  # a later run's id: the chain's state, and which run the id is
@@ -204,42 +186,6 @@ def _exit_file(record: JobRecord) -> tuple[int, str | None] | None:
         return None
 
 
-def local_elements(record: JobRecord, job_state: str) -> dict[str, str]:
-    """A foreground (local) array's elements, index -> "STATE CODE" or "STATE". The local scheduler runs them one after
-    another: while the job runs, the first without an exit file is RUNNING and the rest PENDING; elements a
-    stopped job never reached are CANCELLED."""
-    out: dict[str, str] = {}
-    running_seen = False
-    for index in array_indices(record):
-        ended = _exit_file(record.of_element(str(index)))
-        if ended is not None:
-            code, state = ended
-            out[str(index)] = f"{state or ('COMPLETED' if code == 0 else 'FAILED')} {code}"
-        elif job_state == "RUNNING":
-            out[str(index)] = "PENDING" if running_seen else "RUNNING"
-            running_seen = True
-        else:
-            out[str(index)] = "CANCELLED" if job_state == "CANCELLED" else "FAILED (no exit code recorded)"
-    return out
-
-
-def local_state(record: JobRecord) -> tuple[str, int | None]:
-    """A foreground (local) job's (state, exit code): from its exit file once it has ended; RUNNING while the process
-    that supervises it (the same pid with the same start time) is alive; else FAILED without a code:
-    that process was killed before it could record anything."""
-    ended = _exit_file(record)
-    if ended is not None:
-        code, state = ended
-        return state or ("COMPLETED" if code == 0 else "FAILED"), code
-    from ...schedulers.local import process_identity
-
-    supervisor = record.data.get("supervisor")
-    if isinstance(supervisor, dict) and isinstance(supervisor.get("pid"), int) and \
-            process_identity(supervisor["pid"]) == supervisor:
-        return "RUNNING", None
-    return "FAILED", None
-
-
 def log_path(record: JobRecord, rank: int | None) -> str:
     log_dir, job = record.log_dir, record.tag
     indices = array_indices(record)
@@ -260,10 +206,10 @@ def log_path(record: JobRecord, rank: int | None) -> str:
 
 
 def _list_state(row: Mapping[str, Any], quick: Mapping[str, QuickStates | None]) -> str:
-    """A quick state for `list`: a foreground job's own; a queued job's from its scheduler's queue or
-    accounting (one call each for all its jobs, ``quick``, by scheduler: its live states None when the queue
-    could not be asked), else from the exit code its script wrote, else from the scheduler's status where it
-    has no such call (PBS); `status` asks the scheduler properly."""
+    """A quick state for `list`: a local job's from its edge (its files and supervisor); a queued job's from
+    its scheduler's queue or accounting (one call each for all its jobs, ``quick``, by scheduler: its live
+    states None when the queue could not be asked), else from the exit code its script wrote, else from the
+    scheduler's status where it has no such call (PBS); `status` asks the scheduler properly."""
     try:
         data = json.loads(read_bounded(row["record"]).decode("utf-8"))
     except (OSError, ValueError):
@@ -273,9 +219,8 @@ def _list_state(row: Mapping[str, Any], quick: Mapping[str, QuickStates | None])
     except ValueError:
         return "?"
     edge = scheduler(record.scheduler)
-    if not edge.queued:  # as a queued job's: FAILED with its exit code where there is one
-        state, code = local_state(record)
-        return f"{state} {code}" if state == "FAILED" and code else state
+    if not edge.queued:  # no queue to ask: its edge reads the job's files and its supervisor
+        return _asked_list_state(record)
     short = row["job_id"].split(".", 1)[0]
     states = quick.get(record.scheduler)
     live = states.live if states is not None else None
@@ -433,10 +378,11 @@ def cmd_logs(job_id: str, rank: int | None, follow: bool) -> int:
             raise JobStateError(f"no log {path!r} yet ({e.strerror})") from None
         return 0
     from ..follow import follow as follow_job
+    from ..follow import poll_seconds
 
     edge = _edge(record)
     return follow_job(record.shown_id, lambda: edge.status(record.full_id, record.log_dir), path,
-                      files_id=record.tag)
+                      files_id=record.tag, poll=poll_seconds(edge))
 
 
 def already_ended(edge: Scheduler, record: JobRecord) -> str | None:
@@ -461,12 +407,6 @@ def _cancel_here(record: JobRecord) -> tuple[str | None, str]:
     from ..follow import cancel_where_it_runs
 
     edge = scheduler(record.scheduler)
-    if not edge.queued:  # the local scheduler runs a job in the foreground of the terminal that submitted it
-        state, code = local_state(record)
-        if state == "RUNNING":
-            raise JobStateError(f"job {record.tag} runs on the local scheduler, in the foreground of the terminal "
-                                f"that submitted it: Ctrl-C there stops it")
-        return (state if code is None else f"{state}, exit code {code}"), ""
     ended = already_ended(edge, record)
     if ended is None:
         return None, cancel_where_it_runs(edge, record.full_id, record.log_dir, record.shown_id)

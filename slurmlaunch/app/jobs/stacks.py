@@ -23,7 +23,7 @@ from ...core.errors import JobStateError, SchedulerError, SpecError
 from ...core.jobfiles import JobFiles
 from ...core.stacks import Grouping, RankStacks, group, render_stack, to_data
 from ..records import JobRecord
-from .commands import _edge, find, local_state, recorded_spec
+from .commands import _edge, find, recorded_spec
 
 NODE_START_S = 30.0  # seconds a node's collector may take to start (an srun step, ssh), on top of --timeout
 
@@ -126,10 +126,6 @@ def _remote(record: JobRecord, world: int, timeout: float, ranks: Collection[int
 
 def _running(record: JobRecord) -> tuple[bool, str | None]:
     """(whether the job runs now, its nodes in the scheduler's words)."""
-    from ...schedulers.registry import scheduler
-
-    if not scheduler(record.scheduler).queued:
-        return local_state(record)[0] == "RUNNING", None
     st = _edge(record).status(record.full_id, record.log_dir)
     return st.state == "RUNNING", st.nodes
 
