@@ -26,7 +26,8 @@ STACKS_DIR = "SLURMLAUNCH_STACKS_DIR"
 # SIGWINCH appends every thread's Python stack to RANK.dump (what `slurmlaunch stacks` asks for), and SIGTERM,
 # SIGHUP, SIGUSR1, SIGUSR2 (the stops and the warning signals) write it to RANK.stopped and then go on to the
 # handler there was (the default: the rank dies of it as before). A handler the script installs later replaces
-# ours (a checkpointing SIGUSR2 handler still wins). Why SIGWINCH: its default is to be ignored, so one that
+# ours (a checkpointing SIGUSR2 handler still wins). A warning signal the rank started with ignored (the
+# launcher's rule) is left ignored: it stops nothing, so it dumps nothing. Why SIGWINCH: its default is to be ignored, so one that
 # reaches a process that has not armed it (an exec'd program, torchrun's agent) changes nothing; processes
 # without a terminal never get it otherwise; Slurm, PBS, torch, NCCL and the warning path (USR1/USR2, TERM)
 # do not use it. SIGRTMIN+n or SIGPWR would kill such a process. Forked children (DataLoader workers)
@@ -142,13 +143,18 @@ _ARM = """def _slurmlaunch_arm(stacks):
                 pass
             how = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
             return os.open(path, how, 0o600)
-        armed = [SIGNAL_WINCH, SIGNAL_TERM, SIGNAL_HUP, SIGNAL_USR1, SIGNAL_USR2]
-        faulthandler.register(armed[0], fresh(base + STACKS_DUMP_SUFFIX), all_threads=True)
+        import _signal
+        # a warning signal the rank started with ignored (the launcher's rule: $SLURMLAUNCH_WARNING) stops
+        # nothing: it stays ignored, so no stacks at it, and a program the script execs inherits it ignored
+        armed = [s for s in (SIGNAL_WINCH, SIGNAL_TERM, SIGNAL_HUP, SIGNAL_USR1, SIGNAL_USR2)
+                 if _signal.getsignal(s) != _signal.SIG_IGN]
+        faulthandler.register(SIGNAL_WINCH, fresh(base + STACKS_DUMP_SUFFIX), all_threads=True)
         stop = fresh(base + STACKS_STOP_SUFFIX)
-        for s in armed[1:]:
-            faulthandler.register(s, stop, all_threads=True, chain=True)
+        for s in armed:
+            if s != SIGNAL_WINCH:
+                faulthandler.register(s, stop, all_threads=True, chain=True)
         def forked():
-            for s in armed:
+            for s in (SIGNAL_WINCH, *armed):
                 faulthandler.unregister(s)
         os.register_at_fork(after_in_child=forked)
         with open("/proc/self/stat", "rb") as f:
