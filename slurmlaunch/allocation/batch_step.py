@@ -29,7 +29,8 @@ import sys
 import time
 
 from ..core import REQUEUE_OF, RESTART_COUNT
-from ..core.parse import STOP_SIGNALS, WARNING_VAR, signal_number
+from ..core.parse import signal_number
+from ..core.signals import STOP_SIGNALS, WARNING_VAR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

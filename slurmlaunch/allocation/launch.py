@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from ..core.detect import Context, detect
 from ..core.distenv import DistEnv, check_master_addr, mask
 from ..core.errors import EnvironmentMappingError, HostlistError, PreflightError, SlurmLaunchError
-from ..core.parse import WARNING_VAR, ignored_until_handled
 from ..core.rdzv import RDZV_TIMEOUT_VAR, parse_rendezvous_timeout
+from ..core.signals import WARNING_VAR, ignored_until_handled
 from .net import GIVEN_UP, all_loopback, bindable, free_port, holds_connection, wait_listening
 from .net import resolve as resolve_addresses
 from .script_runner import RETURNED_DIR as RETURNED_DIR  # torchrun_mode's too

@@ -19,8 +19,8 @@ from ..allocation.reasons import RDZV_TIMEOUT
 from ..core.distenv import check_master_addr
 from ..core.errors import SpecError
 from ..core.limits import MAX_NODES, MAX_PER_NODE, Count, Seconds, bounded_int, shown
-from ..core.parse import WARNING_VAR
 from ..core.rdzv import RDZV_TIMEOUT_VAR, parse_rendezvous_timeout
+from ..core.signals import WARNING_VAR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported at run time: every argparse command imports this module

@@ -19,6 +19,7 @@ from .limits import (
     parse_count,
     shown,
 )
+from .signals import WARNING_SIGNALS as WARNING_SIGNALS  # the table is there: the launcher's path reads it
 
 # Every pattern is used with fullmatch and [0-9]: `$` also matches before a trailing newline (which then
 # reached the script as a line of its own), and \d matches any script's digits, not only ASCII ones.
@@ -33,18 +34,7 @@ _ARRAY_PART = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
 _SWEEP_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 # Slurm's --mem: an integer and an optional unit K, M, G or T (powers of 1024); no unit is M.
 _MEM = re.compile(r"([0-9]+)([KMGT]?)", re.IGNORECASE)
-# Signals a batch script may ask Slurm for before the time limit. USR2 is the default (submitit's too); USR1
-# is Lightning's, and NCCL only catches it when NCCL_PROXY_DUMP_SIGNAL asks it to (since NCCL 2.14).
-WARNING_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP", "ALRM", "URG", "XCPU", "CONT")
 DEFAULT_WARNING_SECONDS = 90  # how long before the time limit the warning comes when --signal names no time
-# The warning signals that are also how a job is stopped: TERM (scancel, qdel, the time limit), INT (Ctrl-C, the
-# local scheduler's and `run`'s stop), HUP (a closed terminal). A rank never starts with these ignored: it would
-# then outlive every stop until SIGKILL, with no stacks said and no `finally` run.
-STOP_SIGNALS = ("TERM", "INT", "HUP")
-# Names the warning signal(s) to the launcher (NAME[,NAME...], parse_signal's names): the batch step, the local
-# scheduler and `run` set it for the ranks, and the launcher starts the script with each (but STOP_SIGNALS)
-# ignored, so that a script without a handler is not killed by a warning it never asked for (docs: Time limits).
-WARNING_VAR = "SLURMLAUNCH_WARNING"
 
 
 UNLIMITED = ("UNLIMITED", "INFINITE")
@@ -145,22 +135,6 @@ def signal_number(name: str) -> int:
     import signal  # here: `signal` loads enum, and the launcher's path imports this module's neighbours only
 
     return int(signal.Signals["SIG" + name])
-
-
-def ignored_until_handled(text: str | None) -> list[int]:
-    """The numbers of the warning signals ``text`` ($SLURMLAUNCH_WARNING: NAME[,NAME...]) names that a rank starts
-    with ignored: every one of WARNING_SIGNALS but STOP_SIGNALS. An ignored signal stays ignored across exec
-    until the program installs a handler (Python keeps an inherited SIG_IGN for every signal but the ones it
-    handles itself; signal.signal, and Lightning's and submitit's handlers, then receive it). A name that is
-    not a warning signal is skipped: a variable gone wrong must not stop the rank. Reads signal numbers from
-    the C module: the launcher's path, where `signal` (its enums) is not loaded."""
-    import _signal  # type: ignore[import-not-found]  # the C module, no stub
-
-    numbers = []
-    for name in (text or "").split(","):
-        if name in WARNING_SIGNALS and name not in STOP_SIGNALS:
-            numbers.append(int(getattr(_signal, "SIG" + name)))
-    return numbers
 
 
 def parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:

@@ -9,7 +9,8 @@ from typing import Any
 
 from ..core import RESTART_COUNT, __version__
 from ..core.errors import SpecError
-from ..core.parse import WARNING_VAR, parse_mem
+from ..core.parse import parse_mem
+from ..core.signals import WARNING_VAR
 from ..core.spec import MPI_FLAVOURS, PBS_REQUESTS, UNLIMITED, JobSpec, time_seconds
 from .jinja import render
 from .launch import batch_step_command, host_python_check, launch_command, script_env

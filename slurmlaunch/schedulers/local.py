@@ -41,8 +41,9 @@ from ..allocation.stacks import STOPPED_HEADER, saved_summary
 from ..allocation.torchrun_mode import SIGABRT_CODE, aborted_workers, teardown_aborts, teardown_message
 from ..core.errors import JobStateError, SchedulerError, SpecError
 from ..core.jobfiles import JobFiles
-from ..core.parse import WARNING_VAR, signal_number
+from ..core.parse import signal_number
 from ..core.paths import state_dir
+from ..core.signals import WARNING_VAR
 from ..core.spec import JobSpec
 from ..render.launch import launch_command, script_env
 from . import JobStatus, Submission, current_umask, make_log_dir, rank_log, write_private, write_record
