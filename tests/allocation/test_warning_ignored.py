@@ -104,7 +104,8 @@ def test_no_warning_or_a_stop_signal_changes_nothing(warning: str | None, tmp_pa
 
 
 def test_the_batch_step_names_the_warning_to_the_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(WARNING_VAR, raising=False)
+    monkeypatch.setenv(WARNING_VAR, "")  # restored (removed) after the test: the Step writes os.environ
+    monkeypatch.delenv(WARNING_VAR)
     batch_step.Step(batch_step.parser().parse_args(["--", "true"]))
     assert WARNING_VAR not in os.environ
     batch_step.Step(batch_step.parser().parse_args(["--warning", "USR1", "--", "true"]))
