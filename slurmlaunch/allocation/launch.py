@@ -59,7 +59,8 @@ environment:
                             script, the local scheduler and `slurmlaunch run`)
   SLURMLAUNCH_STACKS_DIR    run SCRIPT through the runner, which arms faulthandler: every thread's stack
                             into RANK.dump here on SIGWINCH (`slurmlaunch stacks`), into RANK.stopped at
-                            SIGTERM/HUP/USR1/USR2 (then the signal acts as before); RANK.pid says which
+                            SIGTERM/HUP/USR1/USR2 (then the signal acts as before; not at a warning it
+                            ignores); RANK.pid says which
                             process (set by the batch script)
   -h, --help                show this help
 Everything after SCRIPT is passed to it unchanged.
