@@ -1,7 +1,8 @@
 """The default warning harms no script that did not ask for it (issue 40 item 3), on the real Slurm and OpenPBS.
 
-One job per scheduler, 2 nodes x 1 rank, `--time 00:01:00 --signal USR2@50` (the warning 10 s into the run, at
-Slurm's timer's next look: it checks about twice a minute; under PBS the batch step sends it): rank 0 has no
+One job per scheduler, 2 nodes x 1 rank, the warning 10 s into the run (Slurm: `--time 00:01:00 --signal USR2@50`,
+sent at its timer's next look, which comes about twice a minute; PBS: `--time 00:00:25 --signal USR2@15`, sent by
+the batch step; the ranks take 2-5 s to start here): rank 0 has no
 handler for USR2, rank 1 installs one. Rank 1 gets the warning and says when; rank 0 started with it ignored
 (the launcher's rule) and is still alive seconds after that moment, up to the limit; the job reads TIMEOUT,
 as the scheduler says, not 140 ("saved, requeue me") nor 79 ("killed by the warning"). Before the fix rank 0
@@ -33,8 +34,10 @@ while True:
     os.write(1, f"ALIVE rank {rank} at {time.time():.2f}\\n".encode())
     time.sleep(0.5)
 """
-WARNED_AT_10S = ["--nodes", "2", "--tasks-per-node", "1", "--time", "00:01:00", "--signal", "USR2@50", "--wait",
-                 "--wait-timeout", "280"]
+TWO_RANKS = ["--nodes", "2", "--tasks-per-node", "1", "--wait", "--wait-timeout", "280"]
+# Slurm's limits are whole minutes; PBS's walltime takes seconds (the MoM stops the job when it next polls)
+SLURM_WARNED_AT_10S = [*TWO_RANKS, "--time", "00:01:00", "--signal", "USR2@50"]
+PBS_WARNED_AT_10S = [*TWO_RANKS, "--time", "00:00:25", "--signal", "USR2@15"]
 
 
 def _check(text: str) -> None:
@@ -51,7 +54,7 @@ def _check(text: str) -> None:
 def test_slurm_script_without_a_handler_runs_to_its_limit(cluster_env: dict[str, str], tmp_path: Path) -> None:
     script = tmp_path / "warned.py"
     script.write_text(SCRIPT)
-    r = run_cli("submit", "--scheduler", "slurm", *WARNED_AT_10S, str(script), env=cluster_env, cwd=tmp_path,
+    r = run_cli("submit", "--scheduler", "slurm", *SLURM_WARNED_AT_10S, str(script), env=cluster_env, cwd=tmp_path,
                 timeout=400)
     job = r.stdout.split()[0]
     logs = tmp_path / "slurmlaunch-logs"
@@ -68,7 +71,7 @@ def test_slurm_script_without_a_handler_runs_to_its_limit(cluster_env: dict[str,
 def test_pbs_script_without_a_handler_runs_to_its_limit(pbs_env: dict[str, str], tmp_path: Path) -> None:
     script = tmp_path / "warned.py"
     script.write_text(SCRIPT)
-    r = run_cli("submit", "--scheduler", "pbs", *WARNED_AT_10S, *AS_ROOT, str(script), env=pbs_env, cwd=tmp_path,
+    r = run_cli("submit", "--scheduler", "pbs", *PBS_WARNED_AT_10S, *AS_ROOT, str(script), env=pbs_env, cwd=tmp_path,
                 timeout=400)
     job = submitted(r.stderr)
     output = (tmp_path / "slurmlaunch-logs" / f"{job}.OU").read_text(errors="replace")
