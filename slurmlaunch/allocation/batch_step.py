@@ -30,6 +30,7 @@ import time
 
 from ..core import REQUEUE_OF, RESTART_COUNT
 from ..core.parse import signal_number
+from ..core.signals import STOP_SIGNALS, WARNING_VAR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -273,6 +274,8 @@ class Step:
         if args.resubmit is not None:  # the ranks see which run this is (mpiexec -x passes it on)
             os.environ[RESTART_COUNT] = str(_restarts(os.environ.get(RESTART_COUNT, "")))
         self.warning: int | None = signal_number(args.warning) if args.warning else None
+        if args.warning:  # the launcher starts each rank's script with it ignored, until the script handles it
+            os.environ[WARNING_VAR] = args.warning
         self.warned = False
         self.stopped = False
         self.stopped_after = 0.0  # seconds from the job's start to PBS's stop
@@ -304,7 +307,8 @@ class Step:
     def _forward(self, signum: int, frame: FrameType | None) -> None:
         self.warned = True
         extra = " (the script's framework saves and requeues the job itself)" if self.args.requeued_by_script else ""
-        _say(f"SIG{self.args.warning} received, passing it on to the ranks{extra}")
+        ignored = "" if self.args.warning in STOP_SIGNALS else " (a rank whose script does not handle it ignores it)"
+        _say(f"SIG{self.args.warning} received, passing it on to the ranks{extra or ignored}")
         if self.pid is not None and not self._ended():
             os.kill(self.pid, signum)
 
@@ -570,8 +574,11 @@ class Step:
                          f"walltime (qdel or qrerun)")
                 elif self.requeue(a.requeue):
                     return 0
-            if killed:  # end as the ranks did, killed by the signal: sacct's ExitCode then reads 0:N
-                put_file(f.exit_code, str(code))
+            if killed:  # end as the ranks did, killed by the signal: sacct's ExitCode then reads 0:N; the job's
+                # code says "killed by the warning", not the 128 + N that asks for a requeue
+                from .reasons import WARNING_KILLED
+
+                put_file(f.exit_code, str(WARNING_KILLED))
                 sys.stderr.flush()
                 _signal.signal(self.warning, _signal.SIG_DFL)
                 os.kill(os.getpid(), self.warning)
