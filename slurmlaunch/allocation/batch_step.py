@@ -262,6 +262,10 @@ def _started_at() -> float:
         return time.time()
 
 
+# How much earlier than this process PBS may count a job's walltime from (its prologue, the shell's start).
+WALLTIME_SLACK_S = 2.0
+
+
 class Step:
     """One run of COMMAND under the plan ``args`` (see :func:`parser`)."""
 
@@ -327,7 +331,18 @@ class Step:
         A stopped job writes no exit code of its own: PBS's word (deleted; the walltime: -29) is the job's."""
         self.stopped = True
         self.stopped_after = time.time() - _started_at()
-        _say("the job was stopped (SIGTERM: qdel, or the walltime)")
+        _say(f"the job was stopped {self.stopped_after:.0f}s into its run (SIGTERM): {self.stop_cause()}")
+
+    def stop_cause(self) -> str:
+        """Which stop PBS's SIGTERM was, told by the time against the walltime (PBS's own word, its
+        Exit_status, is set only once the job has ended): the MoM stops a job at its walltime once it has run
+        past it, counted from the job's start, a moment before this process's (WALLTIME_SLACK_S)."""
+        limit = self.args.walltime
+        if limit is None:
+            return "qdel or qrerun (the job asked for no walltime; a queue's default one would say so too)"
+        if self.stopped_after < limit - WALLTIME_SLACK_S:
+            return f"qdel or qrerun, before its walltime of {limit:.0f}s"
+        return f"its walltime of {limit:.0f}s ran out"
 
     def stopped_by_hand(self) -> bool:
         """A PBS stop before the walltime (or without one known): qdel or qrerun, which no requeue may undo.

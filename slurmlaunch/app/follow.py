@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from ..schedulers.interface import Scheduler
 
 LOST_CONTACT_S = 120.0
+# PBS says a stopped job (qdel, the walltime) has ended before its batch step has said where the ranks were
+# (about 1 s before, seen on OpenPBS 23.06); the batch step says it within PBS's kill_delay (10 s by default)
+# or never, as it is killed then.
+STOP_WORDS_S = 15.0
 
 
 def _elapsed(seconds: float) -> str:
@@ -28,12 +32,16 @@ def _elapsed(seconds: float) -> str:
 
 
 class LogTail:
-    """Prints what a file gains, from where we last read; the file may not exist yet."""
+    """Prints what a file gains, from where we last read; the file may not exist yet. Keeps the lines of
+    slurmlaunch's own it printed (``said``): where the file is also the batch log (PBS: -j oe), the batch
+    step's first-failure line and stack summary are in it, and --wait does not say them twice."""
 
     def __init__(self, path: str, out: TextIO) -> None:
         self.path = path
         self.out = out
         self.pos = 0
+        self.said: set[str] = set()
+        self._partial = b""
 
     def pump(self) -> None:
         try:
@@ -46,6 +54,9 @@ class LogTail:
             self.pos += len(data)
             self.out.write(data.decode("utf-8", errors="replace"))
             self.out.flush()
+            *lines, self._partial = (self._partial + data).split(b"\n")
+            self.said.update(text for line in lines
+                             if (text := line.decode("utf-8", errors="replace").rstrip()).startswith("slurmlaunch: "))
 
 
 FAILURE_BOUND = 4096  # bytes read of a failure file: it holds one line
@@ -85,6 +96,18 @@ def stopped_summary(log_dir: str, job_id: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()][:50]
 
 
+def _await_stop_words(files: JobFiles, bound: float = STOP_WORDS_S) -> None:
+    """Wait (``bound`` seconds at most) for the summary of where a stopped job's ranks were, when ranks ran
+    (they left their pid files) and the batch step has not written it yet."""
+    import glob
+
+    if not glob.glob(glob.escape(files.stack_pid("\0")).replace("\0", "*")):
+        return
+    deadline = time.monotonic() + bound
+    while not os.path.exists(files.stacks_summary) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, *, poll: float = 1.0,
            timeout: float | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
            log_dir: str | None = None, files_id: str | None = None,
@@ -97,6 +120,7 @@ def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, 
     the first-failure lines where they are not files here (a remote job's, on its login node)."""
     if log_dir is None and rank0_log:
         log_dir = os.path.dirname(rank0_log)
+    files = JobFiles(log_dir or "", files_id or job_id)  # the job's files: named by files_id, never by job_id
     start = time.monotonic()
     last_state: tuple[str, str | None] | None = None
     failing_since: float | None = None
@@ -125,21 +149,24 @@ def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, 
         if tail:
             tail.pump()
         if st.finished:
+            if st.state in ("CANCELLED", "TIMEOUT") and log_dir:
+                _await_stop_words(files)
             if tail:
                 tail.pump()
             code = st.exit_code if st.exit_code is not None else 1
             if code != 0 and (log_dir or failures):
-                found = failures() if failures else failure_lines(log_dir or "", files_id or job_id)
+                found = failures() if failures else failure_lines(log_dir or "", files.job)
                 for line in found:
-                    err.write(line + "\n")
+                    if not (tail and line.rstrip() in tail.said):  # shown already: the output is the batch log
+                        err.write(line + "\n")
             if code != 0 and log_dir:
                 fault = explain_fault(code, log_dir)  # the output directory failed the job (74, 181)
                 if fault:
                     err.write(f"slurmlaunch: job {job_id}: {fault}\n")
-                stacks = stopped_summary(log_dir, job_id)
-                if stacks:
+                stacks = stopped_summary(log_dir, files.job)
+                if stacks and not (tail and all(f"slurmlaunch:   {line}".rstrip() in tail.said for line in stacks)):
                     err.write(f"slurmlaunch: where the ranks were when they were stopped (every thread in "
-                              f"{JobFiles(log_dir, job_id).stacks}):\n")
+                              f"{files.stacks}):\n")
                     err.write("".join(f"slurmlaunch:   {line}\n" for line in stacks))
             where = f" (logs: {log_dir})" if log_dir else ""
             said = f"exit code {code}" if st.exit_code is not None else \
