@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Sequence
     from types import FrameType, SimpleNamespace
+    from typing import IO
 
     from ..core.jobfiles import JobFiles
 
@@ -61,6 +62,10 @@ ROOT_FIX = ("add --env OMPI_ALLOW_RUN_AS_ROOT=1 --env OMPI_ALLOW_RUN_AS_ROOT_CON
 # Open MPI's word on a rank a signal ended (its help-orterun.txt): "mpiexec noticed that process rank 0 with PID
 # 0 on node node1 exited on signal 10 (User defined signal 1)." It names the first such rank only.
 _OPENMPI_SIGNAL = r"noticed that process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)"
+# Open MPI's word on a host whose daemon (orted) it lost, the host down or its processes killed (its
+# help-errmgr-base.txt [node-died]: "ORTE has lost communication with a remote daemon." ... "Remote daemon:
+# [[J,0],1] on node node2"): the ranks there are gone with it, and it names none of them.
+_OPENMPI_LOST = r"^ *Remote daemon: *\S+ on node (\S+)"
 
 
 def signal_words() -> dict[str, tuple[int, str]]:
@@ -246,6 +251,32 @@ def _pbs_id(text: str) -> bool:
     return re.fullmatch(_PBS_ID, text) is not None
 
 
+def _node_hosts() -> list[str]:
+    """The job's hosts in $PBS_NODEFILE's order (mpiexec --map-by ppr:N:node gives each its block of ranks);
+    none once PBS has removed the file."""
+    try:
+        with open(os.environ.get("PBS_NODEFILE", "")) as f:
+            return list(dict.fromkeys(h.strip() for h in f if h.strip()))
+    except OSError:
+        return []
+
+
+def _ranks_word(low: int, high: int) -> str:
+    return f"rank {low}" if low == high else f"ranks {low}-{high}"
+
+
+def _relay(source: IO[bytes], sink: IO[bytes]) -> None:
+    """mpiexec's standard output passed on whole lines at a time, as it comes, until it ends."""
+    from .mpi_output import PENDING_MAX, joined
+
+    for line in joined(iter(lambda: source.readline(PENDING_MAX), b"")):
+        try:
+            sink.write(line)
+            sink.flush()
+        except OSError:  # the job's output is gone (a full file system): the ranks go on
+            pass
+
+
 def _restarts(text: str) -> int:
     return int(text) if text.isdigit() else 0
 
@@ -412,17 +443,24 @@ class Step:
             with open(self.files.srun_log, "ab") as log:
                 proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=log)
                 self.pid = proc.pid
-        else:
-            proc = subprocess.Popen(command, stderr=subprocess.PIPE)
+        else:  # mpiexec --tag-output: both streams passed on whole lines at a time (allocation/mpi_output.py)
+            import threading
+
+            from .mpi_output import PENDING_MAX, joined
+
+            proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             self.pid = proc.pid
-            assert proc.stderr is not None
-            for raw in proc.stderr:  # line by line, as it comes
+            assert proc.stdout is not None and proc.stderr is not None
+            out = threading.Thread(target=_relay, args=(proc.stdout, sys.stdout.buffer), daemon=True)
+            out.start()
+            for raw in joined(iter(lambda: proc.stderr.readline(PENDING_MAX), b"")):  # type: ignore[union-attr]
                 sys.stderr.buffer.write(raw)
                 sys.stderr.flush()
                 line = raw.decode("utf-8", errors="replace")
                 if re.match(_OPENMPI_RANK, line) or re.match(_OPENMPI_CODE, line) or re.search(_OPENMPI_SIGNAL, line) \
-                        or re.match(_OPENMPI_ROOT, line):
+                        or re.match(_OPENMPI_ROOT, line) or re.search(_OPENMPI_LOST, line):
                     self.openmpi.append(line)
+            out.join()
         rc = proc.wait()
         return 128 - rc if rc < 0 else rc
 
@@ -473,6 +511,15 @@ class Step:
         if root is not None:
             return rc, f"{root[1]} refused to start the ranks as root (Open MPI's run-as-root protection; no rank " \
                 f"ran). Fix: {ROOT_FIX}", ""
+        lost = next((m[1] for m in (re.search(_OPENMPI_LOST, x) for x in self.openmpi) if m), None)
+        if lost is not None and not self.stopped:  # a host's daemon gone: its ranks with it, Open MPI names none
+            hosts = _node_hosts()
+            at = hosts.index(lost) if lost in hosts else None
+            who = "its ranks" if at is None else _ranks_word(at * a.tasks_per_node, (at + 1) * a.tasks_per_node - 1)
+            code = rc or 1
+            return code, f"{who} on {lost} failed first with exit code {code} (their host was lost: mpiexec lost " \
+                f"contact with its daemon on {lost}, whose host went down or whose processes were killed)" \
+                f"{self.others()}", ""
         ranks = [re.match(_OPENMPI_RANK, x) for x in self.openmpi]
         codes = [re.match(_OPENMPI_CODE, x) for x in self.openmpi]
         rank = next((int(m[1]) for m in ranks if m), None)
@@ -489,13 +536,8 @@ class Step:
             return 128 + number, f"rank {rank} on {node} failed first with exit code {128 + number} ({how})" \
                 f"{self.others()}", how
         code = said
-        node = "?"
-        try:  # the rank's host: its block of the node file's hosts (gone once PBS removed it)
-            with open(os.environ.get("PBS_NODEFILE", "")) as f:
-                hosts = list(dict.fromkeys(h.strip() for h in f if h.strip()))
-            node = hosts[rank // a.tasks_per_node] if rank // a.tasks_per_node < len(hosts) else "?"
-        except OSError:
-            pass
+        hosts = _node_hosts()  # the rank's host: its block of the node file's hosts
+        node = hosts[rank // a.tasks_per_node] if rank // a.tasks_per_node < len(hosts) else "?"
         return code, f"rank {rank} on {node} failed first with exit code {code}{self.others()}", ""
 
     def killed_by_warning(self, lines: Sequence[str]) -> str:

@@ -3,6 +3,7 @@ directives, mpiexec's flags, the template's context. Pure: no qsub, no files wri
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from typing import Any
@@ -110,8 +111,9 @@ def _check_request(spec: JobSpec) -> None:
         raise SpecError(f"--job-name {spec.output.job_name!r} is not a PBS job name (at most 230 letters, digits or "
                         f"- _ + ., the first a letter or digit; e.g. {job_name(spec.changed(job_name=None))!r})")
     if not spec.log_dir.isascii():  # qsub -o refuses it ("illegal -o value", then its whole usage text)
-        given = "--output-dir" if spec.output.output_dir.startswith("/") else f"--output-dir {spec.output.output_dir!r} in"
-        raise SpecError(f"{given} {spec.log_dir!r}: qsub takes no output path that is not ASCII (expected an ASCII "
+        named = "--output-dir" if os.path.isabs(spec.output.output_dir) else \
+            f"--output-dir {spec.output.output_dir!r} in"
+        raise SpecError(f"{named} {spec.log_dir!r}: qsub takes no output path that is not ASCII (expected an ASCII "
                         f"path: give another --output-dir)")
     if spec.resources.time is not None:
         walltime(spec.resources.time)
