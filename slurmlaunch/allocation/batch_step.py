@@ -511,18 +511,17 @@ class Step:
         if root is not None:
             return rc, f"{root[1]} refused to start the ranks as root (Open MPI's run-as-root protection; no rank " \
                 f"ran). Fix: {ROOT_FIX}", ""
-        lost = next((m[1] for m in (re.search(_OPENMPI_LOST, x) for x in self.openmpi) if m), None)
-        if lost is not None and not self.stopped:  # a host's daemon gone: its ranks with it, Open MPI names none
-            hosts = _node_hosts()
-            at = hosts.index(lost) if lost in hosts else None
-            who = "its ranks" if at is None else _ranks_word(at * a.tasks_per_node, (at + 1) * a.tasks_per_node - 1)
+        gone = self.lost_host()
+        if gone is not None:  # a host's daemon gone: its ranks with it, Open MPI names none
+            lost, ranks = gone
+            who = _ranks_word(ranks[0], ranks[-1]) if ranks else "its ranks"
             code = rc or 1
             return code, f"{who} on {lost} failed first with exit code {code} (their host was lost: mpiexec lost " \
                 f"contact with its daemon on {lost}, whose host went down or whose processes were killed)" \
                 f"{self.others()}", ""
-        ranks = [re.match(_OPENMPI_RANK, x) for x in self.openmpi]
+        named = [re.match(_OPENMPI_RANK, x) for x in self.openmpi]
         codes = [re.match(_OPENMPI_CODE, x) for x in self.openmpi]
-        rank = next((int(m[1]) for m in ranks if m), None)
+        rank = next((int(m[1]) for m in named if m), None)
         said = next((int(m[1]) for m in codes if m), None)
         if rank is None or said is None:
             signalled = openmpi_signalled(self.openmpi)
@@ -539,6 +538,17 @@ class Step:
         hosts = _node_hosts()  # the rank's host: its block of the node file's hosts
         node = hosts[rank // a.tasks_per_node] if rank // a.tasks_per_node < len(hosts) else "?"
         return code, f"rank {rank} on {node} failed first with exit code {code}{self.others()}", ""
+
+    def lost_host(self) -> tuple[str, list[int]] | None:
+        """The host whose daemon Open MPI lost, and the ranks that ran there (its block of the node file's
+        hosts; none where the file does not name it); None when it lost none, or the job was stopped."""
+        import re
+
+        lost = next((m[1] for m in (re.search(_OPENMPI_LOST, x) for x in self.openmpi) if m), None)
+        if lost is None or self.stopped:
+            return None
+        hosts, per = _node_hosts(), self.args.tasks_per_node
+        return lost, list(range(hosts.index(lost) * per, (hosts.index(lost) + 1) * per)) if lost in hosts else []
 
     def killed_by_warning(self, lines: Sequence[str]) -> str:
         """The ranks the warning signal ended ("task 0 on node1" in srun's words, "rank 0 on node1" in Open
@@ -601,7 +611,8 @@ class Step:
                 sys.stderr.flush()
                 lines = data.decode("utf-8", errors="replace").splitlines()
         if a.stacks and rc != 0:
-            summary_main([f.stacks])
+            gone = self.lost_host() if a.mpi == "openmpi" else None  # its ranks saved nothing: named all the same
+            summary_main([f.stacks], {r: (gone[0], "its host was lost: no stacks") for r in gone[1]} if gone else None)
         if rc != 0:
             rc, summary, first_signal = self.first_failure(rc, lines)
             if summary:

@@ -150,6 +150,7 @@ def test_a_lost_host_is_named_by_wait_and_status(pbs_env: dict[str, str], tmp_pa
     line = (f"rank 1 on {lost} failed first with exit code 205 (their host was lost: mpiexec lost contact with its "
             f"daemon on {lost}, whose host went down or whose processes were killed); the other ranks were stopped")
     assert f"slurmlaunch: {line}\n" in out + err, out + err
+    assert f"slurmlaunch:   rank 1 on {lost}: its host was lost: no stacks\n" in out, out  # named, not left out
     assert took < 60 and f"job {job} ended FAILED, exit code 205" in err, (took, err)
     assert run_cli("status", job, env=pbs_env, cwd=tmp_path).stdout.splitlines()[1] == f"  {line}"
 
