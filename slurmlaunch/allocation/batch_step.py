@@ -293,6 +293,8 @@ def _started_at() -> float:
         return time.time()
 
 
+# How long mpiexec's last output is waited for once it has ended.
+OUTPUT_DRAIN_S = 10.0
 # How much earlier than this process PBS may count a job's walltime from (its prologue, the shell's start).
 WALLTIME_SLACK_S = 2.0
 
@@ -460,7 +462,8 @@ class Step:
                 if re.match(_OPENMPI_RANK, line) or re.match(_OPENMPI_CODE, line) or re.search(_OPENMPI_SIGNAL, line) \
                         or re.match(_OPENMPI_ROOT, line) or re.search(_OPENMPI_LOST, line):
                     self.openmpi.append(line)
-            out.join()
+            proc.wait()
+            out.join(OUTPUT_DRAIN_S)  # bounded: a process the ranks left behind may hold the pipe open
         rc = proc.wait()
         return 128 - rc if rc < 0 else rc
 
