@@ -32,13 +32,15 @@ def _elapsed(seconds: float) -> str:
 
 
 class LogTail:
-    """Prints what a file gains, from where we last read; the file may not exist yet. Keeps the lines of
-    slurmlaunch's own it printed (``said``): where the file is also the batch log (PBS: -j oe), the batch
-    step's first-failure line and stack summary are in it, and --wait does not say them twice."""
+    """Prints what a file gains, from where we last read; the file may not exist yet. ``said_to``: the file is
+    also the batch log (PBS: -j oe, every rank's lines tagged by mpiexec), and the batch step's own lines
+    ("slurmlaunch: ...": its first-failure line, where the ranks were at a stop) go there (--wait's stderr,
+    where slurmlaunch speaks), whole lines at a time, kept in ``said`` so that --wait says none twice."""
 
-    def __init__(self, path: str, out: TextIO) -> None:
+    def __init__(self, path: str, out: TextIO, said_to: TextIO | None = None) -> None:
         self.path = path
         self.out = out
+        self.said_to = said_to
         self.pos = 0
         self.said: set[str] = set()
         self._partial = b""
@@ -50,13 +52,31 @@ class LogTail:
                 data = f.read()
         except OSError:
             return
-        if data:
-            self.pos += len(data)
+        if not data:
+            return
+        self.pos += len(data)
+        if self.said_to is None:
             self.out.write(data.decode("utf-8", errors="replace"))
             self.out.flush()
-            *lines, self._partial = (self._partial + data).split(b"\n")
-            self.said.update(text for line in lines
-                             if (text := line.decode("utf-8", errors="replace").rstrip()).startswith("slurmlaunch: "))
+            return
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            text = line.decode("utf-8", errors="replace")
+            if text.startswith("slurmlaunch: "):
+                self.said_to.write(text + "\n")
+                self.said.add(text.rstrip())
+            else:
+                self.out.write(text + "\n")
+        self.out.flush()
+        self.said_to.flush()
+
+    def finish(self) -> None:
+        """What the file ends with after its last newline."""
+        self.pump()
+        if self._partial:
+            self.out.write(self._partial.decode("utf-8", errors="replace"))
+            self.out.flush()
+            self._partial = b""
 
 
 FAILURE_BOUND = 4096  # bytes read of a failure file: it holds one line
@@ -111,20 +131,22 @@ def _await_stop_words(files: JobFiles, bound: float = STOP_WORDS_S) -> None:
 def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, *, poll: float = 1.0,
            timeout: float | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
            log_dir: str | None = None, files_id: str | None = None,
-           failures: Callable[[], list[str]] | None = None) -> int:
+           failures: Callable[[], list[str]] | None = None, batch_log: bool = False) -> int:
     """Wait for the job to end and return its exit code. Raises SchedulerError when the scheduler stops
     answering for LOST_CONTACT_S, or after ``timeout`` seconds (the job itself keeps running). A failed
     job's first-failure line (from ``log_dir``, by default rank 0's log's directory) is shown before the
     last line, so the reason a rank stopped reaches the terminal and not only that rank's log. ``files_id``:
     the id in the job's file names when it is not ``job_id`` (PBS's 1234 of 1234.server). ``failures``: reads
-    the first-failure lines where they are not files here (a remote job's, on its login node)."""
+    the first-failure lines where they are not files here (a remote job's, on its login node).
+    ``batch_log``: ``rank0_log`` is also the batch log (every rank's output in one file, PBS's): the batch
+    step's own lines in it go to ``err``, each once."""
     if log_dir is None and rank0_log:
         log_dir = os.path.dirname(rank0_log)
     files = JobFiles(log_dir or "", files_id or job_id)  # the job's files: named by files_id, never by job_id
     start = time.monotonic()
     last_state: tuple[str, str | None] | None = None
     failing_since: float | None = None
-    tail = LogTail(rank0_log, out) if rank0_log else None
+    tail = LogTail(rank0_log, out, err if batch_log else None) if rank0_log else None
     while True:
         now = time.monotonic()
         try:
@@ -152,7 +174,7 @@ def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, 
             if st.state in ("CANCELLED", "TIMEOUT") and log_dir:
                 _await_stop_words(files)
             if tail:
-                tail.pump()
+                tail.finish()
             code = st.exit_code if st.exit_code is not None else 1
             if code != 0 and (log_dir or failures):
                 found = failures() if failures else failure_lines(log_dir or "", files.job)

@@ -171,12 +171,20 @@ def test_a_pbs_jobs_stop_summary_is_found_by_its_files_id(clock: Clock, tmp_path
 
 
 def test_what_the_followed_output_said_already_is_not_said_again(clock: Clock, tmp_path: Path) -> None:
-    """Under PBS the output --wait shows is the batch log too: its failure line and summary, once."""
+    """Under PBS the output --wait shows is the batch log too: the batch step's lines go to stderr, once."""
     output = _pbs_job(tmp_path)
+    with open(output, "a") as f:
+        f.write("[1,0]<stdout>:no newline at the end")
     out, err = io.StringIO(), io.StringIO()
-    follow("7.head", answers(JobStatus("FAILED", exit_code=7)), str(output), out=out, err=err, files_id="7")
+    follow("7.head", answers(JobStatus("FAILED", exit_code=7)), str(output), out=out, err=err, files_id="7",
+           batch_log=True)
     said = out.getvalue() + err.getvalue()
-    assert out.getvalue() == output.read_text()
+    assert out.getvalue() == "[1,0]<stdout>:hello\n[1,0]<stdout>:no newline at the end"  # the ranks' lines
+    assert err.getvalue().splitlines() == [  # the batch step's, where slurmlaunch speaks
+        "slurmlaunch: [0:00:00] job 7.head FAILED", "slurmlaunch: rank 1 on n1 failed first with exit code 7",
+        "slurmlaunch: where the ranks were when they were stopped (1 group(s); every thread in x):",
+        "slurmlaunch:   ranks 0-1: train.py:9 in step: time.sleep(600)",
+        f"slurmlaunch: job 7.head ended FAILED, exit code 7 (logs: {tmp_path})"]
     assert said.count("rank 1 on n1 failed first") == 1 and said.count("train.py:9") == 1, said
 
 

@@ -60,7 +60,7 @@ def test_a_failed_rank_is_said_once_and_status_tells_the_same(pbs_env: dict[str,
     m = re.search(r"slurmlaunch: (rank 3 on (node\d) failed first with exit code 7; the other ranks were stopped)\n",
                   said)
     assert m, said
-    assert said.count(m[1]) == 1, said  # once
+    assert said.count(m[1]) == 1 and m[0] in err, said  # once, where slurmlaunch speaks
     assert proc.returncode == 7 and f"job {job} ended FAILED, exit code 7" in err, said
     for rank in range(4):  # whole lines, whatever mpiexec read in one go
         assert f"[1,{rank}]<stdout>:hello from {rank} argv=['3']\n" in out, out
@@ -150,7 +150,7 @@ def test_a_lost_host_is_named_by_wait_and_status(pbs_env: dict[str, str], tmp_pa
     line = (f"rank 1 on {lost} failed first with exit code 205 (their host was lost: mpiexec lost contact with its "
             f"daemon on {lost}, whose host went down or whose processes were killed); the other ranks were stopped")
     assert f"slurmlaunch: {line}\n" in out + err, out + err
-    assert f"slurmlaunch:   rank 1 on {lost}: its host was lost: no stacks\n" in out, out  # named, not left out
+    assert f"slurmlaunch:   rank 1 on {lost}: its host was lost: no stacks\n" in err, err  # named, not left out
     assert took < 60 and f"job {job} ended FAILED, exit code 205" in err, (took, err)
     assert run_cli("status", job, env=pbs_env, cwd=tmp_path).stdout.splitlines()[1] == f"  {line}"
 
