@@ -116,11 +116,11 @@ def _host_processes(root: Path, host: str) -> list[int]:
 
 def _restart_mom(root: Path, host: str) -> None:
     """The MoM of ``host`` started again, and the host free again for the tests after this one."""
-    subprocess.run([*pbscluster.enter(root, host), str(pbscluster.PBS_EXEC / "libexec" / "pbs_init.d"), "start"],
-                   env=pbscluster.QUIET_ENV, capture_output=True, timeout=120)
-    deadline = time.monotonic() + 120
+    started = subprocess.run([*pbscluster.enter(root, host), str(pbscluster.PBS_EXEC / "libexec" / "pbs_init.d"),
+                              "start"], env=pbscluster.QUIET_ENV, capture_output=True, text=True, timeout=120)
+    deadline = time.monotonic() + 180
     while pbscluster.node_states(root).get(host) != "free":
-        assert time.monotonic() < deadline, pbscluster.node_states(root)
+        assert time.monotonic() < deadline, (pbscluster.node_states(root), started)
         time.sleep(1)
 
 
@@ -173,9 +173,11 @@ def test_a_lost_host_is_named_by_wait_and_status(pbs_env: dict[str, str], tmp_pa
             time.sleep(0.5)
         print(f"{lost}'s MoM killed: named by status {time.monotonic() - killed:.1f}s after the kill")
         assert st["state"] == "RUNNING" and f"{lost} down (PBS's comment: node down: " in st["note"], st
-    finally:
-        _restart_mom(root, lost)
+    finally:  # the host's orphaned ranks gone and the job with them, then its MoM back (quick that way)
+        for pid in _host_processes(root, lost):
+            os.kill(pid, signal.SIGKILL)
         subprocess.run(["qdel", "-W", "force", job], env=pbs_env, capture_output=True, timeout=60)
+        _restart_mom(root, lost)
 
 
 def test_what_qsub_refuses_is_refused_at_submit(pbs_env: dict[str, str], tmp_path: Path) -> None:
