@@ -115,7 +115,9 @@ def _host_processes(root: Path, host: str) -> list[int]:
 
 
 def _restart_mom(root: Path, host: str) -> None:
-    """The MoM of ``host`` started again, and the host free again for the tests after this one."""
+    """The MoM of ``host`` started again, and the host free again for the tests after this one. Its lock file
+    goes first: the killed MoM may linger as a zombie, whose pid PBS's init script takes for a running MoM."""
+    (pbscluster.host_dir(root, host) / "spool" / "mom_priv" / "mom.lock").unlink(missing_ok=True)
     started = subprocess.run([*pbscluster.enter(root, host), str(pbscluster.PBS_EXEC / "libexec" / "pbs_init.d"),
                               "start"], env=pbscluster.QUIET_ENV, capture_output=True, text=True, timeout=120)
     deadline = time.monotonic() + 180
