@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Sequence
     from types import FrameType, SimpleNamespace
+    from typing import IO
 
     from ..core.jobfiles import JobFiles
 
@@ -62,6 +63,10 @@ ROOT_FIX = ("add --env OMPI_ALLOW_RUN_AS_ROOT=1 --env OMPI_ALLOW_RUN_AS_ROOT_CON
 # Open MPI's word on a rank a signal ended (its help-orterun.txt): "mpiexec noticed that process rank 0 with PID
 # 0 on node node1 exited on signal 10 (User defined signal 1)." It names the first such rank only.
 _OPENMPI_SIGNAL = r"noticed that process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)"
+# Open MPI's word on a host whose daemon (orted) it lost, the host down or its processes killed (its
+# help-errmgr-base.txt [node-died]: "ORTE has lost communication with a remote daemon." ... "Remote daemon:
+# [[J,0],1] on node node2"): the ranks there are gone with it, and it names none of them.
+_OPENMPI_LOST = r"^ *Remote daemon: *\S+ on node (\S+)"
 
 
 def signal_words() -> dict[str, tuple[int, str]]:
@@ -247,6 +252,32 @@ def _pbs_id(text: str) -> bool:
     return re.fullmatch(_PBS_ID, text) is not None
 
 
+def _node_hosts() -> list[str]:
+    """The job's hosts in $PBS_NODEFILE's order (mpiexec --map-by ppr:N:node gives each its block of ranks);
+    none once PBS has removed the file."""
+    try:
+        with open(os.environ.get("PBS_NODEFILE", "")) as f:
+            return list(dict.fromkeys(h.strip() for h in f if h.strip()))
+    except OSError:
+        return []
+
+
+def _ranks_word(low: int, high: int) -> str:
+    return f"rank {low}" if low == high else f"ranks {low}-{high}"
+
+
+def _relay(source: IO[bytes], sink: IO[bytes]) -> None:
+    """mpiexec's standard output passed on whole lines at a time, as it comes, until it ends."""
+    from .mpi_output import PENDING_MAX, joined
+
+    for line in joined(iter(lambda: source.readline(PENDING_MAX), b"")):
+        try:
+            sink.write(line)
+            sink.flush()
+        except OSError:  # the job's output is gone (a full file system): the ranks go on
+            pass
+
+
 def _restarts(text: str) -> int:
     return int(text) if text.isdigit() else 0
 
@@ -261,6 +292,12 @@ def _started_at() -> float:
         return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return time.time()
+
+
+# How long mpiexec's last output is waited for once it has ended.
+OUTPUT_DRAIN_S = 10.0
+# How much earlier than this process PBS may count a job's walltime from (its prologue, the shell's start).
+WALLTIME_SLACK_S = 2.0
 
 
 class Step:
@@ -331,7 +368,18 @@ class Step:
         A stopped job writes no exit code of its own: PBS's word (deleted; the walltime: -29) is the job's."""
         self.stopped = True
         self.stopped_after = time.time() - _started_at()
-        _say("the job was stopped (SIGTERM: qdel, or the walltime)")
+        _say(f"the job was stopped {self.stopped_after:.0f}s into its run (SIGTERM): {self.stop_cause()}")
+
+    def stop_cause(self) -> str:
+        """Which stop PBS's SIGTERM was, told by the time against the walltime (PBS's own word, its
+        Exit_status, is set only once the job has ended): the MoM stops a job at its walltime once it has run
+        past it, counted from the job's start, a moment before this process's (WALLTIME_SLACK_S)."""
+        limit = self.args.walltime
+        if limit is None:
+            return "qdel or qrerun (the job asked for no walltime; a queue's default one would say so too)"
+        if self.stopped_after < limit - WALLTIME_SLACK_S:
+            return f"qdel or qrerun, before its walltime of {limit:.0f}s"
+        return f"its walltime of {limit:.0f}s ran out"
 
     def stopped_by_hand(self) -> bool:
         """A PBS stop before the walltime (or without one known): qdel or qrerun, which no requeue may undo.
@@ -401,17 +449,25 @@ class Step:
             with open(self.files.srun_log, "ab") as log:
                 proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=log)
                 self.pid = proc.pid
-        else:
-            proc = subprocess.Popen(command, stderr=subprocess.PIPE)
+        else:  # mpiexec --tag-output: both streams passed on whole lines at a time (allocation/mpi_output.py)
+            import threading
+
+            from .mpi_output import PENDING_MAX, joined
+
+            proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             self.pid = proc.pid
-            assert proc.stderr is not None
-            for raw in proc.stderr:  # line by line, as it comes
+            assert proc.stdout is not None and proc.stderr is not None
+            out = threading.Thread(target=_relay, args=(proc.stdout, sys.stdout.buffer), daemon=True)
+            out.start()
+            for raw in joined(iter(lambda: proc.stderr.readline(PENDING_MAX), b"")):  # type: ignore[union-attr]
                 sys.stderr.buffer.write(raw)
                 sys.stderr.flush()
                 line = raw.decode("utf-8", errors="replace")
                 if re.match(_OPENMPI_RANK, line) or re.match(_OPENMPI_CODE, line) or re.search(_OPENMPI_SIGNAL, line) \
-                        or re.match(_OPENMPI_ROOT, line):
+                        or re.match(_OPENMPI_ROOT, line) or re.search(_OPENMPI_LOST, line):
                     self.openmpi.append(line)
+            proc.wait()
+            out.join(OUTPUT_DRAIN_S)  # bounded: a process the ranks left behind may hold the pipe open
         rc = proc.wait()
         return 128 - rc if rc < 0 else rc
 
@@ -462,9 +518,17 @@ class Step:
         if root is not None:
             return rc, f"{root[1]} refused to start the ranks as root (Open MPI's run-as-root protection; no rank " \
                 f"ran). Fix: {ROOT_FIX}", ""
-        ranks = [re.match(_OPENMPI_RANK, x) for x in self.openmpi]
+        gone = self.lost_host()
+        if gone is not None:  # a host's daemon gone: its ranks with it, Open MPI names none
+            lost, ranks = gone
+            who = _ranks_word(ranks[0], ranks[-1]) if ranks else "its ranks"
+            code = rc or 1
+            return code, f"{who} on {lost} failed first with exit code {code} (their host was lost: mpiexec lost " \
+                f"contact with its daemon on {lost}, whose host went down or whose processes were killed)" \
+                f"{self.others()}", ""
+        named = [re.match(_OPENMPI_RANK, x) for x in self.openmpi]
         codes = [re.match(_OPENMPI_CODE, x) for x in self.openmpi]
-        rank = next((int(m[1]) for m in ranks if m), None)
+        rank = next((int(m[1]) for m in named if m), None)
         said = next((int(m[1]) for m in codes if m), None)
         if rank is None or said is None:
             signalled = openmpi_signalled(self.openmpi)
@@ -478,14 +542,20 @@ class Step:
             return 128 + number, f"rank {rank} on {node} failed first with exit code {128 + number} ({how})" \
                 f"{self.others()}", how
         code = said
-        node = "?"
-        try:  # the rank's host: its block of the node file's hosts (gone once PBS removed it)
-            with open(os.environ.get("PBS_NODEFILE", "")) as f:
-                hosts = list(dict.fromkeys(h.strip() for h in f if h.strip()))
-            node = hosts[rank // a.tasks_per_node] if rank // a.tasks_per_node < len(hosts) else "?"
-        except OSError:
-            pass
+        hosts = _node_hosts()  # the rank's host: its block of the node file's hosts
+        node = hosts[rank // a.tasks_per_node] if rank // a.tasks_per_node < len(hosts) else "?"
         return code, f"rank {rank} on {node} failed first with exit code {code}{self.others()}", ""
+
+    def lost_host(self) -> tuple[str, list[int]] | None:
+        """The host whose daemon Open MPI lost, and the ranks that ran there (its block of the node file's
+        hosts; none where the file does not name it); None when it lost none, or the job was stopped."""
+        import re
+
+        lost = next((m[1] for m in (re.search(_OPENMPI_LOST, x) for x in self.openmpi) if m), None)
+        if lost is None or self.stopped:
+            return None
+        hosts, per = _node_hosts(), self.args.tasks_per_node
+        return lost, list(range(hosts.index(lost) * per, (hosts.index(lost) + 1) * per)) if lost in hosts else []
 
     def killed_by_warning(self, lines: Sequence[str]) -> str:
         """The ranks the warning signal ended ("task 0 on node1" in srun's words, "rank 0 on node1" in Open
@@ -548,7 +618,8 @@ class Step:
                 sys.stderr.flush()
                 lines = data.decode("utf-8", errors="replace").splitlines()
         if a.stacks and rc != 0:
-            summary_main([f.stacks])
+            gone = self.lost_host() if a.mpi == "openmpi" else None  # its ranks saved nothing: named all the same
+            summary_main([f.stacks], {r: (gone[0], "its host was lost: no stacks") for r in gone[1]} if gone else None)
         if rc != 0:
             rc, summary, first_signal = self.first_failure(rc, lines)
             if summary:

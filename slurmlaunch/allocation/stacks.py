@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from ..core import STACKS_DUMP_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX, STACKS_SUMMARY_NAME
 from ..core.stacks import RankStacks, complete, group, parse
@@ -220,10 +220,13 @@ def answers(entries: Sequence[dict[str, object]], timeout: float) -> list[RankSt
     return out
 
 
-def saved_summary(directory: str) -> list[str]:
+def saved_summary(directory: str, lost: Mapping[int, tuple[str, str]] | None = None) -> list[str]:
     """One line per group of the stacks the ranks saved when a stop signal reached them ([] when none did),
-    also written to ``directory``/summary for `slurmlaunch stacks` and --wait."""
+    also written to ``directory``/summary for `slurmlaunch stacks` and --wait. ``lost``: ranks that could
+    save none, rank -> (host, why) (their host was lost), named rather than left out."""
     ranks = answers(saved(directory), 0)
+    ranks += [RankStacks(rank, host, (), why) for rank, (host, why) in sorted((lost or {}).items())
+              if all(r.rank != rank for r in ranks)]
     if not ranks:
         return []
     lines = group(ranks, source_line).lines()
@@ -242,13 +245,14 @@ def saved_summary(directory: str) -> list[str]:
 SUMMARY_USAGE = "usage: slurmlaunch stacks-summary DIR"
 
 
-def summary_main(argv: Sequence[str]) -> int:
+def summary_main(argv: Sequence[str], lost: Mapping[int, tuple[str, str]] | None = None) -> int:
     """`slurmlaunch stacks-summary DIR` (the batch script, after the ranks ended): the grouped stacks the
-    ranks saved when they were stopped, on stderr, prefixed as the batch log's other lines."""
+    ranks saved when they were stopped, on stderr, prefixed as the batch log's other lines (``lost``: see
+    :func:`saved_summary`)."""
     if len(argv) != 1 or argv[0].startswith("-"):
         sys.stderr.write(f"slurmlaunch: error: {SUMMARY_USAGE}\n")
         return 2
-    lines = saved_summary(argv[0])
+    lines = saved_summary(argv[0], lost)
     if lines:
         sys.stderr.write(f"slurmlaunch: {STOPPED_HEADER} ({len(lines)} group(s); every thread in {argv[0]}):\n")
         sys.stderr.write("".join(f"slurmlaunch:   {line}\n" for line in lines))

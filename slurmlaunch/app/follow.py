@@ -28,6 +28,12 @@ def poll_seconds(edge: Scheduler) -> float:
     return POLL_S if edge.queued else LOCAL_POLL_S
 
 
+# PBS says a stopped job (qdel, the walltime) has ended before its batch step has said where the ranks were
+# (about 1 s before, seen on OpenPBS 23.06); the batch step says it within PBS's kill_delay (10 s by default)
+# or never, as it is killed then.
+STOP_WORDS_S = 15.0
+
+
 def _elapsed(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     h, m = divmod(m, 60)
@@ -35,12 +41,18 @@ def _elapsed(seconds: float) -> str:
 
 
 class LogTail:
-    """Prints what a file gains, from where we last read; the file may not exist yet."""
+    """Prints what a file gains, from where we last read; the file may not exist yet. ``said_to``: the file is
+    also the batch log (PBS: -j oe, every rank's lines tagged by mpiexec), and the batch step's own lines
+    ("slurmlaunch: ...": its first-failure line, where the ranks were at a stop) go there (--wait's stderr,
+    where slurmlaunch speaks), whole lines at a time, kept in ``said`` so that --wait says none twice."""
 
-    def __init__(self, path: str, out: TextIO) -> None:
+    def __init__(self, path: str, out: TextIO, said_to: TextIO | None = None) -> None:
         self.path = path
         self.out = out
+        self.said_to = said_to
         self.pos = 0
+        self.said: set[str] = set()
+        self._partial = b""
 
     def pump(self) -> None:
         try:
@@ -49,10 +61,31 @@ class LogTail:
                 data = f.read()
         except OSError:
             return
-        if data:
-            self.pos += len(data)
+        if not data:
+            return
+        self.pos += len(data)
+        if self.said_to is None:
             self.out.write(data.decode("utf-8", errors="replace"))
             self.out.flush()
+            return
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            text = line.decode("utf-8", errors="replace")
+            if text.startswith("slurmlaunch: "):
+                self.said_to.write(text + "\n")
+                self.said.add(text.rstrip())
+            else:
+                self.out.write(text + "\n")
+        self.out.flush()
+        self.said_to.flush()
+
+    def finish(self) -> None:
+        """What the file ends with after its last newline."""
+        self.pump()
+        if self._partial:
+            self.out.write(self._partial.decode("utf-8", errors="replace"))
+            self.out.flush()
+            self._partial = b""
 
 
 FAILURE_BOUND = 4096  # bytes read of a failure file: it holds one line
@@ -92,22 +125,37 @@ def stopped_summary(log_dir: str, job_id: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()][:50]
 
 
+def _await_stop_words(files: JobFiles, bound: float = STOP_WORDS_S) -> None:
+    """Wait (``bound`` seconds at most) for the summary of where a stopped job's ranks were, when ranks ran
+    (they left their pid files) and the batch step has not written it yet."""
+    import glob
+
+    if not glob.glob(glob.escape(files.stack_pid("\0")).replace("\0", "*")):
+        return
+    deadline = time.monotonic() + bound
+    while not os.path.exists(files.stacks_summary) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, *, poll: float = POLL_S,
            timeout: float | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
            log_dir: str | None = None, files_id: str | None = None,
-           failures: Callable[[], list[str]] | None = None) -> int:
+           failures: Callable[[], list[str]] | None = None, batch_log: bool = False) -> int:
     """Wait for the job to end and return its exit code. Raises SchedulerError when the scheduler stops
     answering for LOST_CONTACT_S, or after ``timeout`` seconds (the job itself keeps running). A failed
     job's first-failure line (from ``log_dir``, by default rank 0's log's directory) is shown before the
     last line, so the reason a rank stopped reaches the terminal and not only that rank's log. ``files_id``:
     the id in the job's file names when it is not ``job_id`` (PBS's 1234 of 1234.server). ``failures``: reads
-    the first-failure lines where they are not files here (a remote job's, on its login node)."""
+    the first-failure lines where they are not files here (a remote job's, on its login node).
+    ``batch_log``: ``rank0_log`` is also the batch log (every rank's output in one file, PBS's): the batch
+    step's own lines in it go to ``err``, each once."""
     if log_dir is None and rank0_log:
         log_dir = os.path.dirname(rank0_log)
+    files = JobFiles(log_dir or "", files_id or job_id)  # the job's files: named by files_id, never by job_id
     start = time.monotonic()
     last_state: tuple[str, str | None] | None = None
     failing_since: float | None = None
-    tail = LogTail(rank0_log, out) if rank0_log else None
+    tail = LogTail(rank0_log, out, err if batch_log else None) if rank0_log else None
     while True:
         now = time.monotonic()
         try:
@@ -132,21 +180,24 @@ def follow(job_id: str, status: Callable[[], JobStatus], rank0_log: str | None, 
         if tail:
             tail.pump()
         if st.finished:
+            if st.state in ("CANCELLED", "TIMEOUT") and log_dir:
+                _await_stop_words(files)
             if tail:
-                tail.pump()
+                tail.finish()
             code = st.exit_code if st.exit_code is not None else 1
             if code != 0 and (log_dir or failures):
-                found = failures() if failures else failure_lines(log_dir or "", files_id or job_id)
+                found = failures() if failures else failure_lines(log_dir or "", files.job)
                 for line in found:
-                    err.write(line + "\n")
+                    if not (tail and line.rstrip() in tail.said):  # shown already: the output is the batch log
+                        err.write(line + "\n")
             if code != 0 and log_dir:
                 fault = explain_fault(code, log_dir)  # the output directory failed the job (74, 181)
                 if fault:
                     err.write(f"slurmlaunch: job {job_id}: {fault}\n")
-                stacks = stopped_summary(log_dir, job_id)
-                if stacks:
+                stacks = stopped_summary(log_dir, files.job)
+                if stacks and not (tail and all(f"slurmlaunch:   {line}".rstrip() in tail.said for line in stacks)):
                     err.write(f"slurmlaunch: where the ranks were when they were stopped (every thread in "
-                              f"{JobFiles(log_dir, job_id).stacks}):\n")
+                              f"{files.stacks}):\n")
                     err.write("".join(f"slurmlaunch:   {line}\n" for line in stacks))
             where = f" (logs: {log_dir})" if log_dir else ""
             said = f"exit code {code}" if st.exit_code is not None else \

@@ -257,7 +257,8 @@ def wait_for(edge: Scheduler, job_id: str, spec: JobSpec, cancel_on_interrupt: b
     # are shown instead); where every rank writes to the job's one output, tagged (PBS: written in place
     # while the job runs, -k doe), that output.
     rank0 = edge.rank_log(spec, job_id, 0)
-    if rank0 is None and edge.shared_output and not spec.is_array:
+    shared = rank0 is None and edge.shared_output is not None and not spec.is_array
+    if shared:  # the batch log too (-j oe): the batch step's own lines go to stderr, each once
         rank0 = edge.output_log(spec.log_dir, files_id or job_id, job_id)
     last: list[JobStatus] = []
 
@@ -268,7 +269,7 @@ def wait_for(edge: Scheduler, job_id: str, spec: JobSpec, cancel_on_interrupt: b
 
     try:
         code: int = follow(job_id, status, rank0, timeout=timeout, log_dir=spec.log_dir, files_id=files_id,
-                           poll=poll_seconds(edge))
+                           poll=poll_seconds(edge), batch_log=shared)
         batch_log = edge.batch_log(spec, job_id)
         for line in warning_lines(batch_log) if batch_log else []:
             sys.stderr.write(line)

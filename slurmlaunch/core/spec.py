@@ -592,9 +592,36 @@ def _validate_text(spec: JobSpec) -> None:
                             f"(expected a name without control characters)")
 
 
+def _strings(value: object) -> list[str]:
+    """Every string in a field's value (a string, or tuples of them at any depth: --env's pairs, a sweep)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, tuple):
+        return [text for item in value for text in _strings(item)]
+    return []
+
+
+def _validate_encoding(spec: JobSpec) -> None:
+    """Every value is text the batch script (UTF-8) can carry: a command-line argument that was not UTF-8
+    reaches Python with its bytes as lone surrogates (PEP 383), which no script can be written with."""
+    for name, value in spec.values().items():
+        for i, text in enumerate(_strings(value)):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raw = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                bad = ord(text[e.start])
+                byte = f"the byte {bad - 0xDC00:#04x}" if 0xDC80 <= bad <= 0xDCFF else f"{chr(bad)!r}"
+                who = f"SCRIPT argument {i + 1}" if name == "args" else "SCRIPT" if name == "script" else flag_of(name)
+                shown_raw = raw if len(raw) <= 60 else f"{raw[:60]}... ({len(raw)} characters)"
+                raise SpecError(f"{who} '{shown_raw}' is not valid UTF-8 ({byte}; expected UTF-8 text, which the "
+                                f"batch script is written in)") from None
+
+
 def validate(spec: JobSpec) -> JobSpec:
     """Raise SpecError for the first thing wrong with ``spec``; return it unchanged otherwise. Pure: what
     needs the submitting machine's files (SCRIPT, --python, --output-dir exist) is app.resolve's."""
+    _validate_encoding(spec)
     _validate_text(spec)
     _validate_counts(spec)
     _validate_time_and_mem(spec)

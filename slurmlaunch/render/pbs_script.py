@@ -3,6 +3,7 @@ directives, mpiexec's flags, the template's context. Pure: no qsub, no files wri
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from typing import Any
@@ -110,6 +111,11 @@ def _check_request(spec: JobSpec) -> None:
     if spec.output.job_name is not None and not _JOB_NAME.fullmatch(spec.output.job_name):
         raise SpecError(f"--job-name {spec.output.job_name!r} is not a PBS job name (at most 230 letters, digits or "
                         f"- _ + ., the first a letter or digit; e.g. {job_name(spec.changed(job_name=None))!r})")
+    if not spec.log_dir.isascii():  # qsub -o refuses it ("illegal -o value", then its whole usage text)
+        named = "--output-dir" if os.path.isabs(spec.output.output_dir) else \
+            f"--output-dir {spec.output.output_dir!r} in"
+        raise SpecError(f"{named} {spec.log_dir!r}: qsub takes no output path that is not ASCII (expected an ASCII "
+                        f"path: give another --output-dir)")
     if spec.resources.time is not None:
         walltime(spec.resources.time)
     if spec.resources.mem is not None and parse_mem(spec.resources.mem)[0] == 0:  # Slurm: --mem=0 is all of it
@@ -314,6 +320,8 @@ def batch_step_plan(spec: JobSpec) -> list[str]:
     limit = spec.time_limit_seconds
     if spec.warning and limit is not None:
         plan += ["--warning", spec.warning[0], "--walltime", str(limit), "--warn-before", str(spec.warning[1])]
+    elif limit is not None:  # no warning: the walltime still tells a qdel from the walltime's stop
+        plan += ["--walltime", str(limit)]
     if resubmits(spec):
         assert spec.warning is not None  # check_warning: --requeue needs one
         if limit is None:  # no warning is sent, but ranks that exit 128 + its number still ask for a requeue

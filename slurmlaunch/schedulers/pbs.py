@@ -242,7 +242,40 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
         with contextlib.suppress(ValueError):
             code_file = int(text.strip()) if text is not None else None
     st = job_status(attrs, code_file, now=time.time())
+    if st.state in _ON_HOSTS and st.nodes:  # a host lost under the job: PBS keeps it running (see node_trouble)
+        note = "; ".join([*([note] if note else []), *node_trouble(st.nodes)]) or None
     return dataclasses.replace(st, note=f"{note}; {st.note}" if st.note and note else note or st.note)
+
+
+# The states in which a job holds hosts whose loss matters to it.
+_ON_HOSTS = frozenset({"RUNNING", "COMPLETING", "SUSPENDED"})
+# pbsnodes' states of a host that runs nothing of a job's (state-unknown: the server never heard from its MoM).
+_HOST_TROUBLE = ("down", "offline", "state-unknown", "unresolvable", "stale")
+
+
+def node_trouble(exec_host: str) -> list[str]:
+    """What the server says of each host in ``exec_host`` ("n1/0*2+n2/0*2") that is not healthy: "node2 down
+    (PBS's comment: node down: communication closed)". A sister host whose MoM died is marked down at once
+    (its connection closes), while the job stays R, its ranks there perhaps still running, until its
+    walltime (seen on OpenPBS 23.06): this is the word that it lost a host. Nothing where pbsnodes cannot say
+    (Torque's has no JSON form)."""
+    hosts = list(dict.fromkeys(part.split("/", 1)[0] for part in exec_host.split("+") if part.split("/", 1)[0]))
+    try:
+        out = run_command(["pbsnodes", "-F", "json", "-v", *hosts], timeout=30).stdout
+        nodes = json.loads(out).get("nodes") or {}
+    except (SchedulerError, ValueError, AttributeError):
+        return []
+    said = []
+    for host in hosts:
+        attrs = nodes.get(host)
+        if not isinstance(attrs, dict):
+            continue
+        state = str(attrs.get("state", ""))
+        trouble = [w for w in state.split(",") if w in _HOST_TROUBLE]
+        if trouble:
+            comment = str(attrs.get("comment") or "").strip()
+            said.append(f"{host} {' and '.join(trouble)}" + (f" (PBS's comment: {comment})" if comment else ""))
+    return said
 
 
 def _attributes(job_id: str) -> dict[str, Any]:

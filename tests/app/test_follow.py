@@ -139,6 +139,67 @@ def test_a_failed_jobs_first_failure_line_comes_before_the_last_line(clock: Cloc
                                      f"slurmlaunch: job 7 ended FAILED, exit code 7 (logs: {tmp_path})"]
 
 
+def _pbs_job(tmp_path: Path, summary: bool = True) -> Path:
+    """A PBS job's files as its batch step leaves them after a stop: named by the short id (7 of 7.head); its
+    output (the batch log too, -j oe) ends with the failure line and the grouped stacks."""
+    stacks = tmp_path / "job-7.stacks"
+    stacks.mkdir()
+    (stacks / "0.pid").write_text("123 456 n1\n")
+    if summary:
+        (stacks / "summary").write_text("ranks 0-1: train.py:9 in step: time.sleep(600)\n")
+    (tmp_path / "job-7.failure").write_text("slurmlaunch: rank 1 on n1 failed first with exit code 7\n")
+    out = tmp_path / "7.head.OU"
+    out.write_text("[1,0]<stdout>:hello\nslurmlaunch: rank 1 on n1 failed first with exit code 7\n"
+                   "slurmlaunch: where the ranks were when they were stopped (1 group(s); every thread in x):\n"
+                   "slurmlaunch:   ranks 0-1: train.py:9 in step: time.sleep(600)\n")
+    return out
+
+
+def test_a_pbs_jobs_stop_summary_is_found_by_its_files_id(clock: Clock, tmp_path: Path) -> None:
+    """--wait under PBS follows 7.head, whose files are job-7.*: the summary of where the ranks were is read
+    from job-7.stacks (issue 40: it was looked for in job-7.head.stacks, and never shown)."""
+    _pbs_job(tmp_path)
+    out, err = io.StringIO(), io.StringIO()
+    code = follow("7.head", answers(JobStatus("CANCELLED", exit_code=1)), None, out=out, err=err,
+                  log_dir=str(tmp_path), files_id="7")
+    assert code == 1
+    assert err.getvalue().splitlines()[-3:] == [
+        f"slurmlaunch: where the ranks were when they were stopped (every thread in {tmp_path}/job-7.stacks):",
+        "slurmlaunch:   ranks 0-1: train.py:9 in step: time.sleep(600)",
+        f"slurmlaunch: job 7.head ended CANCELLED, exit code 1 (logs: {tmp_path})"]
+    assert clock.slept == []  # the summary was there: no wait
+
+
+def test_what_the_followed_output_said_already_is_not_said_again(clock: Clock, tmp_path: Path) -> None:
+    """Under PBS the output --wait shows is the batch log too: the batch step's lines go to stderr, once."""
+    output = _pbs_job(tmp_path)
+    with open(output, "a") as f:
+        f.write("[1,0]<stdout>:no newline at the end")
+    out, err = io.StringIO(), io.StringIO()
+    follow("7.head", answers(JobStatus("FAILED", exit_code=7)), str(output), out=out, err=err, files_id="7",
+           batch_log=True)
+    said = out.getvalue() + err.getvalue()
+    assert out.getvalue() == "[1,0]<stdout>:hello\n[1,0]<stdout>:no newline at the end"  # the ranks' lines
+    assert err.getvalue().splitlines() == [  # the batch step's, where slurmlaunch speaks
+        "slurmlaunch: [0:00:00] job 7.head FAILED", "slurmlaunch: rank 1 on n1 failed first with exit code 7",
+        "slurmlaunch: where the ranks were when they were stopped (1 group(s); every thread in x):",
+        "slurmlaunch:   ranks 0-1: train.py:9 in step: time.sleep(600)",
+        f"slurmlaunch: job 7.head ended FAILED, exit code 7 (logs: {tmp_path})"]
+    assert said.count("rank 1 on n1 failed first") == 1 and said.count("train.py:9") == 1, said
+
+
+def test_a_stopped_job_waits_a_bounded_time_for_the_summary(clock: Clock, tmp_path: Path) -> None:
+    """PBS says a stopped job ended a moment before its batch step says where the ranks were: --wait waits
+    for it, STOP_WORDS_S at most (its ranks ran: their pid files are there), and not at all for a job that
+    failed by itself."""
+    _pbs_job(tmp_path, summary=False)
+    run(answers(JobStatus("FAILED", exit_code=7)), log_dir=str(tmp_path), files_id="7")
+    assert clock.slept == []
+    start = clock.now
+    run(answers(JobStatus("TIMEOUT", exit_code=1)), log_dir=str(tmp_path), files_id="7")
+    assert following.STOP_WORDS_S <= clock.now - start < following.STOP_WORDS_S + 1
+
+
 def test_a_successful_job_shows_no_failure_line(clock: Clock, tmp_path: Path) -> None:
     (tmp_path / "job-7.failure").write_text("left over from an earlier run\n")
     _, _, err = run(answers(JobStatus("COMPLETED", exit_code=0)), log_dir=str(tmp_path))

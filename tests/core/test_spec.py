@@ -126,6 +126,11 @@ BAD: list[tuple[dict[str, object], str]] = [
     (dict(gpu_flag="gpu"), "--gpu-flag 'gpu' is not valid (expected gpus-per-node or gres)"),
     (dict(output_dir="a b\n"),
      "--output-dir 'a b\\n' contains the control character '\\n' (expected a value without control characters)"),
+    # a command-line argument that was not UTF-8 (its bytes as lone surrogates, PEP 383) is named
+    (dict(args=("ok", "caf\udce9")), "SCRIPT argument 2 'caf\\xe9' is not valid UTF-8 (the byte 0xe9; expected "
+                                     "UTF-8 text, which the batch script is written in)"),
+    (dict(output_dir="l\udcffgs"), "--output-dir 'l\\xffgs' is not valid UTF-8 (the byte 0xff; expected UTF-8 text, "
+                                   "which the batch script is written in)"),
     (dict(partition="gpu\x1b[31m"),
      "--partition 'gpu\\x1b[31m' contains the control character '\\x1b' (expected a value without control "
      "characters)"),

@@ -74,9 +74,10 @@ try:
     print(json.dumps({"raised": None}))
 except slurmlaunch.RankFailed as e:
     print(json.dumps({"raised": type(e).__name__, "rank": e.rank, "text": str(e), "state": job.state,
-                      "waited": time.monotonic() - t0}))
+                      "waited": time.monotonic() - t0, "host": e.host}))
 """, pbs_env, tmp_path, timeout=400)
     assert out["raised"] == "RankFailed" and out["rank"] == 1, out
+    assert str(out["text"]).startswith(f"rank 1 on {out['host']} failed") and out["host"] in ("node1", "node2", "node3")
     assert "ValueError: rank one says no" in str(out["text"]), out
     assert out["state"] == "FAILED", out
     # bounded by the failure, not by rank 0's 600 s sleep (generous: a loaded machine)

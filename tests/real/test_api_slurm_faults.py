@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -171,7 +172,7 @@ def test_hard_exit_of_one_of_16_ranks_is_named_with_its_code(cluster_env: dict[s
         "job = slurmlaunch.submit(hard_exit_on_rank, folder, 11, 7, **api, "
         "**SIXTEEN)\noutcome(job)\n"))
     assert out["error"] == "RankFailed" and out["rank"] == 11 and out["returncode"] == 7, out
-    assert out["message"].startswith("rank 11 failed (exit code 7):\nits process exited with code 7"), out
+    assert re.match(r"rank 11 on node\d+ failed \(exit code 7\):\nits process exited with code 7", out["message"]), out
     assert out["state"] == "FAILED" and out["done"] is True
     heard_within_bound(cluster_env, out)
 
@@ -193,7 +194,8 @@ def test_sys_exit_in_rank_0_is_the_cause_not_the_peers_gloo_errors(cluster_env: 
         "job = slurmlaunch.submit(sys_exit_3_on_rank_0, folder, **api, nodes=2, "
         "tasks_per_node=2, cpus_per_task=1)\noutcome(job)\n"))
     assert out["error"] == "RankFailed" and out["rank"] == 0 and out["returncode"] == 3, out
-    assert out["message"].startswith("rank 0 failed (exit code 3):\nit raised SystemExit with exit code 3"), out
+    assert re.match(r"rank 0 on node\d+ failed \(exit code 3\):\nit raised SystemExit with exit code 3",
+                    out["message"]), out
     assert abs(out["at"] - float((tmp_path / "failed").read_text())) < 1.0, out  # the time it happened
     heard_within_bound(cluster_env, out)
 

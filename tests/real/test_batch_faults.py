@@ -105,6 +105,8 @@ def test_slurm_names_a_rank_killed_by_sigkill(cluster_env: dict[str, str], tmp_p
     assert line in batch.splitlines(), batch
     assert (logs / f"job-{job}.failure").read_text() == line + "\n"
     assert (logs / f"job-{job}.exitcode").read_text() == "137\n"
+    st = run_cli("status", job, env=cluster_env, cwd=tmp_path)  # the same story as --wait's (issue 40)
+    assert st.stdout.splitlines()[1:] == ["  " + line.removeprefix("slurmlaunch: ")], st.stdout + st.stderr
 
 
 def test_local_names_a_rank_killed_by_sigkill(tmp_path: Path) -> None:
@@ -114,8 +116,11 @@ def test_local_names_a_rank_killed_by_sigkill(tmp_path: Path) -> None:
     r = run_cli("submit", "--scheduler", "local", "--nodes", "1", "--tasks-per-node", "2", "k.py",
                 env=no_slurm_env(tmp_path), cwd=tmp_path, timeout=120)
     assert r.returncode == 137, r.stdout + r.stderr
-    assert re.search(r"^slurmlaunch: local job \d+: rank 1 failed first with exit code 137 \(killed by SIGKILL\); "
-                     r"the other ranks were stopped$", r.stderr, re.M), r.stderr
+    m = re.search(r"^slurmlaunch: local job (\d+): (rank 1 failed first with exit code 137 \(killed by SIGKILL\); "
+                  r"the other ranks were stopped)$", r.stderr, re.M)
+    assert m, r.stderr
+    st = run_cli("status", m[1], env=no_slurm_env(tmp_path), cwd=tmp_path)  # the same story (issue 40)
+    assert st.stdout.splitlines()[1:] == ["  " + m[0].removeprefix("slurmlaunch: ")], st.stdout + st.stderr
 
 
 @contextlib.contextmanager

@@ -79,7 +79,9 @@ def test_ddp_on_two_hosts_through_the_real_qsub(pbs_env: dict[str, str], tmp_pat
                                       ["2", "0", "4", first, second], ["3", "1", "4", first, second]]
     assert len({r[5] for r in ranks}) == 1, ranks  # identical final parameters on every rank
     # --wait showed the job's one output as PBS wrote it in place (-k doe), after the id submit prints
-    assert r.stdout == f"{job}\n{out}", r.stdout
+    # (the batch step's own lines in it, "slurmlaunch: ...", go to --wait's stderr)
+    assert r.stdout == f"{job}\n" + "".join(ln for ln in out.splitlines(keepends=True)
+                                            if not ln.startswith("slurmlaunch: ")), r.stdout
     st = run_cli("status", job, "--json", env=pbs_env, cwd=tmp_path)
     info = json.loads(st.stdout)
     assert aborted or (info["state"], info["exit_code"]) == ("COMPLETED", 0), info
@@ -175,8 +177,10 @@ def test_a_rank_aborted_after_its_script_returned_is_named(pbs_env: dict[str, st
     second = re.search(r"rank 3 on (node\d) failed first with exit code 134 \(killed by SIGABRT\)", r.stderr)
     assert second, r.stderr
     assert f"job {job} ended FAILED, exit code 134" in r.stderr, r.stderr
-    # the job's output as PBS kept it, which --wait shows, ends with the batch step's word on the abort
-    assert "slurmlaunch: rank 3 aborted in torch's teardown after the script returned" in r.stdout, r.stdout
+    # the job's output as PBS kept it ends with the batch step's word on the abort, which --wait says on stderr
+    assert "slurmlaunch: rank 3 aborted in torch's teardown after the script returned" in r.stderr, r.stderr
+    out = (tmp_path / "slurmlaunch-logs" / f"{job}.OU").read_text()
+    assert "slurmlaunch: rank 3 aborted in torch's teardown after the script returned" in out, out
     assert teardown_abort_only(r.stderr + r.stdout)
 
 

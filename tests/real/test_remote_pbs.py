@@ -151,6 +151,10 @@ def test_pbs_wait_from_the_laptop_names_the_failing_rank_and_returns_its_code(
     failure = tmp_path / "cluster" / "slurmlaunch-logs" / f"job-{job[1].split('.', 1)[0]}.failure"
     assert re.fullmatch(r"slurmlaunch: rank 1 on node\d failed first with exit code 3; the other ranks were "
                         r"stopped\n", failure.read_text()), failure.read_text()
+    assert r.stderr.count(failure.read_text()) == 1, r.stderr  # --wait said it, once
+    st = on_laptop(laptop, "status", job[1], cwd=tmp_path)  # and status tells the same (issue 40)
+    assert st.returncode == 0 and st.stdout.splitlines()[1] == "  " + failure.read_text().strip().removeprefix(
+        "slurmlaunch: "), st.stdout + st.stderr
     assert masters_left(laptop) == []
 
 

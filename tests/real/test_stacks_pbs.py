@@ -112,5 +112,8 @@ def test_pbs_walltime_leaves_the_summary_in_the_batch_log(pbs_env: dict[str, str
     # (seen again in CI run 9: rank 1's dump missing): the waiting ranks that are there form one group
     assert re.search(r"ranks? [0-2](?:[,-][0-2])*(?: on \S+)?: sleepy\.py:14 in wait_for_peer", log), log
     assert "rank 3 " not in log or f"rank 3 on {second}: sleepy.py:11 in load_batch: time.sleep(600)" in log, log
+    # which stop it was, told by the time against the walltime (issue 40)
+    assert re.search(r"slurmlaunch: the job was stopped \d+s into its run \(SIGTERM\): its walltime of 30s ran out\n",
+                     log), log
     st = json.loads(run_cli("status", job, "--json", env=pbs_env, cwd=tmp_path).stdout)
     assert st["state"] == "TIMEOUT", st

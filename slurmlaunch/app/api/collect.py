@@ -75,9 +75,10 @@ def _outcome(result_pickle: Path) -> str:
     return "unreadable"
 
 
-def _step_ends(batch_log: Path) -> dict[int, tuple[int, int | None, str]]:
+def _step_ends(batch_log: Path) -> dict[int, tuple[int, int | None, str, str | None]]:
     """srun's report of the tasks that ended badly in the job's last run, as the batch log has it: rank ->
-    (the order of srun's report, the return code as subprocess has it (-N: signal N) or None, srun's words).
+    (the order of srun's report, the return code as subprocess has it (-N: signal N) or None, srun's words,
+    the node).
     srun reports a task when it sees it end, so the order is the order of the ends, as srun saw them."""
     try:
         with open(batch_log, "rb") as f:
@@ -86,7 +87,7 @@ def _step_ends(batch_log: Path) -> dict[int, tuple[int, int | None, str]]:
     except OSError:
         return {}
     text = text[text.rfind(_BATCH_MARK) + 1:] if _BATCH_MARK in text else text
-    ends: dict[int, tuple[int, int | None, str]] = {}
+    ends: dict[int, tuple[int, int | None, str, str | None]] = {}
     for order, m in enumerate(_SRUN_TASK.finditer(text)):
         words = m.group(3).strip()
         exited = re.fullmatch(r"Exited with exit code (\d+)", words)
@@ -95,13 +96,14 @@ def _step_ends(batch_log: Path) -> dict[int, tuple[int, int | None, str]]:
         for part in m.group(2).split(","):
             low, _, high = part.partition("-")
             for rank in range(int(low), int(high or low) + 1):
-                ends.setdefault(rank, (order, code, words))
+                ends.setdefault(rank, (order, code, words, m.group(1)))
     return ends
 
 
-def _mpiexec_ends(report: Path) -> dict[int, tuple[int, int | None, str]]:
+def _mpiexec_ends(report: Path) -> dict[int, tuple[int, int | None, str, str | None]]:
     """Open MPI's word on the first rank that ended badly by itself, from mpiexec's stderr under PBS: rank ->
-    (0, the return code as subprocess has it, the words); empty where it named none."""
+    (0, the return code as subprocess has it, the words, the node where it says one); empty where it named
+    none."""
     try:
         with open(report, "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - (1 << 20)))
@@ -110,11 +112,11 @@ def _mpiexec_ends(report: Path) -> dict[int, tuple[int, int | None, str]]:
         return {}
     exited = _MPIEXEC_EXIT.search(text)
     if exited:
-        return {int(exited.group(1)): (0, int(exited.group(2)), f"mpiexec: exit code {exited.group(2)}")}
+        return {int(exited.group(1)): (0, int(exited.group(2)), f"mpiexec: exit code {exited.group(2)}", None)}
     killed = _MPIEXEC_SIGNAL.search(text)
     if killed:
         rank, node, number = int(killed.group(1)), killed.group(2), int(killed.group(3))
-        return {rank: (0, -number, f"mpiexec: killed by {_signal_name(number)} on {node}")}
+        return {rank: (0, -number, f"mpiexec: killed by {_signal_name(number)} on {node}", node)}
     return {}
 
 
@@ -132,6 +134,7 @@ class _Findings:
         self.timed: list[tuple[float, int, str, int | None]] = []
         self.deaths: list[tuple[int, int, str, int | None]] = []
         self.stopped: list[int] = []
+        self.hosts: dict[int, str] = {}  # where a rank ran, where its error or srun's or mpiexec's words say
 
 
 def _collect(job: Any, world: int, state: str | None, wanted: Iterable[int] | None = None) -> dict[int, Any]:
@@ -172,11 +175,13 @@ def _await_results(results: Sequence[Path]) -> None:
 
 
 def _read_rank(found: _Findings, rank: int, task: Any, result: Path, end: dict[str, Any] | None,
-               step: tuple[int, int | None, str] | None, keep: bool, state: str | None) -> None:
+               step: tuple[int, int | None, str, str | None] | None, keep: bool, state: str | None) -> None:
     """What rank ``rank`` left: its value (loaded when ``keep``), or how it failed or was stopped."""
     from submitit.core.utils import pickle_load
 
     code = int(end["code"]) if end is not None else step[1] if step is not None else None
+    if step is not None and step[3]:
+        found.hosts[rank] = step[3]
     exit_path = _exit_record(result)
     if result.exists():
         success = _outcome(result) == "success"
@@ -186,8 +191,10 @@ def _read_rank(found: _Findings, rank: int, task: Any, result: Path, end: dict[s
         if success:
             found.values[rank] = payload.value() if isinstance(payload, _Packed) else payload
             return
-        mark = re.search(_MARK + r" rank=(\S+) at=([\d.]+)\n", payload)
+        mark = re.search(_MARK + r" rank=(\S+) at=([\d.]+)(?: host=(\S+))?\n", payload)
         when = float(mark.group(2)) if mark else float(end["at"]) if end else float("inf")
+        if mark and mark.group(3):
+            found.hosts[rank] = mark.group(3)
         found.timed.append((when, rank, payload[mark.end():] if mark else payload, code))
     elif exit_path.exists():
         record = json.loads(exit_path.read_text())
@@ -213,7 +220,7 @@ def _read_rank(found: _Findings, rank: int, task: Any, result: Path, end: dict[s
                             f"{_tail(task)}", None))
 
 
-def _raise_first(found: _Findings, steps: dict[int, tuple[int, int | None, str]]) -> None:
+def _raise_first(found: _Findings, steps: dict[int, tuple[int, int | None, str, str | None]]) -> None:
     """RankFailed for the first failure, if any rank failed."""
     first = min(found.timed) if found.timed else None
     if found.deaths:
@@ -223,10 +230,10 @@ def _raise_first(found: _Findings, steps: dict[int, tuple[int, int | None, str]]
         # saw it end before the rank that erred (whose error then is the death's consequence).
         if first is None or step is None or step[0] > death[0]:
             _, rank, text, code = death
-            raise RankFailed(rank, text, code)
+            raise RankFailed(rank, text, code, host=found.hosts.get(rank))
     if first is not None:
         when, rank, text, code = first
-        raise RankFailed(rank, text, code, None if when == float("inf") else when)
+        raise RankFailed(rank, text, code, None if when == float("inf") else when, found.hosts.get(rank))
 
 
 def _success(result_pickle: Path) -> bool:

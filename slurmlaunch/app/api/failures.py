@@ -18,25 +18,28 @@ class RankFailed(SlurmLaunchError):
     local scheduler always knows, Slurm from srun's report): ``returncode`` as subprocess has it (-N: killed
     by signal N) and ``signal_name`` ("SIGSEGV"); None otherwise. ``at``: when it failed, where known."""
 
-    def __init__(self, rank: int, trace: str, returncode: int | None = None, at: float | None = None) -> None:
+    def __init__(self, rank: int, trace: str, returncode: int | None = None, at: float | None = None,
+                 host: str | None = None) -> None:
         self.rank = rank
         self.trace = trace
         self.returncode = returncode
         self.at = at  # when it failed (time.time()), where known
+        self.host = host  # where it ran, where known (as the CLI's failure line names it: "rank 3 on node2")
         self.signal_name = _signal_name(-returncode).split()[0] if returncode is not None and returncode < 0 else None
         how = ("" if returncode is None else f" (killed by {_signal_name(-returncode)})" if returncode < 0
                else f" (exit code {returncode})")
-        super().__init__(f"rank {rank} failed{how}:\n{trace}")
+        super().__init__(f"rank {rank}{f' on {host}' if host else ''} failed{how}:\n{trace}")
 
     def __reduce__(self) -> tuple[Any, ...]:
         # the API with remote= brings it back from the login node pickled: rebuilt from its fields
-        return (RankFailed, (self.rank, self.trace, self.returncode, self.at))
+        return (RankFailed, (self.rank, self.trace, self.returncode, self.at, self.host))
 
 
 def _mark() -> str:
     """The first line of the error a task raises, so that the caller can tell the first failure from its
-    consequences in the other ranks: the rank and the time (taken before formatting a traceback)."""
-    return f"{_MARK} rank={os.environ.get('RANK', '?')} at={time.time():.6f}\n"
+    consequences in the other ranks: the rank, the time (taken before formatting a traceback) and the host."""
+    host = "".join((os.environ.get("SLURMD_NODENAME") or os.uname().nodename).split()) or "?"
+    return f"{_MARK} rank={os.environ.get('RANK', '?')} at={time.time():.6f} host={host}\n"
 
 
 def _failure(message: str) -> RuntimeError:

@@ -173,7 +173,22 @@ def status(record: JobRecord) -> dict[str, Any]:
             info["note"] = f"job {record.named} is its {said.partition(':')[0]}"
     if st.note:
         info["note"] = f"{info['note']}; {st.note}" if "note" in info else st.note
+    failure = first_failure(record, st.state, st.exit_code)
+    if failure:
+        info["failure"] = failure
     return info
+
+
+def first_failure(record: JobRecord, state: str, code: int | None) -> str | None:
+    """The job's first-failure line as --wait shows it ("rank 3 on node2 failed first with exit code 7; ..."),
+    from the file the batch step left, once the job has ended badly; None otherwise."""
+    from ...schedulers import is_final
+    from ..follow import failure_lines
+
+    if not is_final(state) or code == 0 or record.element is None and array_indices(record):
+        return None  # a whole array's elements each say their own
+    found = failure_lines(record.log_dir, record.tag)
+    return found[0].removeprefix("slurmlaunch: ") if found else None
 
 
 def _exit_file(record: JobRecord) -> tuple[int, str | None] | None:
@@ -355,6 +370,8 @@ def cmd_status(job_id: str, as_json: bool) -> int:
         elapsed = f", elapsed {info['elapsed']}" if info.get("elapsed") else ""
         note = f" ({info['note']})" if info.get("note") else ""
         print(f"job {info['job_id']} ({info['scheduler']}): {info['state']}{nodes}{elapsed}{code}{note}")
+        if info.get("failure"):  # the line --wait ended with
+            print(f"  {info['failure']}")
         for index, state in info.get("elements", {}).items():
             print(f"  {element_id(info['job_id'], index)}: {state}")
     return 0

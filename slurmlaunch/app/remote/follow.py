@@ -95,7 +95,7 @@ def wait_remote(runner: SshRunner, edge: Scheduler, spec: JobSpec, job_id: str, 
     from ..follow import cancel_where_it_runs, follow, interrupted
 
     target = runner.conn.dest.target
-    files_id = job_id.split(".", 1)[0]
+    files_id = edge.parse_job_id(job_id) or job_id  # the id in the job's file names (PBS's 1234 of 1234.server)
     status = RemoteFollower(runner, edge, job_id, spec.log_dir, edge.rank_log(spec, files_id, 0), files_id)
     try:
         code: int = follow(job_id, status, None, timeout=timeout, failures=status.failure_lines)

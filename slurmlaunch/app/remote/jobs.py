@@ -43,11 +43,20 @@ def login_node(record: JobRecord, deadline: float | None = None) -> Iterator[tup
 
 
 def status(record: JobRecord) -> dict[str, Any]:
+    from ...core.jobfiles import JobFiles
+    from ...schedulers import is_final
+    from ...schedulers.runner import read_file
+
     with login_node(record) as (_, edge):
         st = edge.status(record.full_id, record.log_dir)
+        failure = None
+        if is_final(st.state) and st.exit_code != 0:  # the first-failure line, as --wait shows it
+            data = read_file(JobFiles(record.log_dir, record.tag).failure, limit=4096)
+            lines = [line for line in (data or b"").decode("utf-8", errors="replace").splitlines() if line.strip()]
+            failure = lines[0].removeprefix("slurmlaunch: ") if lines else None
     return {"job_id": record.shown_id, "scheduler": record.scheduler, "remote": record.remote, "state": st.state,
             "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed,
-            **({"note": st.note} if st.note else {})}
+            **({"note": st.note} if st.note else {}), **({"failure": failure} if failure else {})}
 
 
 def logs(record: JobRecord, path: str, follow: bool) -> int:

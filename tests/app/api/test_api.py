@@ -64,7 +64,8 @@ def test_local_exception_in_rank_2_reaches_the_caller(torch_available: None, tmp
     with pytest.raises(slurmlaunch.RankFailed) as e:
         job.results()
     assert e.value.rank == 2 and "ValueError: rank 2 cannot go on" in str(e.value)
-    assert e.value.returncode == 1 and str(e.value).startswith("rank 2 failed (exit code 1):\n")
+    assert e.value.host and e.value.returncode == 1  # the host, as the CLI's failure line names it
+    assert str(e.value).startswith(f"rank 2 on {e.value.host} failed (exit code 1):\n")
 
 
 def test_local_array_each_its_own_world(torch_available: None, tmp_path: Path) -> None:

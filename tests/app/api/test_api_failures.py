@@ -91,7 +91,7 @@ def test_unpicklable_return_value_is_reported_with_its_type(tmp_path: Path) -> N
     e = failure_after_stamp(job, tmp_path / "t")
     assert e.rank == 1 and e.returncode == 1 and e.signal_name is None
     text = str(e)
-    assert text.startswith("rank 1 failed (exit code 1):\n")
+    assert e.host and text.startswith(f"rank 1 on {e.host} failed (exit code 1):\n")
     assert "the function returned a dict that cannot be pickled" in text
     assert "value['lock'] is a _thread.lock" in text and "cannot pickle '_thread.lock' object" in text
     assert "temporary saved file" not in text
