@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Packaging as users get it (tests/run.sh runs this): build the sdist and the wheel (no setuptools warning about
 # the project's own configuration), install the wheel into a fresh venv outside the checkout, and run a 2-node job
-# on the local default from another directory, with a script of its own; every rank must report its place.
+# on the local default (in the foreground: every rank's output) from another directory, with a script of its own;
+# every rank must report its place.
 # Usage: bash tests/check_wheel.sh PYTHON   (PYTHON: the one with `build` installed, .venv/bin/python)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,7 @@ print("place", os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["NODE_RA
       flush=True)
 PY
 (cd "$work/elsewhere" && env -u SLURM_CONF -u PBS_SERVER PATH="$work/venv/bin:/usr/bin:/bin" \
-    slurmlaunch submit --scheduler local --nodes 2 --tasks-per-node 2 --wait where_am_i.py) > "$work/job.log" 2>&1 ||
+    slurmlaunch submit --scheduler local --nodes 2 --tasks-per-node 2 where_am_i.py) > "$work/job.log" 2>&1 ||
     { cat "$work/job.log"; echo "check_wheel: the 2-node job failed" >&2; exit 1; }
 got="$(grep -o 'place [0-9 ]*' "$work/job.log" | sort | tr '\n' ';')"
 want="place 0 4 0 0;place 1 4 0 1;place 2 4 1 0;place 3 4 1 1;"
