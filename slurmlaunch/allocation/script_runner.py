@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from os import path as _path
-from typing import Any
+
+TYPE_CHECKING = False  # not `typing`: the launcher's path keeps it out (tests/allocation/test_net.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 RETURNED_DIR = "SLURMLAUNCH_RETURNED_DIR"
 STACKS_DIR = "SLURMLAUNCH_STACKS_DIR"
