@@ -64,7 +64,10 @@ def test_dry_run_local_shows_the_emulated_step(tmp_path: Path) -> None:
     r = run_cli("submit", "--scheduler", "local", "--dry-run", "--nodes", "2", "--tasks-per-node", "2",
                 str(EXAMPLES / "train_ddp.py"), env=no_slurm_env(tmp_path), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.count("# rank ") == 4 and "SLURM_STEP_NODELIST='127.0.0.[1-2]'" in r.stdout
+    steps = [line for line in r.stdout.splitlines() if line.startswith("# rank ") and " reads: " not in line]
+    reads = [line for line in r.stdout.splitlines() if line.startswith("# rank ") and " reads: " in line]
+    assert len(steps) == len(reads) == 4 and "SLURM_STEP_NODELIST='127.0.0.[1-2]'" in r.stdout
+    assert "RANK=3 " in reads[3] and "WORLD_SIZE=4 " in reads[3], reads
     assert not (tmp_path / "slurmlaunch-logs").exists()
 
 
