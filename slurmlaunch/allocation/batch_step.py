@@ -311,8 +311,9 @@ class Step:
         if args.resubmit is not None:  # the ranks see which run this is (mpiexec -x passes it on)
             os.environ[RESTART_COUNT] = str(_restarts(os.environ.get(RESTART_COUNT, "")))
         self.warning: int | None = signal_number(args.warning) if args.warning else None
-        if args.warning:  # the launcher starts each rank's script with it ignored, until the script handles it
-            os.environ[WARNING_VAR] = args.warning
+        # the launcher starts each rank's script with it ignored, until the script handles it; set (empty) even
+        # without a warning to pass on: the PBS script names it to mpiexec -x, which warns of an unset variable
+        os.environ[WARNING_VAR] = args.warning or ""
         self.warned = False
         self.stopped = False
         self.stopped_after = 0.0  # seconds from the job's start to PBS's stop

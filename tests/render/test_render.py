@@ -156,7 +156,9 @@ def test_the_qsub_text_carries_the_context() -> None:
 def test_local_dry_run_shows_each_ranks_step_and_command() -> None:
     text = local.dry_run(golden_spec(gpus_per_node=0, tasks_per_node=2), {})
     assert text.splitlines()[0] == f"# local job 'train.py': logs in {LOG}"
-    ranks = [line for line in text.splitlines() if line.startswith("# rank ")]
+    ranks = [line for line in text.splitlines() if line.startswith("# rank ") and " reads: " not in line]
+    reads = [line for line in text.splitlines() if line.startswith("# rank ") and " reads: " in line]
+    assert [r.split(" reads: ")[0] for r in reads] == ["# rank 0", "# rank 1", "# rank 2", "# rank 3"], reads
     assert [r.split(":")[0] for r in ranks] == ["# rank 0", "# rank 1", "# rank 2", "# rank 3"]
     assert "SLURM_PROCID=3 " in ranks[3] and "SLURM_NODEID=1 " in ranks[3] and "SLURM_LOCALID=1 " in ranks[3]
     assert text.count(shlex.join(LAUNCH)) == 4
