@@ -6,7 +6,6 @@ name itself (an AST walk of the package), so a second parser cannot come back un
 from __future__ import annotations
 
 import ast
-import os
 import signal
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +17,6 @@ from slurmlaunch.app.api import pbs as api_pbs
 from slurmlaunch.app.api.executors import _srun_lines
 from slurmlaunch.core.errors import SpecError
 from slurmlaunch.core.parse import WARNING_SIGNALS, parse_signal, signal_number
-from slurmlaunch.core.signals import STOP_SIGNALS, WARNING_VAR, ignored_until_handled
 from slurmlaunch.core.spec import JobSpec, validate
 from slurmlaunch.render import launch, pbs_script, slurm_script
 from slurmlaunch.schedulers import local
@@ -35,8 +33,7 @@ SPELLINGS = [  # what a user may write -> (name, seconds before the limit); None
 
 
 @pytest.mark.parametrize("text, expect", SPELLINGS, ids=[repr(s) for s, _ in SPELLINGS])
-def test_every_room_gets_the_same_signal(text: str, expect: object, tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_room_gets_the_same_signal(text: str, expect: object, tmp_path: Path) -> None:
     if expect is SpecError:
         with pytest.raises(SpecError, match="is not valid"):
             parse_signal(text)
@@ -62,11 +59,8 @@ def test_every_room_gets_the_same_signal(text: str, expect: object, tmp_path: Pa
     assert pbs_plan[pbs_plan.index("--warning") + 1:pbs_plan.index("--warning") + 6:2] == [name, "7200",
                                                                                             str(seconds)]
     # the batch step: the signal it catches and passes on, and the exit code that asks for a requeue
-    monkeypatch.setenv(WARNING_VAR, "")  # the Step names the warning to the ranks in os.environ: undone after
     step = batch_step.Step(batch_step.parser().parse_args([*plan, "--", "true"]))
     assert step.warning == number and batch_step.warning_code(name) == 128 + number
-    # the ranks: the launcher starts the script with it ignored, unless it is a stop signal
-    assert ignored_until_handled(os.environ[WARNING_VAR]) == ([] if name in STOP_SIGNALS else [number])
     # the local scheduler: the signal it sends every rank, and when
     assert local._warning(spec) == (number, float(seconds))
     # torchrun mode: the flag render writes, and the signal torchrun then passes to its workers
@@ -103,7 +97,6 @@ ALLOWED = {
     ("core/parse.py", "*"): "the one parser",
     ("allocation/batch_step.py", "Signals.__getitem__"): "KILLING, its own table of srun's words",
     ("allocation/rank_runner.py", "getattr(_signal)"): "its own stack-dump signals, by name",
-    ("core/signals.py", "getattr(_signal)"): "the launcher's rule, on the names of parse's own table (WARNING_SIGNALS)",
 }
 
 

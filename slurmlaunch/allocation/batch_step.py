@@ -30,7 +30,6 @@ import time
 
 from ..core import REQUEUE_OF, RESTART_COUNT
 from ..core.parse import signal_number
-from ..core.signals import STOP_SIGNALS, WARNING_VAR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -311,9 +310,6 @@ class Step:
         if args.resubmit is not None:  # the ranks see which run this is (mpiexec -x passes it on)
             os.environ[RESTART_COUNT] = str(_restarts(os.environ.get(RESTART_COUNT, "")))
         self.warning: int | None = signal_number(args.warning) if args.warning else None
-        # the launcher starts each rank's script with it ignored, until the script handles it; set (empty) even
-        # without a warning to pass on: the PBS script names it to mpiexec -x, which warns of an unset variable
-        os.environ[WARNING_VAR] = args.warning or ""
         self.warned = False
         self.stopped = False
         self.stopped_after = 0.0  # seconds from the job's start to PBS's stop
@@ -345,8 +341,7 @@ class Step:
     def _forward(self, signum: int, frame: FrameType | None) -> None:
         self.warned = True
         extra = " (the script's framework saves and requeues the job itself)" if self.args.requeued_by_script else ""
-        ignored = "" if self.args.warning in STOP_SIGNALS else " (a rank whose script does not handle it ignores it)"
-        _say(f"SIG{self.args.warning} received, passing it on to the ranks{extra or ignored}")
+        _say(f"SIG{self.args.warning} received, passing it on to the ranks{extra}")
         if self.pid is not None and not self._ended():
             os.kill(self.pid, signum)
 
@@ -646,11 +641,8 @@ class Step:
                          f"walltime (qdel or qrerun)")
                 elif self.requeue(a.requeue):
                     return 0
-            if killed:  # end as the ranks did, killed by the signal: sacct's ExitCode then reads 0:N; the job's
-                # code says "killed by the warning", not the 128 + N that asks for a requeue
-                from .reasons import WARNING_KILLED
-
-                put_file(f.exit_code, str(WARNING_KILLED))
+            if killed:  # end as the ranks did, killed by the signal: sacct's ExitCode then reads 0:N
+                put_file(f.exit_code, str(code))
                 sys.stderr.flush()
                 _signal.signal(self.warning, _signal.SIG_DFL)
                 os.kill(os.getpid(), self.warning)

@@ -9,7 +9,6 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import SpecError
-from ..core.signals import STOP_SIGNALS
 from ..core.spec import JobSpec, validate_local
 from .resolve import resolve
 
@@ -83,11 +82,8 @@ def adapt_to_client(spec: JobSpec, origins: dict[str, str], edge: Scheduler) -> 
         return spec
     if given:
         if spec.warning is not None and spec.warning[0] != found.signal:
-            # the ranks start with the warning ignored (allocation/launch.py), but never a stop signal
-            effect = "will end its ranks" if spec.warning[0] in STOP_SIGNALS else \
-                "reaches no handler (the ranks ignore it: nothing is saved)"
             sys.stderr.write(f"slurmlaunch: {what}, which saves and requeues on SIG{found.signal} only: "
-                             f"--signal {spec.preemption.signal} {effect} unless the script handles "
+                             f"--signal {spec.preemption.signal} will end its ranks unless the script handles "
                              f"SIG{spec.warning[0]} itself\n")
         if spec.warning is None or spec.warning[0] != found.signal:
             return spec
