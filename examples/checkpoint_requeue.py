@@ -35,8 +35,8 @@ def main() -> None:
     p.add_argument("--signal", default="USR2", help="the warning signal slurmlaunch submit asked for")
     args = p.parse_args()
     warning = getattr(signal, f"SIG{args.signal}")
-    # First, before the seconds torch takes to import: Slurm may send the warning up to a minute early,
-    # and a signal without a handler would end the rank without a checkpoint.
+    # First, before the seconds torch takes to import: Slurm may send the warning up to a minute early, and
+    # until a handler is set the rank ignores it (slurmlaunch starts it so): a warning then would be missed.
     signal.signal(warning, on_warning)
     import torch
     import torch.distributed as dist

@@ -139,7 +139,8 @@ LONG_FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
 OTHER_TOOLS = {
     "sbatch/srun": "--gres --ntasks --ntasks-per-node --kill-on-bad-exit --comment --wckey --distribution "
                    "--test-only --overlap --jobid --container-mounts --gpus-per-task --me --batch --cpu-only --error "
-                   "--mail-type --gpus --output --export --mail-user --nodelist --dependency --reservation",
+                   "--mail-type --begin --hold --gpus --output --export --mail-user --nodelist --dependency "
+                   "--reservation",
     "mpiexec": "--hostfile --ppn --depth --cpu-bind --gpu-bind --pmi --hosts --mca --map-by --native",
     "apptainer": "--nv --bind --pwd",
     "rsync, git, pip": "--files-from --chmod --cached --others --exclude-standard --no-build-isolation",

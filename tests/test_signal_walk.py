@@ -6,6 +6,7 @@ name itself (an AST walk of the package), so a second parser cannot come back un
 from __future__ import annotations
 
 import ast
+import os
 import signal
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,10 +14,11 @@ from types import SimpleNamespace
 import pytest
 
 from slurmlaunch.allocation import batch_step, torchrun_mode
-from slurmlaunch.app.api import pbs as api_pbs
-from slurmlaunch.app.api.executors import _srun_lines
+from slurmlaunch.app.api import rank as api_rank
+from slurmlaunch.app.api.executors import rank_spec
 from slurmlaunch.core.errors import SpecError
 from slurmlaunch.core.parse import WARNING_SIGNALS, parse_signal, signal_number
+from slurmlaunch.core.signals import STOP_SIGNALS, WARNING_VAR, ignored_until_handled
 from slurmlaunch.core.spec import JobSpec, validate
 from slurmlaunch.render import launch, pbs_script, slurm_script
 from slurmlaunch.schedulers import local
@@ -33,7 +35,8 @@ SPELLINGS = [  # what a user may write -> (name, seconds before the limit); None
 
 
 @pytest.mark.parametrize("text, expect", SPELLINGS, ids=[repr(s) for s, _ in SPELLINGS])
-def test_every_room_gets_the_same_signal(text: str, expect: object, tmp_path: Path) -> None:
+def test_every_room_gets_the_same_signal(text: str, expect: object, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
     if expect is SpecError:
         with pytest.raises(SpecError, match="is not valid"):
             parse_signal(text)
@@ -59,8 +62,11 @@ def test_every_room_gets_the_same_signal(text: str, expect: object, tmp_path: Pa
     assert pbs_plan[pbs_plan.index("--warning") + 1:pbs_plan.index("--warning") + 6:2] == [name, "7200",
                                                                                             str(seconds)]
     # the batch step: the signal it catches and passes on, and the exit code that asks for a requeue
+    monkeypatch.setenv(WARNING_VAR, "")  # the Step names the warning to the ranks in os.environ: undone after
     step = batch_step.Step(batch_step.parser().parse_args([*plan, "--", "true"]))
     assert step.warning == number and batch_step.warning_code(name) == 128 + number
+    # the ranks: the launcher starts the script with it ignored, unless it is a stop signal
+    assert ignored_until_handled(os.environ[WARNING_VAR]) == ([] if name in STOP_SIGNALS else [number])
     # the local scheduler: the signal it sends every rank, and when
     assert local._warning(spec) == (number, float(seconds))
     # torchrun mode: the flag render writes, and the signal torchrun then passes to its workers
@@ -69,13 +75,14 @@ def test_every_room_gets_the_same_signal(text: str, expect: object, tmp_path: Pa
     extra = torchrun_mode._extra_env({"PET_SIGNALS_TO_HANDLE": "SIGHUP"}, {"forward-signal": forward[0],
                                      "nproc-per-node": "1"}, SimpleNamespace(omp_num_threads=None))  # type: ignore[arg-type]
     assert extra.get("PET_SIGNALS_TO_HANDLE", "SIGHUP") == ",".join(dict.fromkeys(["SIGHUP", f"SIG{name}"]))
-    # the API under Slurm: its batch step is told the same name
-    api = _srun_lines(spec, spec.warning[0] if spec.warning else "")
-    assert f"--warning {name}" in "\n".join(api)
-    # the API under PBS: the batch step's plan, and submitit's handler in every rank (mpiexec -x) on the same name
-    qsub = api_pbs.batch_script(spec.changed(python="python3"), str(tmp_path / "%j"))
-    assert f"--warning {name} " in qsub and f"\nexport SUBMITIT_PREEMPT_SIGNAL={name}\n" in qsub
-    assert "-x SUBMITIT_PREEMPT_SIGNAL" in qsub
+    # the API (Slurm, PBS): the CLI's script and plan (above), its rank module tells submitit's handler the name
+    for scheduler in ("slurm", "pbs"):
+        args = rank_spec(spec, scheduler, str(tmp_path / "%j")).program.args
+        environ: dict[str, str] = {}
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(api_rank.os, "environ", environ)
+            api_rank._environment(*args[:3])
+        assert environ["SUBMITIT_PREEMPT_SIGNAL"] == name, (scheduler, args)
 
 
 def test_signal_number_is_the_systems_number_for_every_warning_signal() -> None:
@@ -97,6 +104,7 @@ ALLOWED = {
     ("core/parse.py", "*"): "the one parser",
     ("allocation/batch_step.py", "Signals.__getitem__"): "KILLING, its own table of srun's words",
     ("allocation/rank_runner.py", "getattr(_signal)"): "its own stack-dump signals, by name",
+    ("core/signals.py", "getattr(_signal)"): "the launcher's rule, on the names of parse's own table (WARNING_SIGNALS)",
 }
 
 

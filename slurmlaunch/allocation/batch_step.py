@@ -30,6 +30,7 @@ import time
 
 from ..core import REQUEUE_OF, RESTART_COUNT
 from ..core.parse import signal_number
+from ..core.signals import STOP_SIGNALS, WARNING_VAR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -151,10 +152,11 @@ def put_file(path: str, text: str) -> bool:
 def preflight(log_dir: str) -> str | None:
     """None when the output directory takes a write of 4 KiB (more than a page), else why not. A full file
     system or one gone read-only would otherwise lose every word of the job, the scheduler's logs included."""
-    import tempfile
-
+    # a name of its own, made as tempfile.mkstemp makes one (O_EXCL, never through a link), without tempfile's
+    # import: this runs at every job's start (issue 32)
+    tmp = os.path.join(log_dir, f".slurmlaunch-probe.{os.getpid()}.{os.urandom(6).hex()}")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".slurmlaunch-probe.", dir=log_dir)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except OSError as e:
         return e.strerror or str(e)
     try:
@@ -202,6 +204,35 @@ def srun_first(lines: Sequence[str], skip: str) -> tuple[str, str, int, str] | N
         if what in words and what != skip:
             return m[1], m[2], *words[what]
     return None
+
+
+# The first-failure line as Step.finish writes it to the job's failure file (first_failure, stopped_line): the
+# ranks (a range or list under srun: "rank(s) 0-1"), their node, the job's code, and in parentheses how.
+_FAILURE_LINE = (r"^slurmlaunch: ranks?(?:\(s\))? ([0-9,-]+) on (\S+) failed(?: first)? with exit code (\d+)"
+                 r"(?: \((.*?)\))?(?:;|$)")
+
+
+def read_failure(path: str) -> tuple[list[int], str, int, str] | None:
+    """The first failure the batch step wrote to the job's failure file ``path``, read back in its own words:
+    (the ranks, their node, the exit code as a shell has it (128 + N for signal N), how ("killed by SIGSEGV",
+    "stopped by slurmlaunch: ..."), "" when it said nothing more); None when there is none or it names no rank
+    (torchrun's node task, Open MPI's refusal to run as root, the warning signal's line)."""
+    import re
+
+    try:
+        with open(path, "rb") as f:
+            text = f.read(1 << 16).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    m = re.match(_FAILURE_LINE, text.strip().splitlines()[0] if text.strip() else "")
+    if m is None:
+        return None
+    ranks: list[int] = []
+    for part in m[1].split(","):
+        low, _, high = part.partition("-")
+        if low.isdigit() and (high.isdigit() or not high):
+            ranks.extend(range(int(low), int(high or low) + 1))
+    return ranks, m[2], int(m[3]), m[4] or ""
 
 
 def srun_killed_by(lines: Sequence[str], description: str) -> str:
@@ -310,6 +341,8 @@ class Step:
         if args.resubmit is not None:  # the ranks see which run this is (mpiexec -x passes it on)
             os.environ[RESTART_COUNT] = str(_restarts(os.environ.get(RESTART_COUNT, "")))
         self.warning: int | None = signal_number(args.warning) if args.warning else None
+        if args.warning:  # the launcher starts each rank's script with it ignored, until the script handles it
+            os.environ[WARNING_VAR] = args.warning
         self.warned = False
         self.stopped = False
         self.stopped_after = 0.0  # seconds from the job's start to PBS's stop
@@ -341,7 +374,8 @@ class Step:
     def _forward(self, signum: int, frame: FrameType | None) -> None:
         self.warned = True
         extra = " (the script's framework saves and requeues the job itself)" if self.args.requeued_by_script else ""
-        _say(f"SIG{self.args.warning} received, passing it on to the ranks{extra}")
+        ignored = "" if self.args.warning in STOP_SIGNALS else " (a rank whose script does not handle it ignores it)"
+        _say(f"SIG{self.args.warning} received, passing it on to the ranks{extra or ignored}")
         if self.pid is not None and not self._ended():
             os.kill(self.pid, signum)
 
@@ -436,7 +470,11 @@ class Step:
         with Open MPI's naming lines kept (PBS)."""
         self._arm()
         if not (self.args.srun and self.args.log_dir) and self.args.mpi != "openmpi":
-            return self._spawn(command)  # the API's Slurm jobs: nothing of COMMAND's output to keep
+            return self._spawn(command)  # nothing of COMMAND's output to keep
+        if self.args.srun and self.args.log_dir:  # srun's stderr into its log, stdin none, without subprocess
+            return self._spawn(command, [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                                         (os.POSIX_SPAWN_OPEN, 2, self.files.srun_log,
+                                          os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)])
         import re
         import subprocess
 
@@ -467,12 +505,12 @@ class Step:
         rc = proc.wait()
         return 128 - rc if rc < 0 else rc
 
-    def _spawn(self, command: list[str]) -> int:
+    def _spawn(self, command: list[str], file_actions: Sequence[tuple[object, ...]] = ()) -> int:
         """COMMAND with this process's stdio, started as subprocess would start it (SIGPIPE and SIGXFSZ, which
         Python ignores, back to their default), without loading subprocess: this is the path of every short
         job of the API, and subprocess with its imports is about a third of a bare interpreter's start."""
         try:
-            self.pid = os.posix_spawnp(command[0], command, os.environ,
+            self.pid = os.posix_spawnp(command[0], command, os.environ, file_actions=file_actions or None,
                                        setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ))
         except OSError as e:  # as a shell says it: not found 127, not runnable 126
             _say(f"cannot run {command[0]!r}: {e.strerror or e}")
@@ -603,8 +641,6 @@ class Step:
         import shutil
         from contextlib import suppress
 
-        from .stacks import summary_main
-
         a, f = self.args, self.files
         lines: list[str] = []
         if a.srun:
@@ -614,6 +650,8 @@ class Step:
                 sys.stderr.flush()
                 lines = data.decode("utf-8", errors="replace").splitlines()
         if a.stacks and rc != 0:
+            from .stacks import summary_main  # here: a job that ended well pays no import of it
+
             gone = self.lost_host() if a.mpi == "openmpi" else None  # its ranks saved nothing: named all the same
             summary_main([f.stacks], {r: (gone[0], "its host was lost: no stacks") for r in gone[1]} if gone else None)
         if rc != 0:
@@ -641,8 +679,11 @@ class Step:
                          f"walltime (qdel or qrerun)")
                 elif self.requeue(a.requeue):
                     return 0
-            if killed:  # end as the ranks did, killed by the signal: sacct's ExitCode then reads 0:N
-                put_file(f.exit_code, str(code))
+            if killed:  # end as the ranks did, killed by the signal: sacct's ExitCode then reads 0:N; the job's
+                # code says "killed by the warning", not the 128 + N that asks for a requeue
+                from .reasons import WARNING_KILLED
+
+                put_file(f.exit_code, str(WARNING_KILLED))
                 sys.stderr.flush()
                 _signal.signal(self.warning, _signal.SIG_DFL)
                 os.kill(os.getpid(), self.warning)

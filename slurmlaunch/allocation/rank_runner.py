@@ -26,14 +26,18 @@ def _slurmlaunch_arm(stacks: str) -> None:
             how = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
             return os.open(path, how, 0o600)
 
-        armed = [int(getattr(_signal, "SIG" + name)) for name in ("WINCH", "TERM", "HUP", "USR1", "USR2")]
-        faulthandler.register(armed[0], fresh(base + ".dump"), all_threads=True)
+        winch = int(_signal.SIGWINCH)
+        # a warning signal the rank started with ignored (the launcher's rule: $SLURMLAUNCH_WARNING) stops
+        # nothing: it stays ignored, so no stacks at it, and a program the script execs inherits it ignored
+        stops = [s for s in (int(getattr(_signal, "SIG" + name)) for name in ("TERM", "HUP", "USR1", "USR2"))
+                 if _signal.getsignal(s) != _signal.SIG_IGN]
+        faulthandler.register(winch, fresh(base + ".dump"), all_threads=True)
         stop = fresh(base + ".stopped")
-        for s in armed[1:]:
+        for s in stops:
             faulthandler.register(s, stop, all_threads=True, chain=True)
 
         def forked() -> None:
-            for s in armed:
+            for s in (winch, *stops):
                 faulthandler.unregister(s)
 
         os.register_at_fork(after_in_child=forked)

@@ -20,11 +20,17 @@ REASONS_DIR = "SLURMLAUNCH_REASONS_DIR"
 
 # Exit codes of a rank slurmlaunch stopped. The meanings of sysexits.h, all below 128 so that none reads as
 # "killed by signal N", and none of the codes slurmlaunch documents elsewhere (2: a bad request, 124:
-# --wait-timeout, 130: Ctrl-C, 141: a closed pipe, 128+N: a signal, 140: "requeue me" after USR2).
+# --wait-timeout, 130: Ctrl-C, 141: a closed pipe, 128+N: a signal, 140: "requeue me" after USR2; 79: the job's
+# ranks died of the warning signal).
 BAD_LAUNCH = 2  # `slurmlaunch launch` itself was misused (unknown option, SCRIPT missing): a bad request
 MAPPING = 65  # EX_DATAERR: the scheduler's variables are malformed or inconsistent
 RDZV_TIMEOUT = 69  # EX_UNAVAILABLE: nothing listened at MASTER_ADDR:MASTER_PORT within the bound
 PREFLIGHT = 78  # EX_CONFIG: a check before exec refused (MASTER_ADDR, MASTER_PORT, rank 0's host, GPUs)
+# The job's code (not a rank's) when ranks died of the warning signal: no handler, nothing saved. Not 128 + N,
+# which is also what a script exits with after saving to ask for a requeue (140 for USR2); past sysexits' range,
+# none of whose meanings it is. Rare since the launcher starts scripts with the warning ignored: a warning that
+# is a stop signal (TERM, INT, HUP), or a script that put the default action back.
+WARNING_KILLED = 79
 
 MAX_TEXT = 900  # bytes of reason kept: the whole line stays under 1 KiB, which is what readers take of a file
 READ_BOUND = 1024

@@ -28,7 +28,9 @@ STACKS_DIR = "SLURMLAUNCH_STACKS_DIR"
 # SIGWINCH appends every thread's Python stack to RANK.dump (what `slurmlaunch stacks` asks for), and SIGTERM,
 # SIGHUP, SIGUSR1, SIGUSR2 (the stops and the warning signals) write it to RANK.stopped and then go on to the
 # handler there was (the default: the rank dies of it as before). A handler the script installs later replaces
-# ours (a checkpointing SIGUSR2 handler still wins). Why SIGWINCH: its default is to be ignored, so one that
+# ours (a checkpointing SIGUSR2 handler still wins). A warning signal the rank started with ignored (the
+# launcher's rule) is left ignored: it stops nothing, so it dumps nothing. Why SIGWINCH: its default is to be
+# ignored, so one that
 # reaches a process that has not armed it (an exec'd program, torchrun's agent) changes nothing; processes
 # without a terminal never get it otherwise; Slurm, PBS, torch, NCCL and the warning path (USR1/USR2, TERM)
 # do not use it. SIGRTMIN+n or SIGPWR would kill such a process. Forked children (DataLoader workers)

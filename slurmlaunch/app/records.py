@@ -11,11 +11,15 @@ from the index, the command line and the first job's list of its resubmissions.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..schedulers import IDENTITY_FIELDS, JobStatus, same_job
 from ..schedulers.registry import NAMES
+
+if TYPE_CHECKING:
+    from ..schedulers.interface import Scheduler
 
 
 @dataclass(frozen=True)
@@ -93,3 +97,74 @@ def element_id(printed: str, index: int | str) -> str:
     1234[].server has 1234[3].server (qstat's spelling), Slurm's 1234 has 1234_3."""
     base, sep, rest = printed.partition("[]")
     return f"{base}[{index}]{rest}" if sep else f"{printed}_{index}"
+
+
+# Whose is the job a scheduler shows under a record's id (see :func:`whose`)
+OURS = "ours"  # the recorded job: its identity matches
+GONE = "gone"  # the scheduler knows no job of that id any more: the job's own files say how it ended
+OTHER = "other"  # another job has that id now (a restarted server, another cluster): never acted on
+UNVERIFIED = "unverified"  # the record names no identity (written before records had one): cannot be told
+
+
+def whose(record: JobRecord, edge: Scheduler) -> tuple[str, dict[str, str] | None]:
+    """(OURS, GONE, OTHER or UNVERIFIED; what the scheduler says of the job now under the record's id). A job
+    id is not a job: a PBS server started again numbers from 0, and two clusters (or two --remote login hosts)
+    hand out the same ids; the record's "identity" (the scheduler's submit time and name of the job, its
+    submission's token) tells them apart. SchedulerError when the scheduler cannot be asked."""
+    if not edge.queued:  # no id handed out by a server: the local edge checks its supervisor's pid, start and boot
+        return OURS, None
+    recorded = record.data.get("identity")
+    if not isinstance(recorded, dict) or not any(recorded.get(key) for key in IDENTITY_FIELDS):
+        return UNVERIFIED, None
+    seen = edge.identity(record.whole().full_id)
+    if seen is None:
+        if not record.remote and edge.resubmissions(record.whole().full_id, record.log_dir):
+            # submitted again at the warning (PBS): the first job may be forgotten while its last run is live;
+            # the edge follows the chain only to runs the server shows as this job's (resubmission_check)
+            return OURS, None
+        return GONE, None
+    same = same_job(recorded, seen)
+    return (UNVERIFIED if same is None else OURS if same else OTHER), seen
+
+
+def gone_line(record: JobRecord, edge: Scheduler, verdict: str, seen: dict[str, str] | None) -> str:
+    """The one line that says a record's job is no longer the scheduler's job of that id."""
+    if verdict == OTHER:
+        said = ", ".join(f"{key} {value!r}" for key, value in (seen or {}).items() if key in ("submitted", "name"))
+        return f"job {record.shown_id} is gone; another job now has that id on {edge.title} ({said})"
+    return f"job {record.shown_id} is gone: {edge.title} no longer knows it"
+
+
+def unverified_line(record: JobRecord, edge: Scheduler) -> str:
+    return (f"job {record.shown_id}: its record names no job identity (written by an older slurmlaunch), so "
+            f"whether {edge.title}'s job {record.shown_id} is still the one submitted cannot be told")
+
+
+def from_files(record: JobRecord, indices: Sequence[int] = ()) -> JobStatus:
+    """A job's state from its own files alone (its exit code, as its batch script wrote it; an array's, each
+    element's): for a job its scheduler no longer shows. Read where the job ran (the runner)."""
+    from ..core.jobfiles import JobFiles
+    from ..schedulers import array_outcome
+    from ..schedulers.runner import read_file
+
+    if indices and record.element is None:
+        return array_outcome(record.job_id, record.log_dir, indices, {}, {}, "gone from the scheduler")
+    text = read_file(JobFiles(record.log_dir, record.tag).exit_code, limit=64)
+    try:
+        code = int(text.split()[0]) if text is not None else None
+    except (ValueError, IndexError):
+        code = None
+    if code is None:
+        return JobStatus("ENDED", None, note="no exit-code file of its batch script: how it ended is unknown")
+    return JobStatus("COMPLETED" if code == 0 else "FAILED", code)
+
+
+def checked_status(record: JobRecord, edge: Scheduler, indices: Sequence[int] = ()) -> tuple[JobStatus, str]:
+    """The job's state, and whose the scheduler's job of that id is (:func:`whose`): the scheduler's while it
+    is the recorded job (or the record cannot tell); else from the job's own files, the note saying why."""
+    verdict, seen = whose(record, edge)
+    if verdict in (OURS, UNVERIFIED):
+        return edge.status(record.full_id, record.log_dir, indices), verdict
+    st = from_files(record, indices)
+    line = gone_line(record, edge, verdict, seen) + "; this is from its own files"
+    return replace(st, note=f"{line}; {st.note}" if st.note else line), verdict

@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import SpecError
+from ..core.signals import STOP_SIGNALS
 from ..core.spec import JobSpec, validate_local
 from .resolve import resolve
 
@@ -82,8 +83,11 @@ def adapt_to_client(spec: JobSpec, origins: dict[str, str], edge: Scheduler) -> 
         return spec
     if given:
         if spec.warning is not None and spec.warning[0] != found.signal:
+            # the ranks start with the warning ignored (allocation/launch.py), but never a stop signal
+            effect = "will end its ranks" if spec.warning[0] in STOP_SIGNALS else \
+                "reaches no handler (the ranks ignore it: nothing is saved)"
             sys.stderr.write(f"slurmlaunch: {what}, which saves and requeues on SIG{found.signal} only: "
-                             f"--signal {spec.preemption.signal} will end its ranks unless the script handles "
+                             f"--signal {spec.preemption.signal} {effect} unless the script handles "
                              f"SIG{spec.warning[0]} itself\n")
         if spec.warning is None or spec.warning[0] != found.signal:
             return spec
@@ -179,6 +183,8 @@ def cmd_submit(ns: Any) -> int:
     sub = edge.submit(spec, script)
     if sub.note:
         sys.stderr.write(f"slurmlaunch: {sub.note}\n")
+    if sub.log_dir and sub.log_dir != spec.log_dir:  # an id older files carry: its files are in their own directory
+        spec = spec.changed(output_dir=sub.log_dir)
     from ..schedulers.index import remember
 
     remember(sub.job_id, edge.name, sub.record_path, spec.name)

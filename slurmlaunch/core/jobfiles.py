@@ -19,6 +19,26 @@ from . import EXIT_MARK_SUFFIX, STACKS_DUMP_SUFFIX, STACKS_PID_SUFFIX, STACKS_ST
 # app/faults.py); this is the case where it could, but nothing more fits.
 WRITE_FAILED = 74
 
+# What a rendered batch script holds where its submission's own token goes (submit replaces it; --dry-run
+# shows it): a job whose id an older job's files already carry in the output directory (a restarted PBS
+# numbers from 0, two clusters hand out the same ids) has its files in a directory of its own,
+# own_dir(...), which the script finds by that token.
+SUBMISSION_MARK = "SUBMISSION"
+
+
+def carries_id(name: str, short: str) -> bool:
+    """Whether a file named ``name`` in an output directory is one of job ``short``'s: its record, logs and
+    exit code (``job-ID.*``, an array's ``job-ID_*``), PBS's output named after the id (``ID.*``, ``ID[``,
+    ``*.oID``)."""
+    own = (f"job-{short}.", f"job-{short}_", f"{short}.", f"{short}[")
+    return name.startswith(own) or name.endswith(f".o{short}")
+
+
+def own_dir(log_dir: str, job: str, token: str) -> str:
+    """The directory of the files of job ``job`` (its id; an array's id) whose id older files in ``log_dir``
+    carry: named by the id and the submission's ``token``, so no other job's files are ever appended to."""
+    return os.path.join(log_dir, f"job-{job}.{token}")
+
 
 @dataclass(frozen=True)
 class JobFiles:

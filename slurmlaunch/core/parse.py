@@ -19,6 +19,7 @@ from .limits import (
     parse_count,
     shown,
 )
+from .signals import WARNING_SIGNALS as WARNING_SIGNALS  # the table is there: the launcher's path reads it
 
 # Every pattern is used with fullmatch and [0-9]: `$` also matches before a trailing newline (which then
 # reached the script as a line of its own), and \d matches any script's digits, not only ASCII ones.
@@ -33,9 +34,6 @@ _ARRAY_PART = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
 _SWEEP_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 # Slurm's --mem: an integer and an optional unit K, M, G or T (powers of 1024); no unit is M.
 _MEM = re.compile(r"([0-9]+)([KMGT]?)", re.IGNORECASE)
-# Signals a batch script may ask Slurm for before the time limit. USR2 is the default (submitit's too); USR1
-# is Lightning's, and NCCL only catches it when NCCL_PROXY_DUMP_SIGNAL asks it to (since NCCL 2.14).
-WARNING_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP", "ALRM", "URG", "XCPU", "CONT")
 DEFAULT_WARNING_SECONDS = 90  # how long before the time limit the warning comes when --signal names no time
 
 

@@ -3,11 +3,12 @@ the template is rendered with. Pure: no sbatch, no files written."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ..core import __version__
 from ..core.errors import SpecError
-from ..core.jobfiles import JobFiles
+from ..core.jobfiles import SUBMISSION_MARK, JobFiles, own_dir
 from ..core.spec import SRUN_MPI_TYPES, JobSpec
 from .jinja import render
 from .launch import batch_step_command, container_mounts, host_python_check, launch_command, script_env
@@ -60,7 +61,7 @@ def srun_args(spec: JobSpec) -> list[str]:
             raise SpecError(f"--mpi {spec.launch.mpi} is not valid under Slurm (expected one of "
                             f"{', '.join(SRUN_MPI_TYPES)}: srun's --mpi plugin type)")
         args.append(f"--mpi={spec.launch.mpi}")
-    args += ["--open-mode=append", "--output", JobFiles(spec.log_dir, file_tag(spec), spec.log_unit).log("%t")]
+    args.append("--open-mode=append")  # --output: the template's, in the script's own $log_dir (rank_logs)
     if spec.containers.container_image:  # pyxis: every task of the step runs in the image
         args += [f"--container-image={spec.containers.container_image}",
                  f"--container-mounts={','.join(container_mounts(spec))}",
@@ -71,6 +72,12 @@ def srun_args(spec: JobSpec) -> list[str]:
 def file_tag(spec: JobSpec) -> str:
     """How log file names say which job: its id, or for an array element ARRAYID_INDEX (as squeue shows it)."""
     return "%A_%a" if spec.is_array else "%j"
+
+
+def rank_logs(spec: JobSpec) -> str:
+    """srun's --output pattern of the rank logs, relative to the script's $log_dir (a job whose id older files
+    carry has its files in a directory of its own, jobfiles.own_dir, which the script chooses)."""
+    return os.path.basename(JobFiles("", file_tag(spec), spec.log_unit).log("%t"))
 
 
 def shell_files(spec: JobSpec) -> JobFiles:
@@ -110,6 +117,9 @@ def script_context(spec: JobSpec) -> dict[str, Any]:
         "log_dir": spec.log_dir,
         "workdir": spec.program.workdir,
         "srun_args": srun_args(spec),
+        "rank_logs": rank_logs(spec),
+        # a job whose id older files carry has its files in a directory of its own (jobfiles.own_dir)
+        "own_dir": own_dir("$log_dir", "$SLURM_ARRAY_JOB_ID" if spec.is_array else "$SLURM_JOB_ID", SUBMISSION_MARK),
         "launch_cmd": launch_command(spec),
         "batch_step": [*batch_step_command(spec), *batch_step_plan(spec)], "host_check": host_python_check(spec),
         "array": spec.is_array,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shlex
 import stat
 import tempfile
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import SchedulerError, SpecError
-from ..core.jobfiles import JobFiles
+from ..core.jobfiles import SUBMISSION_MARK, JobFiles, carries_id, own_dir
 from ..core.spec import JobSpec
 from .runner import run_command as run_command  # the one way edges (and doctor) run a command
 
@@ -136,17 +137,19 @@ def make_log_dir(path: str) -> None:
 
 
 def write_record(spec: JobSpec, job_id: str, scheduler: str, command: Sequence[str],
-                 extra: dict[str, Any] | None = None, *, exclusive: bool = False) -> str:
-    """The record of a submission beside its logs: what was asked, how it was submitted, where logs go.
+                 extra: dict[str, Any] | None = None, *, exclusive: bool = False, log_dir: str | None = None) -> str:
+    """The record of a submission beside its logs: what was asked, how it was submitted, where logs go
+    (``log_dir``: the job's own directory where not the output directory, see :func:`submit_with`).
     ``exclusive``: the record must be new (FileExistsError otherwise): the id is ours to choose."""
-    files = JobFiles(spec.log_dir, job_id, spec.log_unit)
+    log_dir = log_dir or spec.log_dir
+    files = JobFiles(log_dir, job_id, spec.log_unit)
     path = files.record
     record = {
         "job_id": job_id,
         "scheduler": scheduler,
         "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": list(command),
-        "log_dir": spec.log_dir,
+        "log_dir": log_dir,
         "rank_log": files.log(f"{{{spec.log_unit}}}"),
         "spec": spec.values(),
         **(extra or {}),
@@ -168,20 +171,72 @@ class Submission:
     command: list[str]
     note: str | None = None  # what the submitter should hear besides the id (the job was found after a failure)
     files_id: str = ""  # the short id that names the job's files (PBS: 1234 of 1234.server)
+    log_dir: str = ""  # where its files are: the output directory, or (an id older files carry) own_dir(...)
+
+
+@dataclass(frozen=True)
+class Held:
+    """How an edge submits a job on hold, so that its files and record are in place before it can start:
+    ``hold`` turns the submit command into one that holds the job; ``cluster`` and ``identity`` say which
+    cluster took it and what the scheduler says of the job (see :func:`same_job`); ``prepare(spec, command id,
+    short id, log dir)`` creates what the scheduler itself would open (Slurm's batch log, exclusively) and,
+    where the job's files go to a directory of their own, points the scheduler's output there; ``release``
+    lets the job go; ``cancel`` removes it where its record could not be written."""
+
+    hold: Callable[[JobSpec, list[str]], list[str]]
+    cluster: Callable[[], dict[str, str]]
+    identity: Callable[[str], dict[str, str] | None]
+    prepare: Callable[[JobSpec, str, str, str], None]
+    release: Callable[[JobSpec, str], None]
+    cancel: Callable[[str], None]
+
+
+def same_job(recorded: object, seen: dict[str, str] | None) -> bool | None:
+    """Whether the scheduler's job (its identity ``seen``: None when it knows no such job) is the one a record
+    holds (``recorded``: the record's "identity"): every field both name must agree (a submission's token where
+    the scheduler shows it, its submit time, its name); None when that cannot be told: the scheduler knows no
+    such job, or the record has no identity (written before records had one)."""
+    if seen is None or not isinstance(recorded, dict):
+        return None
+    shared = [key for key in recorded if key in seen]
+    if not shared:
+        return None
+    return all(str(recorded[key]) == seen[key] for key in shared)
+
+
+# The fields of a record's identity that a scheduler's answer is compared with (the token is the files' own)
+IDENTITY_FIELDS = ("submitted", "name", "comment")
+
+
+def taken(log_dir: str, short: str) -> bool:
+    """Whether files of an older job with id ``short`` are in ``log_dir`` (its record, logs, exit code; PBS's
+    output named after the id): then a new job of that id gets a directory of its own."""
+    try:
+        names = os.listdir(log_dir)
+    except OSError:
+        return False
+    return any(carries_id(name, short) for name in names)
 
 
 def submit_with(spec: JobSpec, script_text: str, scheduler: str, suffix: str,
                 command: Callable[[JobSpec, str], list[str]], parse_id: Callable[[str], str | None],
-                accepted: Callable[[SchedulerError], tuple[str, str] | None] | None = None) -> Submission:
+                accepted: Callable[[SchedulerError], tuple[str, str] | None] | None = None,
+                held: Held | None = None, command_id: Callable[[str], str] = lambda out: out) -> Submission:
     """Save the script beside the logs, submit it, keep a record; SchedulerError (with the command and the
     scheduler's words) when the scheduler refuses or prints no job id. ``parse_id`` maps the command's
     output to the short job id that names the files, or None. ``accepted``: after the command failed, the
     job the scheduler accepted all the same, as (what the command would have printed, a note), or None when
-    it accepted none; it raises SchedulerError when that cannot be known."""
+    it accepted none; it raises SchedulerError when that cannot be known. ``held``: the job is submitted on
+    hold and released once its record (which names the cluster and the job's identity) and files are in
+    place; a job whose id older files in the output directory carry gets a directory of its own there
+    (jobfiles.own_dir), which its script finds by the submission's token."""
     make_log_dir(spec.log_dir)
-    pending = JobFiles(spec.log_dir, f"pending-{os.getpid()}").script(suffix)
-    write_private(pending, script_text, 0o750)
+    token = secrets.token_hex(4)
+    pending = JobFiles(spec.log_dir, f"pending-{os.getpid()}-{token}").script(suffix)
+    write_private(pending, script_text.replace(SUBMISSION_MARK, token), 0o750)
     cmd = command(spec, pending)
+    if held is not None:
+        cmd = held.hold(spec, cmd)
     note = None
     try:
         # never writable by others: the batch log and rank logs Slurm creates take the submitter's umask
@@ -200,10 +255,39 @@ def submit_with(spec: JobSpec, script_text: str, scheduler: str, suffix: str,
     if short is None:
         os.unlink(pending)
         raise SchedulerError(f"{shlex.join(cmd)} printed {out!r}, not a job id")
-    script_path = JobFiles(spec.log_dir, short).script(suffix)
+    log_dir = spec.log_dir
+    extra: dict[str, Any] = {}
+    if held is not None:
+        try:
+            if taken(log_dir, short):
+                log_dir = own_dir(spec.log_dir, short, token)
+                os.mkdir(log_dir, 0o750)
+                note = (f"{note}; " if note else "") + (
+                    f"files of an older job {short} are in {spec.log_dir}: this job's are in {log_dir}")
+            held.prepare(spec, command_id(out), short, log_dir)
+            try:
+                seen = held.identity(command_id(out)) or {}
+            except SchedulerError as e:  # the job is taken all the same; its record cannot vouch for it later
+                seen = {}
+                note = (f"{note}; " if note else "") + (
+                    f"what the scheduler says of job {out} could not be read ({e}): its record names no job "
+                    f"identity, so `slurmlaunch cancel` will leave it to the scheduler's own command")
+            extra = {"cluster": held.cluster(), "identity": {**seen, "token": token}}
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(pending)
+            with contextlib.suppress(SchedulerError):  # a held job of ours no record names: never left behind
+                held.cancel(command_id(out))
+            raise
+    script_path = JobFiles(log_dir, short).script(suffix)
     os.replace(pending, script_path)
-    cmd[-1] = script_path
-    extra = {"script": script_path} if out == short else {"script": script_path, f"{scheduler}_job_id": out}
-    record = write_record(spec, short, scheduler, cmd, extra)
-    return Submission(out, script_path, record, cmd, note=note, files_id=short)
-
+    cmd[cmd.index(pending)] = script_path
+    extra = {**extra, "script": script_path} if out == short else \
+        {**extra, "script": script_path, f"{scheduler}_job_id": out}
+    record = write_record(spec, short, scheduler, cmd, extra, log_dir=log_dir)
+    if held is not None:
+        try:
+            held.release(spec, command_id(out))
+        except SchedulerError as e:  # recorded, and ours: said, never cancelled
+            note = (f"{note}; " if note else "") + f"job {out} is held still: {e}"
+    return Submission(out, script_path, record, cmd, note=note, files_id=short, log_dir=log_dir)

@@ -24,6 +24,7 @@ class QuickStates:
 
     live: dict[str, str] | None
     ended: dict[str, str] = field(default_factory=dict)
+    submitted: dict[str, str] = field(default_factory=dict)  # a live job's submit time (its identity's "submitted")
 
 
 class Scheduler(Protocol):
@@ -177,6 +178,16 @@ class Scheduler(Protocol):
         ``printed_id``: as the submit command printed it); None: rank 0's log."""
         ...
 
+    def identity(self, job_id: str) -> dict[str, str] | None:
+        """What the scheduler says of job ``job_id`` that a later job given the same id cannot share (its submit
+        time, its name, ...: compared with a record's by schedulers.same_job); None when it knows no such job.
+        SchedulerError when it cannot be asked."""
+        ...
+
+    def cluster(self) -> dict[str, str]:
+        """Which cluster (or server) the client here talks to, in the scheduler's words; {} where it cannot say."""
+        ...
+
     def node_commands(self, job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, list[str]]:
         """For a running job on ``nodes`` (its status' words), node -> the command that runs ``argv`` on that
         node, next to the job's ranks (`slurmlaunch stacks`); {} where there is no such way."""
@@ -214,6 +225,8 @@ class QueuedEdge:
     # its files list without it (None: every listed id is taken as it is)
     resubmission_check: Callable[[str, str], bool] | None = None
     check_request: Callable[[JobSpec], None] | None = None  # more refusals, of the request's meaning there
+    identity_of: Callable[[str], dict[str, str] | None] | None = None  # None: the scheduler says nothing of it
+    cluster_of: Callable[[], dict[str, str]] | None = None
     warning_signal: bool = True
     script_requeues: bool = False
     site_gpu_flag: bool = False
@@ -295,6 +308,12 @@ class QueuedEdge:
 
     def output_log(self, log_dir: str, job: str, printed_id: str) -> str | None:
         return self.output_log_of(log_dir, job, printed_id)
+
+    def identity(self, job_id: str) -> dict[str, str] | None:
+        return self.identity_of(job_id) if self.identity_of is not None else None
+
+    def cluster(self) -> dict[str, str]:
+        return self.cluster_of() if self.cluster_of is not None else {}
 
     def node_commands(self, job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, list[str]]:
         return self.node_commands_of(job_id, nodes, argv) if self.node_commands_of is not None else {}

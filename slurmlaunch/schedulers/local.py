@@ -43,7 +43,7 @@ from ..allocation.batch_step import (
 from ..allocation.gpus import dev_gpu_ids, visible_gpus
 from ..allocation.launch import RETURNED_DIR
 from ..allocation.net import free_port
-from ..allocation.reasons import REASONS_DIR, Reason, read_first
+from ..allocation.reasons import REASONS_DIR, WARNING_KILLED, Reason, read_first
 from ..allocation.script_runner import STACKS_DIR, recorded_exit
 from ..allocation.stacks import STOPPED_HEADER, saved_summary
 from ..allocation.torchrun_mode import SIGABRT_CODE, aborted_workers, teardown_aborts, teardown_message
@@ -51,6 +51,7 @@ from ..core.errors import JobStateError, SchedulerError, SpecError
 from ..core.jobfiles import JobFiles
 from ..core.parse import signal_number
 from ..core.paths import state_dir
+from ..core.signals import WARNING_VAR
 from ..core.spec import JobSpec
 from ..render.launch import launch_command, script_env
 from . import JobStatus, Submission, current_umask, make_log_dir, rank_log, write_private, write_record
@@ -450,6 +451,8 @@ def _step_ranks(spec: JobSpec, environ: Mapping[str, str], tag: str, step_job: s
     shutil.rmtree(files.stacks, ignore_errors=True)  # kept after the job (the stacks saved at a stop), not a run
     os.makedirs(files.stacks, mode=0o700)
     step_env = {**extra, RETURNED_DIR: files.returned, REASONS_DIR: files.reasons, STACKS_DIR: files.stacks}
+    if spec.warning is not None:  # as the batch step: the launcher starts the script with it ignored
+        step_env[WARNING_VAR] = spec.warning[0]
     if spec.environment.master_port is None and "MASTER_PORT" not in environ:
         # Every emulated node is this machine, so a port free here now, not one derived from the job id: local
         # ids are unique per user and follow the clock, and two users' (or two state directories') jobs
@@ -475,6 +478,9 @@ def _run_once(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: 
     result, stopped = stopped_first(result, files.reasons)
     result = asked_before_abort(what, spec, result, stopped, files)
     shutil.rmtree(files.reasons, ignore_errors=True)
+    killed = sorted(r for r, number in result.signaled.items() if warning and number == warning[0])
+    if killed and result.interrupted_by is None and result.first_failed_rank in killed:
+        result = replace(result, exit_code=WARNING_KILLED)  # not the 128 + N that asks for a requeue
     failure = _report(what, spec, result, stopped)
     if result.exit_code != 0:  # a stop (fail-fast, the time limit, a signal): where the ranks were
         lines = saved_summary(files.stacks)
@@ -485,7 +491,6 @@ def _run_once(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: 
     for rank in teardown_aborts(aborted_ranks(spec, ranks, result), files.returned):
         _say(f"{what}: {teardown_message(rank)}")
     shutil.rmtree(files.returned, ignore_errors=True)
-    killed = sorted(r for r, number in result.signaled.items() if warning and number == warning[0])
     if killed and spec.warning is not None and result.interrupted_by is None:
         _say(f"{what}: {spec.log_unit}(s) {', '.join(map(str, killed))} killed by "
              f"SIG{spec.warning[0]}, the warning signal: " + warning_fix(spec.warning[0], spec.preemption.requeue))
@@ -852,6 +857,13 @@ class LocalScheduler:
 
     def node_commands(self, job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, list[str]]:
         return {}  # every emulated node is this machine: `slurmlaunch stacks` signals the ranks itself
+
+
+    def identity(self, job_id: str) -> dict[str, str] | None:
+        return None  # its jobs are told apart by their supervisor's pid and start time (app/jobs/commands.py)
+
+    def cluster(self) -> dict[str, str]:
+        return {}
 
 
 EDGE = LocalScheduler()

@@ -24,7 +24,7 @@ from ..core.jobfiles import JobFiles
 from ..core.spec import MPI_FLAVOURS, JobSpec
 from ..render.pbs_script import check, job_name
 from ..render.pbs_script import render_script as render_script  # the edge renders what it submits
-from . import JobStatus, Submission, array_outcome, run_command, submit_with
+from . import Held, JobStatus, Submission, array_outcome, run_command, submit_with
 from .interface import QueuedEdge
 from .runner import read_file
 from .support import Refusals
@@ -79,7 +79,68 @@ def parse_job_id(out: str) -> str | None:
 
 def submit(spec: JobSpec, script_text: str) -> Submission:
     """Save the script beside the logs, qsub it, and keep a record; SchedulerError when PBS refuses."""
-    return submit_with(spec, script_text, "pbs", SCRIPT_SUFFIX, qsub_command, parse_job_id)
+    return submit_with(spec, script_text, "pbs", SCRIPT_SUFFIX, qsub_command, parse_job_id, held=HELD)
+
+
+def _hold(spec: JobSpec, command: list[str]) -> list[str]:
+    return [*command[:-1], "-h", command[-1]]  # qsub checks the request against the queue's limits all the same
+
+
+def cluster() -> dict[str, str]:
+    """Which server this is: its name and host (and version), as `qstat -B -f` says; {} where it cannot be
+    asked. A server started again keeps its name: its jobs' ctime tells them apart (see :func:`identity`)."""
+    try:
+        out = run_command(["qstat", "-B", "-f", "-F", "json"], timeout=30).stdout
+        servers = json.loads(out).get("Server") or {}
+        name, attrs = next(iter(servers.items()))
+        return {"server": str(name), "host": str(attrs.get("server_host", "")),
+                "version": str(attrs.get("pbs_version", ""))}
+    except (SchedulerError, ValueError, AttributeError, StopIteration):
+        pass
+    try:  # Torque: text only
+        text = run_command(["qstat", "-B", "-f"], timeout=30).stdout
+    except SchedulerError:
+        return {}
+    found = re.search(r"^Server:\s*(\S+)", text, re.M)
+    return {"server": found[1]} if found else {}
+
+
+def identity(job_id: str) -> dict[str, str] | None:
+    """What PBS says of job ``job_id`` that a later job given the same id (a server started again numbers from
+    0) cannot share: when it was created (ctime) and its name; None when PBS knows no such job (its history
+    kept no longer, or another server). SchedulerError when PBS cannot be asked."""
+    try:
+        attrs = _qstat_json(pbs_id(job_id))
+        if attrs is None:
+            text = re.sub(r"\n\t", "", _qstat(pbs_id(job_id)))
+            attrs = dict(re.findall(r"^\s*(ctime|Job_Name)\s*=\s*(.*?)\s*$", text, re.M))
+    except SchedulerError as e:
+        if any(words in str(e) for words in _UNKNOWN):
+            return None
+        raise
+    return {"submitted": " ".join(str(attrs.get("ctime", "")).split()), "name": str(attrs.get("Job_Name", ""))}
+
+
+# What qstat says of a job id it does not know (PBS Pro, OpenPBS, Torque), history expired or never there.
+_UNKNOWN = ("Unknown Job Id", "Job has finished", "Unknown Job")
+
+
+def prepare(spec: JobSpec, job_id: str, short: str, log_dir: str) -> None:
+    """Where the held job's files are in a directory of their own: its output goes there too (qalter -o)."""
+    if log_dir != spec.log_dir:
+        run_command(["qalter", "-o", log_dir.rstrip("/") + "/", job_id], timeout=30)
+
+
+def _users_own_hold(spec: JobSpec) -> bool:
+    """Whether the user's own qsub arguments (--sbatch-arg) hold the job (-h) or set its start (-a): theirs to
+    release."""
+    return any(arg.split("=", 1)[0] in ("-h", "-a") for arg in spec.site.sbatch_args)
+
+
+def release(spec: JobSpec, job_id: str) -> None:
+    """Let the held job go, unless the user's own qsub arguments hold it."""
+    if not _users_own_hold(spec):
+        run_command(["qrls", job_id], timeout=30)
 
 
 def _array_base(job_id: str) -> str:
@@ -415,13 +476,15 @@ def node_commands(job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, lis
             for host in hosts}
 
 
+HELD = Held(hold=_hold, cluster=cluster, identity=identity, prepare=prepare, release=release, cancel=cancel)
+
 # The pbs edge as a Scheduler (schedulers.interface)
 EDGE = QueuedEdge(
     name="pbs", title="PBS", client="qsub", readers=("read_mpi", "read_pbs_script"), refusals=REFUSALS,
     script_suffix=SCRIPT_SUFFIX, is_available=available, check_auto=auto_check, render_script=render_script,
     submit_script_command=qsub_command, submit_script=submit, parse_id=parse_job_id, job_status=status,
     array_status=array_status, cancel_job=cancel, resubmissions_of=resubmissions, rank_log_of=_rank_log,
-    resubmission_check=resubmission_of,
+    resubmission_check=resubmission_of, identity_of=identity, cluster_of=cluster,
     batch_log_of=_batch_log, output_log_of=_output_log, node_commands_of=node_commands, check_request=check,
     # False: no Lightning adaptation (its requeue on the warning is Slurm's scontrol); --signal itself is carried
     # out, sent by the batch step before the walltime (allocation/batch_step.py)

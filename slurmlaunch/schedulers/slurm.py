@@ -15,7 +15,7 @@ from ..core.jobfiles import JobFiles
 from ..core.spec import SRUN_MPI_TYPES, JobSpec
 from ..render.slurm_script import file_tag
 from ..render.slurm_script import render_script as render_script  # the edge renders what it submits
-from . import JobStatus, Submission, array_outcome, is_final, rank_log, run_command, submit_with
+from . import Held, JobStatus, Submission, array_outcome, current_umask, is_final, rank_log, run_command, submit_with
 from .interface import QueuedEdge, QuickStates
 from .runner import read_file, which
 from .support import Refusals
@@ -207,7 +207,93 @@ def submit(spec: JobSpec, script_text: str) -> Submission:
         check_mpi_plugin(spec.launch.mpi)
     token = new_token()
     return submit_with(spec, script_text, "slurm", SCRIPT_SUFFIX, lambda s, path: sbatch_command(s, path, token),
-                       parse_job_id, lambda error: accepted_after(error, token))
+                       parse_job_id, lambda error: accepted_after(error, token), held=HELD, command_id=command_id)
+
+
+# How a submission is held until its record and files are in place: a begin time ahead, not --hold: Slurm
+# skips its check of the request against the nodes for a held job (--gpus-per-node=8 on nodes of 4 would be
+# taken, and wait forever), not for one that is to begin later (sbatch refuses it as it would refuse it now).
+HOLD = "--begin=now+3600"
+
+
+def _users_own_start(spec: JobSpec) -> bool:
+    """Whether the user's --sbatch-arg holds the job or sets its begin time: then it is theirs to release."""
+    return any(arg.split("=", 1)[0] in ("--hold", "-H", "--begin", "-b") for arg in spec.site.sbatch_args)
+
+
+def _hold(spec: JobSpec, command: list[str]) -> list[str]:
+    return command if _users_own_start(spec) else [*command[:-1], HOLD, command[-1]]
+
+
+def cluster() -> dict[str, str]:
+    """Which cluster this is: its ClusterName and its controller (the first SlurmctldHost and SlurmctldPort), as
+    `scontrol show config` says; {} where it cannot be asked."""
+    try:
+        out = run_command(["scontrol", "show", "config"], timeout=30).stdout
+    except SchedulerError:
+        return {}
+    fields = dict(re.findall(r"^(ClusterName|SlurmctldHost\[0\]|SlurmctldPort)\s*=\s*(\S+)", out, re.M))
+    found = {"name": fields.get("ClusterName", ""),
+             "controller": f"{fields.get('SlurmctldHost[0]', '')}:{fields.get('SlurmctldPort', '')}"}
+    return found if any(found.values()) else {}
+
+
+_TOKEN_IN = re.compile(rf"{TOKEN_MARK}([0-9a-f]+)(?:\||$)")
+
+
+def identity(job_id: str) -> dict[str, str] | None:
+    """What Slurm says of job ``job_id`` that a later job given the same id (another cluster, a cluster started
+    again) cannot share: its submit time and name, and while squeue knows it the submission's token in its
+    comment ("comment": "" for a job that has none: not one of ours); sacct's submit time and name after
+    that; None when Slurm knows no such job. SchedulerError when Slurm cannot be asked."""
+    lines = queue_lines([job_id], "%V|%k|%j")
+    if lines is None:
+        raise SchedulerError(f"squeue could not be asked about job {job_id}")
+    line = next((ln for ln in lines if ln.count("|") >= 2), "")
+    if line:
+        submitted, _, rest = line.partition("|")
+        found = _TOKEN_IN.search(rest)
+        name = rest[found.end():] if found else rest.rpartition("|")[2]
+        return {"submitted": submitted, "name": name, "comment": found[1] if found else ""}
+    if not which("sacct"):
+        return None
+    try:
+        out = run_command(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "Submit,JobName"], timeout=30).stdout
+    except SchedulerError:
+        return None  # no accounting: Slurm no longer knows it
+    line = next((ln for ln in out.splitlines() if "|" in ln), "")
+    if not line:
+        return None
+    submitted, _, name = line.partition("|")
+    return {"submitted": submitted, "name": name}
+
+
+def prepare(spec: JobSpec, job_id: str, short: str, log_dir: str) -> None:
+    """Before the held job may start: its batch log(s) created new here (O_EXCL|O_NOFOLLOW: slurmd opens the
+    file following links, so nothing planted is written through), and where the job's files are in a directory
+    of their own, sbatch's --output pointed there."""
+    files = JobFiles(log_dir, short)
+    logs = [files.element(i).batch_log for i in spec.array_indices] if spec.is_array else [files.batch_log]
+    mode = 0o666 & ~(current_umask() | 0o022)
+    for path in logs:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode))
+    if log_dir != spec.log_dir:
+        run_command(["scontrol", "update", f"JobId={job_id}",
+                     f"StdOut={JobFiles(log_dir, file_tag(spec)).batch_log}"], timeout=30)
+
+
+def release(spec: JobSpec, job_id: str) -> None:
+    """Let the held job go (its begin time now), unless the user's --sbatch-arg holds it or sets its begin
+    time. A job Slurm took but cannot run in its partition now (more nodes than it has: it waits, as sbatch
+    leaves it, with reason PartitionConfig) refuses the update: it is let go all the same."""
+    if _users_own_start(spec):
+        return
+    try:
+        run_command(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], timeout=30)
+    except SchedulerError as e:
+        if "not available now" not in str(e):
+            raise SchedulerError(f"{e}; it begins an hour after it was submitted, or at once after: scontrol "
+                                 f"update JobId={job_id} StartTime=now") from None
 
 
 # A job neither squeue, sacct nor scontrol knows, whose script wrote no exit code: it has ended (Slurm forgets a
@@ -413,10 +499,12 @@ def quick_states(job_ids: Sequence[str] | None) -> QuickStates:
     fails), and the ended ones in one sacct where there is accounting: of ``job_ids`` that squeue no longer
     shows (an array's state as :func:`accounted_states` sums it up), or with None, every job of the last 30
     days."""
-    out = run_command(["squeue", "-h", "--me", "-o", "%F %T"], timeout=30).stdout
-    live = dict(line.partition(" ")[::2] for line in out.splitlines() if " " in line)
+    out = run_command(["squeue", "-h", "--me", "-o", "%F %T %V"], timeout=30).stdout
+    rows = [(line.split(" ") + [""])[:3] for line in out.splitlines() if " " in line]
+    live = {job: state for job, state, _ in rows}
+    submitted = {job: at for job, _, at in rows if at}
     if job_ids is not None:
-        return QuickStates(live, accounted_states([j for j in job_ids if j not in live]))
+        return QuickStates(live, accounted_states([j for j in job_ids if j not in live]), submitted)
     ended = ""
     if which("sacct"):
         try:
@@ -425,7 +513,8 @@ def quick_states(job_ids: Sequence[str] | None) -> QuickStates:
         except SchedulerError:
             pass  # no accounting there: the queue alone
     return QuickStates(live, {job: state.split()[0] for job, _, state in (line.partition("|") for line in
-                                                                          ended.splitlines()) if state.strip()})
+                                                                          ended.splitlines()) if state.strip()},
+                       submitted)
 
 
 def _rank_log(spec: JobSpec, job_id: str, rank: int) -> str | None:
@@ -447,6 +536,8 @@ def node_commands(job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, lis
                    "--quiet", *argv] for node in expand(nodes)}
 
 
+HELD = Held(hold=_hold, cluster=cluster, identity=identity, prepare=prepare, release=release, cancel=cancel)
+
 # The slurm edge as a Scheduler (schedulers.interface)
 EDGE = QueuedEdge(
     name="slurm", title="Slurm", client="sbatch", readers=("read_slurm",), refusals=REFUSALS,
@@ -454,7 +545,7 @@ EDGE = QueuedEdge(
     submit_script_command=sbatch_command, submit_script=submit, parse_id=parse_job_id, job_status=status,
     array_status=array_status, cancel_job=cancel, rank_log_of=_rank_log, batch_log_of=_batch_log,
     output_log_of=_output_log, node_commands_of=node_commands, quick_states_of=quick_states,
-    command_id_of=command_id,
+    command_id_of=command_id, identity_of=identity, cluster_of=cluster,
     script_requeues=True,  # Lightning's rank 0 runs `scontrol requeue` itself (app/submit.py adapt_to_client)
     site_gpu_flag=True,  # --gpus-per-node or --gres, as `slurmlaunch doctor` found the cluster wants
     submitit_executor="slurm",

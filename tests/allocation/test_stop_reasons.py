@@ -42,10 +42,11 @@ def held_port() -> Iterator[int]:
 # --- the reasons file: what the launcher writes and the readers take ---------------------------------------
 
 def test_codes_are_distinct_and_collide_with_no_documented_code() -> None:
-    stops = [reasons.MAPPING, reasons.RDZV_TIMEOUT, reasons.PREFLIGHT]
-    assert len(set(stops)) == 3 and all(1 < c < 128 for c in stops)
-    # 2 bad request, 124 --wait-timeout, 130 Ctrl-C, 141 closed pipe, 140 requeue (USR2), 128+N signals
-    assert not set(stops) & {0, 1, 2, 124, 130, 140, 141}
+    stops = [reasons.MAPPING, reasons.RDZV_TIMEOUT, reasons.PREFLIGHT, reasons.WARNING_KILLED]
+    assert len(set(stops)) == 4 and all(1 < c < 128 for c in stops)
+    # 2 bad request, 124 --wait-timeout, 130 Ctrl-C, 141 closed pipe, 140 requeue (USR2), 128+N signals, 74 and
+    # 181 the output directory's (the batch script's)
+    assert not set(stops) & {0, 1, 2, 74, 124, 130, 140, 141, 181}
 
 
 def test_docs_and_launch_help_document_every_stop_code() -> None:

@@ -98,7 +98,8 @@ def test_given_signal_decides(tmp_path: Path) -> None:
     assert "#SBATCH --signal=B:USR1@200" in r.stdout and not _requeues(r.stdout)
     r = _dry(tmp_path, LIT, "--requeue", "--signal", "USR2@60")  # not Lightning's: said, and obeyed
     assert "#SBATCH --signal=B:USR2@60" in r.stdout and _requeues(r.stdout)
-    assert "which saves and requeues on SIGUSR1 only: --signal USR2@60 will end its ranks" in r.stderr
+    assert "which saves and requeues on SIGUSR1 only: --signal USR2@60 reaches no handler (the ranks ignore it: " \
+        "nothing is saved) unless the script handles SIGUSR2 itself" in r.stderr
     r = _dry(tmp_path, "import lightning\nfrom x import SLURMEnvironment\n"
              "SLURMEnvironment(requeue_signal=signal.SIGUSR2)\n", "--requeue")
     assert "#SBATCH --signal=B:USR2@90" in r.stdout and not _requeues(r.stdout)
@@ -136,18 +137,44 @@ def test_batch_step_reports_killed_ranks() -> None:
 
 # --- the local scheduler ----------------------------------------------------------------------------
 
-def test_local_rank_killed_by_the_warning_is_not_a_saved_checkpoint(tmp_path: Path) -> None:
-    (tmp_path / "plain.py").write_text("import time\ntime.sleep(120)\n")
-    # --time 1 with USR2@57: the local scheduler sends the warning 3 s after the start, exactly
-    r = run_cli("submit", "--scheduler", "local", "--nodes", "2", "--time", "1", "--signal", "USR2@57",
+# Prints how long it has run, every 0.2 s: a line "alive N" proves the script was alive N s after its own start,
+# which is later than the scheduler's (the warning is timed from there).
+HEARTBEAT = ("import time\nstart = time.monotonic()\nwhile True:\n"
+             "    print(f'alive {time.monotonic() - start:.1f}', flush=True)\n    time.sleep(0.2)\n")
+
+
+def _alive_for(out: str) -> float:
+    return max((float(m) for m in re.findall(r"alive ([0-9.]+)", out)), default=0.0)
+
+
+def test_local_script_without_a_handler_runs_to_its_limit(tmp_path: Path) -> None:
+    """Issue 40 item 3: the default warning (here USR2 4 s into a 10 s limit) must not kill a script that never
+    asked for it: the ranks start with it ignored and run on to the limit, which the job then reads (TIMEOUT,
+    stopped by the limit's SIGTERM: 143), not "killed by the warning" (before: exit 140 at 4 s)."""
+    (tmp_path / "plain.py").write_text(HEARTBEAT)
+    r = run_cli("submit", "--scheduler", "local", "--nodes", "2", "--time", "0:10", "--signal", "USR2@6",
+                "plain.py", cwd=tmp_path, timeout=120)
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr
+    assert "reached its time limit (--time 0:10); the ranks were stopped (state TIMEOUT)" in r.stderr, r.stderr
+    assert "the warning signal" not in r.stderr
+    assert _alive_for(r.stdout) >= 7.0, r.stdout[-2000:]  # well past the warning (4 s), up to the limit
+
+
+def test_local_rank_killed_by_a_term_warning_is_not_a_saved_checkpoint(tmp_path: Path) -> None:
+    """A warning that is also a stop signal (TERM) is not ignored (docs: Time limits): a script without a
+    handler dies of it, which is named, not requeued, and ends with 79 ("killed by the warning, nothing saved"),
+    not the 128 + N (143) that would read as "saved, requeue me"."""
+    (tmp_path / "plain.py").write_text(HEARTBEAT)
+    r = run_cli("submit", "--scheduler", "local", "--nodes", "2", "--time", "0:10", "--signal", "TERM@7",
                 "--requeue", "plain.py", cwd=tmp_path, timeout=120)
-    assert r.returncode == 128 + signal.SIGUSR2, r.stderr
+    assert r.returncode == 79, r.stderr
     # both ranks get the warning at once; under load one may still be starting (in the launcher, before its
     # exec) when the other's death stops the job, and is then stopped by SIGTERM: the line names who died of it
-    assert re.search(r"rank\(s\) (0, 1|0|1) killed by SIGUSR2, the warning signal: the script does not handle it, "
-                     r"so nothing was saved and the job is not requeued\. Fix: handle SIGUSR2 in the script",
+    assert re.search(r"rank\(s\) (0, 1|0|1) killed by SIGTERM, the warning signal: the script does not handle it, "
+                     r"so nothing was saved and the job is not requeued\. Fix: handle SIGTERM in the script",
                      r.stderr), r.stderr
     assert "requeued" not in r.stderr.replace("not requeued", "")
+    assert _alive_for(r.stdout) < 6.0, r.stdout[-2000:]
 
 
 def test_local_rank_that_saved_and_exited_140_is_requeued(tmp_path: Path) -> None:

@@ -2,8 +2,9 @@
 (tests/conftest.py pbs_cluster): the batch step sends the warning before the walltime (test_pbs_real_more.py);
 here, what happens after it.
 
-- Ranks the warning killed (no handler: nothing saved) are named with Open MPI's words, rank and host, and the
-  job is not requeued, as under Slurm.
+- Ranks the warning killed (a script that put its default action back: the launcher starts it ignored; nothing
+  saved) are named with Open MPI's words, rank and host, the job ends with 79 and is not requeued, as under
+  Slurm.
 - `--requeue`: qrerun needs operator or manager rights (OpenPBS src/server/req_rerun.c), so the batch step
   submits the job's kept script again (`-W depend=afterany:` this job), appending to the same output file and
   writing the same job files; `SLURMLAUNCH_RESTART_COUNT` tells the ranks which run it is; `--max-requeues`
@@ -31,9 +32,11 @@ pytestmark = pytest.mark.pbs
 
 WARNED_AT_15S = ["--nodes", "2", "--tasks-per-node", "1", "--time", "0:01:00", "--signal", "USR1@45"]
 
-# No handler for the warning: each rank says it is up, then sleeps past the walltime.
+# The warning's default action put back (the launcher starts the script with it ignored): each rank says it is
+# up, then sleeps past the walltime.
 NO_HANDLER = """
-import os, time
+import os, signal, time
+signal.signal(signal.SIGUSR1, signal.SIG_DFL)
 os.write(1, ("UP rank " + os.environ["RANK"] + "\\n").encode())
 time.sleep(300)
 """
@@ -54,8 +57,8 @@ def test_ranks_killed_by_the_warning_are_named_and_the_job_is_not_requeued(pbs_e
                       r"script \(save a checkpoint, exit 138")
     for text in (output, r.stderr):  # the job's output, and --wait (from the job's failure file)
         assert line.search(text), text
-    assert r.returncode == 138 and f"job {job} ended FAILED, exit code 138" in r.stderr, r.stderr
-    assert (logs / f"job-{short}.exitcode").read_text() == "138\n"
+    assert r.returncode == 79 and f"job {job} ended FAILED, exit code 79" in r.stderr, r.stderr
+    assert (logs / f"job-{short}.exitcode").read_text() == "79\n"
     assert not (logs / f"job-{short}.requeued").exists() and "resubmitted" not in output, output
     # the batch shell ended killed by SIGUSR1, as the ranks did; OpenPBS 23.06 reads that as 138 (not 256 + 10)
     assert _raw(pbs_env, job)["Exit_status"] == 138

@@ -7,8 +7,10 @@
   run trains, rather than waited for: Slurm's timer sends it 90-150 s into a 4-minute job, which cost this
   test 100 s; that Slurm's timer sends --signal's warning is test_slurm_cluster's
   test_time_limit_requeues_at_most_max_requeues.
-* A script without a handler for the warning signal dies of it: the batch log and --wait say so, name the
-  signal and the fix, the job is not requeued, and Slurm records the job as killed by the signal.
+* A script that puts the warning signal's default action back (the launcher starts it ignored: issue 40, and
+  tests/real/test_warning_unhandled.py) dies of it: the batch log and --wait say so, name the signal and the
+  fix, the job is not requeued, ends with 79 (not 140, "saved, requeue me"), and Slurm records the job as
+  killed by the signal.
 """
 
 from __future__ import annotations
@@ -150,10 +152,11 @@ def test_lightning_saves_on_the_time_limit_warning_and_requeues_itself_once(
     assert _final(out) == _final(ref_out)
 
 
-def test_a_script_without_a_handler_dies_of_the_warning_and_is_not_requeued(
+def test_a_script_killed_by_the_warning_is_not_requeued_and_ends_79(
         cluster_env: dict[str, str], tmp_path: Path) -> None:
     script = tmp_path / "plain.py"
-    script.write_text("import os, time\nprint('rank', os.environ['RANK'], 'up', flush=True)\ntime.sleep(600)\n")
+    script.write_text("import os, signal, time\nsignal.signal(signal.SIGUSR2, signal.SIG_DFL)\n"
+                      "print('rank', os.environ['RANK'], 'up', flush=True)\ntime.sleep(600)\n")
     r = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "submit", "--scheduler", "slurm", "--nodes", "2",
                           "--requeue", "--wait", str(script)],
                          env=cluster_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -168,7 +171,7 @@ def test_a_script_without_a_handler_dies_of_the_warning_and_is_not_requeued(
     # what Slurm does at --signal's time (B: to the batch shell, which passes it on), made deterministic
     subprocess.run(["scancel", "--signal=USR2", "--batch", job], env=cluster_env, check=True, timeout=60)
     out, err = r.communicate(timeout=300)
-    assert r.returncode == 140, err
+    assert r.returncode == 79 and f"job {job} ended FAILED, exit code 79" in err, err
     batch = (tmp_path / "slurmlaunch-logs" / f"job-{job}.batch.log").read_text()
     for text in (batch, err):  # the batch log and --wait
         assert re.search(r"task.* on .* killed by SIGUSR2, the warning signal: the script does not handle it, "

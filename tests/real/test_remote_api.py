@@ -155,8 +155,11 @@ def test_map_array_batch_and_a_profiles_remote_from_the_laptop_and_the_job_comma
     assert element.returncode == 0 and json.loads(element.stdout)["state"] == "COMPLETED", element.stderr
     logs = sshd.on_laptop(laptop, "logs", "--rank", "1", array[1], cwd=project)
     assert logs.returncode == 0 and "square of 3 on rank 1" in logs.stdout, logs.stdout + logs.stderr
-    logs = sshd.on_laptop(laptop, "logs", out["one_id"], cwd=project)  # the batch log: rank 0's output
+    # the batch log is the CLI's (the batch step's words: the script is the CLI's template); rank 0's output
+    logs = sshd.on_laptop(laptop, "logs", "--rank", "0", out["one_id"], cwd=project)
     assert logs.returncode == 0 and "square of 5 on rank 0" in logs.stdout, logs.stdout + logs.stderr
+    logs = sshd.on_laptop(laptop, "logs", out["one_id"], cwd=project)
+    assert logs.returncode == 0, logs.stderr
     cancel = sshd.on_laptop(laptop, "cancel", out["one_id"], cwd=project)
     assert cancel.returncode == 0, cancel.stderr
     assert masters_left(laptop) == []

@@ -4,13 +4,14 @@ the steps in between, so a changed script points at the part that changed it."""
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
 import pytest
 
 from slurmlaunch.core.errors import SpecError
-from slurmlaunch.core.jobfiles import JobFiles
+from slurmlaunch.core.jobfiles import SUBMISSION_MARK, JobFiles, own_dir
 from slurmlaunch.core.spec import JobSpec
 from slurmlaunch.render import launch, pbs_script, slurm_script
 from slurmlaunch.render.jinja import render, search_path, shipped_template_dir
@@ -29,11 +30,15 @@ def test_the_scripts_take_the_job_file_names_from_jobfiles(mode: str) -> None:
     """The templates spell no name of the job's files: the context gives them, with the scripts' variables."""
     spec = golden_spec(mode=mode, **({"nproc_per_node": 4} if mode == "torchrun" else {}))
     text = slurm_script.render_script(spec)
-    assert "job-" not in text.replace("job-<id>.json", "").replace("job-%j", "")  # the batch step names them
+    own = own_dir("$log_dir", "$SLURM_JOB_ID", SUBMISSION_MARK)
+    assert f'own="{own}"' in text
+    # the batch step names them
+    assert "job-" not in text.replace("job-<id>.json", "").replace("job-%j", "").replace(own, "")
     assert f' --unit {spec.log_unit} ' in text and ' --log-dir "$log_dir" --job "$job_tag" -- ' in text
     assert ' --log-dir "$log_dir" --job "$job_id" -- ' in pbs_script.render_script(golden_spec())
-    srun = slurm_script.srun_args(spec)
-    assert srun[srun.index("--output") + 1] == JobFiles(spec.log_dir, "%j", spec.log_unit).log("%t")
+    assert "--output" not in slurm_script.srun_args(spec)  # the script's: in its own $log_dir
+    rank_logs = os.path.basename(JobFiles(spec.log_dir, "%j", spec.log_unit).log("%t"))
+    assert f' --output "$log_dir"/{rank_logs} ' in text
 
 
 @pytest.mark.parametrize(("kw", "lines"), [
@@ -60,19 +65,21 @@ def test_free_text_never_becomes_a_directive() -> None:
     assert not any("x" == d or "uid" in d or "logs dir" in d for d in slurm_script.directives(spec))
 
 
-@pytest.mark.parametrize(("kw", "args"), [
-    ({}, ["--kill-on-bad-exit=1", "--nodes=2", "--ntasks-per-node=4", "--ntasks=8", "--open-mode=append",
-          "--output", f"{LOG}/job-%j.rank-%t.log"]),
+@pytest.mark.parametrize(("kw", "args", "logs"), [
+    ({}, ["--kill-on-bad-exit=1", "--nodes=2", "--ntasks-per-node=4", "--ntasks=8", "--open-mode=append"],
+     "job-%j.rank-%t.log"),
     (dict(cpus_per_gpu=8), ["--kill-on-bad-exit=1", "--nodes=2", "--ntasks-per-node=4", "--ntasks=8",
-                            "--cpus-per-task=8", "--open-mode=append", "--output", f"{LOG}/job-%j.rank-%t.log"]),
+                            "--cpus-per-task=8", "--open-mode=append"], "job-%j.rank-%t.log"),
     (dict(array="0-3"), ["--kill-on-bad-exit=1", "--nodes=2", "--ntasks-per-node=4", "--ntasks=8",
-                         "--open-mode=append", "--output", f"{LOG}/job-%A_%a.rank-%t.log"]),
+                         "--open-mode=append"], "job-%A_%a.rank-%t.log"),
     (dict(mode="torchrun", nodes=4, min_nodes=2, gpus_per_node=0, nproc_per_node=2),
-     ["--kill-on-bad-exit=1", "--ntasks-per-node=1", "--open-mode=append", "--output",
-      f"{LOG}/job-%j.node-%t.log"]),  # an elastic step spans whatever the allocation got
+     ["--kill-on-bad-exit=1", "--ntasks-per-node=1", "--open-mode=append"],
+     "job-%j.node-%t.log"),  # an elastic step spans whatever the allocation got
 ])
-def test_srun_arguments(kw: dict[str, object], args: list[str]) -> None:
+def test_srun_arguments(kw: dict[str, object], args: list[str], logs: str) -> None:
+    """srun's arguments; its --output pattern is in the script's own $log_dir (jobfiles.own_dir)."""
     assert slurm_script.srun_args(golden_spec(**kw)) == args
+    assert slurm_script.rank_logs(golden_spec(**kw)) == logs
 
 
 @pytest.mark.parametrize(("kw", "command"), [

@@ -66,8 +66,11 @@ def fake_pbs(tmp_path: Path, exit_status: int = 0) -> dict[str, str]:
     (bin_dir / "qsub").write_text(recorder + "print('77.pbs-server')\n")
     (bin_dir / "qstat").write_text(recorder + "if '-F' in sys.argv: sys.exit(\"qstat: invalid option -- 'F'\")\n"
                                    "print('Job Id: 77.pbs-server')\nprint('    job_state = F')\n"
+                                   "print('    ctime = Sun Dec  6 10:00:00 2026')\n"
                                    f"print('    Exit_status = {exit_status}')\n")
     (bin_dir / "qdel").write_text(recorder)
+    (bin_dir / "qrls").write_text(recorder)  # submit holds the job until its record is written (qsub -h)
+    (bin_dir / "qalter").write_text(recorder)
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     env = no_slurm_env(tmp_path)
@@ -88,7 +91,7 @@ def test_submit_wait_through_emulated_pbs(tmp_path: Path) -> None:
     assert "auto chose pbs (qsub is on PATH and sbatch is not)" in r.stderr
     assert "job 77.pbs-server ended FAILED, exit code 3" in r.stderr
     qsub = calls(tmp_path)[0]
-    assert qsub[1:4] == ["-N", name, "-o"]
+    assert qsub[1:4] == ["-N", name, "-o"] and qsub[-2] == "-h"  # held until its record is written, then qrls
     record = json.loads((tmp_path / "slurmlaunch-logs" / "job-77.json").read_text())
     assert record["scheduler"] == "pbs" and record["pbs_job_id"] == "77.pbs-server"
     assert record["command"][:3] == ["qsub", "-N", name] and record["command"][-1].endswith("job-77.qsub")
@@ -134,7 +137,7 @@ def test_array_status_and_cancel_through_emulated_pbs(tmp_path: Path) -> None:
     states.write_text("F 0\nR\nQ\n")
     (bin_dir / "qstat").write_text(recorder + f"""
 lines = open({str(states)!r}).read().split('\\n')
-print('Job Id: 77[].pbs-server\\n    job_state = B')
+print('Job Id: 77[].pbs-server\\n    job_state = B\\n    ctime = Sun Dec  6 10:00:00 2026')
 for i, line in enumerate(l for l in lines if l):
     state, _, code = line.partition(' ')
     print(f'Job Id: 77[{{i}}].pbs-server\\n    job_state = {{state}}\\n    exec_host = n{{i}}/0*4')
@@ -169,7 +172,8 @@ for i, line in enumerate(l for l in lines if l):
 def test_the_scripts_exit_code_wins_over_a_qstat_without_one(tmp_path: Path) -> None:
     """EMULATION of a Torque-style qstat (Slurm's slurm-wlm-torque wrapper prints no exit status)."""
     env = fake_pbs(tmp_path)
-    (tmp_path / "fake-pbs" / "qstat").write_text("#!/bin/sh\necho 'Job Id: 77'\necho '    job_state = C'\n")
+    (tmp_path / "fake-pbs" / "qstat").write_text("#!/bin/sh\necho 'Job Id: 77'\necho '    job_state = C'\n"
+                                                 "echo '    ctime = Sun Dec  6 10:00:00 2026'\n")
     r = run_cli("submit", "--scheduler", "pbs", str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads(run_cli("status", "77", "--json", env=env, cwd=tmp_path).stdout)["state"] == "COMPLETED"
@@ -315,6 +319,7 @@ def test_every_id_of_a_chain_submitted_again_at_the_warning_names_the_chain(tmp_
         "if '-F' in sys.argv: sys.exit(\"qstat: invalid option -- 'F'\")\n"
         "job = sys.argv[-1]\nprint('Job Id: ' + job)\n"
         "print('    job_state = ' + ('R' if job.startswith('79') else 'F'))\n"
+        "print('    ctime = Sun Dec  6 10:00:00 2026')\n"
         "print('    Exit_status = 0')\n"
         "if job[:2] in ('78', '79'):  # the batch step's qsub -v, folded as qstat -f folds a long line\n"
         "    print('    Variable_List = PBS_O_HOME=/root,SLURMLAUNCH_RESTART_COUNT=1,SLURMLAUNCH_REQ')\n"
@@ -375,9 +380,11 @@ def test_a_planted_list_of_resubmissions_deletes_and_follows_no_other_job(tmp_pa
         "if '-F' in sys.argv: sys.exit(\"qstat: invalid option -- 'F'\")\n"
         "job = sys.argv[-1]\nprint('Job Id: ' + job)\n"
         f"print('    job_state = ' + (open({str(tmp_path / 'state-77')!r}).read() if job.startswith('77') else 'R'))\n"
+        "print('    ctime = Sun Dec  6 10:00:00 2026')\n"
         "print('    Exit_status = 0')\n"
         "print('    Variable_List = PBS_O_HOME=/root' + (',SLURMLAUNCH_REQUEUE_OF=99.pbs-server' "
         "if job.startswith('4343') else ''))\n")
+    (tmp_path / "state-77").write_text("Q")  # held, as submitted
     r = run_cli("submit", "--scheduler", "pbs", str(EXAMPLES / "train_ddp.py"), env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     (tmp_path / "slurmlaunch-logs" / "job-77.requeued").write_text(planted)

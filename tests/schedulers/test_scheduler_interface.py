@@ -61,6 +61,9 @@ class Recording:
         self.argvs.append(list(argv))
         return subprocess.CompletedProcess(list(argv), 0, self.answers.get(argv[0], ""), "")
 
+    def which(self, name: str) -> bool:
+        return False
+
 
 @pytest.fixture
 def no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,8 +92,11 @@ def test_every_edge_command_goes_through_the_runner(tmp_path: Path, no_processes
         pbs.cancel("77_3")
     assert not isinstance(current_runner(), Recording)  # the previous runner is back
     # sinfo: how the running job's nodes are (a lost node is named while following)
-    assert [a[0] for a in runner.argvs] == ["scontrol", "sbatch", "squeue", "sinfo", "scancel", "qsub", "qstat",
-                                            "qdel"]
+    # submit holds the job, asks what the scheduler says of it and which cluster took it, and releases it
+    assert [a[0] for a in runner.argvs] == ["scontrol", "sbatch", "squeue", "scontrol", "scontrol", "squeue", "sinfo",
+                                            "scancel", "qsub", "qstat", "qstat", "qstat", "qrls", "qstat", "qdel"]
+    assert runner.argvs[1][-2] == "--begin=now+3600"
+    assert runner.argvs[4] == ["scontrol", "update", "JobId=4242", "StartTime=now"]
     assert runner.argvs[-1] == ["qdel", "77[3]"]
 
 

@@ -20,14 +20,16 @@ look at every rank's files at once, without waiting for any that is missing; the
 pickled by the rank itself (_Packed), so a value that cannot be pickled is reported as such, with the part
 that could not be; a rank that raised SystemExit left an exit record (its code, and when); a rank with
 neither ended without a Python exception, and how (exit code or signal) comes from the local controller's
-status file, or under Slurm from srun's own report of the step's tasks in the batch log. The first failure
+status file, or on a queued scheduler (Slurm, PBS) from the batch step's failure file (job-ID.failure, read by
+allocation/batch_step.read_failure, the CLI's words). The first failure
 by time is raised as RankFailed; a job that Slurm cancelled or stopped at its time limit says so instead.
 Only the values asked for are loaded: result() reads rank 0's alone.
 
 The warning signal under Slurm follows the CLI's plan: ``--signal=B:SIG@secs`` goes to the batch shell,
 which has become the batch step (allocation/batch_step.py, as in the CLI's script) and passes it on through
-srun to the ranks, where submitit's handler (told the signal's name) checkpoints and requeues. The batch
-script is submitit's; executors._batch_lines and _srun_lines are its setup lines.
+srun to the ranks, where submitit's handler (told the signal's name by the rank module, rank.py) checkpoints
+and requeues. The batch script is the CLI's: ``edge.render`` of the job's JobSpec (executors.SpecExecutor),
+the rank command the launcher running rank.py, which runs submitit's processing of the pickled call.
 """
 
 from __future__ import annotations

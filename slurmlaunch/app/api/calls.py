@@ -78,12 +78,19 @@ def _pack(value: object) -> _Packed:
                        f"({where}): {type(e).__name__}: {e}") from None
 
 
+# Set by app/api/rank.py in a rank the launcher started: its distributed variables are exported already.
+LAUNCHED = "SLURMLAUNCH_API_LAUNCHED"
+
+
 def _export_distributed_env(spec_of: Callable[[], JobSpec]) -> None:
     """In a task: give submitit's local tasks the variables a Slurm step would have (``spec_of``: the job's
-    spec, asked for there only), then map them exactly as `slurmlaunch launch` does and export the result."""
+    spec, asked for there only), then map them exactly as `slurmlaunch launch` does and export the result.
+    Nothing to do in a rank the launcher started (a queued scheduler's: app/api/rank.py): it has done so."""
+    environ = os.environ
+    if environ.get(LAUNCHED) == "1":
+        return
     from ...allocation.launch import preflight, resolve
 
-    environ = os.environ
     if "SUBMITIT_LOCAL_JOB_ID" in environ and "SLURM_PROCID" not in environ:
         from ...schedulers.local import gpu_plan, rank_env
 
@@ -135,6 +142,39 @@ def _record_exit(path: Path, error: SystemExit) -> None:
 
     temporary.write_text(json.dumps({"code": number, "at": at, "message": message}))
     os.replace(temporary, path)
+
+
+def _warning_runs_on() -> None:
+    """A callable without ``checkpoint`` runs on to its time limit through the warning (issue 40: the default
+    warning harms no one who did not ask for it). submitit's handler, in rank 0, ends such a job at the time
+    limit's warning ("Job not requeued because: timed-out and not checkpointable", 90 s before the scheduler
+    would have: submitit reads any warning as a time-out in a job under 50 minutes); here the warning that
+    submitit reads as a time-out is only said, and a preemption (not timed out) is still submitit's: requeued
+    from the start. Reads $SUBMITIT_PREEMPT_SIGNAL (the warning's name, as submitit does); a handler that is not
+    submitit's is left alone. Before _arm_stacks: its dump chains to the handler there is."""
+    from ...core.errors import SpecError
+    from ...core.parse import signal_number
+
+    try:
+        number = signal_number(os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
+    except SpecError:
+        return
+    previous = signal.getsignal(number)
+    owner = getattr(previous, "__self__", None)
+    timed_out = getattr(owner, "has_timed_out", None)
+    if not callable(previous) or not callable(timed_out):
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if timed_out():
+            import sys
+
+            sys.stderr.write(f"slurmlaunch: {_signal_name(signum)}, the time limit's warning: the function has no "
+                             f"checkpoint method, so it runs on to its limit\n")
+            return
+        previous(signum, frame)
+
+    signal.signal(number, handler)
 
 
 def _arm_stacks(log_dir: str) -> None:
@@ -245,6 +285,8 @@ class _DistributedCall:
         from ...allocation.script_runner import settle
 
         _export_distributed_env(lambda: self.spec)
+        if not hasattr(self, "checkpoint"):
+            _warning_runs_on()
         _arm_stacks(self.log_dir)
         try:
             value = self.fn(*self.args, **self.kwargs)
@@ -288,6 +330,7 @@ class _ScriptCall:
         from ...render.launch import launch_command
 
         _export_distributed_env(lambda: self.spec)
+        _warning_runs_on()  # and the script, started through the launcher, ignores it unless it handles it
         try:
             marks = tempfile.mkdtemp(prefix="slurmlaunch-returned-")  # the runner marks a script that returned
         except OSError:  # no writable TMPDIR: the script runs all the same, an abort is then not told apart

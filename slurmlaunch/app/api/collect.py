@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -27,18 +26,6 @@ _DEATH_SLACK_S = 0.5
 _RESULT_WAIT_S = 15.0
 # Job states after which the ranks that left nothing were stopped from outside, not failed on their own.
 _STOPPED_STATES = ("CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE")
-# The first line the batch shell writes to the batch log at each start: srun's reports before the last
-# one belong to an earlier run of a requeued job.
-_BATCH_MARK = "slurmlaunch: batch shell started"
-# srun's report of a task that ended badly, as the batch log has it (one line per task or task range).
-_SRUN_TASK = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.+)$", re.MULTILINE)
-# Under PBS (app/api/pbs.py), mpiexec's stderr in the job's submitit folder: Open MPI names there the first rank
-# that ended badly by itself ("Process name: [[J,1],RANK]" then "Exit code: N"), or one killed by a signal.
-_MPIEXEC_REPORT = "{job_id}_mpiexec.err"
-_MPIEXEC_EXIT = re.compile(r"^\s*Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\s*(\d+)", re.MULTILINE)
-_MPIEXEC_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
-# srun names a signal by its description (strsignal): "Segmentation fault (core dumped)", "Killed".
-_SIGNAL_TEXTS = {signal.strsignal(s): int(s) for s in signal.Signals if signal.strsignal(s)}
 
 
 def _status(job: Any) -> dict[str, Any] | None:
@@ -75,49 +62,22 @@ def _outcome(result_pickle: Path) -> str:
     return "unreadable"
 
 
-def _step_ends(batch_log: Path) -> dict[int, tuple[int, int | None, str, str | None]]:
-    """srun's report of the tasks that ended badly in the job's last run, as the batch log has it: rank ->
-    (the order of srun's report, the return code as subprocess has it (-N: signal N) or None, srun's words,
-    the node).
-    srun reports a task when it sees it end, so the order is the order of the ends, as srun saw them."""
-    try:
-        with open(batch_log, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - (1 << 20)))  # srun's lines come last
-            text = f.read().decode(errors="replace")
-    except OSError:
+def _step_ends(log_dir: str | None, job_id: str) -> dict[int, tuple[int, int | None, str, str | None]]:
+    """The batch step's word on the first rank(s) that failed (allocation/batch_step.py's failure file, read by
+    its own reader, under Slurm and PBS alike): rank -> (0, the return code as subprocess has it (-N: signal N),
+    the batch step's words, the node); empty where it named none (or no batch step ran: the local scheduler)."""
+    if log_dir is None:
         return {}
-    text = text[text.rfind(_BATCH_MARK) + 1:] if _BATCH_MARK in text else text
-    ends: dict[int, tuple[int, int | None, str, str | None]] = {}
-    for order, m in enumerate(_SRUN_TASK.finditer(text)):
-        words = m.group(3).strip()
-        exited = re.fullmatch(r"Exited with exit code (\d+)", words)
-        code = int(exited.group(1)) if exited else _SIGNAL_TEXTS.get(words.removesuffix(" (core dumped)"))
-        code = code if exited or code is None else -code
-        for part in m.group(2).split(","):
-            low, _, high = part.partition("-")
-            for rank in range(int(low), int(high or low) + 1):
-                ends.setdefault(rank, (order, code, words, m.group(1)))
-    return ends
+    from ...allocation.batch_step import read_failure
+    from ...core.jobfiles import JobFiles
 
-
-def _mpiexec_ends(report: Path) -> dict[int, tuple[int, int | None, str, str | None]]:
-    """Open MPI's word on the first rank that ended badly by itself, from mpiexec's stderr under PBS: rank ->
-    (0, the return code as subprocess has it, the words, the node where it says one); empty where it named
-    none."""
-    try:
-        with open(report, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - (1 << 20)))
-            text = f.read().decode(errors="replace")
-    except OSError:
+    found = read_failure(JobFiles(log_dir, job_id).failure)
+    if found is None:
         return {}
-    exited = _MPIEXEC_EXIT.search(text)
-    if exited:
-        return {int(exited.group(1)): (0, int(exited.group(2)), f"mpiexec: exit code {exited.group(2)}", None)}
-    killed = _MPIEXEC_SIGNAL.search(text)
-    if killed:
-        rank, node, number = int(killed.group(1)), killed.group(2), int(killed.group(3))
-        return {rank: (0, -number, f"mpiexec: killed by {_signal_name(number)} on {node}", node)}
-    return {}
+    ranks, node, code, how = found
+    rc = 128 - code if how.startswith("killed by ") and code > 128 else code  # the batch step's 128 + N: signal N
+    words = f"{how or f'exit code {code}'} on {node}"
+    return {rank: (0, rc, words, node) for rank in ranks}
 
 
 def _how(code: int | None) -> str:
@@ -137,19 +97,19 @@ class _Findings:
         self.hosts: dict[int, str] = {}  # where a rank ran, where its error or srun's or mpiexec's words say
 
 
-def _collect(job: Any, world: int, state: str | None, wanted: Iterable[int] | None = None) -> dict[int, Any]:
+def _collect(job: Any, world: int, state: str | None, wanted: Iterable[int] | None = None,
+             log_dir: str | None = None) -> dict[int, Any]:
     """The values of the ranks in ``wanted`` (all: None) once the job has ended (Job.results); RankFailed
     for the first failure by time, SlurmLaunchError for a job cancelled or stopped from outside. ``state``:
-    the job's final state under Slurm (None on the local scheduler, whose controller records the ranks)."""
+    the job's final state under Slurm (None on the local scheduler, whose controller records the ranks);
+    ``log_dir``: the job's output directory, where its batch step left the first failure (queued schedulers)."""
     status = _status(job)
     ended: dict[str, dict[str, Any]] = status["ranks"] if status else {}
     tasks = [job.task(rank) for rank in range(world)]
     results = [Path(t.paths.result_pickle) for t in tasks]
     if status is None and state == "COMPLETED":
         _await_results(results)
-    steps = (_step_ends(Path(tasks[0].paths.stderr))
-             or _mpiexec_ends(Path(job.paths.folder) / _MPIEXEC_REPORT.format(job_id=job.job_id))) \
-        if status is None else {}
+    steps = _step_ends(log_dir, str(job.job_id)) if status is None else {}
     keep = set(range(world)) if wanted is None else set(wanted)
     found = _Findings()
     for rank, task in enumerate(tasks):
@@ -207,8 +167,7 @@ def _read_rank(found: _Findings, rank: int, task: Any, result: Path, end: dict[s
     elif end is not None and end["stopped"]:
         found.stopped.append(rank)  # stopped because another rank failed, or the job was cancelled
     elif end is not None or step is not None:
-        said = "" if step is None or step[2].startswith("mpiexec: ") else "srun: "  # _mpiexec_ends says whose
-        seen = "" if end is not None else f" ({said}{step[2]})" if step is not None else ""
+        seen = "" if end is not None else f" ({step[2]})" if step is not None else ""
         text = (f"its process {_how(code)}{seen}, without a Python exception (os._exit, a crash in native code, "
                 f"a kill from outside, running out of memory)\n{_tail(task)}")
         if end is not None:

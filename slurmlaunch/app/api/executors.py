@@ -1,17 +1,18 @@
-"""submitit's executors, set up for a job: the local one with our controller, Slurm's with the CLI's
-signal plan (its batch lines) and private folders."""
+"""submitit's executors, set up for a job: the local one with our controller; on a queued scheduler (Slurm,
+PBS) SpecExecutor, whose batch script is the CLI's (``edge.render`` of the job's JobSpec, the rank command
+running the pickled call under the launcher), in private folders."""
 
 from __future__ import annotations
 
-import shlex
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
+from submitit.core import core, utils
+
 from ...core.errors import SpecError
 from ...core.spec import JobSpec
-from ...render.launch import batch_step_command
-from .collect import _BATCH_MARK
 from .local import _local_executor
 
 
@@ -22,28 +23,6 @@ def _minutes(time_text: str | None) -> int:
 
     seconds = None if time_text is None else time_seconds(time_text)
     return 60 * 24 * 365 if seconds is None else max(1, -(-seconds // 60))
-
-
-def _batch_lines(signal_name: str) -> list[str]:
-    """The first of submitit's setup lines in its batch script: the job's files private, the mark that the
-    batch shell started (collect.py reads it), the signal submitit's handler in the ranks listens to."""
-    return [
-        "# slurmlaunch: what this job writes (results, logs) is the user's alone",
-        "umask 077",
-        f'echo "{_BATCH_MARK} (restart ${{SLURM_RESTART_COUNT:-0}})" >&2',
-        f"export SUBMITIT_PREEMPT_SIGNAL={shlex.quote(signal_name)}",
-    ]
-
-
-def _srun_lines(spec: JobSpec, signal_name: str) -> list[str]:
-    """The last of submitit's setup lines: its own srun line, the script's last command, runs through the
-    batch step (allocation/batch_step.py, as the CLI's script does), which the batch shell becomes (exec:
-    the warning signal --signal=B: sends reaches it) and which passes the warning on to the ranks through
-    srun. Defined after the --setup lines, so that an srun of theirs runs as they wrote it."""
-    step = [*batch_step_command(spec), "--warning", signal_name]
-    return ["srun() {  # the batch step runs srun and passes the warning signal on to the ranks",
-            f'    exec {shlex.join(step)} -- srun "$@"',
-            "}"]
 
 
 def _private_folder(spec: JobSpec) -> Path:
@@ -57,10 +36,8 @@ def _private_folder(spec: JobSpec) -> Path:
 
 def _executor(spec: JobSpec, name: str) -> Any:
     """The submitit executor of scheduler ``name``: submitit's own local one (ours, app/api/local.py) for a
-    scheduler without a queue; submitit's own for a scheduler it knows (Slurm: set up below); else the API's
-    own executor, which goes through the scheduler's edge (PBS: app/api/pbs.py)."""
-    import submitit
-
+    scheduler without a queue; else SpecExecutor, which renders and submits the CLI's batch script through the
+    scheduler's edge (submitit's Job of a scheduler submitit knows, Slurm's; else the API's own, PBS's)."""
     from ...schedulers.registry import scheduler
 
     edge = scheduler(name)
@@ -68,7 +45,6 @@ def _executor(spec: JobSpec, name: str) -> Any:
     if own:  # what the edge cannot carry out is refused as the CLI refuses it, before any file is written
         edge.refuse_unsupported(spec)
     folder = _private_folder(spec)
-    tpn = spec.ntasks_per_node
     if spec.warning_note:  # the CLI's line: the warning moved half-way (a time limit too short for it)
         sys.stderr.write(f"slurmlaunch: {spec.warning_note}\n")
     if not edge.queued:
@@ -81,45 +57,128 @@ def _executor(spec: JobSpec, name: str) -> Any:
         local.update_parameters(tasks_per_node=spec.world_size, nodes=1, timeout_min=_minutes(spec.resources.time),
                                 signal_delay_s=spec.warning[1] if spec.warning else 90)
         return local
-    if own:
-        from .pbs import PbsExecutor
-
-        pbs = PbsExecutor(str(folder), spec)
-        pbs.update_parameters(timeout_min=_minutes(spec.resources.time))
-        return pbs
-    if spec.warning is None:
+    if spec.warning is None and edge.submitit_executor is not None:
         raise SpecError(f"signal {spec.preemption.signal!r} is not carried out under Slurm by the submitit-based API "
                         f"(submitit always asks for a warning signal): give NAME@SECONDS, or use `slurmlaunch submit`")
-    signal_name, signal_s = spec.warning
+    if own:
+        if spec.preemption.requeue:
+            raise SpecError(REQUEUE_REFUSED)
     # submitit counts its requeues after a time-out down from max_num_timeout (preemptions are not counted)
-    ex = submitit.SlurmExecutor(folder=str(folder), python=spec.program.python,
-                                max_num_timeout=spec.preemption.max_requeues)
-    params: dict[str, Any] = {
-        "nodes": spec.resources.nodes, "ntasks_per_node": tpn, "time": _minutes(spec.resources.time),
-        "job_name": spec.name,
-        "srun_args": ["--kill-on-bad-exit=1"],
-        # as the CLI's script: the --env exports, then the --setup lines (which may use them)
-        "setup": [*_batch_lines(signal_name), *(f"export {k}={shlex.quote(v)}" for k, v in spec.environment.env),
-                  *spec.environment.setup, *_srun_lines(spec, signal_name)],
-        "signal_delay_s": signal_s,
-    }
-    if spec.resources.exclusive:  # submitit writes --exclusive=<value>: only pass it when wanted
-        params["exclusive"] = True
-    if spec.resources.gpus_per_node:
-        params["gpus_per_node"] = spec.resources.gpus_per_node
-    for name in ("partition", "account", "qos", "constraint", "mem"):
-        if spec.value(name) is not None:
-            params[name] = spec.value(name)
-    if spec.per_task_cpus is not None:
-        params["cpus_per_task"] = spec.per_task_cpus
-    # B: the batch shell alone gets the warning, and passes it on (_srun_lines); submitit writes USR2, always
-    extra: dict[str, Any] = {"signal": f"B:{signal_name}@{signal_s}"}
-    for arg in spec.site.sbatch_args:
-        key, _, value = arg.lstrip("-").partition("=")
-        extra[key.replace("-", "_")] = value or True
-    params["additional_parameters"] = extra
-    ex.update_parameters(**params)
+    ex = SpecExecutor(str(folder), spec, name, max_num_timeout=spec.preemption.max_requeues if not own else 0)
+    ex.update_parameters(timeout_min=_minutes(spec.resources.time))
     return ex
+
+
+class SpecExecutor(core.PicklingExecutor):
+    """submitit's executor whose batch script is the CLI's: ``edge.render`` of the job's JobSpec (the same
+    template, batch step and directives as `slurmlaunch submit`), its program the launcher running this
+    package's rank module (rank.py), which runs submitit's processing of the pickled call; submitted with the
+    CLI's command line (sbatch's, qsub's). One job, or one job array with submit_array (map_array, batch)."""
+
+    def __init__(self, folder: str | Path, spec: JobSpec | None = None, scheduler: str = "slurm",
+                 max_num_timeout: int = 0) -> None:
+        super().__init__(folder, max_num_timeout=max_num_timeout)
+        self.spec = spec
+        self.scheduler = scheduler
+        self.job_class = _job_class(scheduler)  # submitit's class attribute: per scheduler here
+        self._array_count = 0
+
+    @classmethod
+    def _valid_parameters(cls) -> set[str]:
+        return {"timeout_min"}
+
+    def _spec(self) -> JobSpec:
+        if self.spec is None:
+            raise ValueError("SpecExecutor needs the job's JobSpec (slurmlaunch.submit(...))")
+        return self.spec
+
+    def _num_tasks(self) -> int:
+        return self._spec().world_size
+
+    @property
+    def _submitit_command_str(self) -> str:
+        return "unused"  # the script is rendered from the spec (_make_submission_file_text)
+
+    def rank_spec(self) -> JobSpec:
+        """The job's JobSpec with the rank command running the pickled call (and, for map_array, an array)."""
+        return rank_spec(self._spec(), self.scheduler, str(self.folder), self._array_count)
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        from ...schedulers.registry import scheduler
+
+        return scheduler(self.scheduler).render(self.rank_spec())
+
+    def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+        from ...schedulers.registry import scheduler
+
+        return scheduler(self.scheduler).submit_command(self.rank_spec(), str(submission_file_path))
+
+    def _get_job_id_from_submission_command(self, string: bytes | str) -> str:  # type: ignore[override]
+        from ...schedulers.registry import scheduler
+
+        text = (string.decode() if isinstance(string, bytes) else string).strip()
+        job_id = scheduler(self.scheduler).parse_job_id(text.splitlines()[-1] if text else text)
+        if job_id is None:
+            raise utils.FailedSubmissionError(f"{text!r} is not a job id")
+        return job_id
+
+    def _internal_process_submissions(self, delayed_submissions: list[utils.DelayedSubmission]) -> list[core.Job[Any]]:
+        if len(delayed_submissions) == 1:
+            return super()._internal_process_submissions(delayed_submissions)
+        folder = utils.JobPaths.get_first_id_independent_folder(self.folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        pickles = []
+        for delayed in delayed_submissions:
+            path = folder / f"{uuid.uuid4().hex}.pkl"
+            delayed.set_timeout(self.parameters.get("timeout_min", 5), self.max_num_timeout)
+            delayed.dump(path)
+            pickles.append(path)
+        self._array_count = len(delayed_submissions)
+        try:
+            first = self._submit_command(self._submitit_command_str)
+        finally:
+            self._array_count = 0
+        tasks = list(range(first.num_tasks))
+        jobs: list[core.Job[Any]] = [self.job_class(folder=self.folder, job_id=f"{first.job_id}_{i}", tasks=tasks)
+                                     for i in range(len(pickles))]
+        for job, path in zip(jobs, pickles, strict=True):
+            job.paths.move_temporary_file(path, "submitted_pickle")
+        return jobs
+
+
+def _job_class(scheduler: str) -> type[core.Job[Any]]:
+    """submitit's Job of a scheduler submitit knows (Slurm's: its sacct watcher, scancel), else the API's own
+    (PBS: PbsJob, whose state job.py asks the scheduler's edge for)."""
+    from ...schedulers.registry import scheduler as edge_of
+
+    if edge_of(scheduler).submitit_executor == "slurm":
+        from submitit.slurm.slurm import SlurmJob
+
+        return SlurmJob
+    return PbsJob
+
+
+def rank_spec(spec: JobSpec, scheduler: str, folder: str, array_count: int = 0) -> JobSpec:
+    """``spec`` with its program the API's rank (rank.py: submitit's processing of the pickled call in
+    ``folder``), run by the launcher as any CLI job's script is; a job array of ``array_count`` elements (0-N)
+    when above 1; without the rendezvous watchdog unless ``rdzv_timeout`` was given. Everything else, and so every
+    line of the batch script but the rank command, is the user's request as `slurmlaunch submit --dry-run`
+    renders it (with --rdzv-timeout 0 where the API's request left it out)."""
+    from ...schedulers.registry import scheduler as edge_of
+    from .rank import MODULE, argv
+
+    executor = edge_of(scheduler).submitit_executor or scheduler
+    signal_name = spec.warning[0] if spec.warning else None
+    changed: dict[str, Any] = {"script": MODULE, "module": True, "no_python": False, "legacy_local_rank_arg": False,
+                               "args": tuple(argv(executor, spec.resources.nodes, signal_name, folder))}
+    if spec.environment.rdzv_timeout is None:
+        # no rendezvous watchdog (the launcher's, beside every rank but 0) unless asked for: a function need
+        # not rendezvous at all, and one that makes no connection for 900 s would be stopped (the API's ranks
+        # never had one); rdzv_timeout=SECONDS brings it back, as --rdzv-timeout does for the CLI
+        changed["rdzv_timeout"] = 0.0
+    if array_count > 1:
+        changed["array"] = f"0-{array_count - 1}"
+    return spec.changed(**changed)
 
 
 def _choose(requested: str) -> str:
@@ -135,3 +194,31 @@ def _choose(requested: str) -> str:
     allowed = (named,) if named is not None else tuple(n for n in NAMES if scheduler(n).submitit_executor is not None)
     return choose(requested, allowed=allowed, check_client=own, announce=False)
 
+
+class _PbsWatcher(core.InfoWatcher):
+    """submitit's Job registers with a watcher: job.py asks qstat itself (schedulers/pbs.py)."""
+
+    def _make_command(self) -> list[str] | None:
+        return None
+
+
+class PbsJob(core.Job[Any]):
+    watcher = _PbsWatcher()
+
+    def cancel(self, check: bool = True) -> None:
+        from ...core.errors import SchedulerError
+        from ...schedulers import pbs
+
+        try:
+            pbs.cancel(self.job_id)
+        except SchedulerError:
+            if check:
+                raise
+
+
+# What the CLI does at the warning under PBS (submit its script again: PBS lets no job's own user qrerun it) the
+# API cannot: its jobs are submitit's, with no script of ours kept to submit again. Refused before any qsub.
+REQUEUE_REFUSED = ("requeue=True: the Python API's PBS jobs are not submitted again at the warning (PBS lets no job's "
+                   "own user qrerun it, and the API keeps no batch script to resubmit; `slurmlaunch submit --scheduler "
+                   "pbs --requeue` does); leave requeue out (the job stays rerunnable after a node failure, PBS's "
+                   "default) and resume from your checkpoint in a new submit()")

@@ -52,11 +52,16 @@ class Job:
         self._returned: set[int] = set()  # ranks whose value (or sys.exit(0)) is on disk
         self._confirm_asked = False
         self._confirmed: str | None = None  # squeue's state, asked once every rank had returned
+        # what the scheduler said of the job the first time it was asked (its submit time, name): a handle kept
+        # (pickled) past a cluster started again, or sent to another cluster's login node, must not act on
+        # another job given the same id (app/records.py)
+        self._identity: dict[str, str] | None = None
         if self._watched:
             self._register()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update({"_returned": set(), "_confirm_asked": False, "_confirmed": None, **state})
+        self.__dict__.update({"_returned": set(), "_confirm_asked": False, "_confirmed": None, "_identity": None,
+                              **state})
         if self._watched:  # a handle sent back and forth (remote=): a job this process waits for
             self._register()
 
@@ -91,7 +96,27 @@ class Job:
         returned (its values may come before accounting has caught up with the job's end)."""
         if not self._edge.queued:
             return str(self._job.state)
+        if self._identity is None:  # asked once: later answers are compared with it at cancel
+            self._same_job()
         return self._scheduler_state()[0]
+
+    def _same_job(self) -> bool:
+        """Whether the scheduler's job of this id is still this handle's: the first answer is kept, later ones
+        compared with it (schedulers.same_job); True where the scheduler cannot be asked or knows no such job
+        (its state then says how it ended)."""
+        from ...core.errors import SchedulerError
+        from ...schedulers import same_job
+
+        if not self._edge.queued:
+            return True
+        try:
+            seen = self._edge.identity(self.job_id)
+        except SchedulerError:
+            return True
+        if self._identity is None:
+            self._identity = seen
+            return True
+        return same_job(self._identity, seen) is not False
 
     def done(self) -> bool:
         """Whether the job has ended (under Slurm: sacct, or squeue as for state, says so; rank result files
@@ -206,6 +231,13 @@ class Job:
             time.sleep(min(_FILES_LAST_S, _FILES_FIRST_S + (now - start) * _FILES_LAST_S / _FILES_BACKOFF_S))
 
     def cancel(self) -> None:
+        """Cancel the job; JobStateError, and nothing cancelled, where the scheduler's job of this id is another
+        one now (a cluster started again numbers from where it began)."""
+        if self._identity is not None and not self._same_job():
+            from ...core.errors import JobStateError
+
+            raise JobStateError(f"job {self.job_id} is gone; another job now has that id on {self._edge.title}: "
+                                f"nothing cancelled")
         self._job.cancel(check=False)
 
     def logs(self, rank: int = 0) -> str:
@@ -215,9 +247,10 @@ class Job:
 
     def _values(self, state: str | None, rank0: bool) -> list[Any]:
         """The ranks' values once the wait ended with ``state`` (rank 0's alone with ``rank0``)."""
+        log_dir = self.spec.log_dir if self._edge.queued else None  # the batch step's failure file is there
         if rank0:
-            return [_collect(self._job, self.spec.world_size, state, wanted=(0,))[0]]
-        values = _collect(self._job, self.spec.world_size, state)
+            return [_collect(self._job, self.spec.world_size, state, wanted=(0,), log_dir=log_dir)[0]]
+        values = _collect(self._job, self.spec.world_size, state, log_dir=log_dir)
         return [values[rank] for rank in range(self.spec.world_size)]
 
     def results(self) -> list[Any]:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...core.signals import WARNING_VAR, ignored_until_handled
 from .collect import _STATUS_FILE
 
 TYPE_CHECKING = False
@@ -102,13 +103,17 @@ class _LocalController:
 
 
 def _die_with_controller() -> None:
-    """PR_SET_PDEATHSIG in a rank (between fork and exec): a killed controller leaves no rank behind."""
+    """PR_SET_PDEATHSIG in a rank (between fork and exec): a killed controller leaves no rank behind. And the
+    warning ignored, as the launcher does it (core/signals.py), until the rank's submitit sets its handler: a
+    warning in the rank's first moments must not kill it."""
     import ctypes
 
     try:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+    for number in ignored_until_handled(os.environ.get(WARNING_VAR)):
+        signal.signal(number, signal.SIG_IGN)
 
 
 class _Attempt:
@@ -221,7 +226,8 @@ def _start_controller(folder: Path, command: str, ntasks: int, timeout_min: floa
     the emulated nodes hand out the GPUs themselves (_export_distributed_env). ``warning``: the job's
     (JobSpec.warning): its NAME is submitit's preempt signal in the controller and the ranks (their handler),
     sent SECONDS before the limit; None sends none. ``job``: its local job id and log directory."""
-    named = {"SUBMITIT_PREEMPT_SIGNAL": warning[0]} if warning else {}
+    # WARNING_VAR: the ranks (and a script's launcher, submit_script) start with the warning ignored
+    named = {"SUBMITIT_PREEMPT_SIGNAL": warning[0], WARNING_VAR: warning[0]} if warning else {}
     if job is not None:
         named.update({_JOB_ID_VARIABLE: job[0], _LOG_DIR_VARIABLE: job[1]})
     env = dict(os.environ, **named, SUBMITIT_LOCAL_NTASKS=str(ntasks), SUBMITIT_LOCAL_COMMAND=command,

@@ -18,7 +18,17 @@ from ...core.errors import JobStateError, SchedulerError, SlurmLaunchError, Spec
 from ...core.jobfiles import JobFiles
 from ...schedulers.index import index_path, read_bounded
 from ...schedulers.registry import NAMES, scheduler
-from ..records import JobRecord, element_id
+from ..records import (
+    GONE,
+    OTHER,
+    UNVERIFIED,
+    JobRecord,
+    checked_status,
+    element_id,
+    gone_line,
+    unverified_line,
+    whose,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -83,14 +93,29 @@ def find(job_id: str, gone_ok: bool = False) -> JobRecord:
                                 f"(its elements: {_shown_indices(indices)})")
         return array.of_element(element)
     rows = entries()
-    for entry in reversed(rows):
-        if _names(entry["job_id"], job_id):
-            return _load(entry, job_id, gone_ok)
+    named = [entry for entry in reversed(rows) if _names(entry["job_id"], job_id)]
+    if named:
+        return _load(_of_this_cluster(named), job_id, gone_ok)
     for entry in reversed(rows):
         later = _later_run(entry, job_id)
         if later is not None:
             return replace(_load(entry, entry["job_id"], gone_ok), named=later[0], run=later[1])
     raise JobStateError(f"job {job_id!r} was not submitted from here (slurmlaunch list shows those that were)")
+
+
+def _of_this_cluster(named: list[dict[str, Any]]) -> dict[str, Any]:
+    """Of the index's submissions of one id (newest first), the newest of the cluster this machine's client talks
+    to, where they were submitted to different clusters (two clusters side by side share one index); else the
+    newest. The cluster is asked only then."""
+    if len(named) == 1:
+        return named[0]
+    records = [(entry, _list_record(entry)) for entry in named if not entry.get("remote")]
+    clusters = {json.dumps(record.data.get("cluster"), sort_keys=True) for _, record in records if record}
+    if len(clusters) < 2:
+        return named[0]
+    here = {name: _cluster_here(name) for name in {entry["scheduler"] for entry, _ in records}}
+    return next((entry for entry, record in records if record is not None and here[entry["scheduler"]]
+                 and record.data.get("cluster") == here[entry["scheduler"]]), named[0])
 
 
 def _names(full_id: str, job_id: str) -> bool:
@@ -161,7 +186,10 @@ def status(record: JobRecord) -> dict[str, Any]:
         return remote_jobs.status(record)
     shown_id = record.shown_id
     indices = array_indices(record) if record.element is None else []
-    st = _edge(record).status(record.full_id, record.log_dir, indices)
+    edge = _edge(record)
+    st, verdict = checked_status(record, edge, indices)
+    if verdict == UNVERIFIED:
+        st = replace(st, note="; ".join(filter(None, (st.note, f"not verified: {unverified_line(record, edge)}"))))
     info: dict[str, Any] = {"job_id": shown_id, "scheduler": record.scheduler, "state": st.state,
                             "exit_code": st.exit_code, "nodes": st.nodes, "elapsed": st.elapsed}
     if st.elements is not None:
@@ -220,11 +248,20 @@ def log_path(record: JobRecord, rank: int | None) -> str:
     return edge.output_log(log_dir, job, printed) or files.log(0)
 
 
-def _list_state(row: Mapping[str, Any], quick: Mapping[str, QuickStates | None]) -> str:
-    """A quick state for `list`: a local job's from its edge (its files and supervisor); a queued job's from
-    its scheduler's queue or accounting (one call each for all its jobs, ``quick``, by scheduler: its live
-    states None when the queue could not be asked), else from the exit code its script wrote, else from the
-    scheduler's status where it has no such call (PBS); `status` asks the scheduler properly."""
+def _same_cluster(record: JobRecord, current: Mapping[str, str] | None) -> bool:
+    """Whether ``current`` (the cluster the scheduler's client here talks to) may be the one the record's job
+    was submitted to: True where either is not known (an older record, a scheduler that cannot say)."""
+    recorded = record.data.get("cluster")
+    return not recorded or not current or dict(recorded) == dict(current)
+
+
+def _list_state(row: Mapping[str, Any], quick: Mapping[str, QuickStates | None],
+                clusters: Mapping[str, Mapping[str, str]] | None = None) -> str:
+    """A quick state for `list` (``clusters``: by scheduler, the cluster its client here talks to): a local
+    job's from its edge (its files and supervisor); a queued job's from its scheduler's queue or
+    accounting (one call each for all its jobs, ``quick``, by scheduler: its live states None when the queue
+    could not be asked), else from the exit code its script wrote, else from the scheduler's status where it
+    has no such call (PBS); `status` asks the scheduler properly."""
     try:
         data = json.loads(read_bounded(row["record"]).decode("utf-8"))
     except (OSError, ValueError):
@@ -239,13 +276,21 @@ def _list_state(row: Mapping[str, Any], quick: Mapping[str, QuickStates | None])
     short = row["job_id"].split(".", 1)[0]
     states = quick.get(record.scheduler)
     live = states.live if states is not None else None
-    if live is not None and short in live:
+    # the queue's word is this job's only where its cluster is the one asked, and a live job of that id was
+    # submitted when this one was (a job id is not a job: see app/records.py's whose)
+    here = _same_cluster(record, (clusters or {}).get(record.scheduler))
+    identity = record.data.get("identity")
+    recorded_at = identity.get("submitted") if isinstance(identity, dict) else None
+    if here and live is not None and short in live and \
+            (not recorded_at or states is None or states.submitted.get(short, recorded_at) == recorded_at):
         return live[short]
     ended = _exit_file(record)
     if ended is not None:
         return "COMPLETED" if ended[0] == 0 else f"FAILED {ended[0]}"
-    if states is not None and short in states.ended:  # an array (no job-level exit code), or a job stopped
-        return states.ended[short]                    # before its script's end
+    if not here:
+        return "ENDED"  # the cluster it ran on is not the one this machine's client asks: its files said nothing
+    if states is not None and short in states.ended and not (live is not None and short in live):
+        return states.ended[short]  # an array (no job-level exit code), or a job stopped before its script's end
     if not edge.lists_in_one_call and not record.remote:
         return _asked_list_state(record)
     # gone from the queue, without an exit code or accounting: ended, how is not known (`status` says why)
@@ -299,6 +344,16 @@ def _quick_states(rows: list[dict[str, Any]]) -> dict[str, QuickStates | None]:
     return out
 
 
+def _cluster_here(name: str) -> dict[str, str]:
+    """The cluster the client of scheduler ``name`` here talks to ({} where it cannot say)."""
+    if name not in NAMES or not scheduler(name).queued:
+        return {}
+    try:
+        return scheduler(name).cluster()
+    except SlurmLaunchError:
+        return {}
+
+
 def cmd_list(as_json: bool, filters: Filters | None = None, prune: bool = False) -> int:
     """Every job this user submitted (the index is per user), newest last, with the directory of its files
     and a quick state; only those ``filters`` keep (app/jobs/listing.py). ``prune``: remove those (that have
@@ -308,6 +363,7 @@ def cmd_list(as_json: bool, filters: Filters | None = None, prune: bool = False)
     filters = filters or listing.Filters()
     rows = [r for r in entries() if listing.matches_time_and_name(r, filters)]
     quick = _quick_states(rows)
+    clusters = {name: _cluster_here(name) for name in {r["scheduler"] for r in rows if not r.get("remote")}}
     remote_live: dict[str, dict[str, str] | None] = {}  # per destination: one squeue over ssh for all its jobs
     if any(r.get("remote") for r in rows):
         from ..remote import jobs as remote_jobs
@@ -320,7 +376,7 @@ def cmd_list(as_json: bool, filters: Filters | None = None, prune: bool = False)
 
             shown.append(remote_jobs.list_row(row, remote_live))
         else:
-            shown.append({**row, "state": _list_state(row, quick),
+            shown.append({**row, "state": _list_state(row, quick, clusters),
                           "directory": os.path.dirname(row["record"])})
     shown = [r for r in shown if listing.matches_state(str(r.get("state", "")), filters)]
     if prune:
@@ -398,8 +454,8 @@ def cmd_logs(job_id: str, rank: int | None, follow: bool) -> int:
     from ..follow import poll_seconds
 
     edge = _edge(record)
-    return follow_job(record.shown_id, lambda: edge.status(record.full_id, record.log_dir), path,
-                      files_id=record.tag, poll=poll_seconds(edge))
+    return follow_job(record.shown_id, lambda: checked_status(record, edge)[0], path, files_id=record.tag,
+                      poll=poll_seconds(edge))
 
 
 def already_ended(edge: Scheduler, record: JobRecord) -> str | None:
@@ -408,6 +464,12 @@ def already_ended(edge: Scheduler, record: JobRecord) -> str | None:
     from ...core.errors import SchedulerError
 
     indices = array_indices(record) if record.element is None else []
+    verdict, seen = whose(record, edge)  # SchedulerError: nothing is sent to a job not known to be ours
+    if verdict == UNVERIFIED:
+        raise JobStateError(f"{unverified_line(record, edge)}: nothing cancelled (where it is, cancel it with the "
+                            f"scheduler's own command)")
+    if verdict in (GONE, OTHER):
+        return gone_line(record, edge, verdict, seen)
     try:
         st = edge.status(record.full_id, record.log_dir, indices)
     except SchedulerError:
@@ -441,6 +503,9 @@ def cmd_cancel(job_id: str) -> int:
     else:
         ended, cancelled = _cancel_here(record)
     if ended is not None:
+        if ended.startswith(f"job {record.shown_id} is gone"):
+            print(f"{ended}: nothing cancelled")
+            return 0
         if record.named is not None:
             print(f"job {record.named} (run {record.run} of job {record.full_id}) had already ended, as had every "
                   f"run after it ({ended}): nothing to cancel")

@@ -22,7 +22,7 @@ from ...allocation.stacks import armed, collect, saved, source_line
 from ...core.errors import JobStateError, SchedulerError, SpecError
 from ...core.jobfiles import JobFiles
 from ...core.stacks import Grouping, RankStacks, group, render_stack, to_data
-from ..records import JobRecord
+from ..records import GONE, OTHER, JobRecord, checked_status
 from .commands import _edge, find, recorded_spec
 
 NODE_START_S = 30.0  # seconds a node's collector may take to start (an srun step, ssh), on top of --timeout
@@ -107,7 +107,9 @@ def _remote(record: JobRecord, world: int, timeout: float, ranks: Collection[int
     files = JobFiles(record.log_dir, record.tag)
     started = time.monotonic()
     with login_node(record) as (_, edge):
-        st = edge.status(record.full_id, record.log_dir)
+        st, verdict = checked_status(record, edge)
+        if verdict in (GONE, OTHER):
+            raise JobStateError(f"{st.note}: no stacks taken")
         if st.state != "RUNNING":
             raise JobStateError(f"job {record.tag} on {record.remote} is {st.state}: from here, stacks are of a "
                                 f"running job (what its ranks saved when stopped is in {files.stacks} there)")
@@ -126,7 +128,9 @@ def _remote(record: JobRecord, world: int, timeout: float, ranks: Collection[int
 
 def _running(record: JobRecord) -> tuple[bool, str | None]:
     """(whether the job runs now, its nodes in the scheduler's words)."""
-    st = _edge(record).status(record.full_id, record.log_dir)
+    st, verdict = checked_status(record, _edge(record))
+    if verdict in (GONE, OTHER) and st.note:  # never signal the ranks of another job of that id
+        sys.stderr.write(f"slurmlaunch: {st.note}\n")
     return st.state == "RUNNING", st.nodes
 
 

@@ -36,7 +36,6 @@ from ...core.errors import SpecError
 from . import (
     COMMAND_TIMEOUT_S,
     Connection,
-    Destination,
     RemoteError,
     Unreachable,
     check_python,
@@ -227,18 +226,19 @@ def _submit(remote: str, action: str, payload: dict[str, Any], options: dict[str
         conn.close()
         raise
     jobs = [RemoteJob(session, one) for one in answer["jobs"]]
-    _remember(dest, conn.setup, answer, [job.job_id for job in jobs])
+    _remember(conn, answer, [job.job_id for job in jobs])
     return jobs
 
 
-def _remember(dest: Destination, setup: tuple[str, ...], answer: dict[str, Any], ids: list[str]) -> None:
+def _remember(conn: Connection, answer: dict[str, Any], ids: list[str]) -> None:
     """The jobs in this machine's index, with the records `submit --remote` writes (a job array's once, by
     its array id, its elements named ARRAYID_INDEX as the CLI's are)."""
 
     from ...schedulers.index import remember
     from ...schedulers.registry import scheduler as edge_of
-    from .submit import write_local_record
+    from .submit import known_there, write_local_record
 
+    dest, setup = conn.dest, conn.setup
     spec = answer["spec"]
     base = ids[0].partition("_")[0]
     if "_" in ids[0]:
@@ -246,5 +246,6 @@ def _remember(dest: Destination, setup: tuple[str, ...], answer: dict[str, Any],
     edge = edge_of(str(answer.get("scheduler", "slurm")))  # runner.login_scheduler's
     scheduler, tool = edge.name, str(edge.client)  # its submit command: sbatch, qsub
     command = [tool, answer["script_path"]] if answer.get("script_path") else [tool]
-    record = write_local_record(dest, setup, spec, base, base, scheduler, command, str(answer.get("script", "")))
+    record = write_local_record(dest, setup, spec, base, base, scheduler, command, str(answer.get("script", "")),
+                                known_there(conn, edge, base))
     remember(base, scheduler, record, spec.name, remote=dest.target)

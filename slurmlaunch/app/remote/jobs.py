@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ...core.errors import JobStateError, SchedulerError, SlurmLaunchError
-from ...schedulers.interface import Scheduler
+from ...schedulers.interface import QuickStates, Scheduler
 from ...schedulers.runner import READ_LIMIT, use_runner
-from ..records import JobRecord
+from ..records import JobRecord, checked_status
 from .dest import parse_destination
 from .follow import RemoteFollower
 from .runner import SshRunner
@@ -48,7 +48,7 @@ def status(record: JobRecord) -> dict[str, Any]:
     from ...schedulers.runner import read_file
 
     with login_node(record) as (_, edge):
-        st = edge.status(record.full_id, record.log_dir)
+        st = checked_status(record, edge)[0]
         failure = None
         if is_final(st.state) and st.exit_code != 0:  # the first-failure line, as --wait shows it
             data = read_file(JobFiles(record.log_dir, record.tag).failure, limit=4096)
@@ -91,14 +91,18 @@ def cancel(record: JobRecord, ended: Callable[[Scheduler], str | None]) -> tuple
     return was, ""
 
 
-def _queue_states(edge: Scheduler) -> dict[str, str]:
-    """The destination's jobs, id -> state, where the scheduler answers for many at once (Slurm: one
-    `squeue --me`, and the month's finished ones in one `sacct` where the login node has it: COMPLETED,
-    FAILED... rather than "ENDED?"); none where it does not (PBS: _destination asks each job's qstat)."""
-    if not edge.lists_in_one_call:
-        return {}
-    quick = edge.quick_states(None)
-    return {**quick.ended, **(quick.live or {})}
+def _quick_state(record: JobRecord, job: str, quick: QuickStates | None, here: bool) -> str | None:
+    """A job's state from its destination's one `squeue --me` (and `sacct`), or None where `status`'s word is
+    needed: the scheduler answers for many jobs at once only where ``quick`` (PBS: never), a live job of that
+    id submitted at another time is another job, and where the destination's cluster is not the one the record
+    names (``here`` False: started again, replaced), an ended one of that id may be too."""
+    if quick is None:
+        return None
+    identity = record.data.get("identity")
+    at = identity.get("submitted") if isinstance(identity, dict) else None
+    if quick.live and job in quick.live:
+        return quick.live[job] if not at or quick.submitted.get(job, at) == at else None
+    return quick.ended.get(job) if here else None
 
 
 LIST_BOUND_S = 30.0  # `list` waits this long in all for every destination's answer
@@ -108,11 +112,18 @@ def _destination(records: list[tuple[JobRecord, Mapping[str, Any]]], deadline: f
     """One destination's states for `list`, over one connection: its queue's, and for each of ``records``
     the queue no longer shows, its state as `status` reads it there."""
     record, row = records[0]
+    states: dict[str, str] = {}  # by row (_row_key): two records of one destination may name one reused id
     with login_node(record, deadline) as (_, edge):
-        states = _queue_states(edge)
+        quick = edge.quick_states(None) if edge.lists_in_one_call else None
+        if quick is not None:  # by id, for a row not asked about here (list_row of one row): unchecked
+            states.update({**quick.ended, **(quick.live or {})})
+        cluster = edge.cluster() if quick is not None else {}
         for record, row in records:
-            if str(row["job_id"]) not in states:
-                states[str(row["job_id"])] = _job_state(record, edge)
+            recorded = record.data.get("cluster")
+            here = not cluster or not isinstance(recorded, dict) or \
+                {k: v for k, v in recorded.items() if k != "remote"} == cluster
+            found = _quick_state(record, str(row["job_id"]), quick, here)
+            states[_row_key(row)] = found if found is not None else _job_state(record, edge)
     return states
 
 
@@ -164,8 +175,12 @@ def list_row(row: Mapping[str, Any], live: dict[str, dict[str, str] | None]) -> 
     if key not in live:
         prefetch([dict(row)], live)
     known = live[key]
-    state = "?" if known is None else known.get(str(row["job_id"]), "ENDED")
+    state = "?" if known is None else known.get(_row_key(row)) or known.get(str(row["job_id"]), "ENDED")
     return {**row, "state": state, "directory": f"{target}:{record.log_dir}"}
+
+
+def _row_key(row: Mapping[str, Any]) -> str:
+    return f"{row['record']}\0{row['job_id']}"
 
 
 def _record(row: Mapping[str, Any]) -> JobRecord | None:
@@ -189,7 +204,7 @@ def _job_state(record: JobRecord, edge: Scheduler) -> str:
     `status` reads it there (the exit-code file its script wrote, scontrol's record, qstat), "RUNNING",
     "COMPLETED" or "FAILED 3"; ENDED when none of them says how; "?" when it could not be asked."""
     try:
-        st = edge.status(record.full_id, record.log_dir)
+        st = checked_status(record, edge)[0]
     except SchedulerError:
         return "?"
     return st.state if st.exit_code in (0, None) else f"{st.state} {st.exit_code}"

@@ -115,9 +115,27 @@ def _queue(conn: Connection, name: SchedulerName, rspec: JobSpec, command: list[
     if job_id is None:
         raise RemoteError(f"on {dest.target}: {shlex.join(command)} printed {out!r}, not a job id")
     full_id = edge.command_id(full_id)  # Slurm: 1234;cluster is 1234 to squeue and scancel
-    record = write_local_record(dest, conn.setup, rspec, job_id, full_id, name, command, script)
+    record = write_local_record(dest, conn.setup, rspec, job_id, full_id, name, command, script,
+                                known_there(conn, edge, full_id))
     remember(full_id, name, record, rspec.name, remote=dest.target)
     return full_id
+
+
+def known_there(conn: Connection, edge: Scheduler, full_id: str) -> dict[str, Any]:
+    """Which cluster took job ``full_id`` and what it says of the job (a record's "cluster" and "identity"), asked
+    over ``conn``, so that a later job of that id there (the login host's cluster started again, another
+    destination) is never taken for it (app/records.py); without "identity" where it cannot be read, said."""
+    from ...core.errors import SchedulerError
+    from ...schedulers.runner import use_runner
+
+    try:
+        with use_runner(SshRunner(conn)):
+            return {"cluster": {"remote": conn.dest.target, **edge.cluster()},
+                    "identity": edge.identity(full_id) or {}}
+    except SchedulerError as e:
+        sys.stderr.write(f"slurmlaunch: job {full_id}: its identity could not be read on {conn.dest.target} ({e}); "
+                         f"its record names none, so cancel will leave it to the scheduler's own command\n")
+        return {"cluster": {"remote": conn.dest.target}}
 
 
 def submit_remote(ns: Any, spec_from_args: Callable[[Any], JobSpec]) -> int:
@@ -180,21 +198,30 @@ def _records_dir(dest: Destination) -> str:
 
 
 def write_local_record(dest: Destination, setup: tuple[str, ...], spec: JobSpec, job_id: str, full_id: str,
-                       name: SchedulerName, command: list[str], script: str) -> str:
+                       name: SchedulerName, command: list[str], script: str,
+                       known: dict[str, Any] | None = None) -> str:
     """The job's record and script on this machine (private), for status/logs/cancel later. ``job_id`` names
-    the job's files; ``full_id`` is the scheduler's (PBS: 1234.server)."""
+    the job's files; ``full_id`` is the scheduler's (PBS: 1234.server); ``known``: its "cluster" and
+    "identity". An older record of the same id (the destination's ids were reused) is kept: this one goes to a
+    directory of its own."""
+    import secrets
+
+    from ...core.jobfiles import own_dir
     from ...schedulers import rank_log, write_private
 
     directory = _records_dir(dest)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     files = JobFiles(directory, job_id)
+    if os.path.lexists(files.record):
+        files = JobFiles(own_dir(directory, job_id, secrets.token_hex(4)), job_id)
+        os.mkdir(files.log_dir, 0o700)
     script_path = files.script(scheduler(name).script_suffix)
     write_private(script_path, script, 0o600)
     record = {
         "job_id": job_id, "scheduler": name, "remote": dest.target, "remote_setup": list(setup),
         "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command, "log_dir": spec.log_dir,
         "rank_log": rank_log(spec, job_id, 0), "script": script_path, "spec": spec.values(),
-        **({f"{name}_job_id": full_id} if full_id != job_id else {}),
+        **({f"{name}_job_id": full_id} if full_id != job_id else {}), **(known or {}),
     }
     path = files.record
     write_private(path, JobRecord(record, job_id).to_json(), 0o600)

@@ -1,0 +1,82 @@
+"""The default warning harms no script that did not ask for it (issue 40 item 3), on the real Slurm and OpenPBS.
+
+One job per scheduler, 2 nodes x 1 rank, the warning 10 s into the run (Slurm: `--time 00:01:00 --signal USR2@50`,
+sent at its timer's next look, which comes about twice a minute; PBS: `--time 00:00:25 --signal USR2@15`, sent by
+the batch step; the ranks take 2-5 s to start here): rank 0 has no
+handler for USR2, rank 1 installs one. Rank 1 gets the warning and says when; rank 0 started with it ignored
+(the launcher's rule) and is still alive seconds after that moment, up to the limit; the job reads TIMEOUT,
+as the scheduler says, not 140 ("saved, requeue me") nor 79 ("killed by the warning"). Before the fix rank 0
+died of USR2 at the warning and the job ended FAILED 140.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_cli
+from tests.real.test_pbs_real import AS_ROOT, submitted
+
+# Rank 1 handles the warning (and goes on); rank 0 does not. Each says whether it started with USR2 ignored,
+# then prints a heartbeat with the wall clock (the test and the nodes share this machine's clock).
+SCRIPT = """
+import os, signal, time
+rank = os.environ["RANK"]
+def got(number, _frame):
+    os.write(1, f"GOT {signal.Signals(number).name} rank {rank} at {time.time():.2f}\\n".encode())
+ignored = signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
+if rank == "1":
+    signal.signal(signal.SIGUSR2, got)
+os.write(1, f"UP rank {rank} started with SIGUSR2 ignored: {ignored}\\n".encode())
+while True:
+    os.write(1, f"ALIVE rank {rank} at {time.time():.2f}\\n".encode())
+    time.sleep(0.5)
+"""
+TWO_RANKS = ["--nodes", "2", "--tasks-per-node", "1", "--wait", "--wait-timeout", "280"]
+# Slurm's limits are whole minutes; PBS's walltime takes seconds (the MoM stops the job when it next polls)
+SLURM_WARNED_AT_10S = [*TWO_RANKS, "--time", "00:01:00", "--signal", "USR2@50"]
+PBS_WARNED_AT_10S = [*TWO_RANKS, "--time", "00:00:25", "--signal", "USR2@15"]
+
+
+def _check(text: str) -> None:
+    """Rank 1 got the warning; rank 0, which has no handler, started with it ignored and outlived it."""
+    assert "UP rank 0 started with SIGUSR2 ignored: True" in text, text[-3000:]
+    got = [float(t) for t in re.findall(r"GOT SIGUSR2 rank 1 at ([0-9.]+)", text)]
+    assert len(got) == 1, text[-3000:]
+    alive = [float(t) for t in re.findall(r"ALIVE rank 0 at ([0-9.]+)", text)]
+    assert alive and max(alive) > got[0] + 5, (got, alive[-3:])  # 5 s and more after the warning: not killed
+    assert "killed by SIGUSR2" not in text
+
+
+@pytest.mark.slurm
+def test_slurm_script_without_a_handler_runs_to_its_limit(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    script = tmp_path / "warned.py"
+    script.write_text(SCRIPT)
+    r = run_cli("submit", "--scheduler", "slurm", *SLURM_WARNED_AT_10S, str(script), env=cluster_env, cwd=tmp_path,
+                timeout=400)
+    job = r.stdout.split()[0]
+    logs = tmp_path / "slurmlaunch-logs"
+    _check((logs / f"job-{job}.rank-0.log").read_text() + (logs / f"job-{job}.rank-1.log").read_text())
+    batch = (logs / f"job-{job}.batch.log").read_text()
+    assert "SIGUSR2 received, passing it on to the ranks (a rank whose script does not handle it ignores it)" \
+        in batch, batch
+    # sacct's ExitCode of a TIMEOUT is 0:0, which says nothing: a job that did not complete counts as 1
+    assert f"job {job} ended TIMEOUT, exit code 1 " in r.stderr and r.returncode == 1, (r.returncode, r.stderr)
+    assert "the warning signal" not in r.stderr
+
+
+@pytest.mark.pbs
+def test_pbs_script_without_a_handler_runs_to_its_limit(pbs_env: dict[str, str], tmp_path: Path) -> None:
+    script = tmp_path / "warned.py"
+    script.write_text(SCRIPT)
+    r = run_cli("submit", "--scheduler", "pbs", *PBS_WARNED_AT_10S, *AS_ROOT, str(script), env=pbs_env, cwd=tmp_path,
+                timeout=400)
+    job = submitted(r.stderr)
+    output = (tmp_path / "slurmlaunch-logs" / f"{job}.OU").read_text(errors="replace")
+    _check(output)
+    assert "SIGUSR2 received, passing it on to the ranks (a rank whose script does not handle it ignores it)" \
+        in output, output
+    assert f"job {job} ended TIMEOUT, exit code 1 " in r.stderr and r.returncode == 1, (r.returncode, r.stderr)
+    assert "the warning signal" not in r.stderr
