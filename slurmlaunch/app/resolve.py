@@ -20,8 +20,12 @@ from ..core.spec import JobSpec, validate
 def from_process(spec: JobSpec, python: str | None = None, workdir: str | None = None) -> JobSpec:
     """``spec`` with the ranks' interpreter and the working directory filled in: ``python`` when given, else
     python3 inside a container (the image's, not this machine's), else this process's (sys.executable);
-    ``workdir`` when given, else this process's (os.getcwd())."""
+    ``workdir`` when given, else this process's (os.getcwd()). A bare name outside a container (``--python
+    python3``) is looked up on this machine's PATH, as a shell would, and kept as the path it found: the ranks
+    run that interpreter, not whatever a compute node's PATH finds first."""
     chosen = python or ("python3" if spec.container else sys.executable)
+    if spec.container is None and os.sep not in chosen:
+        chosen = shutil.which(chosen) or chosen
     return spec.changed(python=chosen, workdir=workdir or os.getcwd())
 
 
@@ -79,7 +83,8 @@ def check_files(spec: JobSpec, has_script: bool = True) -> JobSpec:
     if has_script:
         check_script(spec.program.script, spec.program.module, spec.program.no_python, spec.program.workdir)
     if spec.container is None and not os.path.isfile(spec.program.python):
-        raise SpecError(f"--python {spec.program.python!r} not found (expected the interpreter that runs the ranks)")
+        raise SpecError(f"--python {shown(spec.program.python)} not found (expected the interpreter that runs the "
+                        f"ranks: a path, or a command on PATH)")
     return spec
 
 

@@ -40,9 +40,16 @@ MAX_MEM_BYTES = 2**60
 
 def shown(value: str, limit: int = 60) -> str:
     """``repr(value)``, shortened when long: an error stays one readable line even for a 5000-digit value."""
-    if len(value) <= limit:
-        return repr(value)
-    return f"{value[:limit]!r}... ({len(value)} characters)"
+    text = repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
+    return _bytes_shown(text) if "\\udc" in text else text
+
+
+def _bytes_shown(text: str) -> str:
+    """A repr whose lone surrogates (PEP 383: an argument's bytes that were not UTF-8) read as the bytes they
+    stand for: '\\xff', as the user typed them, not '\\udcff'."""
+    for byte in range(0x80, 0x100):
+        text = text.replace(f"\\udc{byte:02x}", f"\\x{byte:02x}")
+    return text
 
 
 def shown_value(value: object, limit: int = 60) -> str:

@@ -605,7 +605,9 @@ def _validate_encoding(spec: JobSpec) -> None:
     """Every value is text the batch script (UTF-8) can carry: a command-line argument that was not UTF-8
     reaches Python with its bytes as lone surrogates (PEP 383), which no script can be written with."""
     for name, value in spec.values().items():
-        for i, text in enumerate(_strings(value)):
+        texts = [f"{key}={text}" for key, text in value] if name == "env" and isinstance(value, tuple) else \
+            _strings(value)  # an --env pair as the user typed it: its KEY names the one at fault
+        for i, text in enumerate(texts):
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as e:

@@ -148,7 +148,7 @@ def marker_script(tmp_path: Path) -> tuple[Path, Path]:
     ({"CUDA_VISIBLE_DEVICES": "0", "SLURM_GPUS_ON_NODE": "1"}, "2 ranks on localhost but only 1 GPU", 78),
     ({"MASTER_ADDR": "no-such-host.invalid"}, "MASTER_ADDR='no-such-host.invalid' does not resolve", 78),
     ({"SLURMLAUNCH_RDZV_TIMEOUT": "soon"}, "SLURMLAUNCH_RDZV_TIMEOUT='soon'", 2),
-    ({"SLURM_PROCID": "\udcff"}, "SLURM_PROCID='\\udcff'", 65),
+    ({"SLURM_PROCID": "\udcff"}, "SLURM_PROCID='\\xff'", 65),  # the byte, as the environment holds it
 ])
 def test_bad_environment_refused(change: dict[str, str], expect: str, code: int,
                                  marker_script: tuple[Path, Path]) -> None:

@@ -57,7 +57,8 @@ def test_a_no_python_executable_is_a_path_or_on_path(workdir: Path) -> None:
 
 def test_the_interpreter_must_exist_outside_a_container(workdir: Path) -> None:
     assert refusal(request(workdir, python="/no/such/python")) == (
-        "--python '/no/such/python' not found (expected the interpreter that runs the ranks)")
+        "--python '/no/such/python' not found (expected the interpreter that runs the ranks: a path, or a command on "
+        "PATH)")
     assert check_files(request(workdir, python="python3", apptainer="img.sif"))  # the image's, not this machine's
 
 
