@@ -183,7 +183,10 @@ def test_cluster_status_and_clients_inside(netns_cluster_env: dict[str, str]) ->
     net = devcluster.load_network(root)
     assert net is not None
     st = run_cli("dev-cluster", "status", "--dir", str(root), env=netns_cluster_env)
-    assert st.returncode == 0 and f"node1 {net.node_addr(1)}" in st.stdout and "node4 idle" in st.stdout, st.stderr
+    assert st.returncode == 0 and f"node1 {net.node_addr(1)}" in st.stdout and "node4 debug* idle" in st.stdout, \
+        st.stderr
+    rows = [line for line in st.stdout.splitlines() if line.startswith("node1 ")]  # one per partition, told apart
+    assert sorted(row.split()[1] for row in rows) == ["debug*", "first"], st.stdout
     hosts = subprocess.run(["in-cluster", "getent", "hosts", "node2"], env=netns_cluster_env, capture_output=True,
                            text=True, timeout=30)
     assert hosts.stdout.split() == [net.node_addr(2), "node2"], hosts.stderr

@@ -757,4 +757,5 @@ def cmd(action: str, root: Path, nodes: int, gpus: int, cpus: int, accounting: b
         print(f"network {net.subnet}: controller {net.hub_addr} in namespace {net.hub}, "
               + ", ".join(f"node{i} {net.node_addr(i)}" for i in range(1, net.nodes + 1))
               + f"; run commands inside with {root}/bin/in-cluster CMD", flush=True)
-    return subprocess.run([*(net.inside if net else ()), "sinfo", "-N", "-o", "%N %t %G %c"], env=env).returncode
+    # a row per node and partition: node1 is in two ("debug" and "first"), so its rows differ by the partition
+    return subprocess.run([*(net.inside if net else ()), "sinfo", "-N", "-o", "%N %P %t %G %c"], env=env).returncode
