@@ -14,7 +14,8 @@ ROW = re.compile(r"^\| `tests/([\w/]*)` \| (.*) \|$", re.M)
 
 def table() -> dict[str, set[str]]:
     """folder (relative to tests/, "" for tests/ itself) -> the test file stems its row names."""
-    rows = {folder.rstrip("/"): set(re.findall(r"`(test_\w+)`", text)) for folder, text in ROW.findall(PAGE.read_text())}
+    rows = {folder.rstrip("/"): set(re.findall(r"`(test_\w+)`", text))
+            for folder, text in ROW.findall(PAGE.read_text())}
     assert rows, f"no table of test folders in {PAGE}"
     return rows
 
