@@ -24,6 +24,43 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="slurmlaunch-test-state-")
 
 
+# The unit layer, by folder: no cluster, no sshd, no torch (it also runs on Python 3.10 and 3.13, tests/run.sh).
+# Its tests get the marker `unit` (pytest -m unit selects the layer alone, -m "not unit" the rest); a test there
+# that asks for a cluster, the laptop's sshd or torch is a collection error (tests/test_unit_layer.py).
+UNIT_LAYER = ("core", "render")
+NOT_IN_UNIT_LAYER = frozenset({"slurm_cluster", "netns_cluster", "cluster_env", "netns_cluster_env", "pbs_cluster",
+                               "pbs_env", "slurm_current_cluster", "slurm_current_env", "server", "laptop",
+                               "torch_available"})
+NOT_IN_UNIT_MARKS = frozenset({"slurm", "pbs", "torch", "laptop_env"})
+
+
+def in_unit_layer(path: Path) -> bool:
+    tests = Path(__file__).resolve().parent
+    return any(tests / folder in Path(path).resolve().parents for folder in UNIT_LAYER)
+
+
+def unit_layer_breaches(fixtures: Iterator[str] | list[str], marks: Iterator[str] | list[str]) -> list[str]:
+    """What keeps a test out of the unit layer: the fixtures and marks it has that need a cluster, sshd or torch."""
+    return sorted({*(f"fixture {f}" for f in fixtures if f in NOT_IN_UNIT_LAYER),
+                   *(f"mark {m}" for m in marks if m in NOT_IN_UNIT_MARKS)})
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    breaches = []
+    for item in items:
+        if not in_unit_layer(item.path):
+            continue
+        item.add_marker(pytest.mark.unit)
+        found = unit_layer_breaches(getattr(item, "fixturenames", []), [m.name for m in item.iter_markers()])
+        if found:
+            breaches.append(f"{item.nodeid}: {', '.join(found)}")
+    if breaches:
+        raise pytest.UsageError("tests in the unit layer (tests/" + ", tests/".join(UNIT_LAYER) + ") that need a "
+                                "cluster, sshd or torch (move them to tests/real/ or tests/app/):\n"
+                                + "\n".join(breaches))
+
+
 # SLURMLAUNCH_TEST_CLUSTER=netns runs every cluster test on the networked cluster (then only one is started).
 DEFAULT_NETNS = os.environ.get("SLURMLAUNCH_TEST_CLUSTER", "loopback") == "netns"
 

@@ -126,3 +126,16 @@ def read_first(directory: str) -> Reason | None:
         except OSError:
             continue
     return first(lines)
+
+
+def stopped_first(first_failed_rank: int | None, directory: str) -> tuple[int, Reason] | None:
+    """When a rank failed (``first_failed_rank``, as the supervisor saw it) and slurmlaunch had stopped a rank
+    itself (a refusal, the rendezvous time-out: its reason in ``directory``), that rank, with its reason, is
+    the first failure and its documented code the job's: a rank the watchdog stopped died by SIGTERM, and its
+    143 says nothing. None otherwise. The rule of `slurmlaunch run` and of the batch script alike."""
+    if first_failed_rank is None:
+        return None
+    stopped = read_first(directory)
+    if stopped is None:
+        return None
+    return (stopped.rank if stopped.rank is not None else first_failed_rank), stopped

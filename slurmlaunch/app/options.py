@@ -21,6 +21,19 @@ if TYPE_CHECKING:
     Action = Literal["store", "store_true", "append", "toggle"]
 
 
+class SchedulerChoices(tuple):  # type: ignore[type-arg]
+    """--scheduler's choices: auto and the shipped schedulers, as --help and completion list them; a name
+    beside them is taken where an installed plug-in gives it (schedulers/registry.py, looked up only then,
+    so that this module stays cheap to import and a shipped name reads no package metadata)."""
+
+    def __contains__(self, name: object) -> bool:
+        if tuple.__contains__(self, name):
+            return True
+        from ..schedulers.registry import ACCEPTED
+
+        return isinstance(name, str) and name in ACCEPTED
+
+
 class SubmitOption:
     """One option of `submit`: its flags (the long one first) and argparse's settings for it, by name: help,
     default, type (a converter from core.limits), metavar, choices and action: store (a value, when none is
@@ -98,7 +111,7 @@ class SubmitOption:
         elif action == "append":
             # a fresh list per parser: profiles.defer_defaults changes one parser's defaults only
             settings["default"] = list(settings["default"])
-        if "choices" in settings:
+        if "choices" in settings and not isinstance(settings["choices"], SchedulerChoices):
             settings["choices"] = list(settings["choices"])
         group.add_argument(*self.flags, **settings)
 
@@ -154,9 +167,9 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
             help="interpreter for the ranks (default: the one running slurmlaunch; python3 inside a container)"),
         Opt("--template-dir", spec=False, help="look for templates here first ($SLURMLAUNCH_TEMPLATE_DIR, "
             "~/.config/slurmlaunch/templates, then the shipped ones)"),
-        Opt("--scheduler", spec=False, choices=("auto", "slurm", "pbs", "local"), default="auto",
+        Opt("--scheduler", spec=False, choices=SchedulerChoices(("auto", "slurm", "pbs", "local")), default="auto",
             help="auto: slurm when a Slurm controller answers, pbs when qsub is on PATH and sbatch is not, else "
-            "local"),
+            "local; or the name of an installed scheduler plug-in"),
         Opt("--pbs-flavour", help="PBS Pro/OpenPBS (-l select=...) or Torque (-l nodes=N:ppn=...)"),
         Opt("--mpi",
             help="under PBS: the MPI whose mpiexec starts the ranks (flags differ; default openmpi); under Slurm: "

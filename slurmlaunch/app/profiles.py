@@ -80,7 +80,9 @@ def option_table(parser: argparse.ArgumentParser) -> dict[str, Option]:
             bounds = (action.type.minimum, action.type.maximum)
         elif isinstance(action.type, Seconds):
             bounds = (0, MAX_SECONDS)
-        choices = tuple(action.choices) if action.choices else None
+        # a tuple as it is: a subclass may take more than it lists (options.SchedulerChoices)
+        choices = action.choices if isinstance(action.choices, tuple) else \
+            tuple(action.choices) if action.choices else None
         table[action.dest] = Option(action.dest, flag, kind, choices, builtin, bounds)
     return table
 

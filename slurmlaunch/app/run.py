@@ -314,15 +314,15 @@ def torchelastic_env(run_id: str, environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping[str, str]) -> int:
+    import dataclasses
     import shutil
     import tempfile
     import threading
     import uuid
 
-    from ..allocation.reasons import REASONS_DIR
+    from ..allocation.reasons import REASONS_DIR, stopped_first
     from ..allocation.script_runner import RETURNED_DIR
     from ..allocation.torchrun_mode import SIGABRT_CODE, teardown_aborts, teardown_message
-    from ..schedulers.local import stopped_first
     from ..schedulers.supervisor import RankProcess, supervise
 
     launch = [sys.executable, "-m", "slurmlaunch", "launch"]
@@ -374,7 +374,10 @@ def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping
         if reporter is not None:
             reporter.join(timeout=5.0)  # its last line before the outcome's (a probe takes 2 s at most)
         # a rank its watchdog stopped died by SIGTERM, which says nothing of why: its reason file does
-        outcome, stopped = stopped_first(outcome, reasons)
+        found = stopped_first(outcome.first_failed_rank, reasons)
+        stopped = found[1] if found is not None else None
+        if found is not None:
+            outcome = dataclasses.replace(outcome, exit_code=found[1].code, first_failed_rank=found[0])
         aborted = teardown_aborts([r for r, c in sorted(outcome.codes.items()) if c == SIGABRT_CODE], returned)
     finally:
         stop.set()

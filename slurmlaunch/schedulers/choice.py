@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from ..core.errors import SpecError
 from .interface import Scheduler, SchedulerName
-from .registry import ACCEPTED, NAMES, canonical, scheduler
+from .registry import ACCEPTED, NAMES, SHIPPED, canonical, scheduler
 
 __all__ = ["NAMES", "auto_choice", "choose", "login_choice", "scheduler"]
 
@@ -28,7 +28,7 @@ def choose(requested: str, *, preview: bool = False, allowed: Sequence[Scheduler
             raise SpecError(f"--scheduler {name}: {edge.client} is not on PATH (use --scheduler local on this "
                             f"machine)")
         return name
-    chosen, why = auto_choice([scheduler(n) for n in NAMES if n in allowed], lambda edge: edge.available())
+    chosen, why = auto_choice([scheduler(n) for n in SHIPPED if n in allowed], lambda edge: edge.available())
     if announce:
         announce_once(f"--scheduler auto chose {chosen.name} ({why})")
     return chosen.name

@@ -106,9 +106,10 @@ class Scheduler(Protocol):
 
     @property
     def doctor_checks(self) -> str | None:
-        """The module of app/doctor/ that checks its site from the login node for `slurmlaunch doctor`: its
-        ``login_checks(partition)`` gives (checks, partition rows, facts) and ``cluster(facts)`` the cluster's
-        name; None where doctor has nothing to check (the local scheduler)."""
+        """The module that checks its site from the login node for `slurmlaunch doctor` (a name of app/doctor/, or
+        a plug-in's module by its full dotted name): its ``login_checks(partition, edge)`` gives (checks,
+        partition rows, facts) and ``cluster(facts)`` the cluster's name; None where doctor has nothing to check
+        (the local scheduler)."""
         ...
 
     def available(self) -> bool:

@@ -171,7 +171,7 @@ def test_the_option_table_is_the_submit_parsers_one_definition() -> None:
     for dest, record in records.items():
         action = actions[dest]
         assert tuple(action.option_strings[:len(record.flags)]) == record.flags
-        assert action.choices == (list(record.choices) if record.choices else None)
+        assert (list(action.choices) if action.choices else None) == (list(record.choices) if record.choices else None)
         assert action.type is record.type
     table = profiles.option_table(parser)
     assert set(table) == set(records) - profiles.NOT_IN_PROFILES - set(profiles.CHANGES_WHAT_RUNS)

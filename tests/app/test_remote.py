@@ -671,17 +671,36 @@ class _StandInLogin:
     ((), "auto", "slurm"), (("qsub", "sbatch"), "pbs", "pbs"), (("qsub",), "slurm", "slurm"),
 ])
 def test_doctor_remote_chooses_on_the_login_node_as_submit_remote_does(tools: tuple[str, ...], requested: str,
-                                                                       chosen: str,
+                                                                       chosen: str, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """doctor --remote: the scheduler is chosen from the login node's clients (never this machine's PATH, which
-    has sbatch here), as doctor there would choose it; a named one is taken as named, without asking."""
+    has sbatch here), as doctor there would choose it; a named one is taken as named, without asking. Auto's
+    choice is said once (issue 41), as on this machine: not again by the next command that makes the same one."""
     from slurmlaunch.app.remote.doctor import login_node_scheduler
 
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     login = _StandInLogin(tools)
     assert login_node_scheduler(requested, login) == chosen  # type: ignore[arg-type]
     assert bool(login.asked) == (requested == "auto"), login.asked
     said = capsys.readouterr().err
     assert (f"--scheduler auto chose {chosen} on login" in said) == (requested == "auto"), said
+    assert login_node_scheduler(requested, _StandInLogin(tools)) == chosen  # type: ignore[arg-type]
+    assert "auto chose" not in capsys.readouterr().err
+
+
+def test_submit_remote_says_autos_choice_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 41: `--remote` said auto's choice on every command; now once, and again when it changes."""
+    from slurmlaunch.app.remote.submit import remote_scheduler
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    said = []
+    for tools in (("qsub",), ("qsub",), ("sbatch",), ("sbatch",)):
+        assert remote_scheduler("auto", _StandInLogin(tools)) == ("pbs" if tools == ("qsub",) else "slurm")  # type: ignore[arg-type]
+        said.append(capsys.readouterr().err)
+    assert [s.count("--scheduler auto chose") for s in said] == [1, 0, 1, 0], said
+    assert "auto chose pbs on login (qsub is on its PATH" in said[0] and "auto chose slurm on login" in said[2]
 
 
 def test_doctor_remote_refuses_a_scheduler_it_does_not_check_before_connecting() -> None:

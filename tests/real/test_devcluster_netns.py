@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmlaunch.app.devcluster import netns
 from slurmlaunch.app.devcluster import slurm as devcluster
 from slurmlaunch.core.errors import DevClusterError
 from tests.helpers import run_cli, skip_or_fail
@@ -89,7 +90,7 @@ def root_links() -> set[str]:
     return {link["ifname"] for link in json.loads(in_ns(None, "ip", "-j", "link").stdout)}
 
 
-def leftovers(net: devcluster.Network) -> list[str]:
+def leftovers(net: netns.Network) -> list[str]:
     """Whatever of ``net`` is still on this machine, as the kernel and the file system tell it."""
     left = [f"netns {n}" for n in in_ns(None, "ip", "netns", "list").stdout.split() if n.startswith(net.prefix)]
     left += [f"hosts {p}" for p in Path("/etc/netns").glob(f"{net.prefix}-*")] if Path("/etc/netns").exists() else []
@@ -99,15 +100,15 @@ def leftovers(net: devcluster.Network) -> list[str]:
 
 
 @pytest.fixture
-def network(tmp_path: Path) -> Iterator[devcluster.Network]:
+def network(tmp_path: Path) -> Iterator[netns.Network]:
     """The network of a 2-node cluster, without its daemons."""
     _needs_netns()
-    net = devcluster.make_network(tmp_path, 2)
+    net = netns.make_network(tmp_path, 2)
     yield net
-    devcluster.remove_network(tmp_path)
+    netns.remove_network(tmp_path)
 
 
-def test_stray_packets_fail_at_once_with_network_unreachable(network: devcluster.Network) -> None:
+def test_stray_packets_fail_at_once_with_network_unreachable(network: netns.Network) -> None:
     for ns in network.namespaces:
         assert in_ns(ns, "ip", "route", "show", "default").stdout.strip() == "", ns  # no default route
         assert connect(ns, gateway()) == "ENETUNREACH", ns
@@ -122,7 +123,7 @@ def test_stray_packets_fail_at_once_with_network_unreachable(network: devcluster
                 if ipaddress.ip_address(a["local"]) in network.subnet]
 
 
-def test_nodes_reach_each_other_over_the_bridge(network: devcluster.Network) -> None:
+def test_nodes_reach_each_other_over_the_bridge(network: netns.Network) -> None:
     server = subprocess.Popen(["ip", "netns", "exec", network.node_ns(2), sys.executable, "-c", SERVE,
                                network.node_addr(2)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -140,22 +141,22 @@ def test_nodes_reach_each_other_over_the_bridge(network: devcluster.Network) -> 
 def test_a_subnet_in_use_is_refused(tmp_path: Path) -> None:
     _needs_netns()
     with pytest.raises(DevClusterError, match=r"subnet 127\.0\.0\.0/24 is in use here \(127\.0\.0\.0/8"):
-        devcluster.make_network(tmp_path / "a", 1, "127.0.0.0/24")
-    assert not (tmp_path / "a" / devcluster.LEDGER).exists()  # nothing made, nothing to undo
-    first = devcluster.make_network(tmp_path / "b", 1)
+        netns.make_network(tmp_path / "a", 1, "127.0.0.0/24")
+    assert not (tmp_path / "a" / netns.LEDGER).exists()  # nothing made, nothing to undo
+    first = netns.make_network(tmp_path / "b", 1)
     try:  # a second cluster cannot take the first one's subnet
         with pytest.raises(DevClusterError, match=f"subnet {first.subnet} is in use here"):
-            devcluster.make_network(tmp_path / "c", 1, str(first.subnet))
-        assert not (tmp_path / "c" / devcluster.LEDGER).exists()
+            netns.make_network(tmp_path / "c", 1, str(first.subnet))
+        assert not (tmp_path / "c" / netns.LEDGER).exists()
         assert in_ns(None, "ip", "route", "show", "table", "all").stdout.count(str(first.subnet)) == 1
     finally:
-        devcluster.remove_network(tmp_path / "b")
+        netns.remove_network(tmp_path / "b")
 
 
 def test_down_after_a_crashed_up_removes_every_namespace_link_and_route(tmp_path: Path) -> None:
     _needs_netns()
     links_before = root_links()
-    net = devcluster.make_network(tmp_path, 2)  # up got this far, then died
+    net = netns.make_network(tmp_path, 2)  # up got this far, then died
     inodes = {ns_inode(n) for n in net.namespaces}
     assert sorted(leftovers(net)) == sorted([*(f"netns {n}" for n in net.namespaces),
                                              *(f"hosts /etc/netns/{n}" for n in net.namespaces),
@@ -172,7 +173,7 @@ def test_down_after_a_crashed_up_removes_every_namespace_link_and_route(tmp_path
             step.wait(timeout=10)
     assert leftovers(net) == [] and root_links() == links_before
     assert holders(inodes) == []  # the namespaces are gone, not just unnamed
-    assert not (tmp_path / devcluster.LEDGER).exists()
+    assert not (tmp_path / netns.LEDGER).exists()
     assert run_cli("dev-cluster", "down", "--dir", str(tmp_path), timeout=60).returncode == 0  # again: no-op
 
 
@@ -180,7 +181,7 @@ def test_cluster_status_and_clients_inside(netns_cluster_env: dict[str, str]) ->
     """The wrappers on PATH reach slurmctld in the hub; `in-cluster` runs any command there, with the
     cluster's names resolving to their own addresses; a job step's client runs on its node."""
     root = Path(netns_cluster_env["SLURMLAUNCH_TEST_CLUSTER_DIR"])
-    net = devcluster.load_network(root)
+    net = netns.load_network(root)
     assert net is not None
     st = run_cli("dev-cluster", "status", "--dir", str(root), env=netns_cluster_env)
     assert st.returncode == 0 and f"node1 {net.node_addr(1)}" in st.stdout and "node4 debug* idle" in st.stdout, \

@@ -1,7 +1,7 @@
 """Containers: pyxis (srun --container-image) and Apptainer. Neither can be installed here: the generated
 scripts are golden files (in test_submit's table), and Apptainer's command line runs through
 tests/fakes/apptainer, a stand-in that applies the binds in a private mount namespace (root only) -- locally
-and on the real Slurm cluster."""
+here, and on the real Slurm cluster in tests/real/test_containers_real.py."""
 
 from __future__ import annotations
 
@@ -92,20 +92,6 @@ def test_apptainer_locally_through_the_stand_in(tmp_path: Path) -> None:
                 "--env", f"HOSTILE={HOSTILE}", "record.py", "--x", "y z", env=env, cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
     check_ranks(tmp_path, 2)
-
-
-@pytest.mark.slurm
-def test_apptainer_on_the_real_cluster_through_the_stand_in(cluster_env: dict[str, str], tmp_path: Path) -> None:
-    env = fake_apptainer_env(cluster_env, tmp_path)
-    (tmp_path / "record.py").write_text(RECORD)
-    r = run_cli("submit", "--apptainer", "/images/torch.sif", "--python", SYSTEM_PYTHON, "--nodes", "2",
-                "--tasks-per-node", "2", "--env", f"HOSTILE={HOSTILE}",
-                "--container-mount", f"{tmp_path}:/opt/extra:ro",
-                "--wait", "--wait-timeout", "90", "record.py", "--x", "y z", env=env, cwd=tmp_path, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    check_ranks(tmp_path, 4)
-    recs = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("rank-*.json")]
-    assert {r["MASTER_ADDR"] for r in recs} == {"node1"} and {r["cwd"] for r in recs} == {str(tmp_path)}
 
 
 # --- the host's python3, which runs the batch step outside the container -------------------------------------

@@ -5,7 +5,7 @@
     slurmlaunch dev-cluster down [--dir DIR]
 
 OpenPBS refuses to run on a loopback address (its host-name code skips every 127.0.0.0/8 address), so the
-cluster is always the networked kind of the Slurm dev cluster (devcluster.make_network: a private subnet, no
+cluster is always the networked kind of the Slurm dev cluster (netns.make_network: a private subnet, no
 default route, an `unreachable` route for it in the root namespace first, a record that `down` undoes):
 host "head" in namespace PREFIX-hub runs pbs_comm, pbs_server, pbs_sched and the PostgreSQL datastore;
 host "nodeI" in PREFIX-nodeI runs one pbs_mom. PBS reads its configuration from fixed places (/etc/pbs.conf,
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from ...core.errors import DevClusterError
-from . import slurm as net_mod
+from . import netns as net_mod
 
 PBS_EXEC = Path("/opt/pbs")
 # Where the .deb and the source tarball are looked for: SLURMLAUNCH_OPENPBS_DIR, else shared/openpbs beside a
@@ -416,7 +416,7 @@ def _write_clients(root: Path, net: net_mod.Network) -> None:
 
 def down(root: Path, timeout: float = 10.0) -> None:
     """Stop every process of the cluster (the hosts' holders, PBS's daemons, the datastore, jobs: all live in
-    the cluster's network namespaces) and remove what the record says was made (devcluster.remove_network)."""
+    the cluster's network namespaces) and remove what the record says was made (netns.remove_network)."""
     net_mod.remove_network(root.resolve(), timeout)
     for host in hosts(_nodes(root)):
         (host_dir(root, host) / "host.pid").unlink(missing_ok=True)

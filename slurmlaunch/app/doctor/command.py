@@ -15,8 +15,7 @@ import sys
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ...core.errors import SpecError
-from ...schedulers.slurm import cluster_configured
+from ...core.errors import SchedulerError, SpecError
 from ..site import cluster_name, remember_site, try_command
 from .check import Check
 from .probe import ProbeJob, Report, allocate, gpu_problem, probe_job, rank_rows
@@ -58,8 +57,19 @@ def choose_gpu_flag(per_node_ok: bool, gres_ok: bool) -> str | None:
     return "gpus-per-node" if per_node_ok else "gres" if gres_ok else None
 
 
-def login_checks(partition: str | None) -> tuple[list[Check], list[Partition], dict[str, Any]]:
-    """(checks, partition table rows, facts to remember)."""
+def configured(edge: Scheduler) -> bool:
+    """Whether a cluster of ``edge``'s is configured here, as --scheduler auto tells it (its auto_check: not
+    taken only where none is; a silent controller of a configured one is an error there)."""
+    try:
+        taken, _ = edge.auto_check()
+    except SchedulerError:
+        return True
+    return taken
+
+
+def login_checks(partition: str | None, edge: Scheduler) -> tuple[list[Check], list[Partition], dict[str, Any]]:
+    """(checks, partition table rows, facts to remember); ``edge``: Slurm's, asked whether a cluster is
+    configured where its controller does not answer."""
     checks: list[Check] = []
     missing = [c for c in COMMANDS if shutil.which(c) is None]
     checks.append(Check("commands", "fail" if missing else "ok",
@@ -68,7 +78,7 @@ def login_checks(partition: str | None) -> tuple[list[Check], list[Partition], d
         return checks, [], {}
     up, out = try_command(["scontrol", "ping"], timeout=15)
     said = out.replace("\n", "; ")
-    if not up and not cluster_configured(out):  # an installed client alone: scontrol's own words do not say so
+    if not up and not configured(edge):  # an installed client alone: scontrol's own words do not say so
         said = ("no Slurm cluster is configured here (no slurm.conf, SLURM_CONF or DNS SRV record: on a login "
                 "node the site's Slurm module sets it up; the dev cluster prints its SLURM_CONF; a submit "
                 f"without a cluster runs on this machine); scontrol said: {said}")
@@ -202,8 +212,11 @@ def cmd_doctor(partition: str | None, as_json: bool, nodes: int | None, gpus: in
                         f"[USER@]HOST[:DIR] (leave it out, or add --remote)")
     name = job.scheduler if job is not None else doctor_scheduler(scheduler)
     edge = edge_of(name)
-    site = importlib.import_module(f"{__package__}.{edge.doctor_checks}")
-    checks, partitions, facts = site.login_checks(partition)
+    assert edge.doctor_checks is not None
+    # a module of app/doctor/ by its name there, or a plug-in's by its full dotted name
+    checks_module = edge.doctor_checks if "." in edge.doctor_checks else f"{__package__}.{edge.doctor_checks}"
+    site = importlib.import_module(checks_module)
+    checks, partitions, facts = site.login_checks(partition, edge)
     failed = any(c.state == "fail" for c in checks)
     cluster = site.cluster(facts) if not failed else None
     if cluster and facts and edge.site_gpu_flag:  # what submit learns from it: the GPU request style

@@ -15,6 +15,10 @@ from typing import Any
 from ..site import try_command
 from .check import Check
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ...schedulers.interface import Scheduler
+
 COMMANDS = ("qsub", "qstat", "qdel", "pbsnodes")
 
 
@@ -30,7 +34,7 @@ def _json(argv: list[str], key: str) -> tuple[dict[str, Any] | None, str]:
     return (dict(table) if isinstance(table, dict) else {}), ""
 
 
-def login_checks(queue: str | None) -> tuple[list[Check], list[Any], dict[str, Any]]:
+def login_checks(queue: str | None, edge: Scheduler) -> tuple[list[Check], list[Any], dict[str, Any]]:
     """(checks, partition rows: none, PBS has no table of sinfo's shape, facts): the clients, the server
     (state, version, history of finished jobs), the queue (``queue``, else the server's default) enabled and
     started, the execution hosts (how many, their state, ncpus and ngpus)."""

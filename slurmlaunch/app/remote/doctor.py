@@ -41,7 +41,9 @@ def login_node_scheduler(requested: str, runner: SshRunner) -> str:
     PATH after the --remote-setup lines, one `command -v` round trip): the probe job is rendered here for it."""
     name = doctor_scheduler(requested, lambda edge: runner.which(str(edge.client)))
     if requested == "auto":
-        sys.stderr.write(f"slurmlaunch: --scheduler auto chose {name} on {runner.conn.dest.target}\n")
+        from ...schedulers.choice import announce_once
+
+        announce_once(f"--scheduler auto chose {name} on {runner.conn.dest.target}")  # once, as on this machine
     return name
 
 

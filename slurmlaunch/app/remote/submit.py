@@ -60,7 +60,7 @@ def remote_scheduler(requested: str, runner: SshRunner) -> SchedulerName:
     name = canonical(requested)
     if name is not None:
         return name
-    from ...schedulers.choice import auto_choice
+    from ...schedulers.choice import announce_once, auto_choice
 
     target = runner.conn.dest.target
     edges = _queued()
@@ -72,7 +72,7 @@ def remote_scheduler(requested: str, runner: SshRunner) -> SchedulerName:
 
     chosen, why = auto_choice(edges, lambda edge: runner.which(str(edge.client)), where="its PATH", check=False,
                               none_found=none_found)
-    sys.stderr.write(f"slurmlaunch: --scheduler auto chose {chosen.name} on {target} ({why})\n")
+    announce_once(f"--scheduler auto chose {chosen.name} on {target} ({why})")  # once, as on this machine
     return chosen.name
 
 
