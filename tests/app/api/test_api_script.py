@@ -49,7 +49,7 @@ def test_an_api_jobs_script_is_the_clis_but_for_the_rank_command(scheduler: str,
     cli = _cli_script(scheduler, tmp_path, ("--array", "0-2") if array else ())
     launch = f"{sys.executable} -m slurmlaunch launch "
     cli_command = launch + str(tmp_path / "train.py")
-    api_command = launch + f"-m slurmlaunch.app.api.rank {scheduler} 2 USR1 {folder}"
+    api_command = launch + f"-m slurmlaunch.app.api.rank {scheduler} USR1 {folder}"
     assert cli.count(cli_command) == 1 and api.count(api_command) == 1, (api, cli)
     assert api.replace(api_command, cli_command) == cli  # every other line the same: one producer of batch scripts
     assert api.count("--signal=B:USR1@60") == (1 if scheduler == "slurm" else 0), api  # written once
