@@ -395,8 +395,11 @@ def run_here(cmd: Sequence[str]) -> NoReturn:
             runpy._run_module_as_main(what)  # type: ignore[attr-defined]  # what `python -m` itself calls
     except SystemExit:
         raise
-    except BaseException:
-        sys.excepthook(*sys.exc_info())
+    except BaseException as e:
+        tb = e.__traceback__  # the program's frames only, as Python shows them: not this function's, not runpy's
+        while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>"):
+            tb = tb.tb_next
+        sys.excepthook(type(e), e.with_traceback(tb), tb)
         raise SystemExit(1) from None
     raise SystemExit(0)
 
