@@ -500,7 +500,8 @@ def queue_states(job_ids: Sequence[str]) -> dict[str, str] | None:
     lines = queue_lines(job_ids, "%i %T")
     if lines is None:
         return None
-    return {job: state.strip() for job, state in (line.split(None, 1) for line in lines if len(line.split(None, 1)) == 2)}
+    pairs = (line.split(None, 1) for line in lines)
+    return {pair[0]: pair[1].strip() for pair in pairs if len(pair) == 2}
 
 
 def quick_states(job_ids: Sequence[str] | None) -> QuickStates:

@@ -15,7 +15,6 @@ import submitit
 
 from ...core.spec import JobSpec
 from .executors import REQUEUE_REFUSED as REQUEUE_REFUSED
-from .executors import EdgeJob as PbsJob  # the name it had
 from .executors import SpecExecutor
 
 
