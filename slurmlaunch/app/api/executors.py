@@ -12,8 +12,12 @@ from typing import Any
 from submitit.core import core, utils
 
 from ...core.errors import SpecError
-from ...core.spec import JobSpec
-from .local import _local_executor
+
+# JobSpec's module is for the type checker only: submitit loads its plug-ins (pbs.py, hence this module) in every
+# rank of every job, ours and plain submitit's alike, and that module alone was most of the plug-in's cost
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ...core.spec import JobSpec
 
 
 def _minutes(time_text: str | None) -> int:
@@ -53,6 +57,8 @@ def _executor(spec: JobSpec, name: str) -> Any:
         note = not_enforced_note(spec)  # the CLI's line: a partition, --mem... this machine only shows
         if note:
             sys.stderr.write(f"slurmlaunch: {note}\n")
+        from .local import _local_executor
+
         local = _local_executor(str(folder), spec)
         local.update_parameters(tasks_per_node=spec.world_size, nodes=1, timeout_min=_minutes(spec.resources.time),
                                 signal_delay_s=spec.warning[1] if spec.warning else 90)

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import submitit
 
-from ...core.spec import JobSpec
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # not at run time: submitit loads this plug-in in every rank of every job (plugins.py)
+    from ...core.spec import JobSpec
 from .executors import REQUEUE_REFUSED as REQUEUE_REFUSED
 from .executors import SpecExecutor
 
