@@ -13,11 +13,12 @@ from pathlib import Path
 
 import submitit
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # not at run time: submitit loads this plug-in in every rank of every job (plugins.py)
-    from ...core.spec import JobSpec
 from .executors import REQUEUE_REFUSED as REQUEUE_REFUSED
 from .executors import SpecExecutor
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # not at run time: submitit loads this plug-in in every rank of every job (executors.py)
+    from ...core.spec import JobSpec
 
 
 class PbsJobEnvironment(submitit.JobEnvironment):
