@@ -247,7 +247,10 @@ def main() -> int:
     a = p.parse_args()
     out: dict[str, object] = {}
     byte_compile([ROOT, *map(Path, a.also)])
-    with tempfile.TemporaryDirectory(prefix="slurmlaunch-bench-api-") as tmp, cluster(a.first_job_id) as env:
+    # ignore_cleanup_errors: a job whose values came early (every rank left its value) may still be ending, its
+    # batch step writing its last files into the folder being removed
+    with tempfile.TemporaryDirectory(prefix="slurmlaunch-bench-api-", ignore_cleanup_errors=True) as tmp, \
+            cluster(a.first_job_id) as env:
         work = Path(tmp)
         if not a.no_compare:
             out["one"] = compare(env, 1, a.pairs, work, a.also)

@@ -346,7 +346,7 @@ def main(argv: Sequence[str]) -> int | NoReturn:
         _signal.signal(number, _signal.SIG_IGN)
     placed: list[DistEnv] = []
     try:
-        return _main(argv, placed)
+        here = _main(argv, placed)
     except SlurmLaunchError as e:
         e.exit_code = stop_code(e)
         environ = os.environ
@@ -356,13 +356,60 @@ def main(argv: Sequence[str]) -> int | NoReturn:
 
         record(environ, e.exit_code, rank, host or os.uname().nodename, f"refused to start the rank: {e}")
         raise
+    if here is None:
+        return 0
+    run_here(here)  # outside the refusal's handling above: what the program raises is its own, not the launcher's
 
 
-def _main(argv: Sequence[str], placed: list[DistEnv]) -> int | NoReturn:
+def in_process(opts: LaunchOptions) -> bool:
+    """Whether the rank's program runs in this interpreter rather than an exec'd one: a module of this package
+    (``-m slurmlaunch.…``: the Python API's rank, app/api/rank.py). A second interpreter would start again
+    what this one has started (about 30-50 ms of CPU a rank, which every rank of every short job pays: issue
+    39); such a module is written to run after the launcher's work, in the process the launcher is."""
+    return opts.module and not opts.no_python and opts.script.startswith("slurmlaunch.")
+
+
+def run_here(cmd: Sequence[str]) -> NoReturn:
+    """Run ``cmd`` (``python -u -c CODE ARGS`` or ``python -u -m MODULE ARGS``: python_argv's) in this
+    interpreter as the exec'd interpreter would run it: unbuffered, in a new __main__, with its argv; an
+    exception it lets out is printed and the process exits 1, as Python's own top level does."""
+    import io
+
+    for name in ("stdout", "stderr"):  # what -u makes of them
+        stream = getattr(sys, name)
+        raw = io.FileIO(stream.fileno(), "w", closefd=False)
+        setattr(sys, name, io.TextIOWrapper(raw, encoding=stream.encoding, errors=stream.errors, write_through=True))
+    how, what, *args = cmd[2:] if cmd[1:2] == ["-u"] else cmd[1:]
+    try:
+        if how == "-c":
+            import types
+
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            sys.argv[:] = ["-c", *args]
+            exec(compile(what, "<string>", "exec"), main.__dict__)
+        else:
+            import runpy
+
+            sys.argv[:] = ["-m", *args]
+            runpy._run_module_as_main(what)  # type: ignore[attr-defined]  # what `python -m` itself calls
+    except SystemExit:
+        raise
+    except BaseException as e:
+        tb = e.__traceback__  # the program's frames only, as Python shows them: not this function's, not runpy's
+        while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>"):
+            tb = tb.tb_next
+        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        raise SystemExit(1) from None
+    raise SystemExit(0)
+
+
+def _main(argv: Sequence[str], placed: list[DistEnv]) -> list[str] | None | NoReturn:
+    """The launcher's work; then exec, or the command to run in this interpreter (in_process), or None (--help)."""
     opts = parse_launch_args(argv)
     if opts is None:
         sys.stdout.write(USAGE)
-        return 0
+        return None
     if not opts.no_python and not opts.module and not os.path.exists(opts.script):
         raise SlurmLaunchError(f"launch: script {opts.script!r} not found (cwd {os.getcwd()!r})")
     environ = os.environ
@@ -387,6 +434,8 @@ def _main(argv: Sequence[str], placed: list[DistEnv]) -> int | NoReturn:
     sys.stderr.flush()
     if opts.preflight:
         start_watchdog(dist, watchdog_timeout)
+    if in_process(opts):
+        return cmd
     try:
         os.execvp(cmd[0], cmd)
     except OSError as e:

@@ -47,12 +47,18 @@ RUNNER_FILE = _path.join(_path.dirname(_path.abspath(__file__)), "rank_runner.py
 RUNNER = f"-0;_f=open({RUNNER_FILE!r});exec(_f.read())"
 
 
+_RUNNER_NAMESPACE: dict[str, object] = {}
+
+
 def _runner_function(name: str) -> Any:
-    """One of the runner's functions, defined in a namespace of its own (the runner's main is not run)."""
-    namespace: dict[str, object] = {"__name__": "slurmlaunch_runner"}
-    with open(RUNNER_FILE, encoding="utf-8") as f:
-        exec(f.read(), namespace)
-    return namespace[name]
+    """One of the runner's functions, defined in a namespace of its own (the runner's main is not run); the
+    file is compiled once a process (the API's rank asks for two of them, and every rank of every job pays)."""
+    if not _RUNNER_NAMESPACE:
+        namespace: dict[str, object] = {"__name__": "slurmlaunch_runner"}
+        with open(RUNNER_FILE, encoding="utf-8") as f:
+            exec(f.read(), namespace)
+        _RUNNER_NAMESPACE.update(namespace)
+    return _RUNNER_NAMESPACE[name]
 
 
 def arm_stacks(directory: str) -> None:

@@ -155,6 +155,12 @@ class Scheduler(Protocol):
         SchedulerError when the queue cannot be asked. Only where :attr:`lists_in_one_call`."""
         ...
 
+    def queue_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
+        """The queue's word on ``job_ids`` in one call, final states included while the scheduler keeps them:
+        job id -> state (a job it no longer knows is left out); None where it could not be asked, or has no
+        such call (the Python API then waits for the job's end from :meth:`status`)."""
+        ...
+
     def cancel(self, job_id: str, log_dir: str | None = None) -> str:
         """Cancel the job; ``log_dir``: where its files are, so that a job submitted again at the warning (PBS)
         is cancelled where it runs now. The id the cancel was sent to (``job_id``, or its latest resubmission)."""
@@ -227,6 +233,7 @@ class QueuedEdge:
     resubmission_check: Callable[[str, str], bool] | None = None
     check_request: Callable[[JobSpec], None] | None = None  # more refusals, of the request's meaning there
     identity_of: Callable[[str], dict[str, str] | None] | None = None  # None: the scheduler says nothing of it
+    queue_states_of: Callable[[Sequence[str]], dict[str, str] | None] | None = None  # None: no such call
     cluster_of: Callable[[], dict[str, str]] | None = None
     warning_signal: bool = True
     script_requeues: bool = False
@@ -276,6 +283,9 @@ class QueuedEdge:
         if self.quick_states_of is None:
             raise NotImplementedError(f"{self.title} has no call that answers for many jobs at once")
         return self.quick_states_of(job_ids)
+
+    def queue_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
+        return None if self.queue_states_of is None else self.queue_states_of(job_ids)
 
     def cancel(self, job_id: str, log_dir: str | None = None) -> str:
         chain = self.resubmissions(job_id, log_dir) if log_dir is not None else []

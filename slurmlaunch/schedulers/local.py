@@ -824,6 +824,9 @@ class LocalScheduler:
     def quick_states(self, job_ids: Sequence[str] | None) -> QuickStates:
         raise SchedulerError(_NO_QUEUE)
 
+    def queue_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
+        return None  # no queue: a job's state is its supervisor's record (status)
+
     def output_log(self, log_dir: str, job: str, printed_id: str) -> str | None:
         return None  # rank 0's
 

@@ -494,6 +494,16 @@ def queue_lines(job_ids: Sequence[str], fields: str, timeout: float = 60.0) -> l
     return out.stdout.splitlines()
 
 
+def queue_states(job_ids: Sequence[str]) -> dict[str, str] | None:
+    """squeue -t all's state of each of ``job_ids`` that slurmctld still knows (an ended one until MinJobAge),
+    in one call; None when squeue could not be asked (the Python API's early end, app/api/job.py)."""
+    lines = queue_lines(job_ids, "%i %T")
+    if lines is None:
+        return None
+    pairs = (line.split(None, 1) for line in lines)
+    return {pair[0]: pair[1].strip() for pair in pairs if len(pair) == 2}
+
+
 def quick_states(job_ids: Sequence[str] | None) -> QuickStates:
     """`list`'s states: this user's queued and running jobs in one `squeue --me` (SchedulerError when it
     fails), and the ended ones in one sacct where there is accounting: of ``job_ids`` that squeue no longer
@@ -545,6 +555,7 @@ EDGE = QueuedEdge(
     submit_script_command=sbatch_command, submit_script=submit, parse_id=parse_job_id, job_status=status,
     array_status=array_status, cancel_job=cancel, rank_log_of=_rank_log, batch_log_of=_batch_log,
     output_log_of=_output_log, node_commands_of=node_commands, quick_states_of=quick_states,
+    queue_states_of=queue_states,
     command_id_of=command_id, identity_of=identity, cluster_of=cluster,
     script_requeues=True,  # Lightning's rank 0 runs `scontrol requeue` itself (app/submit.py adapt_to_client)
     site_gpu_flag=True,  # --gpus-per-node or --gres, as `slurmlaunch doctor` found the cluster wants

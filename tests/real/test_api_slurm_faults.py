@@ -233,7 +233,7 @@ def test_the_batch_shells_warning_requeues_an_api_job(cluster_env: dict[str, str
         name = (option or "USR2@").split("@")[0]
         assert f"#SBATCH --signal=B:{name}@{60 if option else 90}" in got["script"], key
         # the rank (app/api/rank.py, under the launcher) tells submitit's handler the signal's name
-        assert f"-m slurmlaunch.app.api.rank slurm 1 {name} " in got["script"], key
+        assert f"-m slurmlaunch.app.api.rank slurm {name} " in got["script"], key
         assert "value" in got, got
         (start0, restarts, steps), (start1, _, _) = got["value"]
         assert start0 > 0 and start1 > 0 and restarts >= 1 and steps == 300, got  # resumed after a requeue

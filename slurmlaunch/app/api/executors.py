@@ -12,8 +12,12 @@ from typing import Any
 from submitit.core import core, utils
 
 from ...core.errors import SpecError
-from ...core.spec import JobSpec
-from .local import _local_executor
+
+# JobSpec's module is for the type checker only: submitit loads its plug-ins (pbs.py, hence this module) in every
+# rank of every job, ours and plain submitit's alike, and that module alone was most of the plug-in's cost
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ...core.spec import JobSpec
 
 
 def _minutes(time_text: str | None) -> int:
@@ -53,6 +57,8 @@ def _executor(spec: JobSpec, name: str) -> Any:
         note = not_enforced_note(spec)  # the CLI's line: a partition, --mem... this machine only shows
         if note:
             sys.stderr.write(f"slurmlaunch: {note}\n")
+        from .local import _local_executor
+
         local = _local_executor(str(folder), spec)
         local.update_parameters(tasks_per_node=spec.world_size, nodes=1, timeout_min=_minutes(spec.resources.time),
                                 signal_delay_s=spec.warning[1] if spec.warning else 90)
@@ -147,15 +153,15 @@ class SpecExecutor(core.PicklingExecutor):
 
 
 def _job_class(scheduler: str) -> type[core.Job[Any]]:
-    """submitit's Job of a scheduler submitit knows (Slurm's: its sacct watcher, scancel), else the API's own
-    (PBS: PbsJob, whose state job.py asks the scheduler's edge for)."""
+    """submitit's own Job where submitit runs the scheduler's jobs itself (its one queued executor, Slurm's: its
+    sacct watcher, its scancel), else EdgeJob, whose state and cancel job.py asks the scheduler's edge for."""
     from ...schedulers.registry import scheduler as edge_of
 
-    if edge_of(scheduler).submitit_executor == "slurm":
-        from submitit.slurm.slurm import SlurmJob
+    if edge_of(scheduler).submitit_executor is not None:
+        from submitit.slurm.slurm import SlurmJob  # submitit's only queued executor
 
         return SlurmJob
-    return PbsJob
+    return EdgeJob
 
 
 def rank_spec(spec: JobSpec, scheduler: str, folder: str, array_count: int = 0) -> JobSpec:
@@ -167,10 +173,10 @@ def rank_spec(spec: JobSpec, scheduler: str, folder: str, array_count: int = 0) 
     from ...schedulers.registry import scheduler as edge_of
     from .rank import MODULE, argv
 
-    executor = edge_of(scheduler).submitit_executor or scheduler
+    environment = edge_of(scheduler).submitit_executor or scheduler  # submitit's job environment of that name
     signal_name = spec.warning[0] if spec.warning else None
     changed: dict[str, Any] = {"script": MODULE, "module": True, "no_python": False, "legacy_local_rank_arg": False,
-                               "args": tuple(argv(executor, spec.resources.nodes, signal_name, folder))}
+                               "args": tuple(argv(environment, signal_name, folder))}
     if spec.environment.rdzv_timeout is None:
         # no rendezvous watchdog (the launcher's, beside every rank but 0) unless asked for: a function need
         # not rendezvous at all, and one that makes no connection for 900 s would be stopped (the API's ranks
@@ -195,25 +201,21 @@ def _choose(requested: str) -> str:
     return choose(requested, allowed=allowed, check_client=own, announce=False)
 
 
-class _PbsWatcher(core.InfoWatcher):
-    """submitit's Job registers with a watcher: job.py asks qstat itself (schedulers/pbs.py)."""
+class _EdgeWatcher(core.InfoWatcher):
+    """submitit's Job registers with a watcher: job.py asks the scheduler's edge itself."""
 
     def _make_command(self) -> list[str] | None:
         return None
 
 
-class PbsJob(core.Job[Any]):
-    watcher = _PbsWatcher()
+class EdgeJob(core.Job[Any]):
+    """submitit's Job of a scheduler submitit does not run itself (PBS): a handle on submitit's files of the
+    job; its state and its cancel are the scheduler edge's, which job.py (slurmlaunch.Job) asks."""
+
+    watcher = _EdgeWatcher()
 
     def cancel(self, check: bool = True) -> None:
-        from ...core.errors import SchedulerError
-        from ...schedulers import pbs
-
-        try:
-            pbs.cancel(self.job_id)
-        except SchedulerError:
-            if check:
-                raise
+        raise NotImplementedError("cancel through slurmlaunch.Job.cancel(): it asks the job's scheduler")
 
 
 # What the CLI does at the warning under PBS (submit its script again: PBS lets no job's own user qrerun it) the

@@ -169,14 +169,12 @@ class Job:
         """squeue's state of the job (final states too, while slurmctld keeps them), "" when squeue does not
         know it, None when squeue could not be asked; at most one squeue per _SACCT_EVERY_S per job (unless
         ``force``)."""
-        from ...schedulers import slurm  # the queue of submitit's own queued executor: Slurm's
-
         now = time.monotonic()
         if not force and now - self._queue_asked < _SACCT_EVERY_S:
             return self._queued
         self._queue_asked = now
-        lines = slurm.queue_lines([self.job_id], "%T")  # []: "Invalid job id", gone from slurmctld's memory
-        self._queued = None if lines is None else lines[0].strip() if lines else ""
+        states = self._edge.queue_states([self.job_id])  # {}: gone from the scheduler's memory
+        self._queued = None if states is None else states.get(self.job_id, "")
         return self._queued
 
     def _all_returned(self) -> bool:
@@ -205,7 +203,8 @@ class Job:
         if not self._watched:  # no early end: the job's end comes from the edge (PBS: qstat; mpiexec ends with
             return None        # the ranks)
         if self._confirmed is None and not self._confirm_asked and self._all_returned():
-            _confirm([self, *(j for j in _WAITING if j is not self and not j._confirm_asked and j._all_returned())])
+            _confirm([self, *(j for j in _WAITING if j is not self and j.scheduler == self.scheduler
+                              and not j._confirm_asked and j._all_returned())])
         return self._confirmed
 
     def _wait(self, limit: float | None = None) -> tuple[bool, str | None]:
@@ -238,6 +237,14 @@ class Job:
 
             raise JobStateError(f"job {self.job_id} is gone; another job now has that id on {self._edge.title}: "
                                 f"nothing cancelled")
+        if self._edge.queued and not self._watched:  # a job submitit does not run itself: the edge cancels it
+            from ...core.errors import SchedulerError
+
+            try:
+                self._edge.cancel(self.job_id)
+            except SchedulerError:  # ended already (as submitit's cancel(check=False) lets it pass)
+                pass
+            return
         self._job.cancel(check=False)
 
     def logs(self, rank: int = 0) -> str:
@@ -306,14 +313,11 @@ _WAITING: weakref.WeakSet[Job] = weakref.WeakSet()
 def _confirm(jobs: list[Job]) -> None:
     """One squeue for ``jobs`` (every rank of each returned): each gets its state (a job squeue no longer
     knows has ended: "ENDED") unless it was stopped or queued again; squeue failing confirms none."""
-    from ...schedulers import slurm  # the queue of submitit's own queued executor: Slurm's
-
     for job in jobs:
         job._confirm_asked = True
-    lines = slurm.queue_lines([j.job_id for j in jobs], "%i %T")
-    if lines is None:
+    states = jobs[0]._edge.queue_states([j.job_id for j in jobs])
+    if states is None:
         return
-    states = dict(line.split(None, 1) for line in lines if len(line.split(None, 1)) == 2)
     for job in jobs:
         state = states.get(job.job_id, "").strip()
         if state.split(" ")[0] not in _UNCONFIRMED:

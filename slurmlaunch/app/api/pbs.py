@@ -13,26 +13,41 @@ from pathlib import Path
 
 import submitit
 
-from ...core.spec import JobSpec
 from .executors import REQUEUE_REFUSED as REQUEUE_REFUSED
-from .executors import PbsJob as PbsJob
 from .executors import SpecExecutor
-from .rank import PBS_ARRAY_ID as _ARRAY_ID
-from .rank import PBS_JOB_ID as _JOB_ID
-from .rank import PBS_NODES as _NODES
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # not at run time: submitit loads this plug-in in every rank of every job (executors.py)
+    from ...core.spec import JobSpec
 
 
 class PbsJobEnvironment(submitit.JobEnvironment):
-    """A rank of a PBS job started by the script below: Open MPI's rank variables, the script's job id."""
+    """A rank of a PBS job started by the CLI's qsub script: Open MPI's rank variables, and PBS's own job id
+    ($PBS_JOBID: 1234.server, or a subjob's 1234[5].server, which mpiexec -x passes on with $PBS_ARRAY_INDEX)
+    as submitit names a job (the server's name left out)."""
 
-    _env = {"job_id": _JOB_ID, "array_job_id": _ARRAY_ID, "array_task_id": "PBS_ARRAY_INDEX",
-            "num_tasks": "OMPI_COMM_WORLD_SIZE", "num_nodes": _NODES,
+    _env = {"job_id": "PBS_JOBID", "array_task_id": "PBS_ARRAY_INDEX", "num_tasks": "OMPI_COMM_WORLD_SIZE",
             "global_rank": "OMPI_COMM_WORLD_RANK", "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK"}
 
     @property
+    def raw_job_id(self) -> str:
+        return os.environ["PBS_JOBID"].split(".", 1)[0]
+
+    @property
+    def array_job_id(self) -> str | None:
+        return self.raw_job_id.split("[", 1)[0] if "PBS_ARRAY_INDEX" in os.environ else None
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.num_tasks // self._per_node)
+
+    @property
     def node(self) -> int:
-        local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1")) or 1
-        return self.global_rank // local  # --map-by ppr:N:node fills each node in turn
+        return self.global_rank // self._per_node  # --map-by ppr:N:node fills each node in turn
+
+    @property
+    def _per_node(self) -> int:
+        return int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1")) or 1
 
     @property
     def hostnames(self) -> list[str]:

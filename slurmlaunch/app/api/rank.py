@@ -1,14 +1,15 @@
 """A rank of an API job on a queued scheduler: the program of the JobSpec the API renders (executors.py), run by
 the launcher like any CLI job's script (``python -m slurmlaunch launch -m slurmlaunch.app.api.rank ...``), so
-the batch script is the template's own. It gives submitit what its own batch script would have given (which
-executor's job environment, the warning signal its handler listens to; under PBS the job's id as submitit names
-it), puts this rank's stdout and stderr into submitit's files of its task, and runs submitit's processing of the
-pickled call.
+the batch script is the template's own; the launcher runs it in its own interpreter (allocation/launch.py:
+in_process), not a second one. It gives submitit what its own batch script would have given (the job
+environment's name, the warning signal its handler listens to), puts this rank's stdout and stderr into
+submitit's files of its task, and runs submitit's processing of the pickled call. Nothing here depends on the
+scheduler: what a scheduler's job environment reads is that environment's own (app/api/pbs.py's for PBS).
 
-    python -m slurmlaunch.app.api.rank EXECUTOR NODES SIGNAL FOLDER
+    python -m slurmlaunch.app.api.rank ENVIRONMENT SIGNAL FOLDER
 
-EXECUTOR: submitit's name of the job environment (slurm, pbs); NODES: the job's node count; SIGNAL: the warning
-signal's name, or "-" for none; FOLDER: submitit's folder of the job (with its %j).
+ENVIRONMENT: submitit's name of the job environment (slurm, pbs: the scheduler's ``submitit_environment``);
+SIGNAL: the warning signal's name, or "-" for none; FOLDER: submitit's folder of the job (with its %j).
 """
 
 from __future__ import annotations
@@ -17,38 +18,27 @@ import os
 import sys
 from collections.abc import Sequence
 
-# The variables PbsJobEnvironment (pbs.py) reads: the job's id as submitit names it, and the array's.
-PBS_JOB_ID = "SLURMLAUNCH_PBS_JOB_ID"
-PBS_ARRAY_ID = "SLURMLAUNCH_PBS_ARRAY_ID"
-PBS_NODES = "SLURMLAUNCH_PBS_NODES"
 MODULE = "slurmlaunch.app.api.rank"
 
 
-def argv(executor: str, nodes: int, signal_name: str | None, folder: str) -> list[str]:
+def argv(environment: str, signal_name: str | None, folder: str) -> list[str]:
     """The arguments of this module in a JobSpec's program (executors.py)."""
-    return [executor, str(nodes), signal_name or "-", folder]
+    return [environment, signal_name or "-", folder]
 
 
-def _environment(executor: str, nodes: str, signal_name: str) -> None:
+def _environment(environment: str, signal_name: str) -> None:
     environ = os.environ
-    environ["SUBMITIT_EXECUTOR"] = executor
+    environ["SUBMITIT_EXECUTOR"] = environment
     environ["SLURMLAUNCH_API_LAUNCHED"] = "1"  # calls.py: the launcher has checked and exported the rank's variables
     if signal_name != "-":
         environ["SUBMITIT_PREEMPT_SIGNAL"] = signal_name
-    if executor == "pbs":
-        # PBS_JOBID: 1234.server, or a subjob's 1234[5].server (mpiexec -x passes it on, as PBS_ARRAY_INDEX)
-        job = environ.get("PBS_JOBID", "").split(".", 1)[0]
-        environ[PBS_JOB_ID] = job
-        environ[PBS_NODES] = nodes
-        if "PBS_ARRAY_INDEX" in environ:
-            environ[PBS_ARRAY_ID] = job.split("[", 1)[0]
 
 
 def main(args: Sequence[str]) -> None:
     """A rank: its stdout and stderr into submitit's files of this task, then submitit's own processing."""
-    executor, nodes, signal_name, folder = args
+    environment, signal_name, folder = args
     os.umask(0o077)  # what the call writes (its pickled result, its logs) is the user's alone, as before
-    _environment(executor, nodes, signal_name)  # before submitit's import: it reads the signal's name then
+    _environment(environment, signal_name)  # before submitit's import: it reads the signal's name then
     import submitit
     from submitit.core.submission import process_job
 

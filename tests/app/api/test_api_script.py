@@ -49,7 +49,7 @@ def test_an_api_jobs_script_is_the_clis_but_for_the_rank_command(scheduler: str,
     cli = _cli_script(scheduler, tmp_path, ("--array", "0-2") if array else ())
     launch = f"{sys.executable} -m slurmlaunch launch "
     cli_command = launch + str(tmp_path / "train.py")
-    api_command = launch + f"-m slurmlaunch.app.api.rank {scheduler} 2 USR1 {folder}"
+    api_command = launch + f"-m slurmlaunch.app.api.rank {scheduler} USR1 {folder}"
     assert cli.count(cli_command) == 1 and api.count(api_command) == 1, (api, cli)
     assert api.replace(api_command, cli_command) == cli  # every other line the same: one producer of batch scripts
     assert api.count("--signal=B:USR1@60") == (1 if scheduler == "slurm" else 0), api  # written once
@@ -72,3 +72,16 @@ def test_the_rendezvous_watchdog_is_off_unless_asked_for(tmp_path: Path, monkeyp
     ex = _executor(spec, "slurm")
     assert isinstance(ex, SpecExecutor)
     assert "export SLURMLAUNCH_RDZV_TIMEOUT=60\n" in ex._make_submission_file_text("", "")
+
+
+def test_one_failure_reader_the_api_reads_the_batch_steps_failure_file() -> None:
+    """srun's and Open MPI's words on a failed rank are read in one place, the batch step (its failure file, which
+    app/api/collect.py reads with allocation/batch_step.read_failure); no module of the API knows those words."""
+    from slurmlaunch.allocation import batch_step
+
+    api = Path(batch_step.__file__).resolve().parents[1] / "app" / "api"
+    words = (batch_step._SRUN_ERROR, "noticed that process rank", "exited on signal", "Aborted")
+    assert all(w in Path(batch_step.__file__).read_text() for w in words)  # the reader is still where it was
+    found = [f"{p.name}: {w!r}" for p in sorted(api.glob("*.py")) for w in words if w in p.read_text()]
+    assert not found, found
+    assert "read_failure" in (api / "collect.py").read_text()
