@@ -99,6 +99,13 @@ class Scheduler(Protocol):
         ...
 
     @property
+    def job_id_variable(self) -> str | None:
+        """The variable the scheduler sets in its jobs to the job's id (Slurm: SLURM_JOB_ID), where submitit has
+        no job environment of this scheduler's: the Python API's ranks read their job's id from it
+        (app/api/rank.py). None: submitit's own environment, or the API's for PBS (app/api/pbs.py), reads it."""
+        ...
+
+    @property
     def exports_environment(self) -> bool:
         """Whether its jobs start with the submitting shell's environment (sbatch's --export=ALL); False: with
         only what the script sets (PBS's qsub without -V), so a variable the job needs goes in the script."""
@@ -240,6 +247,7 @@ class QueuedEdge:
     site_gpu_flag: bool = False
     shared_output: str | None = None
     submitit_executor: str | None = None
+    job_id_variable: str | None = None
     exports_environment: bool = True
     doctor_checks: str | None = None
     queued: bool = True

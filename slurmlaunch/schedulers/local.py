@@ -803,6 +803,7 @@ class LocalScheduler:
     shared_output: Final = None
     lists_in_one_call: Final = False
     submitit_executor: Final = "local"
+    job_id_variable: Final = None
     exports_environment: Final = True  # its ranks are this shell's children
     doctor_checks: Final = None
 

@@ -109,10 +109,13 @@ import sys
 import slurmlaunch
 
 def add(a, b):
-    return a + b
+    import submitit
+    env = submitit.JobEnvironment()  # the rank's place, as a function reads it under Slurm
+    return a + b, env.cluster, env.job_id, env.global_rank, env.num_tasks
 
 job = slurmlaunch.submit(add, 2, 3, scheduler="toyq")
-print("result", job.result(), flush=True)
+total, cluster, job_id, rank, tasks = job.result()
+print("result", total, cluster, job_id == job.job_id, rank, tasks, flush=True)
 """
 
 
@@ -122,7 +125,7 @@ def test_the_python_api_runs_a_function_through_an_installed_plugin(toyq: dict[s
     (tmp_path / "call.py").write_text(API_CALL)
     r = subprocess.run([sys.executable, "call.py"], cwd=tmp_path, env=toyq, capture_output=True, text=True,
                        timeout=180)
-    assert r.returncode == 0 and "result 5" in r.stdout, (r.stdout, r.stderr[-3000:])
+    assert r.returncode == 0 and "result 5 toyq True 0 1" in r.stdout, (r.stdout, r.stderr[-3000:])
     assert os.listdir(toyq["TOYQ_HOME"]), "the job did not go through the toy queue's toyq-submit"
 
 

@@ -120,4 +120,5 @@ EDGE = QueuedEdge(
     output_log_of=lambda log_dir, job, printed: None,
     identity_of=identity,
     warning_signal=False,
+    job_id_variable=JOB_ID_VAR,  # the Python API's ranks read their job's id from it
 )

@@ -173,7 +173,11 @@ def rank_spec(spec: JobSpec, scheduler: str, folder: str, array_count: int = 0) 
     from ...schedulers.registry import scheduler as edge_of
     from .rank import MODULE, argv
 
-    environment = edge_of(scheduler).submitit_executor or scheduler  # submitit's job environment of that name
+    edge = edge_of(scheduler)
+    # submitit's job environment of that name; a plug-in's that submitit does not know: the launcher's (rank.py)
+    environment = edge.submitit_executor or scheduler
+    if edge.job_id_variable is not None:
+        environment = f"{environment}:{edge.job_id_variable}"
     signal_name = spec.warning[0] if spec.warning else None
     changed: dict[str, Any] = {"script": MODULE, "module": True, "no_python": False, "legacy_local_rank_arg": False,
                                "args": tuple(argv(environment, signal_name, folder))}

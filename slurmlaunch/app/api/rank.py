@@ -8,7 +8,9 @@ scheduler: what a scheduler's job environment reads is that environment's own (a
 
     python -m slurmlaunch.app.api.rank ENVIRONMENT SIGNAL FOLDER
 
-ENVIRONMENT: submitit's name of the job environment (slurm, pbs: the scheduler's ``submitit_environment``);
+ENVIRONMENT: submitit's name of the job environment (slurm, pbs: the scheduler's ``submitit_environment``), or
+NAME:VARIABLE for a scheduler submitit has none of (a plug-in's: its ``job_id_variable`` holds the job's id), whose
+ranks get the launcher's own (:func:`_launched_environment`);
 SIGNAL: the warning signal's name, or "-" for none; FOLDER: submitit's folder of the job (with its %j).
 """
 
@@ -28,7 +30,7 @@ def argv(environment: str, signal_name: str | None, folder: str) -> list[str]:
 
 def _environment(environment: str, signal_name: str) -> None:
     environ = os.environ
-    environ["SUBMITIT_EXECUTOR"] = environment
+    environ["SUBMITIT_EXECUTOR"] = environment.split(":", 1)[0]
     environ["SLURMLAUNCH_API_LAUNCHED"] = "1"  # calls.py: the launcher has checked and exported the rank's variables
     if signal_name != "-":
         environ["SUBMITIT_PREEMPT_SIGNAL"] = signal_name
@@ -42,6 +44,8 @@ def main(args: Sequence[str]) -> None:
     import submitit
     from submitit.core.submission import process_job
 
+    if ":" in environment:
+        _launched_environment(*environment.split(":", 1))
     os.environ["SUBMITIT_FOLDER"] = folder
     paths = submitit.JobEnvironment().paths
     os.makedirs(paths.folder, mode=0o700, exist_ok=True)
@@ -53,6 +57,25 @@ def main(args: Sequence[str]) -> None:
     if given is not None:
         _point_at(given, str(paths.stdout))
     process_job(folder)
+
+
+def _launched_environment(name: str, job_id_variable: str) -> None:
+    """A job environment named ``name`` for submitit in this rank, where submitit knows none of that name (a
+    scheduler plug-in's): the job's id from ``job_id_variable``, the rank's place from the variables the launcher
+    exported to it (RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK, GROUP_WORLD_SIZE: core/distenv.py), so a function
+    reads them through submitit.JobEnvironment() as under Slurm. Added to submitit's table of environments (its
+    plug-ins, which it reads once per process) for this process only."""
+    import submitit
+    from submitit.core import plugins
+
+    variables = {"job_id": job_id_variable, "num_tasks": "WORLD_SIZE", "num_nodes": "GROUP_WORLD_SIZE",
+                 "node": "GROUP_RANK", "global_rank": "RANK", "local_rank": "LOCAL_RANK"}
+    launched: type[submitit.JobEnvironment] = type(f"{name.capitalize()}JobEnvironment", (submitit.JobEnvironment,),
+                                                   {"_env": variables})
+    if launched.name() == name:  # a name submitit would derive otherwise ("a-b") stays unknown: submitit says so
+        table = plugins.get_job_environments()
+        assert isinstance(table, dict)  # submitit's: a dict it keeps for the process (functools.lru_cache)
+        table.setdefault(name, launched())
 
 
 def _output_file() -> str | None:
