@@ -17,8 +17,7 @@ import sys
 import time
 from collections.abc import Collection, Mapping, Sequence
 
-from ..core import (STACKS_DUMP_SUFFIX, STACKS_ENDED_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX,
-                   STACKS_SUMMARY_NAME)
+from ..core import STACKS_DUMP_SUFFIX, STACKS_ENDED_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX, STACKS_SUMMARY_NAME
 from ..core.stacks import RankStacks, complete, group, parse
 from .smallfile import read_small
 
