@@ -29,7 +29,8 @@ def pytest_configure(config: pytest.Config) -> None:
 # run instead of once per worker. A bring-up costs 15-20 s of the two cores (the networked Slurm's was 15 s of
 # set-up and 5 s of teardown under a load of 16); PBS (49 tests, many of them walltime and requeue chains) and
 # the loopback Slurm (94) stay spread: on one worker they would be the run's longest path.
-SHARED_BY_ONE_WORKER = {"netns_cluster": "netns-slurm", "slurm_current_cluster": "slurm-25.11"}
+# the group names: tests/real/test_slurm_current.py already names its own "slurm_current"
+SHARED_BY_ONE_WORKER = {"netns_cluster": "netns-slurm", "slurm_current_cluster": "slurm_current"}
 
 
 @pytest.hookimpl(wrapper=True)
