@@ -163,3 +163,26 @@ def test_the_pyenv_lock_sweeper_removes_only_a_stale_lock(tmp_path: Path) -> Non
     assert not lock.exists() and sweeper.removed == 1
     sweeper.sweep()  # nothing there: nothing to do
     assert sweeper.removed == 1
+
+
+def test_a_clusters_few_tests_run_on_one_worker_under_loadgroup(tmp_path: Path) -> None:
+    """tests/conftest.py groups the tests of a cluster few tests use (SHARED_BY_ONE_WORKER) on one xdist worker,
+    so it is brought up once per run: through real xdist workers, as tests/run.sh runs them (pytest 9.2 with
+    xdist 3.8 spread every group over the workers until the conftest put the group back in the node ids)."""
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "conftest.py").write_text(
+        "import pytest\nfrom tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
+        "@pytest.fixture(scope='session')\ndef netns_cluster():\n    return {}\n")
+    (tmp_path / "test_toy.py").write_text(
+        "import os, pytest\n@pytest.mark.parametrize('i', range(8))\ndef test_netns(netns_cluster, i):\n"
+        "    print('WORKER', os.environ['PYTEST_XDIST_WORKER'])\n"
+        "@pytest.mark.parametrize('i', range(8))\ndef test_free(i):\n    pass\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-n", "3",
+                        "--dist", "loadgroup", "-v", "-o", "addopts=", "test_toy.py"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(root)))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    grouped = [line.split()[0] for line in r.stdout.splitlines() if "PASSED test_toy.py::test_netns" in line]
+    assert len(grouped) == 8 and len(set(grouped)) == 1, r.stdout  # all 8 passed, all on one worker
+    assert r.stdout.count("PASSED test_toy.py::test_netns[0]@netns-slurm") == 1, r.stdout

@@ -58,13 +58,42 @@ def bindable(port: int) -> OSError | None:
 
 
 def free_port() -> int:
-    """A TCP port the kernel reports free on 127.0.0.1 right now (a world of one, --standalone)."""
+    """A TCP port the kernel reports free on 127.0.0.1 right now (a world of one, chosen inside the rank just
+    before exec; where a process outlives the ranks, :class:`HeldPort` keeps the port instead)."""
     s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     try:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
     finally:
         s.close()
+
+
+class HeldPort:
+    """A TCP port on 127.0.0.1 the kernel reports free, kept: this process holds it bound (SO_REUSEADDR, not
+    listening) until :meth:`close`. Why: a port from bind(0) and close is free only until another process's
+    bind(0) draws it from the same ephemeral pool, before rank 0 listens (its pre-flight then refused with exit
+    78: seen under load). While held, the kernel hands it to no other bind(0) nor plain bind, yet rank 0 still
+    binds and listens on it: its pre-flight and torch's TCPStore (libuv too) bind with SO_REUSEADDR, which Linux
+    allows beside a bound socket that does not listen. Not inherited by the ranks (close-on-exec), so the
+    process that starts them holds it for the job's life: `run --standalone`, the local scheduler."""
+
+    __slots__ = ("port", "_sock")
+
+    def __init__(self) -> None:
+        self._sock: _socket.socket | None = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        try:
+            self._sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+            self._sock.bind(("127.0.0.1", 0))
+            self.port = int(self._sock.getsockname()[1])
+        except OSError:
+            self._sock.close()
+            raise
+
+    def close(self) -> None:
+        """Let the port go (after the ranks have ended); again is a no-op."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
 
 GIVEN_UP = "given up"  # what wait_listening returns when give_up() said so

@@ -3,7 +3,7 @@
 # (script_runner.RUNNER), so that `ps`, `top` and `pgrep -f` show SCRIPT and its arguments, not this code. Hence no
 # docstring (it would become the script's __doc__) and no name left behind at module level: the three functions
 # remove themselves from the script's globals before the script runs. Standard library only, and only inside
-# the functions; the file names (.exit, .dump, .stopped, .pid) are core/__init__.py's, spelled here because
+# the functions; the file names (.exit, .dump, .stopped, .ended, .pid) are core/__init__.py's, spelled here because
 # nothing of slurmlaunch is importable in the rank (tests/allocation/test_teardown.py checks they agree).
 
 
@@ -86,6 +86,41 @@ def _slurmlaunch_settle() -> None:
                 continue
 
 
+def _slurmlaunch_ended(stacks: str, error: BaseException) -> None:
+    # The script ended with an exception: its stack, as faulthandler writes one, into RANK.ended. Why: when a
+    # job is stopped, its ranks are not signalled at once (srun, then node by node); a rank whose peer died
+    # first sees its all_reduce fail, and the stop then finds it in its teardown (settle, garbage collection)
+    # with no frame of the job's: the summary takes this stack instead (allocation/stacks.py: saved). First
+    # thing on the way out, and no import: the stop may come any moment now.
+    import os
+
+    frames, tb = [], error.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    lines = ["Current thread 0x0 (most recent call first):"]
+    for tb in reversed(frames):
+        code = tb.tb_frame.f_code
+        lines.append(f'  File "{code.co_filename}", line {tb.tb_lineno} in {code.co_name}')
+    outer = frames[0].tb_frame.f_back if frames else None
+    while outer is not None:  # the RUNNER's own frames below the try, down to its <module>
+        lines.append(f'  File "{outer.f_code.co_filename}", line {outer.f_lineno} in {outer.f_code.co_name}')
+        outer = outer.f_back
+    path = os.path.join(stacks, os.environ.get("RANK", "rank") + ".ended")
+    try:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, ("\n".join(lines[:101]) + "\n").encode("utf-8", errors="replace"))
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
 def _slurmlaunch_main() -> None:
     import os
     import sys
@@ -100,6 +135,7 @@ def _slurmlaunch_main() -> None:
     if stacks:
         _slurmlaunch_arm(stacks)
     del main["_slurmlaunch_arm"]
+    ended = main.pop("_slurmlaunch_ended")
     settle = main.pop("_slurmlaunch_settle")
     hook = sys.excepthook
 
@@ -151,7 +187,9 @@ def _slurmlaunch_main() -> None:
             exited(e.code)
         settle()
         raise
-    except BaseException:
+    except BaseException as e:
+        if stacks:
+            ended(stacks, e)
         settle()
         raise
     returned()

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Collection, Mapping, Sequence
 
-from ..core import STACKS_DUMP_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX, STACKS_SUMMARY_NAME
+from ..core import STACKS_DUMP_SUFFIX, STACKS_ENDED_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX, STACKS_SUMMARY_NAME
 from ..core.stacks import RankStacks, complete, group, parse
 from .smallfile import read_small
 
@@ -147,7 +147,8 @@ def collect(directory: str, host: str | None, timeout: float, ranks: Collection[
 
 def saved(directory: str) -> list[dict[str, object]]:
     """The dumps the ranks wrote when a stop signal reached them (RANK.stopped), with the node from their pid
-    file: one dict per rank that has one (rank, host, pid, state "ok", text)."""
+    file: one dict per rank that has one (rank, host, pid, state "ok", text). A rank stopped after its script
+    ended with an exception gives the stack it ended at (RANK.ended) instead."""
     hosts = {a.rank: a for a in armed(directory)}
     out: list[dict[str, object]] = []
     try:
@@ -159,6 +160,12 @@ def saved(directory: str) -> list[dict[str, object]]:
         if not name.endswith(STACKS_STOP_SUFFIX) or not rank.isdigit() or len(rank) > 9:
             continue
         text = _read_from(os.path.join(directory, name), 0)
+        # a rank whose script had already ended with an exception (a peer stopped before it broke its
+        # all_reduce) was stopped in its teardown, outside the job's code: where its script was is the stack
+        # the RUNNER saved as it ended
+        ended = _read_from(os.path.join(directory, f"{rank}{STACKS_ENDED_SUFFIX}"), 0) if text.strip() else ""
+        if ended.strip():
+            text = ended
         if text.strip():
             a = hosts.get(int(rank))
             out.append({"rank": int(rank), "host": a.host if a else "", "pid": a.pid if a else 0, "state": "ok",

@@ -13,8 +13,7 @@ import sys
 import time
 from collections.abc import Mapping
 
-from ..allocation.net import all_loopback, bindable, holds_connection, resolve, wait_listening
-from ..allocation.net import free_port as free_port  # tests/app/test_hostile.py takes it from here
+from ..allocation.net import HeldPort, all_loopback, bindable, holds_connection, resolve, wait_listening
 from ..allocation.reasons import RDZV_TIMEOUT
 from ..core.distenv import check_master_addr
 from ..core.errors import SpecError
@@ -229,24 +228,29 @@ def cmd_run(ns: Any, environ: Mapping[str, str] = os.environ) -> int:
     nnodes = parse_nnodes(ns.nnodes)
     if ns.module and ns.no_python:
         raise SpecError("-m/--module and --no-python cannot be used together")
-    _choose_master(ns, nnodes)
-    _check_arguments(ns, nnodes)
-    nproc, on_cpu, note = plan_processes(str(ns.nproc), ns.cpu, environ)
-    _check_master(ns, nnodes)
-    ns.master_timeout, ns.master_timeout_source = master_timeout(ns, environ)
-    if ns.log_dir:  # before the note: a refusal stays the only line
-        try:
-            os.makedirs(ns.log_dir, mode=0o750, exist_ok=True)
-        except OSError as e:
-            raise SpecError(f"--log-dir {shown(ns.log_dir)} cannot be made a directory ({e.strerror})") from None
-    if note:
-        sys.stderr.write(f"slurmlaunch: {note}\n")
-    return start_ranks(ns, nnodes, nproc, on_cpu, environ)
+    held = _choose_master(ns, nnodes)
+    try:
+        _check_arguments(ns, nnodes)
+        nproc, on_cpu, note = plan_processes(str(ns.nproc), ns.cpu, environ)
+        _check_master(ns, nnodes)
+        ns.master_timeout, ns.master_timeout_source = master_timeout(ns, environ)
+        if ns.log_dir:  # before the note: a refusal stays the only line
+            try:
+                os.makedirs(ns.log_dir, mode=0o750, exist_ok=True)
+            except OSError as e:
+                raise SpecError(f"--log-dir {shown(ns.log_dir)} cannot be made a directory ({e.strerror})") \
+                    from None
+        if note:
+            sys.stderr.write(f"slurmlaunch: {note}\n")
+        return start_ranks(ns, nnodes, nproc, on_cpu, environ)
+    finally:
+        if held is not None:
+            held.close()
 
 
-def _choose_master(ns: Any, nnodes: int) -> None:
+def _choose_master(ns: Any, nnodes: int) -> HeldPort | None:
     """ns.master_addr and ns.master_port from --rdzv-endpoint HOST:PORT, or 127.0.0.1 and a free port with
-    --standalone."""
+    --standalone: that one held by this process until the ranks end (returned; None otherwise)."""
     if ns.rdzv_endpoint:
         host, _, port_text = ns.rdzv_endpoint.rpartition(":")
         port = bounded_int(port_text, 65535)
@@ -257,7 +261,10 @@ def _choose_master(ns: Any, nnodes: int) -> None:
     if ns.standalone:
         if nnodes != 1:
             raise SpecError(f"--standalone is for one node, not --nnodes {nnodes}")
-        ns.master_addr, ns.master_port = "127.0.0.1", free_port()
+        held = HeldPort()
+        ns.master_addr, ns.master_port = "127.0.0.1", held.port
+        return held
+    return None
 
 
 def _check_arguments(ns: Any, nnodes: int) -> None:
@@ -395,8 +402,11 @@ def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping
         sys.stderr.write(f"slurmlaunch: stopped by {signal.Signals(outcome.interrupted_by).name}; every rank "
                          f"was stopped (exit code {outcome.exit_code})\n")
     elif outcome.first_failed_rank is not None:
+        # a rank slurmlaunch refused or stopped (a pre-flight's 78, a bad mapping's 65): its reason, not only
+        # its code (the rank's own stderr may be a log file nobody reads)
+        why = f" ({stopped.text})" if stopped is not None and stopped.text else ""
         sys.stderr.write(f"slurmlaunch: rank {outcome.first_failed_rank} failed first with exit code "
-                         f"{outcome.exit_code}; the other ranks were stopped\n")
+                         f"{outcome.exit_code}{why}; the other ranks were stopped\n")
     for rank in aborted:
         sys.stderr.write(f"slurmlaunch: {teardown_message(rank)}\n")
     return outcome.exit_code

@@ -19,6 +19,9 @@ EXIT_MARK_SUFFIX = ".exit"
 STACKS_PID_SUFFIX = ".pid"
 STACKS_DUMP_SUFFIX = ".dump"
 STACKS_STOP_SUFFIX = ".stopped"
+# the stack where the script ended with an exception (a peer stopped first broke its all_reduce): a stop that comes
+# after finds the rank in its teardown, with no frame of the job's, so the summary takes this instead
+STACKS_ENDED_SUFFIX = ".ended"
 STACKS_SUMMARY_NAME = "summary"  # the grouped stacks saved at the stop, one line per group
 
 # The variables a PBS job resubmitted at the warning carries (qsub -v, allocation/batch_step.py): which run it is

@@ -42,7 +42,7 @@ from ..allocation.batch_step import (
 )
 from ..allocation.gpus import dev_gpu_ids, visible_gpus
 from ..allocation.launch import RETURNED_DIR
-from ..allocation.net import free_port
+from ..allocation.net import HeldPort
 from ..allocation.reasons import REASONS_DIR, WARNING_KILLED, Reason, read_first
 from ..allocation.script_runner import STACKS_DIR, recorded_exit
 from ..allocation.stacks import STOPPED_HEADER, saved_summary
@@ -441,9 +441,9 @@ def count(n: int, noun: str) -> str:
 
 
 def _step_ranks(spec: JobSpec, environ: Mapping[str, str], tag: str, step_job: str, extra: dict[str, str],
-                point: list[str], restarts: int) -> tuple[list[RankProcess], JobFiles]:
+                point: list[str], restarts: int) -> tuple[list[RankProcess], JobFiles, HeldPort | None]:
     """One run's rank processes, with fresh directories for the launcher's "script returned" marks and
-    for why slurmlaunch stopped a rank."""
+    for why slurmlaunch stopped a rank, and the MASTER_PORT held for them (None: the user's or the spec's)."""
     files = JobFiles(spec.log_dir, tag)
     os.makedirs(files.returned, mode=0o750, exist_ok=True)
     shutil.rmtree(files.reasons, ignore_errors=True)
@@ -453,17 +453,25 @@ def _step_ranks(spec: JobSpec, environ: Mapping[str, str], tag: str, step_job: s
     step_env = {**extra, RETURNED_DIR: files.returned, REASONS_DIR: files.reasons, STACKS_DIR: files.stacks}
     if spec.warning is not None:  # as the batch step: the launcher starts the script with it ignored
         step_env[WARNING_VAR] = spec.warning[0]
+    held = None
     if spec.environment.master_port is None and "MASTER_PORT" not in environ:
         # Every emulated node is this machine, so a port free here now, not one derived from the job id: local
         # ids are unique per user and follow the clock, and two users' (or two state directories') jobs
         # started in the same second would derive the same port and join each other's rendezvous.
-        step_env["MASTER_PORT"] = str(free_port())
+        # Held by this process until the run ends (net.HeldPort: why), so no other bind(0) draws it first.
+        held = HeldPort()
+        step_env["MASTER_PORT"] = str(held.port)
     if restarts:
         step_env["SLURM_RESTART_COUNT"] = str(restarts)
-    ranks = rank_processes(spec, step_job, environ, tag, step_env, point)
+    try:
+        ranks = rank_processes(spec, step_job, environ, tag, step_env, point)
+    except BaseException:
+        if held is not None:
+            held.close()
+        raise
     if restarts:  # a requeued run goes on in the same logs, as Slurm's does
         ranks = [replace(r, log_append=True) for r in ranks]
-    return ranks, files
+    return ranks, files, held
 
 
 def _run_once(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: tuple[int, float] | None,
@@ -473,8 +481,12 @@ def _run_once(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: 
     tag, step_job, extra, point = step
     _say(f"{what}: {count(spec.world_size, 'rank')} on {count(spec.resources.nodes, 'emulated node')} "
          f"{node_list(spec.resources.nodes)}; logs in {spec.log_dir}")
-    ranks, files = _step_ranks(spec, environ, tag, step_job, extra, point, restarts)
-    result = supervise(ranks, grace=grace, time_limit=spec.time_limit_seconds, warning=warning)
+    ranks, files, held = _step_ranks(spec, environ, tag, step_job, extra, point, restarts)
+    try:
+        result = supervise(ranks, grace=grace, time_limit=spec.time_limit_seconds, warning=warning)
+    finally:
+        if held is not None:
+            held.close()
     result, stopped = stopped_first(result, files.reasons)
     result = asked_before_abort(what, spec, result, stopped, files)
     shutil.rmtree(files.reasons, ignore_errors=True)

@@ -77,6 +77,35 @@ def test_free_port_is_bindable_and_not_zero() -> None:
     assert net.bindable(port) is None
 
 
+def test_a_held_port_goes_to_no_other_bind_yet_rank_0_listens_on_it() -> None:
+    """The `run --standalone` and local-scheduler race (exit 78 under load): a port from bind(0) and close was
+    drawn by another process's bind(0) before rank 0 listened. Held, no other process's bind(0) (here 3000
+    asks in a child, many times the ephemeral range's 28000 ports' share) nor plain bind gets it, while rank 0's
+    pre-flight and torch's TCPStore, which bind with SO_REUSEADDR, listen on it; closed, it is free again."""
+    held = net.HeldPort()
+    try:
+        code = ("import socket\nseen = set()\nfor _ in range(3000):\n    s = socket.socket()\n"
+                "    s.bind(('127.0.0.1', 0))\n    seen.add(s.getsockname()[1])\n    s.close()\n"
+                f"print({held.port} in seen, len(seen))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.split()
+        assert out[0] == "False" and int(out[1]) > 100, out
+        with socket.socket() as plain, pytest.raises(OSError) as refused:
+            plain.bind(("127.0.0.1", held.port))
+        assert refused.value.errno == errno.EADDRINUSE
+        assert net.bindable(held.port) is None  # the pre-flight's check passes
+        store = subprocess.run([sys.executable, "-c", (
+            "import datetime, sys\ntry:\n    import torch.distributed as d\nexcept ImportError:\n    sys.exit(3)\n"
+            f"s = d.TCPStore('127.0.0.1', {held.port}, 1, True, timeout=datetime.timedelta(seconds=20))\n"
+            "s.set('k', 'v'); print(s.get('k').decode())")], capture_output=True, text=True, timeout=120)
+        if store.returncode != 3:  # torch installed: its own store listens on the held port
+            assert store.returncode == 0 and store.stdout == "v\n", store.stderr
+    finally:
+        held.close()
+        held.close()  # again: a no-op
+    with socket.socket() as plain:
+        plain.bind(("127.0.0.1", held.port))
+
+
 def test_wait_listening_finds_a_listener() -> None:
     with listener() as s:
         assert net.wait_listening("127.0.0.1", s.getsockname()[1], time.monotonic() + 30, 0.05) is None

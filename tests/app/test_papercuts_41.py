@@ -156,10 +156,16 @@ def test_the_runner_leaves_no_name_in_the_scripts_globals(tmp_path: Path) -> Non
 
 def test_the_runner_spells_the_file_names_as_the_core() -> None:
     from slurmlaunch.allocation.script_runner import RUNNER_FILE
-    from slurmlaunch.core import EXIT_MARK_SUFFIX, STACKS_DUMP_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX
+    from slurmlaunch.core import (
+        EXIT_MARK_SUFFIX,
+        STACKS_DUMP_SUFFIX,
+        STACKS_ENDED_SUFFIX,
+        STACKS_PID_SUFFIX,
+        STACKS_STOP_SUFFIX,
+    )
 
     text = Path(RUNNER_FILE).read_text()
-    for suffix in (EXIT_MARK_SUFFIX, STACKS_DUMP_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX):
+    for suffix in (EXIT_MARK_SUFFIX, STACKS_DUMP_SUFFIX, STACKS_PID_SUFFIX, STACKS_STOP_SUFFIX, STACKS_ENDED_SUFFIX):
         assert f'"{suffix}"' in text, suffix
 
 
