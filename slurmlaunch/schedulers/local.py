@@ -473,6 +473,9 @@ def _run_once(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: 
     tag, step_job, extra, point = step
     _say(f"{what}: {count(spec.world_size, 'rank')} on {count(spec.resources.nodes, 'emulated node')} "
          f"{node_list(spec.resources.nodes)}; logs in {spec.log_dir}")
+    if spec.environment.stage_env and not restarts:
+        _say(f"{what}: --stage-env: nothing to stage (the local scheduler's ranks run on this machine, from the "
+             f"environment as it is)")
     ranks, files = _step_ranks(spec, environ, tag, step_job, extra, point, restarts)
     result = supervise(ranks, grace=grace, time_limit=spec.time_limit_seconds, warning=warning)
     result, stopped = stopped_first(result, files.reasons)
