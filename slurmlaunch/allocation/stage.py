@@ -21,8 +21,8 @@ Per job, in the batch step (Slurm):
 2. each node's free space under the node-local directory ($SLURMLAUNCH_STAGE_DIR, else $TMPDIR, else /tmp)
    checked for twice the pack (the tar and its unpacked copy): one line naming the node and the shortfall.
 3. ``sbcast`` (Slurm's own tree broadcast from the batch node) copies the pack to every node.
-4. one task per node (``srun --overlap``) unpacks it, says "ready", and holds until it is signalled (the
-   batch step at the end, or Slurm at a cancel or the time limit), then removes the node's copy.
+4. one task per node (``srun --overlap``) unpacks it, says "ready", and holds until its stdin ends (the
+   batch step at the end) or Slurm stops it (SIGTERM: a cancel, the time limit), then removes the copy.
 5. every argument of COMMAND under the prefix (the ranks' --python) is rewritten to the node-local copy, and
    its bin/ goes first on PATH.
 Any step that fails stops the job with one line, unless ``--stage-env fallback`` asked to run from the shared
@@ -176,8 +176,10 @@ def node_check(where: str, need: int) -> int:
 
 
 def node_hold(tar: str, dest: str) -> int:
-    """Unpack ``tar`` into ``dest`` (then remove the tar), say READY on stdout, and hold until a stop signal
-    (the batch step's, or Slurm's at a cancel or the time limit), then remove ``dest``."""
+    """Unpack ``tar`` into ``dest`` (then remove the tar), say READY on stdout, and hold until stdin ends (the
+    batch step closes it after the ranks; srun passes stdin to every task) or a stop signal comes (Slurm's
+    SIGTERM at a cancel or the time limit), then remove ``dest``. Not by the signals a user or the warning may
+    send to all steps (scancel --signal USR1): those are ignored, the copy is the ranks'."""
     import shutil
     import signal
     import socket
@@ -193,6 +195,8 @@ def node_hold(tar: str, dest: str) -> int:
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, remove)
+    for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+        signal.signal(s, signal.SIG_IGN)
     try:
         os.makedirs(dest, 0o700)
         done = subprocess.run(["tar", "-C", dest, "-xf", tar], stdin=subprocess.DEVNULL)
@@ -207,30 +211,34 @@ def node_hold(tar: str, dest: str) -> int:
         pass
     sys.stdout.write(f"{READY} {socket.gethostname()}\n")
     sys.stdout.flush()
-    while True:
-        signal.pause()
+    while sys.stdin.buffer.read(1 << 16):
+        pass
+    remove()
+    return 0
 
 
 # --- in the batch step -------------------------------------------------------------------------------------
 
 class Staged:
-    """A staged environment: the command the ranks run from it, and its clean-up (the holders' stop)."""
+    """A staged environment: the command the ranks run from it, and its clean-up (the holders' end)."""
 
     def __init__(self, command: list[str], holder: subprocess.Popen[bytes] | None) -> None:
         self.command, self.holder = command, holder
 
     def clean(self) -> None:
-        """Stop the holders (srun passes SIGTERM on to its tasks), each removing its node's copy; bounded."""
-        import signal
+        """End the holders, each removing its node's copy: their stdin closed (a SIGTERM to srun would end
+        the step with SIGKILL, srun's "forcing job termination", and leave the copies); bounded."""
         import subprocess
 
         if self.holder is None or self.holder.poll() is not None:
             return
-        self.holder.send_signal(signal.SIGTERM)
+        assert self.holder.stdin is not None
+        self.holder.stdin.close()
         try:
             self.holder.wait(HOLDER_STOP_S)
         except subprocess.TimeoutExpired:
-            _say(f"the staged environment's holders did not end within {HOLDER_STOP_S:.0f}s of SIGTERM: killed")
+            _say(f"the staged environment's holders did not end within {HOLDER_STOP_S:.0f}s: killed, their "
+                 f"copies may be left")
             self.holder.kill()
             self.holder.wait()
 
@@ -295,7 +303,7 @@ def stage_slurm(mode: str, nodes: int, job: str, command: list[str]) -> Staged |
         return failed("the environment does not fit on every node")
     if run(["sbcast", "--force", pack, tar]) != 0:
         return failed(f"sbcast {pack} {tar} failed")
-    holder = subprocess.Popen([*step, "hold", tar, dest], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    holder = subprocess.Popen([*step, "hold", tar, dest], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     staged = Staged(rewrite(command, prefix, dest), holder)
     if not _wait_ready(holder, nodes):
         staged.clean()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -87,15 +89,22 @@ def test_node_check_names_the_node_and_the_shortfall(tmp_path: Path) -> None:
     assert ok.returncode == 0
 
 
-def test_holder_unpacks_says_ready_and_removes_its_copy_on_sigterm(tmp_path: Path) -> None:
+def test_holder_unpacks_says_ready_and_removes_its_copy_at_the_end(tmp_path: Path) -> None:
     root = _tree(tmp_path / "env")
     pack, _, _ = stage.ensure_pack(str(root), str(tmp_path / "cache"), lambda c: subprocess.run(c).returncode)
     tar, dest = tmp_path / "node.tar", tmp_path / "node-copy"
-    tar.write_bytes(Path(pack).read_bytes())
-    p = subprocess.Popen([sys.executable, "-m", "slurmlaunch.allocation.stage", "hold", str(tar), str(dest)],
-                         stdout=subprocess.PIPE, text=True)
-    assert p.stdout is not None
-    assert p.stdout.readline().startswith(stage.READY)
-    assert (dest / "lib" / "site-packages" / "pkg" / "__init__.py").read_text() == "x = 1\n" and not tar.exists()
-    p.terminate()
-    assert p.wait(30) == 0 and not dest.exists()
+    for end in ("stdin", "SIGTERM"):
+        tar.write_bytes(Path(pack).read_bytes())
+        p = subprocess.Popen([sys.executable, "-m", "slurmlaunch.allocation.stage", "hold", str(tar), str(dest)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stdin is not None
+        assert p.stdout.readline().startswith(stage.READY)
+        assert (dest / "lib" / "site-packages" / "pkg" / "__init__.py").read_text() == "x = 1\n" and not tar.exists()
+        p.send_signal(signal.SIGUSR1)  # a signal sent to every step (scancel --signal USR1) leaves the copy
+        time.sleep(0.2)
+        assert p.poll() is None and dest.exists()
+        if end == "stdin":
+            p.stdin.close()
+        else:
+            p.terminate()
+        assert p.wait(30) == 0 and not dest.exists(), end
