@@ -864,8 +864,11 @@ def main(argv: Sequence[str]) -> int:
     from .stage import stage_slurm  # the node-local copy (issue 42); its holders remove it at the end
 
     staged = stage_slurm(args.stage_env, args.nodes, step.tag or "", command)
-    if isinstance(staged, int):
-        return step.finish(staged)
+    if isinstance(staged, str):  # --wait shows the failure file's line
+        from .stage import STAGE_FAILED
+
+        put_file(step.files.failure, "slurmlaunch: " + staged)
+        return step.finish(STAGE_FAILED)
     try:
         rc = step.run(staged.command)
     finally:

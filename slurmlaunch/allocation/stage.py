@@ -152,8 +152,7 @@ def rewrite(command: list[str], prefix: str, local: str) -> list[str]:
 def shortfall_line(node: str, where: str, free: int, need: int) -> str:
     """The one line of a node whose node-local directory cannot take the environment."""
     return (f"node {node}: the node-local directory {where} has {size_text(free)} free, staging the environment "
-            f"needs {size_text(need)} (the pack and its unpacked copy): {size_text(need - free)} short. Fix: "
-            f"set {DIR_VAR} to a larger node-local directory, or --stage-env fallback to run from the shared copy")
+            f"needs {size_text(need)} (the pack and its unpacked copy): {size_text(need - free)} short")
 
 
 # --- on every node: `python -m slurmlaunch.allocation.stage check|hold ...` ------------------------------------
@@ -267,22 +266,24 @@ def _wait_ready(proc: subprocess.Popen[bytes], nodes: int) -> bool:
     return len(seen) >= nodes
 
 
-def stage_slurm(mode: str, nodes: int, job: str, command: list[str]) -> Staged | int:
+def stage_slurm(mode: str, nodes: int, job: str, command: list[str]) -> Staged | str:
     """Stage the ranks' environment on every node of this Slurm job (the module's steps 1-5): the Staged
     environment; on a failure with ``mode`` "fallback" the shared copy's (COMMAND as it is), else the
-    job's exit code. Reads sys.prefix, $SLURMLAUNCH_STAGE_CACHE, $SLURMLAUNCH_STAGE_DIR, $TMPDIR."""
+    failure's line (said already; the job ends with STAGE_FAILED). Reads sys.prefix, $SLURMLAUNCH_STAGE_CACHE,
+    $SLURMLAUNCH_STAGE_DIR, $TMPDIR."""
     import subprocess
     import time
 
     def run(cmd: list[str]) -> int:
         return subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode
 
-    def failed(text: str) -> Staged | int:
+    def failed(text: str, fix: str = "") -> Staged | str:
         if mode == "fallback":
             _say(f"{text}; running from the shared copy (--stage-env fallback)")
             return Staged(command, None)
-        _say(f"{text}; no rank was started (--stage-env fallback runs from the shared copy instead)")
-        return STAGE_FAILED
+        line = f"{text}; no rank was started. Fix: {fix}--stage-env fallback to run from the shared copy then"
+        _say(line)
+        return line
 
     prefix = env_prefix(sys.prefix, sys.base_prefix)
     if prefix is None:
@@ -297,13 +298,19 @@ def stage_slurm(mode: str, nodes: int, job: str, command: list[str]) -> Staged |
          f"{f', {time.monotonic() - start:.1f}s' if made else ', skipped the pack'})")
     root = os.path.join(node_dir(os.environ), f"slurmlaunch-stage-{job}")
     tar, dest = root + ".tar", root
-    step = ["srun", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
-            "--kill-on-bad-exit=1", sys.executable, "-m", __name__]
-    if run([*step, "check", os.path.dirname(root), str(2 * size)]) != 0:
-        return failed("the environment does not fit on every node")
+    step = ["srun", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1"]
+    module = [sys.executable, "-m", __name__]
+    check = subprocess.run([*step, "--kill-on-bad-exit=0", *module, "check", os.path.dirname(root), str(2 * size)],
+                           stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
+    sys.stderr.write(check.stderr)  # each node's line (all of them: no node's check stops another's)
+    if check.returncode != 0:
+        said = [ln[len("slurmlaunch: "):] for ln in check.stderr.splitlines() if ln.startswith("slurmlaunch: node ")]
+        return failed(said[0] if len(said) == 1 else f"{said[0]} (and {len(said) - 1} more node(s), in the batch log)"
+                      if said else f"the check of the node-local directory failed (exit {check.returncode})",
+                      f"set {DIR_VAR} (--env) to a larger node-local directory, or ")
     if run(["sbcast", "--force", pack, tar]) != 0:
         return failed(f"sbcast {pack} {tar} failed")
-    holder = subprocess.Popen([*step, "hold", tar, dest], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    holder = subprocess.Popen([*step, "--kill-on-bad-exit=1", *module, "hold", tar, dest], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     staged = Staged(rewrite(command, prefix, dest), holder)
     if not _wait_ready(holder, nodes):
         staged.clean()

@@ -182,9 +182,12 @@ def test_too_small_node_local_space_is_one_line(cluster_env: dict[str, str], tmp
     r = _submit(cluster_env, tmp_path, where, venv / "bin" / "python", str(script), str(out))
     assert r.returncode == 1, r.stdout + r.stderr
     log = _batch_log(tmp_path, _job(r))
-    lines = [ln for ln in log.splitlines() if "short" in ln]
+    lines = [ln for ln in log.splitlines() if "short" in ln and "no rank was started" not in ln]
     assert len(lines) == 2 and {re.search(r"node (node\d):", ln)[1] for ln in lines} == {"node1", "node2"}, log  # type: ignore[index]
     assert f"the node-local directory {where} has " in lines[0] and "no rank was started" in log
+    said = [ln for ln in r.stderr.splitlines() if "short" in ln]  # --wait: the failure's line
+    assert len(said) == 1 and "no rank was started" in said[0] and "1 more node(s)" in said[0], r.stderr
+    assert f"Fix: set SLURMLAUNCH_STAGE_DIR (--env) to a larger node-local directory" in said[0]
     assert list(out.iterdir()) == []
     r = _submit(cluster_env, tmp_path, where, venv / "bin" / "python", str(script), str(out), stage="--stage-env=fallback")
     assert r.returncode == 0, r.stdout + r.stderr
