@@ -48,7 +48,7 @@ DIR_VAR = "SLURMLAUNCH_STAGE_DIR"
 READY = "slurmlaunch-stage-ready"
 NO_SPACE = 3  # a node's exit code when its node-local directory is too small
 READY_WAIT_S = 900.0  # the unpack on every node, at most (750 MB from a node-local disk takes seconds)
-HOLDER_STOP_S = 60.0  # the holders' clean-up after the ranks, at most
+HOLDER_STOP_S = 600.0  # the holders' clean-up after the ranks, at most (a loaded shared disk here took 96 s to remove torch's 36,000 files)
 
 
 def _say(text: str) -> None:
