@@ -211,3 +211,34 @@ def test_torch_gloo_from_the_node_local_copy(cluster_env: dict[str, str], tmp_pa
     for rec in _records(out):
         assert rec["sum"] == 6.0 and str(rec["torch"]).startswith(f"{local}/lib/"), rec
     assert all(list(b.iterdir()) == [] for b in backing)
+
+
+def where_am_i() -> dict[str, str]:
+    """An API rank's answer: its interpreter's prefix and its node."""
+    return {"prefix": sys.prefix, "host": os.uname().nodename}
+
+
+def test_api_argument_stages_too(cluster_env: dict[str, str], tmp_path: Path,
+                                 node_local: tuple[Path, list[Path]]) -> None:
+    """slurmlaunch.submit(..., stage_env="on"): the same batch step stages the API's interpreter (a small venv
+    that finds this checkout and the test venv's packages, submitit among them, through .pth files)."""
+    where, backing = node_local
+    venv = _small_venv(tmp_path)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    (site / "test_venv.pth").write_text(f"{next(Path(sys.prefix).glob('lib/python3*/site-packages'))}\n")
+    code = (
+        "import json, slurmlaunch\n"
+        "from tests.real.test_stage_env import where_am_i\n"
+        f"job = slurmlaunch.submit(where_am_i, scheduler='slurm', nodes=2, tasks_per_node=1, stage_env='on', "
+        f"env={{'SLURMLAUNCH_STAGE_DIR': {str(where)!r}, 'SLURMLAUNCH_STAGE_CACHE': {str(tmp_path / 'cache')!r}}}, "
+        f"output_dir={str(tmp_path / 'logs')!r})\n"
+        "print('RESULTS ' + json.dumps([job.job_id, job.results()]))\n"
+    )
+    env = dict(cluster_env, PYTHONPATH=str(REPO))
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", code], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    job, results = json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULTS "))[8:])
+    assert {res["prefix"] for res in results} == {f"{where}/slurmlaunch-stage-{job}"}, results
+    assert len({res["host"] for res in results}) == 2
+    assert all(list(b.iterdir()) == [] for b in backing)
