@@ -12,12 +12,12 @@ interpreter and standard library, so it is staged whole.
 
 Per job, in the batch step (Slurm):
 1. the pack: an uncompressed tar of the prefix in a cache directory ($SLURMLAUNCH_STAGE_CACHE, else
-   $XDG_CACHE_HOME/slurmlaunch/envs, else ~/.cache/slurmlaunch/envs), named by a content key. The key hashes
-   every file's path, size, mode, mtime and link target (a directory's path and mode), not its bytes: a stat per file (about 14,000 for
-   torch, once per job on one node) instead of reading 750 MB; any pip install or upgrade changes a size or a
-   mtime. ``__pycache__`` is left out of the key (the ranks' first run writes byte code there, which would
-   make every next job pack again); the pack holds what is there when it is made. Uncompressed: packing and
-   unpacking cost no CPU beyond the copy, and sbcast can compress on the wire (its --compress).
+   $XDG_CACHE_HOME/slurmlaunch/envs, else ~/.cache/slurmlaunch/envs), named by a content key. The key
+   hashes every file's path, size, mode, mtime and link target (a directory's path and mode), not its bytes:
+   a stat per file (about 14,000 for torch, once per job on one node) instead of reading 750 MB; any pip
+   install or upgrade changes a size or a mtime. ``__pycache__`` is left out of the key (the ranks' first run
+   writes byte code there, which would make every next job pack again); the pack holds what is there when it
+   is made. Uncompressed: packing and unpacking cost no CPU beyond the copy.
 2. each node's free space under the node-local directory ($SLURMLAUNCH_STAGE_DIR, else $TMPDIR, else /tmp)
    checked for twice the pack (the tar and its unpacked copy): one line naming the node and the shortfall.
 3. ``sbcast`` (Slurm's own tree broadcast from the batch node) copies the pack to every node.
@@ -48,7 +48,8 @@ DIR_VAR = "SLURMLAUNCH_STAGE_DIR"
 READY = "slurmlaunch-stage-ready"
 NO_SPACE = 3  # a node's exit code when its node-local directory is too small
 READY_WAIT_S = 900.0  # the unpack on every node, at most (750 MB from a node-local disk takes seconds)
-HOLDER_STOP_S = 600.0  # the holders' clean-up after the ranks, at most (a loaded shared disk here took 96 s to remove torch's 36,000 files)
+# the holders' clean-up after the ranks, at most (a loaded shared disk here took 96 s to remove torch's 36,000 files)
+HOLDER_STOP_S = 600.0
 
 
 def _say(text: str) -> None:
@@ -310,7 +311,8 @@ def stage_slurm(mode: str, nodes: int, job: str, command: list[str]) -> Staged |
                       f"set {DIR_VAR} (--env) to a larger node-local directory, or ")
     if run(["sbcast", "--force", pack, tar]) != 0:
         return failed(f"sbcast {pack} {tar} failed")
-    holder = subprocess.Popen([*step, "--kill-on-bad-exit=1", *module, "hold", tar, dest], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    holder = subprocess.Popen([*step, "--kill-on-bad-exit=1", *module, "hold", tar, dest], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE)
     staged = Staged(rewrite(command, prefix, dest), holder)
     if not _wait_ready(holder, nodes):
         staged.clean()

@@ -544,7 +544,8 @@ def _validate_choices(spec: JobSpec) -> None:
     if spec.resources.gpu_flag not in GPU_FLAGS:
         raise SpecError(f"--gpu-flag {spec.resources.gpu_flag!r} is not valid (expected gpus-per-node or gres)")
     if spec.environment.stage_env is not None and spec.environment.stage_env not in STAGE_MODES:
-        raise SpecError(f"--stage-env {spec.environment.stage_env!r} is not valid (expected {' or '.join(STAGE_MODES)})")
+        raise SpecError(f"--stage-env {spec.environment.stage_env!r} is not valid (expected "
+                        f"{' or '.join(STAGE_MODES)})")
     if spec.environment.stage_env is not None and spec.container:
         raise SpecError("--stage-env cannot be used with --container-image or --apptainer (the image is the "
                         "environment; leave --stage-env out)")

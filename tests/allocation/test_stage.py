@@ -60,7 +60,7 @@ def test_pack_is_made_once_and_holds_the_tree(tmp_path: Path) -> None:
 def test_failed_pack_leaves_no_partial_file(tmp_path: Path) -> None:
     root = _tree(tmp_path / "env")
     with pytest.raises(OSError, match="exited 2"):
-        stage.ensure_pack(str(root), str(tmp_path / "cache"), lambda cmd: (Path(cmd[3]).write_text("half"), 2)[1])
+        stage.ensure_pack(str(root), str(tmp_path / "cache"), lambda cmd: (Path(cmd[4]).write_text("half"), 2)[1])
     assert os.listdir(tmp_path / "cache") == []
 
 

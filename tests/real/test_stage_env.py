@@ -59,7 +59,8 @@ def _in_node(cluster: dict[str, str], node: int, *cmd: str) -> None:
 
 
 @pytest.fixture
-def node_local(slurm_cluster: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Path, list[Path]]]:
+def node_local(slurm_cluster: dict[str, str], tmp_path: Path,
+               request: pytest.FixtureRequest) -> Iterator[tuple[Path, list[Path]]]:
     """(the node-local directory's path, each node's own directory behind it); ``request.param``: a tmpfs size
     instead (then the list is empty)."""
     where = tmp_path / "node-local"
@@ -187,9 +188,10 @@ def test_too_small_node_local_space_is_one_line(cluster_env: dict[str, str], tmp
     assert f"the node-local directory {where} has " in lines[0] and "no rank was started" in log
     said = [ln for ln in r.stderr.splitlines() if "short" in ln]  # --wait: the failure's line
     assert len(said) == 1 and "no rank was started" in said[0] and "1 more node(s)" in said[0], r.stderr
-    assert f"Fix: set SLURMLAUNCH_STAGE_DIR (--env) to a larger node-local directory" in said[0]
+    assert "Fix: set SLURMLAUNCH_STAGE_DIR (--env) to a larger node-local directory" in said[0]
     assert list(out.iterdir()) == []
-    r = _submit(cluster_env, tmp_path, where, venv / "bin" / "python", str(script), str(out), stage="--stage-env=fallback")
+    r = _submit(cluster_env, tmp_path, where, venv / "bin" / "python", str(script), str(out),
+                stage="--stage-env=fallback")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "running from the shared copy (--stage-env fallback)" in _batch_log(tmp_path, _job(r))
     assert {rec["prefix"] for rec in _records(out)} == {str(venv)}
