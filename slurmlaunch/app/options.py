@@ -148,7 +148,7 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
             help="requeue the job when the warning signal came (ranks save a checkpoint, exit 128+N)"),
         Opt("--max-requeues", type=Count("--max-requeues", 0, MAX_RESTARTS),
             help="with --requeue: at most this many (default 3)"),
-        Opt("--stage-env", nargs="?", const="on", metavar="on|fallback",
+        Opt("--stage-env", metavar="on|fallback",  # a value always: an optional one would take SCRIPT's name
             help="Slurm: copy the ranks' Python environment (a venv or conda prefix) to node-local storage once "
             "per node (sbcast) and start every rank from there; fallback: run from the shared copy when it cannot "
             "be staged (docs: Start-up at scale)"),

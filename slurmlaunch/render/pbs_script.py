@@ -124,9 +124,6 @@ def _check_request(spec: JobSpec) -> None:
                         f"none; leave --mem out (the queue's default) or give a size such as 64G")
     if spec.site.pbs_request not in PBS_REQUESTS:
         raise SpecError(f"--pbs-request {spec.site.pbs_request!r} is not valid (expected select, nodes or totals)")
-    if spec.environment.stage_env is not None:  # issue 42: staged through mpiexec, one process per node: not yet
-        raise SpecError(f"--stage-env {spec.environment.stage_env}: not yet under PBS (Slurm only, with sbcast); "
-                        f"leave --stage-env out")
     if spec.site.pbs_flavour == "torque":
         for shown, given in ((f"--pbs-request {spec.site.pbs_request}", spec.site.pbs_request != "select"),
                              ("--pbs-chunk " + " ".join(spec.site.pbs_chunk), bool(spec.site.pbs_chunk)),

@@ -114,7 +114,7 @@ def test_local_scheduler_says_there_is_nothing_to_stage(tmp_path: Path) -> None:
     from tests.helpers import run_cli
 
     (tmp_path / "s.py").write_text("import sys; print('prefix', sys.prefix)\n")
-    r = run_cli("submit", "--scheduler", "local", "--stage-env", "--wait", "s.py", cwd=tmp_path, timeout=120)
+    r = run_cli("submit", "--scheduler", "local", "--stage-env", "on", "--wait", "s.py", cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
     assert f"prefix {sys.prefix}" in r.stdout
     log = next((tmp_path / "slurmlaunch-logs").glob("*.batch.log")).read_text()
@@ -125,6 +125,7 @@ def test_pbs_refuses_it_in_one_line(tmp_path: Path) -> None:
     from tests.helpers import run_cli
 
     (tmp_path / "s.py").write_text("print(1)\n")
-    r = run_cli("submit", "--scheduler", "pbs", "--stage-env", "--dry-run", "s.py", cwd=tmp_path)
+    r = run_cli("submit", "--scheduler", "pbs", "--stage-env", "on", "--dry-run", "s.py", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "slurmlaunch: error: --stage-env on: not yet under PBS (Slurm only, with sbcast); leave --stage-env out"]
+        "slurmlaunch: error: --stage-env on: the pbs scheduler cannot carry it out: the environment is staged with "
+        "sbcast under Slurm only, not yet under PBS (leave it out)"]

@@ -89,7 +89,7 @@ def _small_venv(tmp_path: Path) -> Path:
     return venv
 
 
-def _submit(env: dict[str, str], cwd: Path, where: Path, python: Path, *args: str, stage: str = "--stage-env",
+def _submit(env: dict[str, str], cwd: Path, where: Path, python: Path, *args: str, stage: str = "--stage-env=on",
             wait: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return run_cli("submit", "--nodes", "2", "--tasks-per-node", "2", stage, "--python", str(python),
                    "--env", f"SLURMLAUNCH_STAGE_DIR={where}", "--env", f"SLURMLAUNCH_STAGE_CACHE={cwd / 'cache'}",
