@@ -794,6 +794,8 @@ _OPTIONS: tuple[tuple[str, type | None, object, tuple[str, ...] | None, str | No
      "to start once this job has ended"),
     ("--requeued-by-script", None, False, None, None, "the script's framework requeues itself"),
     ("--stacks", None, False, None, None, "say where the ranks were when they were stopped"),
+    ("--stage-env", str, None, ("on", "fallback"), None, "Slurm: run the ranks from a node-local copy of their "
+     "environment (allocation/stage.py); fallback: from the shared copy when it cannot be staged"),
 )
 
 
@@ -857,4 +859,18 @@ def main(argv: Sequence[str]) -> int:
     code = step.prepare()
     if code is not None:
         return code
-    return step.finish(step.run(command))
+    if args.stage_env is None:
+        return step.finish(step.run(command))
+    from .stage import stage_slurm  # the node-local copy (issue 42); its holders remove it at the end
+
+    staged = stage_slurm(args.stage_env, args.nodes, step.tag or "", command)
+    if isinstance(staged, str):  # --wait shows the failure file's line
+        from .stage import STAGE_FAILED
+
+        put_file(step.files.failure, "slurmlaunch: " + staged)
+        return step.finish(STAGE_FAILED)
+    try:
+        rc = step.run(staged.command)
+    finally:
+        staged.clean()
+    return step.finish(rc)

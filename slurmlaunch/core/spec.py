@@ -65,6 +65,7 @@ SRUN_MPI_TYPES: tuple[SrunMpi, ...] = get_args(SrunMpi)
 PBS_FLAVOURS: tuple[PbsFlavour, ...] = get_args(PbsFlavour)
 PBS_REQUESTS: tuple[PbsRequest, ...] = get_args(PbsRequest)
 REQUEUED_BY = ("slurmlaunch", "script")
+STAGE_MODES = ("on", "fallback")  # --stage-env (allocation/stage.py's MODES)
 
 
 def _option(default: Any = None, *, choices: tuple[str, ...] | None = None, flag: str | None = None,
@@ -140,6 +141,9 @@ class Environment:
     setup: tuple[str, ...] = _option(())
     master_port: int | None = _option(None)
     rdzv_timeout: float | None = _option(None)
+    # Slurm: the ranks run from a node-local copy of their environment (allocation/stage.py); "fallback": from
+    # the shared copy when it cannot be staged
+    stage_env: str | None = _option(None, choices=STAGE_MODES, name=True)
 
 
 @dataclass(frozen=True)
@@ -539,6 +543,12 @@ def _validate_choices(spec: JobSpec) -> None:
         raise SpecError(f"--pbs-flavour {spec.site.pbs_flavour!r} is not valid (expected pro or torque)")
     if spec.resources.gpu_flag not in GPU_FLAGS:
         raise SpecError(f"--gpu-flag {spec.resources.gpu_flag!r} is not valid (expected gpus-per-node or gres)")
+    if spec.environment.stage_env is not None and spec.environment.stage_env not in STAGE_MODES:
+        raise SpecError(f"--stage-env {spec.environment.stage_env!r} is not valid (expected "
+                        f"{' or '.join(STAGE_MODES)})")
+    if spec.environment.stage_env is not None and spec.container:
+        raise SpecError("--stage-env cannot be used with --container-image or --apptainer (the image is the "
+                        "environment; leave --stage-env out)")
 
 
 def _validate_names(spec: JobSpec) -> None:

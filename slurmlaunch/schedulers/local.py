@@ -190,6 +190,8 @@ def dry_run(spec: JobSpec, environ: Mapping[str, str]) -> str:
     if spec.preemption.requeue:
         lines.append(f"# requeued on the warning or exit code 128+signal, at most {spec.preemption.max_requeues} "
                      f"time(s)")
+    if spec.environment.stage_env:
+        lines.append(f"# {NOTHING_TO_STAGE}")
     steps = elements(spec, 1000) if spec.is_array else [("<job id>", "<job id>", {}, [])]
     for tag, job_id, extra, point in steps:
         if spec.is_array:
@@ -481,6 +483,8 @@ def _run_once(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: 
     tag, step_job, extra, point = step
     _say(f"{what}: {count(spec.world_size, 'rank')} on {count(spec.resources.nodes, 'emulated node')} "
          f"{node_list(spec.resources.nodes)}; logs in {spec.log_dir}")
+    if spec.environment.stage_env and not restarts:
+        _say(f"{what}: {NOTHING_TO_STAGE}")
     ranks, files, held = _step_ranks(spec, environ, tag, step_job, extra, point, restarts)
     try:
         result = supervise(ranks, grace=grace, time_limit=spec.time_limit_seconds, warning=warning)
@@ -752,6 +756,8 @@ def cancel(job_id: str, log_dir: str | None) -> str:
     return job_id
 
 
+NOTHING_TO_STAGE = ("--stage-env: nothing to stage (the local scheduler's ranks run on this machine, from the "
+                    "environment as it is)")
 _NO_QUEUE = ("the local scheduler has no queue to submit to: it starts the job at once, on this machine "
              "(slurmlaunch submit --scheduler local)")
 

@@ -44,6 +44,7 @@ REFUSALS = Refusals(
         "gpu_flag": "it only chooses how sbatch is asked for GPUs (leave it out)",
         "container_image": "it uses Slurm's pyxis plugin through srun (use --apptainer IMAGE under PBS)",
         "mode": "under PBS mpiexec starts one launcher per rank (leave out --mode)",
+        "stage_env": "the environment is staged with sbcast under Slurm only, not yet under PBS (leave it out)",
     },
     values={"mpi": (MPI_FLAVOURS, "the MPI whose mpiexec starts the ranks")},
     more=lambda spec: {**(_TORQUE if spec.site.pbs_flavour == "torque" else {}), **(_NO_RESUBMIT if (

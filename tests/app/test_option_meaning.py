@@ -40,6 +40,7 @@ SAMPLES: dict[str, tuple[list[str], list[str]]] = {
     "--requeue": (["--time", "10"], ["--requeue"]),
     "--max-requeues": (["--time", "10", "--requeue"], ["--max-requeues", "7"]),
     "--rdzv-timeout": ([], ["--rdzv-timeout", "33"]),
+    "--stage-env": ([], ["--stage-env", "on"]),
     "--python": ([], ["--python", "/opt/pythonx"]),
     "--pbs-flavour": ([], ["--pbs-flavour", "torque"]),
     "--mpi": ([], ["--mpi", "mpich"]),

@@ -26,7 +26,7 @@ GIVEN = {
     "--pbs-request": "nodes", "--mpiexec-arg": "--x", "--pbs-queues": "q:1-2", "--mode": "torchrun",
     "--nproc-per-node": "2", "--max-restarts": "1", "--container-image": "img", "--apptainer": "img.sif",
     "--container-mount": "/a:/b", "--container-workdir": "/w", "--array": "0-1", "--sweep": "lr=1,2",
-    "--max-parallel": "1",
+    "--max-parallel": "1", "--stage-env": "fallback",
 }
 FLAGS = ("--exclusive", "--requeue", "--module", "--no-python", "--legacy-local-rank-arg")
 

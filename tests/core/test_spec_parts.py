@@ -12,7 +12,7 @@ from slurmlaunch.core.spec import FIELDS, PART_OF, PARTS, JobSpec, Resources, fi
 
 def test_each_field_is_in_one_part() -> None:
     names = [f.name for part in PARTS.values() for f in fields(part)]
-    assert len(names) == len(set(names)) == len(PART_OF) == len(FIELDS) == 50
+    assert len(names) == len(set(names)) == len(PART_OF) == len(FIELDS) == 51  # 51: stage_env (issue 42)
     assert [f.name for f in fields(JobSpec)] == list(PARTS)
     assert {f.name: f.type for f in fields(JobSpec)} == {name: part.__name__ for name, part in PARTS.items()}
 

@@ -1,0 +1,131 @@
+"""Environment staging's pure parts and its node side (allocation/stage.py), with real files and real tar."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmlaunch.allocation import stage
+
+
+def _tree(root: Path) -> Path:
+    (root / "lib" / "site-packages" / "pkg").mkdir(parents=True)
+    (root / "lib" / "site-packages" / "pkg" / "__init__.py").write_text("x = 1\n")
+    (root / "bin").mkdir()
+    (root / "bin" / "python").symlink_to(sys.executable)
+    return root
+
+
+def test_key_follows_size_mtime_and_links_not_byte_code(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "env")
+    key, size, files = stage.content_key(str(root))
+    assert files == 2 and size == len("x = 1\n") + len(os.readlink(root / "bin" / "python"))
+    (root / "lib" / "site-packages" / "pkg" / "__pycache__").mkdir()
+    (root / "lib" / "site-packages" / "pkg" / "__pycache__" / "a.pyc").write_bytes(b"1234")
+    assert stage.content_key(str(root))[0] == key  # the ranks' byte code does not make every job pack again
+    init = root / "lib" / "site-packages" / "pkg" / "__init__.py"
+    st = init.stat()
+    init.write_text("x = 2\n")  # same size: the mtime tells it
+    os.utime(init, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert stage.content_key(str(root))[0] != key
+    key2 = stage.content_key(str(root))[0]
+    (root / "bin" / "python").unlink()
+    (root / "bin" / "python").symlink_to("/usr/bin/python3")
+    assert stage.content_key(str(root))[0] != key2
+
+
+def test_pack_is_made_once_and_holds_the_tree(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "env")
+    calls: list[list[str]] = []
+
+    def run(cmd: list[str]) -> int:
+        calls.append(cmd)
+        return subprocess.run(cmd).returncode
+
+    path, size, made = stage.ensure_pack(str(root), str(tmp_path / "cache"), run)
+    assert made and len(calls) == 1 and size == os.path.getsize(path)
+    again = stage.ensure_pack(str(root), str(tmp_path / "cache"), run)
+    assert again == (path, size, False) and len(calls) == 1
+    names = subprocess.run(["tar", "-tf", path], capture_output=True, text=True, check=True).stdout.split()
+    assert "./lib/site-packages/pkg/__init__.py" in names and "./bin/python" in names
+    assert os.listdir(tmp_path / "cache") == [os.path.basename(path)]  # no partial file left
+
+
+def test_failed_pack_leaves_no_partial_file(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "env")
+    with pytest.raises(OSError, match="exited 2"):
+        stage.ensure_pack(str(root), str(tmp_path / "cache"), lambda cmd: (Path(cmd[4]).write_text("half"), 2)[1])
+    assert os.listdir(tmp_path / "cache") == []
+
+
+def test_rewrite_moves_only_arguments_under_the_prefix() -> None:
+    cmd = ["/v/env/bin/python", "-m", "slurmlaunch", "launch", "/v/env-other/x.py", "/v/env/share/a"]
+    assert stage.rewrite(cmd, "/v/env", "/tmp/s") == ["/tmp/s/bin/python", "-m", "slurmlaunch", "launch",
+                                                      "/v/env-other/x.py", "/tmp/s/share/a"]
+
+
+def test_only_a_venv_or_conda_prefix_is_staged(tmp_path: Path) -> None:
+    assert stage.env_prefix("/v/env", "/usr") == "/v/env"
+    assert stage.env_prefix("/usr", "/usr") is None
+    (tmp_path / "conda-meta").mkdir()
+    assert stage.env_prefix(str(tmp_path), str(tmp_path)) == str(tmp_path)
+
+
+def test_node_check_names_the_node_and_the_shortfall(tmp_path: Path) -> None:
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    r = subprocess.run([sys.executable, "-m", "slurmlaunch.allocation.stage", "check", str(tmp_path / "d"),
+                        str(free + (5 << 30))], capture_output=True, text=True)
+    assert r.returncode == stage.NO_SPACE
+    line, = r.stderr.strip().splitlines()
+    assert line.startswith(f"slurmlaunch: node {os.uname().nodename}: the node-local directory {tmp_path / 'd'} has ")
+    assert line.endswith(" short")
+    ok = subprocess.run([sys.executable, "-m", "slurmlaunch.allocation.stage", "check", str(tmp_path), "1"])
+    assert ok.returncode == 0
+
+
+def test_holder_unpacks_says_ready_and_removes_its_copy_at_the_end(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "env")
+    pack, _, _ = stage.ensure_pack(str(root), str(tmp_path / "cache"), lambda c: subprocess.run(c).returncode)
+    tar, dest = tmp_path / "node.tar", tmp_path / "node-copy"
+    for end in ("stdin", "SIGTERM"):
+        tar.write_bytes(Path(pack).read_bytes())
+        p = subprocess.Popen([sys.executable, "-m", "slurmlaunch.allocation.stage", "hold", str(tar), str(dest)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stdin is not None
+        assert p.stdout.readline().startswith(stage.READY)
+        assert (dest / "lib" / "site-packages" / "pkg" / "__init__.py").read_text() == "x = 1\n" and not tar.exists()
+        p.send_signal(signal.SIGUSR1)  # a signal sent to every step (scancel --signal USR1) leaves the copy
+        time.sleep(0.2)
+        assert p.poll() is None and dest.exists()
+        if end == "stdin":
+            p.stdin.close()
+        else:
+            p.terminate()
+        assert p.wait(30) == 0 and not dest.exists(), end
+
+
+def test_local_scheduler_says_there_is_nothing_to_stage(tmp_path: Path) -> None:
+    from tests.helpers import run_cli
+
+    (tmp_path / "s.py").write_text("import sys; print('prefix', sys.prefix)\n")
+    r = run_cli("submit", "--scheduler", "local", "--stage-env", "on", "--wait", "s.py", cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"prefix {sys.prefix}" in r.stdout
+    log = next((tmp_path / "slurmlaunch-logs").glob("*.batch.log")).read_text()
+    assert "--stage-env: nothing to stage (the local scheduler's ranks run on this machine" in log
+
+
+def test_pbs_refuses_it_in_one_line(tmp_path: Path) -> None:
+    from tests.helpers import run_cli
+
+    (tmp_path / "s.py").write_text("print(1)\n")
+    r = run_cli("submit", "--scheduler", "pbs", "--stage-env", "on", "--dry-run", "s.py", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "slurmlaunch: error: --stage-env on: the pbs scheduler cannot carry it out: the environment is staged with "
+        "sbcast under Slurm only, not yet under PBS (leave it out)"]
