@@ -6,7 +6,6 @@ name itself (an AST walk of the package), so a second parser cannot come back un
 from __future__ import annotations
 
 import ast
-import os
 import signal
 from pathlib import Path
 from types import SimpleNamespace

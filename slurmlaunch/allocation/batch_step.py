@@ -385,7 +385,10 @@ class Step:
             return
         import threading
 
-        self.warned = False  # until a rank got it: a job none of whose ranks listens was not warned
+        from .warning import to_all
+
+        # until a rank got it (a job none of whose ranks listens was not warned); a stop signal goes to every rank
+        self.warned = to_all(self.args.warning)
         _say(f"SIG{self.args.warning} received: sending it to the ranks whose script handles it{extra}")
         threading.Thread(target=self._warn_nodes, daemon=True).start()
 
@@ -443,7 +446,7 @@ class Step:
                     left += [r for r in entry.get("left", []) if isinstance(r, int)]
             if proc.returncode and not unreached:
                 unreached.append(f"{where} (exit {proc.returncode}: {err.decode(errors='replace').strip()[-300:]})")
-        self.warned = bool(warned)
+        self.warned = self.warned or bool(warned)
         _say(said(f"SIG{name}", warned, left, unreached))
 
     def _stacks_at_stop(self, signum: int, frame: FrameType | None) -> None:

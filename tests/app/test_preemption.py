@@ -149,14 +149,15 @@ def _alive_for(out: str) -> float:
 
 def test_local_script_without_a_handler_runs_to_its_limit(tmp_path: Path) -> None:
     """Issue 40 item 3: the default warning (here USR2 4 s into a 10 s limit) must not kill a script that never
-    asked for it: the ranks start with it ignored and run on to the limit, which the job then reads (TIMEOUT,
-    stopped by the limit's SIGTERM: 143), not "killed by the warning" (before: exit 140 at 4 s)."""
+    asked for it: it goes only to ranks with a handler, so these run on to the limit, which the job then reads
+    (TIMEOUT, stopped by the limit's SIGTERM: 143), not "killed by the warning" (before: exit 140 at 4 s)."""
     (tmp_path / "plain.py").write_text(HEARTBEAT)
     r = run_cli("submit", "--scheduler", "local", "--nodes", "2", "--time", "0:10", "--signal", "USR2@6",
                 "plain.py", cwd=tmp_path, timeout=120)
     assert r.returncode == 128 + signal.SIGTERM, r.stderr
     assert "reached its time limit (--time 0:10); the ranks were stopped (state TIMEOUT)" in r.stderr, r.stderr
     assert "the warning signal" not in r.stderr
+    assert "SIGUSR2, the time limit's warning: sent to no rank; left alone: ranks 0-1 (no handler" in r.stderr
     assert _alive_for(r.stdout) >= 7.0, r.stdout[-2000:]  # well past the warning (4 s), up to the limit
 
 
