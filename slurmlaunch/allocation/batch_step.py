@@ -396,10 +396,9 @@ class Step:
         """Run `slurmlaunch warn-node` next to the ranks on every node (Slurm: one srun --overlap step of one
         task per node; PBS: pbs_tmrsh to each other host, this host here), then say in one line which ranks
         got the warning and which were left alone."""
-        import json
         import subprocess
 
-        from .warning import deliver, node_ranks, said, to_all
+        from .warning import REPORT_SUFFIX, deliver, node_ranks, reports, said, to_all
 
         a, name = self.args, self.args.warning
         argv = [sys.executable, "-m", "slurmlaunch", "warn-node", self.files.stacks, name]
@@ -426,26 +425,24 @@ class Step:
                     commands[host] = [tmrsh, host, *argv]
                 else:
                     commands[host] = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", host, *argv]
-        started = {where: subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        for old in os.listdir(self.files.stacks):
+            if old.endswith(REPORT_SUFFIX):
+                _unlink(os.path.join(self.files.stacks, old))
+        started = {where: subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                            stderr=subprocess.PIPE) for where, cmd in commands.items()}
         unreached: list[str] = []
         for where, proc in started.items():
             try:
-                out, err = proc.communicate(timeout=WARN_NODES_S)
+                _, err = proc.communicate(timeout=WARN_NODES_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                out, err = proc.communicate()
+                _, err = proc.communicate()
                 unreached.append(f"{where} did not answer within {WARN_NODES_S:g}s")
-            for line in out.decode("utf-8", errors="replace").splitlines():
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(entry, dict):
-                    warned += [r for r in entry.get("warned", []) if isinstance(r, int)]
-                    left += [r for r in entry.get("left", []) if isinstance(r, int)]
             if proc.returncode and not unreached:
                 unreached.append(f"{where} (exit {proc.returncode}: {err.decode(errors='replace').strip()[-300:]})")
+        for entry in reports(self.files.stacks):  # each node's warn-node wrote what it did beside the pid files
+            warned += [r for r in entry.get("warned", []) if isinstance(r, int)]  # type: ignore[attr-defined]
+            left += [r for r in entry.get("left", []) if isinstance(r, int)]  # type: ignore[attr-defined]
         self.warned = self.warned or bool(warned)
         _say(said(f"SIG{name}", warned, left, unreached))
 

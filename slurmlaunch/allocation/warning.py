@@ -10,7 +10,8 @@ for as the warning go to every rank: they are meant to stop it.
 
 Which processes are the ranks of a node: their RANK.pid files in $SLURMLAUNCH_STACKS_DIR (allocation/stacks.py
 reads them for `slurmlaunch stacks`). `slurmlaunch warn-node DIR SIGNAL` runs this on a node (the batch step
-starts one per node: an srun --overlap step, pbs_tmrsh) and prints one JSON line: the ranks warned and left.
+starts one per node: an srun --overlap step, pbs_tmrsh) and writes DIR/HOST.warned, one JSON object: the ranks
+warned and left alone.
 Standard library only.
 """
 
@@ -26,6 +27,7 @@ from ..core.errors import SpecError
 from ..core.parse import signal_number
 from ..core.signals import STOP_SIGNALS
 
+REPORT_SUFFIX = ".warned"  # HOST.warned in the stacks directory: what warn-node did on HOST
 WARN_NODE_USAGE = "usage: slurmlaunch warn-node DIR SIGNAL (SIGNAL: the warning's name, as USR2)"
 
 
@@ -132,7 +134,7 @@ def said(label: str, warned: Sequence[int], left: Sequence[int], unreached: Sequ
 
 
 def node_main(argv: Sequence[str]) -> int:
-    """`slurmlaunch warn-node DIR SIGNAL`: warn this node's ranks armed in DIR; one JSON line on stdout."""
+    """`slurmlaunch warn-node DIR SIGNAL`: warn this node's ranks armed in DIR; what it did into DIR/HOST.warned."""
     from .stacks import this_host
 
     if len(argv) != 2 or argv[0].startswith("-"):
@@ -146,6 +148,30 @@ def node_main(argv: Sequence[str]) -> int:
         return 2
     host = this_host()
     warned, left = deliver(node_ranks(argv[0], host), signum, to_all(name))
-    sys.stdout.write(json.dumps({"host": host, "warned": warned, "left": left, "at": time.time()}) + "\n")
-    sys.stdout.flush()
+    line = json.dumps({"host": host, "warned": warned, "left": left, "at": time.time()}) + "\n"
+    # beside the pid files, not on stdout: pbs_tmrsh's task writes into the job's output file, which its
+    # caller never reads. Created new, never through a link.
+    path = os.path.join(argv[0], host + REPORT_SUFFIX)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return 0
+    with os.fdopen(fd, "w") as f:
+        f.write(line)
     return 0
+
+
+def reports(directory: str) -> list[dict[str, object]]:
+    """What each node's warn-node wrote beside the pid files (one JSON object each)."""
+    out: list[dict[str, object]] = []
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        if not name.endswith(REPORT_SUFFIX):
+            continue
+        try:
+            with open(os.path.join(directory, name), "rb") as f:
+                entry = json.loads(f.read(4096))
+        except (OSError, ValueError):
+            continue
+        if isinstance(entry, dict):
+            out.append(entry)
+    return out

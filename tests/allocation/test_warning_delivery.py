@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.allocation.warning import WarningTimer, deliver, handles, ranks_text, said
+from slurmlaunch.allocation.warning import WarningTimer, deliver, handles, ranks_text, reports, said
 from tests.helpers import clean_env, launch, launch_job_id, step_env
 
 # Says whether it started with USR2 at its default (what Lightning's _has_already_handler reads), sets a handler
@@ -52,9 +52,9 @@ def test_warn_node_sends_only_to_the_rank_with_a_handler(tmp_path: Path) -> None
     host = (stacks / "0.pid").read_text().split()[2]
     r = subprocess.run([sys.executable, "-m", "slurmlaunch", "warn-node", str(stacks), "USR2"],
                        env=clean_env(SLURMD_NODENAME=host), capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    entry = json.loads(r.stdout)
-    assert (entry["warned"], entry["left"], entry["host"]) == ([1], [0], host)
+    assert (r.returncode, r.stdout) == (0, ""), r.stderr
+    assert [(e["warned"], e["left"], e["host"]) for e in reports(str(stacks))] == [([1], [0], host)]
+    assert json.loads((stacks / f"{host}.warned").read_text())["warned"] == [1]
     out, err = handler.communicate(timeout=60)
     assert (handler.returncode, out) == (140, "GOT USR2\n"), err
     out, err = plain.communicate(timeout=60)

@@ -98,8 +98,8 @@ def test_given_signal_decides(tmp_path: Path) -> None:
     assert "#SBATCH --signal=B:USR1@200" in r.stdout and not _requeues(r.stdout)
     r = _dry(tmp_path, LIT, "--requeue", "--signal", "USR2@60")  # not Lightning's: said, and obeyed
     assert "#SBATCH --signal=B:USR2@60" in r.stdout and _requeues(r.stdout)
-    assert "which saves and requeues on SIGUSR1 only: --signal USR2@60 reaches no handler (the ranks ignore it: " \
-        "nothing is saved) unless the script handles SIGUSR2 itself" in r.stderr
+    assert "which saves and requeues on SIGUSR1 only: --signal USR2@60 reaches no handler (the ranks are not sent " \
+        "it: nothing is saved) unless the script handles SIGUSR2 itself" in r.stderr
     r = _dry(tmp_path, "import lightning\nfrom x import SLURMEnvironment\n"
              "SLURMEnvironment(requeue_signal=signal.SIGUSR2)\n", "--requeue")
     assert "#SBATCH --signal=B:USR2@90" in r.stdout and not _requeues(r.stdout)
