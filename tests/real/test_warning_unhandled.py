@@ -66,8 +66,10 @@ def test_slurm_script_without_a_handler_runs_to_its_limit(cluster_env: dict[str,
     _check((logs / f"job-{job}.rank-0.log").read_text() + (logs / f"job-{job}.rank-1.log").read_text())
     batch = (logs / f"job-{job}.batch.log").read_text()
     assert LINE in batch, batch
-    # sacct's ExitCode of a TIMEOUT is 0:0, which says nothing: a job that did not complete counts as 1
-    assert f"job {job} ended TIMEOUT, exit code 1 " in r.stderr and r.returncode == 1, (r.returncode, r.stderr)
+    # sacct's ExitCode of a TIMEOUT: 0:15 when the batch step ended by the limit's SIGTERM (143), 0:0 when Slurm
+    # recorded none (a job that did not complete then counts as 1); both seen on 22.05. Never 140 nor 79.
+    assert re.search(rf"job {job} ended TIMEOUT, exit code (1|143) ", r.stderr) and r.returncode in (1, 143), \
+        (r.returncode, r.stderr)
     assert "the warning signal" not in r.stderr
 
 
