@@ -63,6 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .allocation.stacks import node_main
 
             return node_main(args[1:])
+        if args and args[0] == "warn-node":
+            from .allocation.warning import node_main as warn_node_main
+
+            return warn_node_main(args[1:])
         if args and args[0] == "batch-step":
             from .allocation.batch_step import main as batch_step_main
 

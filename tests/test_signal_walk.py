@@ -6,19 +6,18 @@ name itself (an AST walk of the package), so a second parser cannot come back un
 from __future__ import annotations
 
 import ast
-import os
 import signal
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from slurmlaunch.allocation import batch_step, torchrun_mode
+from slurmlaunch.allocation import batch_step, torchrun_mode, warning
 from slurmlaunch.app.api import rank as api_rank
 from slurmlaunch.app.api.executors import rank_spec
 from slurmlaunch.core.errors import SpecError
 from slurmlaunch.core.parse import WARNING_SIGNALS, parse_signal, signal_number
-from slurmlaunch.core.signals import STOP_SIGNALS, WARNING_VAR, ignored_until_handled
+from slurmlaunch.core.signals import STOP_SIGNALS
 from slurmlaunch.core.spec import JobSpec, validate
 from slurmlaunch.render import launch, pbs_script, slurm_script
 from slurmlaunch.schedulers import local
@@ -62,11 +61,10 @@ def test_every_room_gets_the_same_signal(text: str, expect: object, tmp_path: Pa
     assert pbs_plan[pbs_plan.index("--warning") + 1:pbs_plan.index("--warning") + 6:2] == [name, "7200",
                                                                                             str(seconds)]
     # the batch step: the signal it catches and passes on, and the exit code that asks for a requeue
-    monkeypatch.setenv(WARNING_VAR, "")  # the Step names the warning to the ranks in os.environ: undone after
     step = batch_step.Step(batch_step.parser().parse_args([*plan, "--", "true"]))
     assert step.warning == number and batch_step.warning_code(name) == 128 + number
-    # the ranks: the launcher starts the script with it ignored, unless it is a stop signal
-    assert ignored_until_handled(os.environ[WARNING_VAR]) == ([] if name in STOP_SIGNALS else [number])
+    # the ranks: only those with a handler get it, but a stop signal, which goes to every rank
+    assert warning.to_all(name) == (name in STOP_SIGNALS)
     # the local scheduler: the signal it sends every rank, and when
     assert local._warning(spec) == (number, float(seconds))
     # torchrun mode: the flag render writes, and the signal torchrun then passes to its workers

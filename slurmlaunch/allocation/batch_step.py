@@ -5,9 +5,9 @@ it, so the batch shell's pid, which Slurm's ``--signal=B:`` and PBS's qdel signa
 prepares the job's files, runs COMMAND (srun, or the site's mpiexec) and carries out the plan the renderer
 computed (render/slurm_script.py, render/pbs_script.py) and passed as options:
 
-* the warning signal (``--warning NAME``): passed on to COMMAND, which forwards it to every rank; under PBS,
-  which sends none, sent here ``--warn-before`` seconds before ``--walltime`` (measured from the batch
-  shell's start, which is the job's);
+* the warning signal (``--warning NAME``): sent, node by node, to the ranks whose script handles it, the
+  others left to run on to the time limit (allocation/warning.py); under PBS, which sends none, raised here
+  ``--warn-before`` seconds before ``--walltime`` (measured from the batch shell's start, which is the job's);
 * the first failure: the earliest line a rank slurmlaunch stopped left in the reasons directory, else
   srun's first word on a task that ended (or Open MPI's "Process name"/"Exit code" under PBS); its code
   becomes the job's, its line goes to stderr and to the failure file;
@@ -30,7 +30,6 @@ import time
 
 from ..core import REQUEUE_OF, RESTART_COUNT
 from ..core.parse import signal_number
-from ..core.signals import STOP_SIGNALS, WARNING_VAR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -328,6 +327,7 @@ def _started_at() -> float:
 OUTPUT_DRAIN_S = 10.0
 # How much earlier than this process PBS may count a job's walltime from (its prologue, the shell's start).
 WALLTIME_SLACK_S = 2.0
+WARN_NODES_S = 60.0  # seconds the warning's per-node steps may take (an srun step, pbs_tmrsh) before named late
 
 
 class Step:
@@ -341,9 +341,8 @@ class Step:
         if args.resubmit is not None:  # the ranks see which run this is (mpiexec -x passes it on)
             os.environ[RESTART_COUNT] = str(_restarts(os.environ.get(RESTART_COUNT, "")))
         self.warning: int | None = signal_number(args.warning) if args.warning else None
-        if args.warning:  # the launcher starts each rank's script with it ignored, until the script handles it
-            os.environ[WARNING_VAR] = args.warning
-        self.warned = False
+        self.warned = False  # a rank got the warning (or COMMAND did, passed on)
+        self.warning_came = False
         self.stopped = False
         self.stopped_after = 0.0  # seconds from the job's start to PBS's stop
         self.pid: int | None = None  # COMMAND's
@@ -372,12 +371,80 @@ class Step:
             return True
 
     def _forward(self, signum: int, frame: FrameType | None) -> None:
-        self.warned = True
+        """The warning: to the ranks that handle it, node by node (allocation/warning.py), from a thread (it
+        runs a step per node); without the ranks' pid files (the API's submitit script, --no-python) passed on
+        to COMMAND, which forwards it to every task."""
+        if self.warning_came:
+            return
+        self.warning_came = self.warned = True
         extra = " (the script's framework saves and requeues the job itself)" if self.args.requeued_by_script else ""
-        ignored = "" if self.args.warning in STOP_SIGNALS else " (a rank whose script does not handle it ignores it)"
-        _say(f"SIG{self.args.warning} received, passing it on to the ranks{extra or ignored}")
-        if self.pid is not None and not self._ended():
-            os.kill(self.pid, signum)
+        if not (self.args.stacks and self.args.log_dir):
+            _say(f"SIG{self.args.warning} received, passing it on to the ranks{extra}")
+            if self.pid is not None and not self._ended():
+                os.kill(self.pid, signum)
+            return
+        import threading
+
+        from .warning import to_all
+
+        # until a rank got it (a job none of whose ranks listens was not warned); a stop signal goes to every rank
+        self.warned = to_all(self.args.warning)
+        _say(f"SIG{self.args.warning} received: sending it to the ranks whose script handles it{extra}")
+        threading.Thread(target=self._warn_nodes, daemon=True).start()
+
+    def _warn_nodes(self) -> None:
+        """Run `slurmlaunch warn-node` next to the ranks on every node (Slurm: one srun --overlap step of one
+        task per node; PBS: pbs_tmrsh to each other host, this host here), then say in one line which ranks
+        got the warning and which were left alone."""
+        import subprocess
+
+        from .warning import REPORT_SUFFIX, deliver, node_ranks, reports, said, to_all
+
+        a, name = self.args, self.args.warning
+        argv = [sys.executable, "-m", "slurmlaunch", "warn-node", self.files.stacks, name]
+        commands: dict[str, list[str]] = {}
+        warned: list[int] = []
+        left: list[int] = []
+        if a.srun:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+            commands["the srun step"] = ["srun", "--overlap", f"--jobid={os.environ.get('SLURM_JOB_ID', '')}",
+                                         f"--nodes={a.nodes}", f"--ntasks={a.nodes}", "--ntasks-per-node=1",
+                                         "--quiet", *argv]
+        else:
+            from .stacks import this_host
+            from .tmrsh import _read, find_tmrsh
+
+            env = dict(os.environ)
+            here = this_host()
+            tmrsh = find_tmrsh(env, lambda p: os.access(p, os.X_OK), _read)
+            for host in _node_hosts() or [here]:
+                if host.split(".")[0] == here.split(".")[0]:
+                    got = deliver(node_ranks(self.files.stacks, here), self.warning or 0, to_all(name))
+                    warned, left = warned + got[0], left + got[1]
+                elif tmrsh is not None:
+                    commands[host] = [tmrsh, host, *argv]
+                else:
+                    commands[host] = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", host, *argv]
+        for old in os.listdir(self.files.stacks):
+            if old.endswith(REPORT_SUFFIX):
+                _unlink(os.path.join(self.files.stacks, old))
+        started = {where: subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.PIPE) for where, cmd in commands.items()}
+        unreached: list[str] = []
+        for where, proc in started.items():
+            try:
+                _, err = proc.communicate(timeout=WARN_NODES_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+                unreached.append(f"{where} did not answer within {WARN_NODES_S:g}s")
+            if proc.returncode and not unreached:
+                unreached.append(f"{where} (exit {proc.returncode}: {err.decode(errors='replace').strip()[-300:]})")
+        for entry in reports(self.files.stacks):  # each node's warn-node wrote what it did beside the pid files
+            warned += [r for r in entry.get("warned", []) if isinstance(r, int)]  # type: ignore[attr-defined]
+            left += [r for r in entry.get("left", []) if isinstance(r, int)]  # type: ignore[attr-defined]
+        self.warned = self.warned or bool(warned)
+        _say(said(f"SIG{name}", warned, left, unreached))
 
     def _stacks_at_stop(self, signum: int, frame: FrameType | None) -> None:
         """Slurm's SIGTERM (the time limit, scancel): once the ranks have written their stacks (3 s at most),
@@ -424,12 +491,11 @@ class Step:
         if self.warning is not None:
             _signal.signal(self.warning, self._forward)
             if a.walltime is not None and a.warn_before is not None:  # PBS: nobody else sends it
-                import threading
+                from .warning import WarningTimer
 
-                delay = max(0.0, _started_at() + a.walltime - a.warn_before - time.time())
-                timer = threading.Timer(delay, os.kill, (os.getpid(), self.warning))
-                timer.daemon = True
-                timer.start()
+                warning = self.warning
+                WarningTimer(_started_at(), a.walltime, a.warn_before).start(
+                    time.time(), lambda: os.kill(os.getpid(), warning))
 
     # --- the run -------------------------------------------------------------------------------------------
 

@@ -19,7 +19,6 @@ from ..core.detect import Context, detect
 from ..core.distenv import DistEnv, check_master_addr, mask
 from ..core.errors import EnvironmentMappingError, HostlistError, PreflightError, SlurmLaunchError
 from ..core.rdzv import RDZV_TIMEOUT_VAR, parse_rendezvous_timeout
-from ..core.signals import WARNING_VAR, ignored_until_handled
 from .net import GIVEN_UP, all_loopback, bindable, free_port, holds_connection, wait_listening
 from .net import resolve as resolve_addresses
 from .script_runner import RETURNED_DIR as RETURNED_DIR  # torchrun_mode's too
@@ -53,15 +52,11 @@ environment:
                             here when SCRIPT returns, and RANK.exit holding N when it calls sys.exit(N),
                             N != 0 (set by the batch script: tells a SIGABRT in torch's teardown at
                             interpreter exit from one in the training, and keeps an exit 140 asked for)
-  SLURMLAUNCH_WARNING       the job's warning signal(s) (USR2, or USR1,USR2): SCRIPT starts with each
-                            ignored, but TERM, INT and HUP, until it installs a handler for it, so that a
-                            script that never asked for the warning is not killed by it (set by the batch
-                            script, the local scheduler and `slurmlaunch run`)
   SLURMLAUNCH_STACKS_DIR    run SCRIPT through the runner, which arms faulthandler: every thread's stack
                             into RANK.dump here on SIGWINCH (`slurmlaunch stacks`), into RANK.stopped at
-                            SIGTERM/HUP/USR1/USR2 (then the signal acts as before; not at a warning it
-                            ignores); RANK.pid says which
-                            process (set by the batch script)
+                            SIGTERM/HUP (then the signal acts as before); RANK.pid says which
+                            process (set by the batch script); the warning signal reaches only a
+                            rank whose script handles it (slurmlaunch warn-node reads RANK.pid)
   -h, --help                show this help
 Everything after SCRIPT is passed to it unchanged.
 
@@ -340,10 +335,6 @@ def stop_code(error: SlurmLaunchError) -> int:
 def main(argv: Sequence[str]) -> int | NoReturn:
     """`slurmlaunch launch`: detect, check, export, exec. Returns only on --help. A refusal raises its error
     with the rank's documented exit code (``stop_code``), after leaving its reason for the batch script."""
-    # First of all (the window in which the warning would still kill the rank is this interpreter's start), and
-    # inherited by the script across exec: the warning is ignored until the script installs a handler for it.
-    for number in ignored_until_handled(os.environ.get(WARNING_VAR)):
-        _signal.signal(number, _signal.SIG_IGN)
     placed: list[DistEnv] = []
     try:
         here = _main(argv, placed)

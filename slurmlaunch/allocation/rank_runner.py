@@ -8,8 +8,8 @@
 
 
 def _slurmlaunch_arm(stacks: str) -> None:
-    # SIGWINCH appends every thread's stack to RANK.dump; the stop and warning signals write it to RANK.stopped
-    # and go on to the handler there was (script_runner.py: why these signals).
+    # SIGWINCH appends every thread's stack to RANK.dump; the stop signals write it to RANK.stopped and go on
+    # to the handler there was (script_runner.py: why these signals, and why not the warning's USR1/USR2).
     import os
 
     try:
@@ -27,10 +27,7 @@ def _slurmlaunch_arm(stacks: str) -> None:
             return os.open(path, how, 0o600)
 
         winch = int(_signal.SIGWINCH)
-        # a warning signal the rank started with ignored (the launcher's rule: $SLURMLAUNCH_WARNING) stops
-        # nothing: it stays ignored, so no stacks at it, and a program the script execs inherits it ignored
-        stops = [s for s in (int(getattr(_signal, "SIG" + name)) for name in ("TERM", "HUP", "USR1", "USR2"))
-                 if _signal.getsignal(s) != _signal.SIG_IGN]
+        stops = [int(_signal.SIGTERM), int(_signal.SIGHUP)]
         faulthandler.register(winch, fresh(base + ".dump"), all_threads=True)
         stop = fresh(base + ".stopped")
         for s in stops:

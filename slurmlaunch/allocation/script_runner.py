@@ -26,11 +26,10 @@ STACKS_DIR = "SLURMLAUNCH_STACKS_DIR"
 # With $SLURMLAUNCH_STACKS_DIR set, the runner also arms faulthandler (a C-level handler: it runs while the main
 # thread is stuck in a C call, all_reduce, and needs no ptrace, which most sites forbid: yama ptrace_scope=1):
 # SIGWINCH appends every thread's Python stack to RANK.dump (what `slurmlaunch stacks` asks for), and SIGTERM,
-# SIGHUP, SIGUSR1, SIGUSR2 (the stops and the warning signals) write it to RANK.stopped and then go on to the
-# handler there was (the default: the rank dies of it as before). A handler the script installs later replaces
-# ours (a checkpointing SIGUSR2 handler still wins). A warning signal the rank started with ignored (the
-# launcher's rule) is left ignored: it stops nothing, so it dumps nothing. Why SIGWINCH: its default is to be
-# ignored, so one that
+# SIGHUP (the stops) write it to RANK.stopped and then go on to the handler there was (the default: the rank
+# dies of it as before). A handler the script installs later replaces ours. Not USR1/USR2, the warning signals:
+# the warning goes only to a rank whose script caught it (its SigCgt bit, allocation/warning.py), and a handler
+# of ours would set that bit in every rank. Why SIGWINCH: its default is to be ignored, so one that
 # reaches a process that has not armed it (an exec'd program, torchrun's agent) changes nothing; processes
 # without a terminal never get it otherwise; Slurm, PBS, torch, NCCL and the warning path (USR1/USR2, TERM)
 # do not use it. SIGRTMIN+n or SIGPWR would kill such a process. Forked children (DataLoader workers)

@@ -62,7 +62,7 @@ def armed(directory: str) -> list[Armed]:
     return sorted(out, key=lambda a: a.rank)
 
 
-def _same_process(a: Armed) -> bool:
+def same_process(a: Armed) -> bool:
     """Whether pid ``a.pid`` is still the process that wrote the file (same start time: not a reused pid)."""
     try:
         with open(f"/proc/{a.pid}/stat", "rb") as f:
@@ -112,7 +112,7 @@ def collect(directory: str, host: str | None, timeout: float, ranks: Collection[
             continue
         entry: dict[str, object] = {"rank": a.rank, "host": a.host, "pid": a.pid, "state": "ended", "text": ""}
         out[a.rank] = entry
-        if not _same_process(a):
+        if not same_process(a):
             continue
         path = os.path.join(directory, f"{a.rank}{STACKS_DUMP_SUFFIX}")
         offset = _size(path)

@@ -19,7 +19,6 @@ from ..core.distenv import check_master_addr
 from ..core.errors import SpecError
 from ..core.limits import MAX_NODES, MAX_PER_NODE, Count, Seconds, bounded_int, shown
 from ..core.rdzv import RDZV_TIMEOUT_VAR, parse_rendezvous_timeout
-from ..core.signals import WARNING_VAR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported at run time: every argparse command imports this module
@@ -346,9 +345,6 @@ def start_ranks(ns: Any, nnodes: int, nproc: int, on_cpu: bool, environ: Mapping
     os.mkdir(returned, 0o700)
     # The rendezvous bound is the ranks' own watchdog's (it stops only a rank that reached nobody).
     base.update({RDZV_TIMEOUT_VAR: f"{ns.master_timeout:g}", REASONS_DIR: reasons, RETURNED_DIR: returned})
-    # SIGUSR1 and SIGUSR2 to `run` are passed on to every rank as warnings (a batch script's --signal=B:USR2@90):
-    # a rank whose script does not handle them ignores them (the launcher's rule), as under submit
-    base[WARNING_VAR] = "USR1,USR2"
     base.update(SLURMLAUNCH_RUN="1", SLURMLAUNCH_NNODES=str(nnodes), SLURMLAUNCH_NODE_RANK=str(ns.node_rank),
                 SLURMLAUNCH_NPROC_PER_NODE=str(nproc), MASTER_ADDR=ns.master_addr, MASTER_PORT=str(ns.master_port))
     run_id = str(uuid.uuid4()) if ns.standalone else str(ns.rdzv_id)  # torchrun's choice of id

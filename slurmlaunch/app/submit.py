@@ -83,9 +83,9 @@ def adapt_to_client(spec: JobSpec, origins: dict[str, str], edge: Scheduler) -> 
         return spec
     if given:
         if spec.warning is not None and spec.warning[0] != found.signal:
-            # the ranks start with the warning ignored (allocation/launch.py), but never a stop signal
+            # the warning goes only to ranks with a handler (allocation/warning.py), but a stop signal to all
             effect = "will end its ranks" if spec.warning[0] in STOP_SIGNALS else \
-                "reaches no handler (the ranks ignore it: nothing is saved)"
+                "reaches no handler (the ranks are not sent it: nothing is saved)"
             sys.stderr.write(f"slurmlaunch: {what}, which saves and requeues on SIG{found.signal} only: "
                              f"--signal {spec.preemption.signal} {effect} unless the script handles "
                              f"SIG{spec.warning[0]} itself\n")

@@ -8,12 +8,12 @@ from __future__ import annotations
 # is Lightning's, and NCCL only catches it when NCCL_PROXY_DUMP_SIGNAL asks it to (since NCCL 2.14).
 WARNING_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP", "ALRM", "URG", "XCPU", "CONT")
 # The warning signals that are also how a job is stopped: TERM (scancel, qdel, the time limit), INT (Ctrl-C, the
-# local scheduler's and `run`'s stop), HUP (a closed terminal). A rank never starts with these ignored: it would
-# then outlive every stop until SIGKILL, with no stacks said and no `finally` run.
+# local scheduler's and `run`'s stop), HUP (a closed terminal). Asked for as the warning, they go to every rank
+# (allocation/warning.py): they are meant to stop it. The other warning signals go only to a rank with a handler.
 STOP_SIGNALS = ("TERM", "INT", "HUP")
-# Names the warning signal(s) to the launcher (NAME[,NAME...], parse_signal's names): the batch step, the local
-# scheduler and `run` set it for the ranks, and the launcher starts the script with each (but STOP_SIGNALS)
-# ignored, so that a script without a handler is not killed by a warning it never asked for (docs: Time limits).
+# Names the warning signal to the API's local ranks (app/api/local.py, which starts them with it ignored until
+# submitit's handler is set; the local API moves onto the local scheduler, and this with it). Not read by the
+# launcher: an inherited SIG_IGN reads as a handler to Lightning, which then never arms its requeue.
 WARNING_VAR = "SLURMLAUNCH_WARNING"
 
 

@@ -12,7 +12,6 @@ from ..core import RESTART_COUNT, __version__
 from ..core.errors import SpecError
 from ..core.jobfiles import SUBMISSION_MARK, own_dir
 from ..core.parse import parse_mem
-from ..core.signals import WARNING_VAR
 from ..core.spec import MPI_FLAVOURS, PBS_REQUESTS, UNLIMITED, JobSpec, time_seconds
 from .jinja import render
 from .launch import batch_step_command, host_python_check, launch_command, script_env
@@ -292,8 +291,6 @@ def mpiexec_args(spec: JobSpec, env: list[tuple[str, str]]) -> tuple[list[str], 
             names.append(ARRAY_INDEX[spec.site.pbs_flavour])
         if resubmits(spec):  # which run this is (the batch step sets it)
             names.append(RESTART_COUNT)
-        if spec.warning is not None:  # the warning, which the launcher starts the script with ignored (batch step)
-            names.append(WARNING_VAR)
         forwards = [a for n in dict.fromkeys(names) for a in ("-x", n)]
         return ["-np", str(spec.world_size), "--map-by", f"ppr:{tpn}:node", "--tag-output", *_tm_agent(spec),
                 *forwards, *extra], "--hostfile"

@@ -32,6 +32,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from ..allocation.script_runner import STACKS_DIR
+from ..allocation.warning import WarningTimer, deliver, node_ranks, said
+
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # after these, ranks get `grace` seconds before SIGKILL
 # What a rank receives for a stop signal: a hang-up is not the rank's terminal (it has none), so it is
@@ -278,6 +281,7 @@ class _Job:
         self.console, self.grace = console, grace
         self.token = os.urandom(8).hex()
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.stacks: dict[int, str] = {}  # each rank's $SLURMLAUNCH_STACKS_DIR, where its RANK.pid is
         self.threads: list[threading.Thread] = []
         self.logs: list[int] = []
         self.received: list[int] = []
@@ -290,12 +294,31 @@ class _Job:
         self.die_with_parent = _die_with_parent()
 
     def forward(self, signum: int, _frame: object) -> None:
-        """The signal handler: a signal to the supervisor goes on to every rank still running."""
+        """The signal handler: a stop signal to the supervisor goes on to every rank still running; a warning
+        (USR1, USR2: a batch script's --signal=B:) to the ranks whose script handles it."""
         self.received.append(signum)
+        if signum not in STOPPING:
+            self.warn(signum)
+            return
         sent = AS_RECEIVED_BY_RANKS.get(signal.Signals(signum), signum)
         for p in self.procs.values():
             if p.poll() is None:
                 _signal_group(p, sent)
+
+    def warn(self, sig: int) -> None:
+        """The warning ``sig`` to each running rank whose script handles it (allocation/warning.py: its RANK.pid
+        when it wrote one, else the rank's own process); one line on stderr says who got it and who was left."""
+        targets: dict[int, int] = {}
+        for directory in dict.fromkeys(d for d in self.stacks.values() if d):
+            targets.update(node_ranks(directory, None))
+        for rank, p in self.procs.items():
+            if rank not in targets and rank not in self.codes and not self.stacks.get(rank) and p.poll() is None:
+                targets[rank] = p.pid
+        warned, left = deliver(sorted(targets.items()), sig, sig in STOPPING)  # a stop signal: to every rank
+        self.warned = self.warned or bool(warned)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(f"slurmlaunch: {said(signal.Signals(sig).name, warned, left)}\n")
+            sys.stderr.flush()
 
     def start(self, r: RankProcess, prefix: bool) -> None:
         log_fd: int | None = None
@@ -308,6 +331,7 @@ class _Job:
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              start_new_session=True, preexec_fn=self.die_with_parent)
         self.procs[r.rank] = p
+        self.stacks[r.rank] = r.env.get(STACKS_DIR, "")
         label = f"[{r.unit} {r.rank}] ".encode() if prefix else b""
         assert p.stdout is not None
         t = threading.Thread(target=_pump, args=(os.dup(p.stdout.fileno()), label, log_fd, self.console,
@@ -342,12 +366,11 @@ class _Job:
         if self.stop_deadline is None and _stopping(self.received):
             self.stop_deadline = time.monotonic() + self.grace
 
-    def keep_time(self, warn_at: float | None, limit_at: float | None, warning: tuple[int, float] | None) -> None:
-        """The warning signal at ``warn_at``, SIGTERM at ``limit_at``, SIGKILL once the stop deadline passed."""
+    def keep_time(self, timer: WarningTimer, limit_at: float | None, warning: tuple[int, float] | None) -> None:
+        """The warning signal when ``timer`` says, SIGTERM at ``limit_at``, SIGKILL once the stop deadline passed."""
         now = time.monotonic()
-        if warn_at is not None and not self.warned and now >= warn_at and warning is not None:
-            self.warned = True
-            self.signal_unfinished(warning[0])
+        if warning is not None and timer.due(now):
+            self.warn(warning[0])
         if limit_at is not None and not self.timed_out and now >= limit_at and self.stop_deadline is None:
             self.timed_out = True
             self.signal_unfinished(signal.SIGTERM)
@@ -398,9 +421,9 @@ def supervise(ranks: Sequence[RankProcess], *, grace: float = 10.0, prefix: bool
     """Start every rank, wait for all, stop all at the first failure; never returns with a process of the
     job alive (on Linux: none of their descendants either).
 
-    As Slurm does: ``warning`` (signal, seconds) is sent to every rank that many seconds before
-    ``time_limit`` (seconds from the start); at the limit the ranks get SIGTERM, then SIGKILL after
-    ``grace``."""
+    As Slurm does: ``warning`` (signal, seconds) is sent that many seconds before ``time_limit`` (seconds from
+    the start), to the ranks whose script handles it (the others run on); at the limit the ranks get SIGTERM,
+    then SIGKILL after ``grace``."""
     job = _Job(Console(out if out is not None else sys.stdout.buffer), grace)
     known = set(_children())  # the caller's own children are not the job's
     subreaper = _set_subreaper(True)
@@ -410,14 +433,14 @@ def supervise(ranks: Sequence[RankProcess], *, grace: float = 10.0, prefix: bool
         for sig in FORWARDED:
             previous[sig] = signal.signal(sig, job.forward)
     started = time.monotonic()
-    warn_at = started + max(0.0, time_limit - warning[1]) if time_limit is not None and warning else None
+    timer = WarningTimer(started, time_limit, warning[1] if warning else None)
     limit_at = started + time_limit if time_limit is not None else None
     try:
         for r in ranks:
             job.start(r, prefix)
         while len(job.codes) < len(job.procs):
             job.collect()
-            job.keep_time(warn_at, limit_at, warning)
+            job.keep_time(timer, limit_at, warning)
             time.sleep(poll)
     finally:
         job.end(subreaper, known)

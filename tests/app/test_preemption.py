@@ -98,8 +98,8 @@ def test_given_signal_decides(tmp_path: Path) -> None:
     assert "#SBATCH --signal=B:USR1@200" in r.stdout and not _requeues(r.stdout)
     r = _dry(tmp_path, LIT, "--requeue", "--signal", "USR2@60")  # not Lightning's: said, and obeyed
     assert "#SBATCH --signal=B:USR2@60" in r.stdout and _requeues(r.stdout)
-    assert "which saves and requeues on SIGUSR1 only: --signal USR2@60 reaches no handler (the ranks ignore it: " \
-        "nothing is saved) unless the script handles SIGUSR2 itself" in r.stderr
+    assert "which saves and requeues on SIGUSR1 only: --signal USR2@60 reaches no handler (the ranks are not sent " \
+        "it: nothing is saved) unless the script handles SIGUSR2 itself" in r.stderr
     r = _dry(tmp_path, "import lightning\nfrom x import SLURMEnvironment\n"
              "SLURMEnvironment(requeue_signal=signal.SIGUSR2)\n", "--requeue")
     assert "#SBATCH --signal=B:USR2@90" in r.stdout and not _requeues(r.stdout)
@@ -149,14 +149,15 @@ def _alive_for(out: str) -> float:
 
 def test_local_script_without_a_handler_runs_to_its_limit(tmp_path: Path) -> None:
     """Issue 40 item 3: the default warning (here USR2 4 s into a 10 s limit) must not kill a script that never
-    asked for it: the ranks start with it ignored and run on to the limit, which the job then reads (TIMEOUT,
-    stopped by the limit's SIGTERM: 143), not "killed by the warning" (before: exit 140 at 4 s)."""
+    asked for it: it goes only to ranks with a handler, so these run on to the limit, which the job then reads
+    (TIMEOUT, stopped by the limit's SIGTERM: 143), not "killed by the warning" (before: exit 140 at 4 s)."""
     (tmp_path / "plain.py").write_text(HEARTBEAT)
     r = run_cli("submit", "--scheduler", "local", "--nodes", "2", "--time", "0:10", "--signal", "USR2@6",
                 "plain.py", cwd=tmp_path, timeout=120)
     assert r.returncode == 128 + signal.SIGTERM, r.stderr
     assert "reached its time limit (--time 0:10); the ranks were stopped (state TIMEOUT)" in r.stderr, r.stderr
     assert "the warning signal" not in r.stderr
+    assert "SIGUSR2, the time limit's warning: sent to no rank; left alone: ranks 0-1 (no handler" in r.stderr
     assert _alive_for(r.stdout) >= 7.0, r.stdout[-2000:]  # well past the warning (4 s), up to the limit
 
 

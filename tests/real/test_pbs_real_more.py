@@ -214,7 +214,7 @@ def test_the_batch_step_sends_the_warning_before_the_walltime(pbs_env: dict[str,
     seen = {p.name: p.read_text() for p in tmp_path.glob("warned-*")}
     assert seen == {"warned-0": "SIGUSR1", "warned-1": "SIGUSR1"}, seen
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "slurmlaunch-logs").iterdir() if p.is_file())
-    assert "slurmlaunch: SIGUSR1 received, passing it on to the ranks" in logs, logs
+    assert "slurmlaunch: SIGUSR1, the time limit's warning: sent to ranks 0-1 (a handler for it)" in logs, logs
 
 
 # The custom resources and queues the shipped profiles use, as the sites define them (qmgr).

@@ -2,9 +2,9 @@
 (tests/conftest.py pbs_cluster): the batch step sends the warning before the walltime (test_pbs_real_more.py);
 here, what happens after it.
 
-- Ranks the warning killed (a script that put its default action back: the launcher starts it ignored; nothing
-  saved) are named with Open MPI's words, rank and host, the job ends with 79 and is not requeued, as under
-  Slurm.
+- Ranks the warning killed (a TERM warning, a stop signal, which goes to every rank; the script has no handler,
+  nothing saved) are named with Open MPI's words, rank and host, the job ends with 79 and is not requeued, as
+  under Slurm. (A script without a handler for USR1/USR2 is not sent them: tests/real/test_warning_unhandled.py.)
 - `--requeue`: qrerun needs operator or manager rights (OpenPBS src/server/req_rerun.c), so the batch step
   submits the job's kept script again (`-W depend=afterany:` this job), appending to the same output file and
   writing the same job files; `SLURMLAUNCH_RESTART_COUNT` tells the ranks which run it is; `--max-requeues`
@@ -31,12 +31,11 @@ from tests.real.test_pbs_real import AS_ROOT, _raw, submitted
 pytestmark = pytest.mark.pbs
 
 WARNED_AT_15S = ["--nodes", "2", "--tasks-per-node", "1", "--time", "0:01:00", "--signal", "USR1@45"]
+TERM_AT_15S = ["--nodes", "2", "--tasks-per-node", "1", "--time", "0:01:00", "--signal", "TERM@45"]
 
-# The warning's default action put back (the launcher starts the script with it ignored): each rank says it is
-# up, then sleeps past the walltime.
+# No handler for the TERM warning: each rank says it is up, then sleeps past the walltime.
 NO_HANDLER = """
-import os, signal, time
-signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+import os, time
 os.write(1, ("UP rank " + os.environ["RANK"] + "\\n").encode())
 time.sleep(300)
 """
@@ -46,22 +45,22 @@ def test_ranks_killed_by_the_warning_are_named_and_the_job_is_not_requeued(pbs_e
                                                                            tmp_path: Path) -> None:
     script = tmp_path / "plain.py"
     script.write_text(NO_HANDLER)
-    r = run_cli("submit", "--scheduler", "pbs", *WARNED_AT_15S, "--requeue", *AS_ROOT, "--wait",
+    r = run_cli("submit", "--scheduler", "pbs", *TERM_AT_15S, "--requeue", *AS_ROOT, "--wait",
                 "--wait-timeout", "280", str(script), env=pbs_env, cwd=tmp_path, timeout=400)
     job = submitted(r.stderr)
     short = job.split(".", 1)[0]
     logs = tmp_path / "slurmlaunch-logs"
     output = (logs / f"{job}.OU").read_text(errors="replace")
-    line = re.compile(r"slurmlaunch: rank [01] on node[1-3] killed by SIGUSR1, the warning signal: the script does "
-                      r"not handle it, so nothing was saved and the job is not requeued\. Fix: handle SIGUSR1 in the "
-                      r"script \(save a checkpoint, exit 138")
+    line = re.compile(r"slurmlaunch: rank [01] on node[1-3] killed by SIGTERM, the warning signal: the script does "
+                      r"not handle it, so nothing was saved and the job is not requeued\. Fix: handle SIGTERM in the "
+                      r"script \(save a checkpoint, exit 143")
     for text in (output, r.stderr):  # the job's output, and --wait (from the job's failure file)
         assert line.search(text), text
     assert r.returncode == 79 and f"job {job} ended FAILED, exit code 79" in r.stderr, r.stderr
     assert (logs / f"job-{short}.exitcode").read_text() == "79\n"
     assert not (logs / f"job-{short}.requeued").exists() and "resubmitted" not in output, output
-    # the batch shell ended killed by SIGUSR1, as the ranks did; OpenPBS 23.06 reads that as 138 (not 256 + 10)
-    assert _raw(pbs_env, job)["Exit_status"] == 138
+    # the batch shell ended killed by SIGTERM, as the ranks did; OpenPBS 23.06 reads that as 143 (not 256 + 15)
+    assert _raw(pbs_env, job)["Exit_status"] == 143
 
 
 # Run 0: each rank waits for the warning; rank 0 then saves a checkpoint, and both exit 138 (128 + SIGUSR1:
@@ -141,14 +140,15 @@ def test_requeue_resubmits_at_the_warning_and_the_chain_is_followed(pbs_env: dic
     # one output file for the chain, as one Slurm job's: run 0, its resubmission, run 1, the bound
     output = (logs / f"{job}.OU").read_text(errors="replace")
     said = [
-        "slurmlaunch: SIGUSR1 received, passing it on to the ranks",
+        "slurmlaunch: SIGUSR1 received: sending it to the ranks whose script handles it",
+        "slurmlaunch: SIGUSR1, the time limit's warning: sent to ranks 0-1 (a handler for it)",
         f"slurmlaunch: requeued: job {job} resubmitted as job {second} (restart 1 of at most 1), to start once "
         f"job {job} has ended",
         "RESUMED run 1 rank 0 from step 5", "RESUMED run 1 rank 1 from step 5",
         f"slurmlaunch: not requeued: job {job} was already requeued 1 time(s) (--max-requeues 1)",
     ]
     at = [output.find(text) for text in said]
-    assert -1 not in at and at[:3] == sorted(at[:3]) and at[4] > at[2], (at, output)
+    assert -1 not in at and at[:4] == sorted(at[:4]) and at[5] > at[3], (at, output)
     assert "killed by SIGUSR1" not in output, output
     # the resubmission: its own id, held for the first job (afterany), the same name and output file
     raw = _raw(pbs_env, second)

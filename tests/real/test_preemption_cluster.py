@@ -7,10 +7,12 @@
   run trains, rather than waited for: Slurm's timer sends it 90-150 s into a 4-minute job, which cost this
   test 100 s; that Slurm's timer sends --signal's warning is test_slurm_cluster's
   test_time_limit_requeues_at_most_max_requeues.
-* A script that puts the warning signal's default action back (the launcher starts it ignored: issue 40, and
-  tests/real/test_warning_unhandled.py) dies of it: the batch log and --wait say so, name the signal and the
-  fix, the job is not requeued, ends with 79 (not 140, "saved, requeue me"), and Slurm records the job as
-  killed by the signal.
+  Lightning installs its handler only when SIGUSR1 is at SIG_DFL: the warning goes to the ranks that handle it
+  (issue 40; a script without a handler is left alone: tests/real/test_warning_unhandled.py), never by starting
+  the ranks with it ignored, which Lightning reads as a handler of the user's (its requeue then never arms).
+* A TERM warning (a stop signal: sent to every rank) kills a script without a TERM handler: the batch log and
+  --wait say so, name the signal and the fix, the job is not requeued, ends with 79 (not 143 or 140, "saved,
+  requeue me"), and Slurm records the job as killed by the signal.
 """
 
 from __future__ import annotations
@@ -139,7 +141,9 @@ def test_lightning_saves_on_the_time_limit_warning_and_requeues_itself_once(
     batch = (tmp_path / "rq-logs" / f"job-{job}.batch.log").read_text()
     script_path = re.search(r"; script (\S+)", err)
     assert script_path and "--signal=B:USR1@90" in Path(script_path[1]).read_text()
-    assert "SIGUSR1 received, passing it on to the ranks" in batch, batch
+    assert "SIGUSR1 received: sending it to the ranks whose script handles it (the script's framework saves and " \
+        "requeues the job itself)" in batch, batch
+    assert "SIGUSR1, the time limit's warning: sent to ranks 0-1 (a handler for it)" in batch, batch
     assert "requeueing job" not in batch, batch  # only Lightning requeued
     # the first run saved on the warning (its only checkpoint), the second resumed from that step
     assert "cluster environment SLURMEnvironment" in out, out[-3000:]
@@ -155,10 +159,9 @@ def test_lightning_saves_on_the_time_limit_warning_and_requeues_itself_once(
 def test_a_script_killed_by_the_warning_is_not_requeued_and_ends_79(
         cluster_env: dict[str, str], tmp_path: Path) -> None:
     script = tmp_path / "plain.py"
-    script.write_text("import os, signal, time\nsignal.signal(signal.SIGUSR2, signal.SIG_DFL)\n"
-                      "print('rank', os.environ['RANK'], 'up', flush=True)\ntime.sleep(600)\n")
+    script.write_text("import os, time\nprint('rank', os.environ['RANK'], 'up', flush=True)\ntime.sleep(600)\n")
     r = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "submit", "--scheduler", "slurm", "--nodes", "2",
-                          "--requeue", "--wait", str(script)],
+                          "--requeue", "--signal", "TERM@90", "--wait", str(script)],
                          env=cluster_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert r.stdout is not None
     job = r.stdout.readline().strip()  # submit prints the job id first
@@ -169,17 +172,17 @@ def test_a_script_killed_by_the_warning_is_not_requeued_and_ends_79(
             break
         subprocess.run(["sleep", "0.1"], check=True)
     # what Slurm does at --signal's time (B: to the batch shell, which passes it on), made deterministic
-    subprocess.run(["scancel", "--signal=USR2", "--batch", job], env=cluster_env, check=True, timeout=60)
+    subprocess.run(["scancel", "--signal=TERM", "--batch", job], env=cluster_env, check=True, timeout=60)
     out, err = r.communicate(timeout=300)
     assert r.returncode == 79 and f"job {job} ended FAILED, exit code 79" in err, err
     batch = (tmp_path / "slurmlaunch-logs" / f"job-{job}.batch.log").read_text()
     for text in (batch, err):  # the batch log and --wait
-        assert re.search(r"task.* on .* killed by SIGUSR2, the warning signal: the script does not handle it, "
-                         r"so nothing was saved and the job is not requeued\. Fix: handle SIGUSR2 in the script",
+        assert re.search(r"task.* on .* killed by SIGTERM, the warning signal: the script does not handle it, "
+                         r"so nothing was saved and the job is not requeued\. Fix: handle SIGTERM in the script",
                          text), text
         assert "--signal USR1@90 for Lightning" in text
     assert "requeueing job" not in batch
     assert _sacct_states(job, cluster_env) == ["FAILED"]
     exit_code = subprocess.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "ExitCode"], env=cluster_env,
                                capture_output=True, text=True, timeout=60).stdout.split()
-    assert exit_code == ["0:12"], exit_code  # Slurm's words: killed by signal 12
+    assert exit_code == ["0:15"], exit_code  # Slurm's words: killed by signal 15

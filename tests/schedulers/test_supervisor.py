@@ -180,12 +180,19 @@ def test_a_rank_killed_by_a_signal_is_named_by_it(tmp_path: Path) -> None:
     assert (outcome.exit_code, dict(outcome.codes), dict(outcome.signaled)) == (137, {0: 137}, {0: 9})
 
 
-def test_the_time_limit_warns_then_stops_and_no_rank_is_blamed(tmp_path: Path) -> None:
-    # SIGCONT as the warning: harmless to a rank without a handler, so the test needs no handler race.
-    ranks = ranks_of(tmp_path, "time.sleep(300)", "time.sleep(300)")
-    outcome = supervise(ranks, out=io.BytesIO(), grace=5, time_limit=1.0, warning=(signal.SIGCONT, 0.5))
+def test_the_time_limit_warns_then_stops_and_no_rank_is_blamed(tmp_path: Path,
+                                                                capfd: pytest.CaptureFixture[str]) -> None:
+    """The warning (USR2, 2 s into a 4 s limit) goes to rank 0, which handles it, not to rank 1, which does not
+    and runs on to the limit (killed by USR2 it would read 140, not 143); one line says so."""
+    ranks = ranks_of(tmp_path, "import signal\nsignal.signal(signal.SIGUSR2, lambda *_: print('GOT', flush=True))\n"
+                               "time.sleep(300)", "time.sleep(300)")
+    out = io.BytesIO()
+    outcome = supervise(ranks, out=out, grace=5, time_limit=4.0, warning=(signal.SIGUSR2, 2.0))
     assert outcome.warned and outcome.timed_out and outcome.first_failed_rank is None
     assert outcome.exit_code == 143 and dict(outcome.codes) == {0: 143, 1: 143}
+    assert b"[rank 0] GOT" in out.getvalue()
+    assert "SIGUSR2, the time limit's warning: sent to rank 0 (a handler for it); left alone: rank 1" \
+        in capfd.readouterr().err
 
 
 def test_a_log_that_exists_is_never_written_into(tmp_path: Path) -> None:
