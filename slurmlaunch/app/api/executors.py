@@ -1,5 +1,5 @@
-"""submitit's executors, set up for a job: the local one with our controller; on a queued scheduler (Slurm,
-PBS) SpecExecutor, whose batch script is the CLI's (``edge.render`` of the job's JobSpec, the rank command
+"""submitit's executors, set up for a job: on a scheduler without a queue (local) DetachedExecutor (local.py),
+which hands the CLI's request to the scheduler's submit; on a queued scheduler (Slurm, PBS) SpecExecutor, whose batch script is the CLI's (``edge.render`` of the job's JobSpec, the rank command
 running the pickled call under the launcher), in private folders."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from submitit.core import core, utils
 
 from ...core.errors import SpecError
 from ...core.spec import JobSpec
-from .local import _local_executor
 
 
 def _minutes(time_text: str | None) -> int:
@@ -35,8 +34,8 @@ def _private_folder(spec: JobSpec) -> Path:
 
 
 def _executor(spec: JobSpec, name: str) -> Any:
-    """The submitit executor of scheduler ``name``: submitit's own local one (ours, app/api/local.py) for a
-    scheduler without a queue; else SpecExecutor, which renders and submits the CLI's batch script through the
+    """The submitit executor of scheduler ``name``: DetachedExecutor (local.py: the scheduler's own detached
+    job, the CLI's) for a scheduler without a queue; else SpecExecutor, which renders and submits the CLI's batch script through the
     scheduler's edge (submitit's Job of a scheduler submitit knows, Slurm's; else the API's own, PBS's)."""
     from ...schedulers.registry import scheduler
 
@@ -53,9 +52,11 @@ def _executor(spec: JobSpec, name: str) -> Any:
         note = not_enforced_note(spec)  # the CLI's line: a partition, --mem... this machine only shows
         if note:
             sys.stderr.write(f"slurmlaunch: {note}\n")
-        local = _local_executor(str(folder), spec)
-        local.update_parameters(tasks_per_node=spec.world_size, nodes=1, timeout_min=_minutes(spec.resources.time),
-                                signal_delay_s=spec.warning[1] if spec.warning else 90)
+        from .local import DetachedExecutor
+
+        # submitit counts its requeues after a time-out down from max_num_timeout, as on a queue
+        local = DetachedExecutor(str(folder), spec, name, max_num_timeout=spec.preemption.max_requeues)
+        local.update_parameters(timeout_min=_minutes(spec.resources.time))
         return local
     if spec.warning is None and edge.submitit_executor is not None:
         raise SpecError(f"signal {spec.preemption.signal!r} is not carried out under Slurm by the submitit-based API "

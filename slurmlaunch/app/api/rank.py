@@ -35,6 +35,15 @@ def _environment(executor: str, nodes: str, signal_name: str) -> None:
     environ["SLURMLAUNCH_API_LAUNCHED"] = "1"  # calls.py: the launcher has checked and exported the rank's variables
     if signal_name != "-":
         environ["SUBMITIT_PREEMPT_SIGNAL"] = signal_name
+    if executor == "local":
+        # the local scheduler's ranks carry a Slurm step's variables (schedulers/local_stepenv.py); submitit's
+        # local job environment reads its own names for them (an array element: ARRAYID_INDEX, as submitit
+        # names the element's files)
+        array = environ.get("SLURM_ARRAY_JOB_ID")
+        environ.update(SUBMITIT_LOCAL_JOB_ID=f"{array}_{environ['SLURM_ARRAY_TASK_ID']}" if array
+                       else environ["SLURM_JOB_ID"], SUBMITIT_LOCAL_GLOBALID=environ["SLURM_PROCID"],
+                       SUBMITIT_LOCAL_LOCALID=environ["SLURM_LOCALID"], SUBMITIT_LOCAL_NODEID=environ["SLURM_NODEID"],
+                       SUBMITIT_LOCAL_NTASKS=environ["SLURM_NTASKS"], SUBMITIT_LOCAL_JOB_NUM_NODES=nodes)
     if executor == "pbs":
         # PBS_JOBID: 1234.server, or a subjob's 1234[5].server (mpiexec -x passes it on, as PBS_ARRAY_INDEX)
         job = environ.get("PBS_JOBID", "").split(".", 1)[0]
@@ -55,6 +64,9 @@ def main(args: Sequence[str]) -> None:
     os.environ["SUBMITIT_FOLDER"] = folder
     paths = submitit.JobEnvironment().paths
     os.makedirs(paths.folder, mode=0o700, exist_ok=True)
+    if executor == "local":
+        _local(folder, str(paths.stdout))
+        return
     given = _output_file()
     for stream, path in ((1, paths.stdout), (2, paths.stderr)):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
@@ -63,6 +75,44 @@ def main(args: Sequence[str]) -> None:
     if given is not None:
         _point_at(given, str(paths.stdout))
     process_job(folder)
+
+
+def _local(folder: str, stdout: str) -> None:
+    """A rank of the local scheduler: its output (stdout and stderr, one pipe) goes on to the rank's log that
+    the local scheduler's supervisor keeps (the CLI's job-ID.rank-N.log, beside submitit's folder), which
+    submitit's file of its stdout names; submitit's requeue code (its local environment exits 144 after the
+    checkpoint) becomes the one the local scheduler requeues on, 128 + the warning signal."""
+    import time
+
+    import submitit
+    from submitit.core.submission import process_job
+    from submitit.local.local import LOCAL_REQUEUE_RETURN_CODE
+
+    from ...core.jobfiles import JobFiles
+
+    log_dir = os.path.dirname(os.path.dirname(folder))  # executors._private_folder: LOG_DIR/submitit/%j
+    tag = os.environ["SUBMITIT_LOCAL_JOB_ID"]
+    log = JobFiles(log_dir, tag).rank_log(int(os.environ["SUBMITIT_LOCAL_GLOBALID"]))
+    try:
+        os.symlink(os.path.relpath(log, os.path.dirname(stdout)), stdout)
+    except FileExistsError:  # a requeued run's: the link is there
+        pass
+    # the submitter moves the pickled call into the job's folder once the scheduler gave the id, which it did
+    # at once here: submitit's own wait for it looks once a second
+    pickled = submitit.JobEnvironment().paths.submitted_pickle
+    for _ in range(6000):  # 60 s, as submitit's wait, which then says what it waited for
+        if pickled.exists():
+            break
+        time.sleep(0.01)
+    try:
+        process_job(folder)
+    except SystemExit as e:
+        if e.code != LOCAL_REQUEUE_RETURN_CODE:
+            raise
+        from ...core.parse import signal_number
+
+        sys.stdout.flush()
+        os._exit(128 + signal_number(os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")))
 
 
 def _output_file() -> str | None:
