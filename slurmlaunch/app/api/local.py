@@ -1,21 +1,19 @@
 """The Python API's jobs on a scheduler without a queue (the local one): jobs of that scheduler like the CLI's.
 
 A job is the CLI's request (executors.rank_spec: the rank command runs the pickled call through the launcher)
-handed to the scheduler's ``submit``, which for the local scheduler starts it at once, detached, under the one
-rank supervisor (schedulers/supervisor.py, with the CLI's signals, grace and time limit) and writes its record
-and index line: the job outlives the Python process that submitted it, and `slurmlaunch list`, `status`, `logs`
-and `cancel` know it. Its handle (:class:`DetachedJob`) asks its state and cancels it through the scheduler's
-interface, as for a queued job; its values are submitit's files, as everywhere."""
+handed to the scheduler's ``submit`` (executors.DetachedExecutor), which for the local scheduler starts it at
+once, detached, under the one rank supervisor (schedulers/supervisor.py, with the CLI's signals, grace and time
+limit) and writes its record and index line: the job outlives the Python process that submitted it, and
+`slurmlaunch list`, `status`, `logs` and `cancel` know it. Its handle (:class:`DetachedJob`) asks its state and
+cancels it through the scheduler's interface, as for a queued job; its values are submitit's files, as
+everywhere."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from submitit.core import core, utils
-
-from ...core.spec import JobSpec
-from .executors import SpecExecutor
+from submitit.core import core
 
 
 class _NoWatcher(core.InfoWatcher):
@@ -65,34 +63,3 @@ class DetachedJob(core.Job[Any]):
         except SlurmLaunchError:  # it has ended already
             if check:
                 raise
-
-
-class DetachedExecutor(SpecExecutor):
-    """submitit's pickling executor whose every job (a map_array's too: one job each, run side by side) is the
-    CLI's request handed to the scheduler's ``submit``, which starts it detached."""
-
-    _checkpointable = False
-
-    def _internal_process_submissions(self, delayed_submissions: list[utils.DelayedSubmission]) -> list[core.Job[Any]]:
-        jobs = []
-        for delayed in delayed_submissions:
-            self._checkpointable = hasattr(delayed.function, "checkpoint")
-            jobs += core.PicklingExecutor._internal_process_submissions(self, [delayed])
-        return jobs
-
-    def rank_spec(self) -> JobSpec:
-        """The CLI's request (SpecExecutor's), requeued by the scheduler when a checkpointable call asks for it:
-        its rank 0 saves at the warning and exits 128 + the warning signal (rank.py), as a CLI job's script
-        does."""
-        spec = super().rank_spec()
-        if self._checkpointable and spec.warning is not None and not spec.preemption.requeue:
-            spec = spec.changed(requeue=True)
-        return spec
-
-    def _submit_command(self, command: str) -> core.Job[Any]:
-        from ...schedulers.registry import scheduler
-
-        spec = self.rank_spec()
-        submission = scheduler(self.scheduler).submit(spec, "")
-        return DetachedJob(self.folder, submission.job_id, tuple(range(spec.world_size)), self.scheduler,
-                           spec.log_dir)
