@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 # The variables PbsJobEnvironment (pbs.py) reads: the job's id as submitit names it, and the array's.
 PBS_JOB_ID = "SLURMLAUNCH_PBS_JOB_ID"
@@ -35,15 +36,6 @@ def _environment(executor: str, nodes: str, signal_name: str) -> None:
     environ["SLURMLAUNCH_API_LAUNCHED"] = "1"  # calls.py: the launcher has checked and exported the rank's variables
     if signal_name != "-":
         environ["SUBMITIT_PREEMPT_SIGNAL"] = signal_name
-    if executor == "local":
-        # the local scheduler's ranks carry a Slurm step's variables (schedulers/local_stepenv.py); submitit's
-        # local job environment reads its own names for them (an array element: ARRAYID_INDEX, as submitit
-        # names the element's files)
-        array = environ.get("SLURM_ARRAY_JOB_ID")
-        environ.update(SUBMITIT_LOCAL_JOB_ID=f"{array}_{environ['SLURM_ARRAY_TASK_ID']}" if array
-                       else environ["SLURM_JOB_ID"], SUBMITIT_LOCAL_GLOBALID=environ["SLURM_PROCID"],
-                       SUBMITIT_LOCAL_LOCALID=environ["SLURM_LOCALID"], SUBMITIT_LOCAL_NODEID=environ["SLURM_NODEID"],
-                       SUBMITIT_LOCAL_NTASKS=environ["SLURM_NTASKS"], SUBMITIT_LOCAL_JOB_NUM_NODES=nodes)
     if executor == "pbs":
         # PBS_JOBID: 1234.server, or a subjob's 1234[5].server (mpiexec -x passes it on, as PBS_ARRAY_INDEX)
         job = environ.get("PBS_JOBID", "").split(".", 1)[0]
@@ -53,53 +45,79 @@ def _environment(executor: str, nodes: str, signal_name: str) -> None:
             environ[PBS_ARRAY_ID] = job.split("[", 1)[0]
 
 
+# submitit's fields of a job environment -> a Slurm step's variables (srun's, and the local scheduler's, which
+# emulates a step: schedulers/local_stepenv.py)
+_STEP_VARIABLES = {"global_rank": "SLURM_PROCID", "local_rank": "SLURM_LOCALID", "node": "SLURM_NODEID",
+                   "num_tasks": "SLURM_NTASKS", "num_nodes": "SLURM_JOB_NUM_NODES"}
+
+
+def _from_step(env: Any) -> None:
+    """The variables submitit's job environment ``env`` reads (its ``_env`` table), where they are not set,
+    from the Slurm step's that this rank has: a job environment other than Slurm's (submitit's local one, under
+    the local scheduler) then reads the same world. An array element's job id is ARRAYID_INDEX, as submitit
+    names the element's files."""
+    environ = os.environ
+    for field, variable in type(env)._env.items():
+        if variable in environ:
+            continue
+        if field == "job_id" and "SLURM_JOB_ID" in environ:
+            array = environ.get("SLURM_ARRAY_JOB_ID")
+            environ[variable] = f"{array}_{environ['SLURM_ARRAY_TASK_ID']}" if array else environ["SLURM_JOB_ID"]
+        elif _STEP_VARIABLES.get(field, "") in environ:
+            environ[variable] = environ[_STEP_VARIABLES[field]]
+
+
 def main(args: Sequence[str]) -> None:
-    """A rank: its stdout and stderr into submitit's files of this task, then submitit's own processing."""
+    """A rank: its output into submitit's files of this task (or, where the scheduler keeps it in the CLI's rank
+    log, submitit's file naming that log), then submitit's own processing."""
     executor, nodes, signal_name, folder = args
     os.umask(0o077)  # what the call writes (its pickled result, its logs) is the user's alone, as before
     _environment(executor, nodes, signal_name)  # before submitit's import: it reads the signal's name then
     import submitit
-    from submitit.core.submission import process_job
 
     os.environ["SUBMITIT_FOLDER"] = folder
-    paths = submitit.JobEnvironment().paths
+    env = submitit.JobEnvironment()
+    _from_step(env)
+    paths = env.paths
     os.makedirs(paths.folder, mode=0o700, exist_ok=True)
-    if executor == "local":
-        _local(folder, str(paths.stdout))
-        return
     given = _output_file()
-    for stream, path in ((1, paths.stdout), (2, paths.stderr)):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-        os.dup2(fd, stream)
-        os.close(fd)
-    if given is not None:
-        _point_at(given, str(paths.stdout))
-    process_job(folder)
+    kept = None if given is not None else _kept_log(folder, env)
+    if kept is not None:  # the local scheduler's supervisor logs this rank's pipe (stdout and stderr) there
+        try:
+            os.symlink(os.path.relpath(kept, os.path.dirname(paths.stdout)), paths.stdout)
+        except FileExistsError:  # a requeued run's: the link is there
+            pass
+    else:
+        for stream, path in ((1, paths.stdout), (2, paths.stderr)):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+            os.dup2(fd, stream)
+            os.close(fd)
+        if given is not None:
+            _point_at(given, str(paths.stdout))
+    _process(folder, paths.submitted_pickle)
 
 
-def _local(folder: str, stdout: str) -> None:
-    """A rank of the local scheduler: its output (stdout and stderr, one pipe) goes on to the rank's log that
-    the local scheduler's supervisor keeps (the CLI's job-ID.rank-N.log, beside submitit's folder), which
-    submitit's file of its stdout names; submitit's requeue code (its local environment exits 144 after the
-    checkpoint) becomes the one the local scheduler requeues on, 128 + the warning signal."""
+def _kept_log(folder: str, env: Any) -> str | None:
+    """The CLI's log of this rank (job-ID.rank-N.log beside submitit's folder, LOG_DIR/submitit/%j:
+    executors._private_folder) where it is there before the rank wrote a byte: a scheduler that copies the
+    rank's output pipe there (the local one's supervisor); None otherwise (mpiexec's pipe under PBS)."""
+    from ...core.jobfiles import JobFiles
+
+    log = JobFiles(os.path.dirname(os.path.dirname(folder)), str(env.job_id)).rank_log(env.global_rank)
+    return log if os.path.isfile(log) and not os.path.islink(log) else None
+
+
+def _process(folder: str, pickled: Any) -> None:
+    """submitit's processing of the pickled call. Its local job environment's requeue (exit 144, after the
+    checkpoint) becomes the code every scheduler here requeues on, 128 + the warning signal, as a CLI job's
+    script asks for it."""
     import time
 
-    import submitit
     from submitit.core.submission import process_job
     from submitit.local.local import LOCAL_REQUEUE_RETURN_CODE
 
-    from ...core.jobfiles import JobFiles
-
-    log_dir = os.path.dirname(os.path.dirname(folder))  # executors._private_folder: LOG_DIR/submitit/%j
-    tag = os.environ["SUBMITIT_LOCAL_JOB_ID"]
-    log = JobFiles(log_dir, tag).rank_log(int(os.environ["SUBMITIT_LOCAL_GLOBALID"]))
-    try:
-        os.symlink(os.path.relpath(log, os.path.dirname(stdout)), stdout)
-    except FileExistsError:  # a requeued run's: the link is there
-        pass
-    # the submitter moves the pickled call into the job's folder once the scheduler gave the id, which it did
-    # at once here: submitit's own wait for it looks once a second
-    pickled = submitit.JobEnvironment().paths.submitted_pickle
+    # the submitter moves the pickled call into the job's folder once the scheduler gave the id, which a
+    # scheduler without a queue starts at once: submitit's own wait for it looks only once a second
     for _ in range(6000):  # 60 s, as submitit's wait, which then says what it waited for
         if pickled.exists():
             break
