@@ -1,9 +1,10 @@
 """A rank of an API job (a queued scheduler's, or the local one's): the program of the JobSpec the API renders
 (executors.py), run by the launcher like any CLI job's script (``python -m slurmlaunch launch -m
-slurmlaunch.app.api.rank ...``), so the batch script is the template's own. It gives submitit what its own batch script would have given (which
-executor's job environment, the warning signal its handler listens to; under PBS the job's id as submitit names
-it), puts this rank's stdout and stderr into submitit's files of its task, and runs submitit's processing of the
-pickled call.
+slurmlaunch.app.api.rank ...``), so the batch script is the template's own. It gives submitit what its own batch
+script would have given (which executor's job environment, the warning signal its handler listens to; under PBS
+the job's id as submitit names it), puts this rank's stdout and stderr into submitit's files of its task (or
+links them to the rank's log where the local scheduler keeps it), and runs submitit's processing of the pickled
+call.
 
     python -m slurmlaunch.app.api.rank EXECUTOR NODES SIGNAL FOLDER
 
