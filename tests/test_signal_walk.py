@@ -155,28 +155,23 @@ def got(number, _frame):
     sys.exit(0)
 for s in (signal.SIGUSR1, signal.SIGUSR2):
     signal.signal(s, got)
-time.sleep(60)  # the controller stops it at the job's time limit (6 s) at the latest
+time.sleep(10)  # warned 4 s in, or never
 """
 
 
-@pytest.mark.parametrize("warning", [("USR1", 4), None])
-def test_the_apis_local_controller_sends_the_named_warning(warning: tuple[str, int] | None, tmp_path: Path) -> None:
-    """The API's local jobs: the controller sends NAME (not submitit's default USR2), and the ranks' submitit
-    handler is told the same name; with signal="none" no warning at all (before: USR2, 90 s, always)."""
-    import shlex
-    import sys
-
-    from slurmlaunch.app.api.local import _start_controller
+@pytest.mark.parametrize("warning", ["USR1@56", "none"])
+def test_the_apis_local_jobs_get_the_named_warning(warning: str, tmp_path: Path) -> None:
+    """The API's local jobs (the local scheduler's supervisor, as the CLI's): NAME (not submitit's default USR2)
+    SECONDS before the limit, and the ranks' submitit handler is told the same name; with signal="none" no
+    warning at all (before this walk: USR2, 90 s, always)."""
+    import slurmlaunch
 
     (tmp_path / "rank.py").write_text(RANK)
     out = tmp_path / "got"
-    command = shlex.join([sys.executable, str(tmp_path / "rank.py"), str(out)])
-    controller = _start_controller(tmp_path / "jobs", command, 1, 0.1, warning)  # a limit of 6 s
-    try:
-        code = controller.wait(timeout=60)
-    finally:
-        controller.kill()
-    if warning is None:
-        assert not out.exists() and code != 0  # stopped at its time limit, never warned
+    job = slurmlaunch.submit_script(str(tmp_path / "rank.py"), [str(out)], scheduler="local", time="1",
+                                    signal=warning, output_dir=str(tmp_path / "logs"))
+    assert job.results() == [0]
+    if warning == "none":
+        assert not out.exists()  # it slept its 10 s, never warned
     else:
-        assert (code, out.read_text()) == (0, f"SIG{warning[0]} {warning[0]}")
+        assert out.read_text() == "SIGUSR1 USR1"

@@ -410,9 +410,16 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _report(what: str, spec: JobSpec, result: Outcome, stopped: Reason | None = None) -> str | None:
-    """Say how the run ended; returns the first-failure line, if a rank failed."""
-    failure = None
+def _node_of(spec: JobSpec, index: int) -> str:
+    """The emulated node of rank ``index`` (of node ``index`` in torchrun mode, whose unit is a node)."""
+    per_node = 1 if spec.launch.mode == "torchrun" else spec.slurm_tasks_per_node
+    return node_names(spec.resources.nodes)[min(index // max(per_node, 1), spec.resources.nodes - 1)]
+
+
+def _report(what: str, spec: JobSpec, result: Outcome, stopped: Reason | None = None) -> tuple[str, str] | None:
+    """Say how the run ended; returns the first-failure line, if a rank failed: as said, and as the job's failure
+    file keeps it (the batch step's words, with the rank's node: allocation/batch_step.read_failure reads both)."""
+    failure = filed = None
     if result.interrupted_by is not None:
         name = signal.Signals(result.interrupted_by).name
         why = "the terminal or session closed" if result.interrupted_by == signal.SIGHUP else "you or the system"
@@ -421,21 +428,24 @@ def _report(what: str, spec: JobSpec, result: Outcome, stopped: Reason | None = 
         _say(f"{what}: reached its time limit (--time {spec.resources.time}); the ranks were stopped (state TIMEOUT)")
     elif stopped is not None:
         others = f"; the other {spec.log_unit}s were stopped" if len(result.codes) > 1 else ""
-        failure = f"{what}: " + stopped_line(stopped.who(), result.exit_code, stopped.text, others, bool(others))
+        filed = stopped_line(stopped.who(), result.exit_code, stopped.text, others, bool(others))
+        failure = f"{what}: {filed}"
     elif result.first_failed_rank is not None:
         others = "; the other ranks were stopped" if len(result.codes) > 1 else ""
         # as the batch script says it under Slurm: a signal that ended the rank is named
         number = result.signaled.get(result.first_failed_rank)
         how = f" (killed by {_signal_name(number)})" if number and result.exit_code == 128 + number else ""
-        failure = (f"{what}: {spec.log_unit} {result.first_failed_rank} failed with exit code {result.exit_code}{how}"
-                   if not others else f"{what}: {spec.log_unit} {result.first_failed_rank} failed first with "
-                   f"exit code {result.exit_code}{how}{others}")
+        rank = result.first_failed_rank
+        words = (f"failed with exit code {result.exit_code}{how}" if not others else
+                 f"failed first with exit code {result.exit_code}{how}{others}")
+        failure = f"{what}: {spec.log_unit} {rank} {words}"
+        filed = f"{spec.log_unit} {rank} on {_node_of(spec, rank)} {words}"
     if failure:
         _say(failure)
     if result.console_lost:
         _say(f"{what}: the console went away during the run; every {spec.log_unit}'s whole output is in "
              f"{spec.log_dir}")
-    return failure
+    return (failure, filed) if failure and filed else None
 
 
 def count(n: int, noun: str) -> str:
@@ -478,8 +488,9 @@ def _step_ranks(spec: JobSpec, environ: Mapping[str, str], tag: str, step_job: s
 
 def _run_once(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: tuple[int, float] | None,
               what: str, step: tuple[str, str, dict[str, str], list[str]],
-              restarts: int) -> tuple[Outcome, str | None, bool]:
-    """One run of an element: (its outcome, the failure line, whether the ranks saved for a requeue)."""
+              restarts: int) -> tuple[Outcome, tuple[str, str] | None, bool]:
+    """One run of an element: (its outcome, the failure line as said and as filed, whether the ranks saved for a
+    requeue)."""
     tag, step_job, extra, point = step
     _say(f"{what}: {count(spec.world_size, 'rank')} on {count(spec.resources.nodes, 'emulated node')} "
          f"{node_list(spec.resources.nodes)}; logs in {spec.log_dir}")
@@ -494,7 +505,10 @@ def _run_once(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: 
     result, stopped = stopped_first(result, files.reasons)
     result = asked_before_abort(what, spec, result, stopped, files)
     shutil.rmtree(files.reasons, ignore_errors=True)
-    killed = sorted(r for r, number in result.signaled.items() if warning and number == warning[0])
+    # the warning's number, whether the timer sends it (a time limit) or it comes from outside (a preemption,
+    # `kill -USR2` of the supervisor, which passes it on)
+    named = signal_number(spec.warning[0]) if spec.warning is not None else None
+    killed = sorted(r for r, number in result.signaled.items() if named is not None and number == named)
     if killed and result.interrupted_by is None and result.first_failed_rank in killed:
         result = replace(result, exit_code=WARNING_KILLED)  # not the 128 + N that asks for a requeue
     failure = _report(what, spec, result, stopped)
@@ -511,7 +525,7 @@ def _run_once(spec: JobSpec, environ: Mapping[str, str], grace: float, warning: 
         _say(f"{what}: {spec.log_unit}(s) {', '.join(map(str, killed))} killed by "
              f"SIG{spec.warning[0]}, the warning signal: " + warning_fix(spec.warning[0], spec.preemption.requeue))
     # a rank that died of the warning signal had no handler for it and saved nothing
-    saved = warning is not None and wants_requeue(result.warned, result.exit_code, bool(killed), 128 + warning[0])
+    saved = named is not None and wants_requeue(result.warned, result.exit_code, bool(killed), 128 + named)
     return result, failure, saved
 
 
@@ -533,7 +547,7 @@ def _run_element(spec: JobSpec, environ: Mapping[str, str], grace: float, warnin
     files = JobFiles(spec.log_dir, step[0])
     write_end(spec.log_dir, step[0], result.exit_code, end_state(result))
     if failure:
-        write_private(files.failure, f"slurmlaunch: {failure}\n", exclusive=True)
+        write_private(files.failure, f"slurmlaunch: {failure[1]}\n", exclusive=True)
     return result
 
 
@@ -598,10 +612,16 @@ DETACHED_COMMAND = "local-job"  # the hidden command a detached job's supervisor
 
 
 def start_detached(spec: JobSpec, environ: Mapping[str, str]) -> str:
+    """Start the job detached (:func:`detach_job`) and return its id."""
+    return detach_job(spec, environ)[0]
+
+
+def detach_job(spec: JobSpec, environ: Mapping[str, str]) -> tuple[str, str]:
     """Start the job under a supervisor of its own (``python -m slurmlaunch local-job``) and return its id at
     once. The supervisor runs in a session of its own (no terminal: a hang-up or Ctrl-C there does not reach
     it), with stdin from /dev/null, the ranks' output in their logs and its own messages in the job's batch
-    log; it is not this process's to wait for, so this process may end (the submitting shell too)."""
+    log; it is not this process's to wait for, so this process may end (the submitting shell, the Python
+    interpreter that called slurmlaunch.submit, too). Returns (its id, its record's path)."""
     import pickle
 
     _, note = gpu_plan(spec, environ)  # a refusal before anything is written
@@ -611,7 +631,7 @@ def start_detached(spec: JobSpec, environ: Mapping[str, str]) -> str:
     pid = detach([sys.executable, "-m", "slurmlaunch", DETACHED_COMMAND, record], environ,
                  pickle.dumps((spec, job_id)), JobFiles(spec.log_dir, job_id).batch_log)
     name_supervisor(record, pid)
-    return job_id
+    return job_id, record
 
 
 def name_supervisor(record: str, pid: int) -> None:
@@ -859,7 +879,11 @@ class LocalScheduler:
         raise SchedulerError(_NO_QUEUE)
 
     def submit(self, spec: JobSpec, script_text: str) -> Submission:
-        raise SchedulerError(_NO_QUEUE)
+        """No queue: the job starts at once, detached, under its own supervisor (:func:`detach_job`; there is
+        no batch script, ``script_text`` is not used). The Python API's local jobs start here."""
+        job_id, record = detach_job(spec, os.environ)
+        return Submission(job_id, "", record, [sys.executable, "-m", "slurmlaunch", DETACHED_COMMAND, record],
+                          files_id=job_id, log_dir=spec.log_dir)
 
     def status(self, job_id: str, log_dir: str | None, indices: Sequence[int] = ()) -> JobStatus:
         return job_status(job_id, log_dir, indices)

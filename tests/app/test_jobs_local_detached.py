@@ -201,11 +201,15 @@ def test_a_record_of_another_boot_or_a_reused_pid_is_not_running(tmp_path: Path,
 
 
 def api_wait(directory: str) -> int:
-    """An API function: waits for the file "go", then returns its rank."""
+    """An API function: says which process it is (pid-RANK), waits for the file "go", then returns its rank."""
+    rank = int(os.environ["RANK"])
+    with open(os.path.join(directory, f".pid-{rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(os.path.join(directory, f".pid-{rank}"), os.path.join(directory, f"pid-{rank}"))
     deadline = time.monotonic() + 120
     while not os.path.exists(os.path.join(directory, "go")) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return int(os.environ["RANK"])
+    return rank
 
 
 API_CALL = """
@@ -241,6 +245,47 @@ def test_an_api_job_on_the_local_scheduler_is_a_local_job(tmp_path: Path) -> Non
     assert (st["state"], st["exit_code"]) == ("COMPLETED", 0) and st["elapsed"] is not None, st
     assert _listed(env, job) == "COMPLETED"
     assert "Job completed successfully" in run_cli("logs", job, "--rank", "1", env=env).stdout
+
+
+SUBMIT_AND_LEAVE = """
+import pickle, sys
+import slurmlaunch
+from tests.app.test_jobs_local_detached import api_wait
+job = slurmlaunch.submit(api_wait, sys.argv[1], scheduler="local", nodes=2, output_dir=sys.argv[1] + "/logs")
+with open(sys.argv[1] + "/handle.pkl", "wb") as f:
+    pickle.dump(job, f)
+print(job.job_id, flush=True)
+"""
+
+RESULTS_ELSEWHERE = """
+import json, pickle, sys
+with open(sys.argv[1] + "/handle.pkl", "rb") as f:
+    job = pickle.load(f)
+print(json.dumps([job.results(), job.state]), flush=True)
+"""
+
+
+def test_an_api_job_on_the_local_scheduler_outlives_the_interpreter_that_submitted_it(tmp_path: Path) -> None:
+    # issue 41: the API's local job was its submitter's child (a controller that died with it); now the local
+    # scheduler's detached job, as `submit --no-wait`'s: the submitter exits, the job runs on, and its handle
+    # (pickled) gives its values in another process
+    env = _env(tmp_path)
+    env["PYTHONPATH"] = str(Path(__file__).parents[2])
+    r = subprocess.run([sys.executable, "-c", SUBMIT_AND_LEAVE, str(tmp_path)], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
+    ranks = _pids(tmp_path, 2)  # both ranks run, their submitter gone
+    assert all(alive(p) for p in ranks)
+    st = _status(env, job)
+    assert (st["state"], st["nodes"]) == ("RUNNING", "127.0.0.[1-2]"), st
+    assert _listed(env, job) == "RUNNING"
+    (tmp_path / "go").touch()
+    r = subprocess.run([sys.executable, "-c", RESULTS_ELSEWHERE, str(tmp_path)], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [[0, 1], "COMPLETED"], r.stdout
+    assert _listed(env, job) == "COMPLETED"
 
 
 def test_cancel_of_an_api_job_on_the_local_scheduler(tmp_path: Path) -> None:

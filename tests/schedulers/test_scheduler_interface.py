@@ -154,8 +154,8 @@ def test_each_edge_behind_the_interface(tmp_path: Path) -> None:
     assert edges["slurm"].batch_log(spec, "9") == os.path.join(spec.log_dir, "job-9.batch.log")
     with pytest.raises(JobStateError, match="job 3: its record .* cannot be read"):  # it reads the job's files
         edges["local"].status("3", spec.log_dir)
-    with pytest.raises(SchedulerError, match="no queue to submit to"):
-        edges["local"].submit(spec, "")
+    with pytest.raises(SchedulerError, match="no queue to submit to"):  # its submit starts the job detached
+        edges["local"].submit_command(spec, "job.sh")
     assert jobs._edge(JobRecord.from_data({"scheduler": "local", "job_id": "3", "log_dir": spec.log_dir}, "3")) \
         is edges["local"]
     with pytest.raises(SpecError, match="scheduler 'sge' is not valid"):

@@ -6,12 +6,11 @@
     print(job.results())         # every rank's, indexed by rank
 
 The options are JobSpec's fields, validated by the same code as the CLI's. Under Slurm, submitit's
-SlurmExecutor runs one task per GPU (srun --kill-on-bad-exit); ``scheduler="local"`` uses submitit's
-LocalExecutor for the pickling and the files, with our own controller process in place of submitit's
-(see _LocalController: it knows how each rank ended, and stops the others when one fails, as srun
-does), and emulates the nodes the way the CLI's local scheduler does. Inside every task the torch
-distributed environment is computed and exported by the launcher's own code (detect, checks, exports)
-before ``fn`` runs.
+SlurmExecutor runs one task per GPU (srun --kill-on-bad-exit); ``scheduler="local"`` makes the job a
+local scheduler's job like the CLI's (local.py: started detached under the one rank supervisor, it outlives
+the submitting interpreter; `slurmlaunch list`, `status` and `cancel` know it), submitit's pickling and files
+kept. Inside every task the torch distributed environment is computed and exported by the launcher's own code
+(detect, checks, exports) before ``fn`` runs.
 
 How a job's outcome is collected (Job.results, the same on both schedulers): wait for the job to end
 (under Slurm: until sacct says so, one batched sacct every 2 s for all the jobs being waited for; or until
@@ -19,8 +18,8 @@ every rank's value is on disk and one squeue confirms the job was not stopped or
 look at every rank's files at once, without waiting for any that is missing; the return value travels
 pickled by the rank itself (_Packed), so a value that cannot be pickled is reported as such, with the part
 that could not be; a rank that raised SystemExit left an exit record (its code, and when); a rank with
-neither ended without a Python exception, and how (exit code or signal) comes from the local controller's
-status file, or on a queued scheduler (Slurm, PBS) from the batch step's failure file (job-ID.failure, read by
+neither ended without a Python exception, and how (exit code or signal) comes from the job's failure file
+(job-ID.failure: the batch step's under Slurm and PBS, the local scheduler's supervisor's locally; read by
 allocation/batch_step.read_failure, the CLI's words). The first failure
 by time is raised as RankFailed; a job that Slurm cancelled or stopped at its time limit says so instead.
 Only the values asked for are loaded: result() reads rank 0's alone.
@@ -44,10 +43,9 @@ if TYPE_CHECKING:
     from .functions import Batch, batch, map_array, submit, submit_script
     from .job import Job
     from .job_options import CLI_ONLY, OPTION_NAMES, profile_options
-    from .local import _controller_main
 
 __all__ = ["CLI_ONLY", "OPTION_NAMES", "Batch", "Job", "RankFailed", "SlurmLaunchError", "SpecError", "_choose",
-           "_controller_main", "batch", "map_array", "profile_options", "submit", "submit_script"]
+           "batch", "map_array", "profile_options", "submit", "submit_script"]
 
 # Every rank imports this package to unpickle its call (calls.py): the caller's side (submission, submitit's
 # executors, the wait) is loaded on first use, not in every rank (issue 32: a rank's start is part of the
@@ -55,7 +53,7 @@ __all__ = ["CLI_ONLY", "OPTION_NAMES", "Batch", "Job", "RankFailed", "SlurmLaunc
 _WHERE = {"SlurmLaunchError": "...core.errors", "SpecError": "...core.errors", "_choose": ".executors",
           "RankFailed": ".failures", "Batch": ".functions", "batch": ".functions", "map_array": ".functions",
           "submit": ".functions", "submit_script": ".functions", "Job": ".job", "CLI_ONLY": ".job_options",
-          "OPTION_NAMES": ".job_options", "profile_options": ".job_options", "_controller_main": ".local"}
+          "OPTION_NAMES": ".job_options", "profile_options": ".job_options"}
 
 
 def __getattr__(name: str) -> Any:

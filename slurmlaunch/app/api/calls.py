@@ -82,30 +82,14 @@ def _pack(value: object) -> _Packed:
 LAUNCHED = "SLURMLAUNCH_API_LAUNCHED"
 
 
-def _export_distributed_env(spec_of: Callable[[], JobSpec]) -> None:
-    """In a task: give submitit's local tasks the variables a Slurm step would have (``spec_of``: the job's
-    spec, asked for there only), then map them exactly as `slurmlaunch launch` does and export the result.
-    Nothing to do in a rank the launcher started (a queued scheduler's: app/api/rank.py): it has done so."""
+def _export_distributed_env() -> None:
+    """In a task: map the rank's variables exactly as `slurmlaunch launch` does and export the result. Nothing to
+    do in a rank the launcher started (every scheduler's, the local one's too: app/api/rank.py): it has done so."""
     environ = os.environ
     if environ.get(LAUNCHED) == "1":
         return
     from ...allocation.launch import preflight, resolve
 
-    if "SUBMITIT_LOCAL_JOB_ID" in environ and "SLURM_PROCID" not in environ:
-        from ...schedulers.local import gpu_plan, rank_env
-
-        rank = int(environ["SUBMITIT_LOCAL_GLOBALID"])
-        spec = spec_of()
-        gpus, _ = gpu_plan(spec, environ)
-        emulated = rank_env(spec, environ["SUBMITIT_LOCAL_JOB_ID"], rank, environ, gpus)
-        if spec.resources.gpus_per_node == 0:  # asked for no GPU, gets none (as under Slurm, and as before: submitit's
-            emulated["CUDA_VISIBLE_DEVICES"] = ""  # controller blanked it, for every job, GPUs asked or not)
-        # submitit.JobEnvironment() (and its TorchDistributedEnvironment) in the function sees the emulated
-        # nodes too: submitit's local executor, whose controller ours replaces, has one node for every task
-        emulated.update(SUBMITIT_LOCAL_NODEID=emulated["SLURM_NODEID"],
-                        SUBMITIT_LOCAL_LOCALID=emulated["SLURM_LOCALID"],
-                        SUBMITIT_LOCAL_JOB_NUM_NODES=str(spec.resources.nodes))
-        environ.update({k: v for k, v in emulated.items() if environ.get(k) != v})
     dist = preflight(resolve(environ), environ)
     environ.update(dist.exports(environ))
 
@@ -255,10 +239,10 @@ class _DistributedCall:
 
     @property
     def spec(self) -> JobSpec:
-        """The job's spec. It travels pickled on its own and a rank unpickles it only where it is used (the
-        local scheduler's step variables, a checkpoint's resubmission): a rank under Slurm needs the log
-        directory alone, and JobSpec's module (a dataclass of some 50 fields) costs a rank about 2.5 ms of CPU
-        to load, which every rank of every short job pays (issue 32)."""
+        """The job's spec. It travels pickled on its own and a rank unpickles it only where it is used (a
+        checkpoint's resubmission): a rank needs the log directory alone, and JobSpec's module (a dataclass of
+        some 50 fields) costs a rank about 2.5 ms of CPU to load, which every rank of every short job pays
+        (issue 32)."""
         spec = self._spec
         if isinstance(spec, bytes):
             import pickle
@@ -284,7 +268,7 @@ class _DistributedCall:
             record.unlink(missing_ok=True)  # an earlier run's, before a requeue
         from ...allocation.script_runner import settle
 
-        _export_distributed_env(lambda: self.spec)
+        _export_distributed_env()
         if not hasattr(self, "checkpoint"):
             _warning_runs_on()
         _arm_stacks(self.log_dir)
@@ -329,7 +313,7 @@ class _ScriptCall:
         from ...allocation.torchrun_mode import teardown_message
         from ...render.launch import launch_command
 
-        _export_distributed_env(lambda: self.spec)
+        _export_distributed_env()
         _warning_runs_on()  # and the script, started through the launcher, ignores it unless it handles it
         try:
             marks = tempfile.mkdtemp(prefix="slurmlaunch-returned-")  # the runner marks a script that returned

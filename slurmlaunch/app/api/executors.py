@@ -1,5 +1,6 @@
-"""submitit's executors, set up for a job: the local one with our controller; on a queued scheduler (Slurm,
-PBS) SpecExecutor, whose batch script is the CLI's (``edge.render`` of the job's JobSpec, the rank command
+"""submitit's executors, set up for a job: on a scheduler without a queue (local) DetachedExecutor, which hands
+the CLI's request to the scheduler's submit (the job's handle: local.py); on a queued scheduler (Slurm, PBS)
+SpecExecutor, whose batch script is the CLI's (``edge.render`` of the job's JobSpec, the rank command
 running the pickled call under the launcher), in private folders."""
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ def _private_folder(spec: JobSpec) -> Path:
 
 
 def _executor(spec: JobSpec, name: str) -> Any:
-    """The submitit executor of scheduler ``name``: submitit's own local one (ours, app/api/local.py) for a
-    scheduler without a queue; else SpecExecutor, which renders and submits the CLI's batch script through the
-    scheduler's edge (submitit's Job of a scheduler submitit knows, Slurm's; else the API's own, PBS's)."""
+    """The submitit executor of scheduler ``name``: DetachedExecutor (the scheduler's own detached job, the
+    CLI's) for a scheduler without a queue; else SpecExecutor, which renders and submits the CLI's batch script
+    through the scheduler's edge (submitit's Job of a scheduler submitit knows, Slurm's; else the API's own, PBS's)."""
     from ...schedulers.registry import scheduler
 
     edge = scheduler(name)
@@ -57,11 +58,9 @@ def _executor(spec: JobSpec, name: str) -> Any:
         note = not_enforced_note(spec)  # the CLI's line: a partition, --mem... this machine only shows
         if note:
             sys.stderr.write(f"slurmlaunch: {note}\n")
-        from .local import _local_executor
-
-        local = _local_executor(str(folder), spec)
-        local.update_parameters(tasks_per_node=spec.world_size, nodes=1, timeout_min=_minutes(spec.resources.time),
-                                signal_delay_s=spec.warning[1] if spec.warning else 90)
+        # submitit counts its requeues after a time-out down from max_num_timeout, as on a queue
+        local = DetachedExecutor(str(folder), spec, name, max_num_timeout=spec.preemption.max_requeues)
+        local.update_parameters(timeout_min=_minutes(spec.resources.time))
         return local
     if spec.warning is None and edge.submitit_executor is not None:
         raise SpecError(f"signal {spec.preemption.signal!r} is not carried out under Slurm by the submitit-based API "
@@ -150,6 +149,38 @@ class SpecExecutor(core.PicklingExecutor):
         for job, path in zip(jobs, pickles, strict=True):
             job.paths.move_temporary_file(path, "submitted_pickle")
         return jobs
+
+
+class DetachedExecutor(SpecExecutor):
+    """submitit's pickling executor whose every job (a map_array's too: one job each, run side by side) is the
+    CLI's request handed to the scheduler's ``submit``, which starts it detached."""
+
+    _checkpointable = False
+
+    def _internal_process_submissions(self, delayed_submissions: list[utils.DelayedSubmission]) -> list[core.Job[Any]]:
+        jobs = []
+        for delayed in delayed_submissions:
+            self._checkpointable = hasattr(delayed.function, "checkpoint")
+            jobs += core.PicklingExecutor._internal_process_submissions(self, [delayed])
+        return jobs
+
+    def rank_spec(self) -> JobSpec:
+        """The CLI's request (SpecExecutor's), requeued by the scheduler when a checkpointable call asks for it:
+        its rank 0 saves at the warning and exits 128 + the warning signal (rank.py), as a CLI job's script
+        does."""
+        spec = super().rank_spec()
+        if self._checkpointable and spec.warning is not None and not spec.preemption.requeue:
+            spec = spec.changed(requeue=True)
+        return spec
+
+    def _submit_command(self, command: str) -> core.Job[Any]:
+        from ...schedulers.registry import scheduler
+        from .local import DetachedJob
+
+        spec = self.rank_spec()
+        submission = scheduler(self.scheduler).submit(spec, "")
+        return DetachedJob(self.folder, submission.job_id, tuple(range(spec.world_size)), self.scheduler,
+                           spec.log_dir)
 
 
 def _job_class(scheduler: str) -> type[core.Job[Any]]:

@@ -90,8 +90,8 @@ class Job:
 
     @property
     def state(self) -> str:
-        """The scheduler's state: final (COMPLETED, FAILED, CANCELLED by ..., TIMEOUT; locally FINISHED or
-        INTERRUPTED) exactly when done() is true. Under Slurm, sacct's (at most 2 s old), and PENDING for a
+        """The scheduler's state: final (COMPLETED, FAILED, CANCELLED by ..., TIMEOUT) exactly when done() is
+        true. Under Slurm, sacct's (at most 2 s old), and PENDING for a
         job submitted but not in accounting yet; squeue's while sacct has no record, or once every rank
         returned (its values may come before accounting has caught up with the job's end)."""
         if not self._edge.queued:
@@ -208,16 +208,17 @@ class Job:
         return self._confirmed
 
     def _wait(self, limit: float | None = None) -> tuple[bool, str | None]:
-        """Wait for the job's end (at most ``limit`` seconds): whether it ended, and its state under Slurm
-        (None locally; under Slurm the confirmed squeue state when every rank's value came first)."""
+        """Wait for the job's end (at most ``limit`` seconds): whether it ended, and its state (under Slurm the
+        confirmed squeue state when every rank's value came first)."""
         start = time.monotonic()
         deadline = None if limit is None else start + limit
-        if not self._edge.queued:
-            while not self._job.done():  # the controller has ended: every rank has, and it wrote its status
-                if deadline is not None and time.monotonic() >= deadline:
+        if not self._edge.queued:  # the scheduler's status (local.DetachedJob): its files and its supervisor
+            while not self._job.done():
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
                     return False, None
-                time.sleep(0.1)
-            return True, None
+                time.sleep(min(_FILES_LAST_S, _FILES_FIRST_S + (now - start) * _FILES_LAST_S / _FILES_BACKOFF_S))
+            return True, str(self._job.state)
         while True:
             early = self._early_end()
             if early is not None:
@@ -254,7 +255,7 @@ class Job:
 
     def _values(self, state: str | None, rank0: bool) -> list[Any]:
         """The ranks' values once the wait ended with ``state`` (rank 0's alone with ``rank0``)."""
-        log_dir = self.spec.log_dir if self._edge.queued else None  # the batch step's failure file is there
+        log_dir = self.spec.log_dir  # the job's failure file is there (the batch step's, the local supervisor's)
         if rank0:
             return [_collect(self._job, self.spec.world_size, state, wanted=(0,), log_dir=log_dir)[0]]
         values = _collect(self._job, self.spec.world_size, state, log_dir=log_dir)

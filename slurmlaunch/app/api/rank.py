@@ -1,10 +1,10 @@
-"""A rank of an API job on a queued scheduler: the program of the JobSpec the API renders (executors.py), run by
-the launcher like any CLI job's script (``python -m slurmlaunch launch -m slurmlaunch.app.api.rank ...``), so
-the batch script is the template's own; the launcher runs it in its own interpreter (allocation/launch.py:
-in_process), not a second one. It gives submitit what its own batch script would have given (the job
-environment's name, the warning signal its handler listens to), puts this rank's stdout and stderr into
-submitit's files of its task, and runs submitit's processing of the pickled call. Nothing here depends on the
-scheduler: what a scheduler's job environment reads is that environment's own (app/api/pbs.py's for PBS).
+"""A rank of an API job (a queued scheduler's, or the local one's): the program of the JobSpec the API renders
+(executors.py), run by the launcher like any CLI job's script (``python -m slurmlaunch launch -m
+slurmlaunch.app.api.rank ...``), so the batch script is the template's own. It gives submitit what its own batch
+script would have given (which executor's job environment, the warning signal its handler listens to; under PBS
+the job's id as submitit names it), puts this rank's stdout and stderr into submitit's files of its task (or
+links them to the rank's log where the local scheduler keeps it), and runs submitit's processing of the pickled
+call. The launcher runs it in its own interpreter (allocation/launch.py: in_process), not a second one.
 
     python -m slurmlaunch.app.api.rank ENVIRONMENT SIGNAL FOLDER
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 MODULE = "slurmlaunch.app.api.rank"
 
@@ -36,27 +37,94 @@ def _environment(environment: str, signal_name: str) -> None:
         environ["SUBMITIT_PREEMPT_SIGNAL"] = signal_name
 
 
+# submitit's fields of a job environment -> a Slurm step's variables (srun's, and the local scheduler's, which
+# emulates a step: schedulers/local_stepenv.py)
+_STEP_VARIABLES = {"global_rank": "SLURM_PROCID", "local_rank": "SLURM_LOCALID", "node": "SLURM_NODEID",
+                   "num_tasks": "SLURM_NTASKS", "num_nodes": "SLURM_JOB_NUM_NODES"}
+
+
+def _from_step(env: Any) -> None:
+    """The variables submitit's job environment ``env`` reads (its ``_env`` table), where they are not set,
+    from the Slurm step's that this rank has: a job environment other than Slurm's (submitit's local one, under
+    the local scheduler) then reads the same world. An array element's job id is ARRAYID_INDEX, as submitit
+    names the element's files."""
+    environ = os.environ
+    for field, variable in type(env)._env.items():
+        if variable in environ:
+            continue
+        if field == "job_id" and "SLURM_JOB_ID" in environ:
+            array = environ.get("SLURM_ARRAY_JOB_ID")
+            environ[variable] = f"{array}_{environ['SLURM_ARRAY_TASK_ID']}" if array else environ["SLURM_JOB_ID"]
+        elif _STEP_VARIABLES.get(field, "") in environ:
+            environ[variable] = environ[_STEP_VARIABLES[field]]
+
+
 def main(args: Sequence[str]) -> None:
-    """A rank: its stdout and stderr into submitit's files of this task, then submitit's own processing."""
+    """A rank: its output into submitit's files of this task (or, where the scheduler keeps it in the CLI's rank
+    log, submitit's file naming that log), then submitit's own processing."""
     environment, signal_name, folder = args
     os.umask(0o077)  # what the call writes (its pickled result, its logs) is the user's alone, as before
     _environment(environment, signal_name)  # before submitit's import: it reads the signal's name then
     import submitit
-    from submitit.core.submission import process_job
 
     if ":" in environment:
         _launched_environment(*environment.split(":", 1))
     os.environ["SUBMITIT_FOLDER"] = folder
-    paths = submitit.JobEnvironment().paths
+    env = submitit.JobEnvironment()
+    _from_step(env)
+    paths = env.paths
     os.makedirs(paths.folder, mode=0o700, exist_ok=True)
     given = _output_file()
-    for stream, path in ((1, paths.stdout), (2, paths.stderr)):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-        os.dup2(fd, stream)
-        os.close(fd)
-    if given is not None:
-        _point_at(given, str(paths.stdout))
-    process_job(folder)
+    kept = None if given is not None else _kept_log(folder, env)
+    if kept is not None:  # the local scheduler's supervisor logs this rank's pipe (stdout and stderr) there
+        try:
+            os.symlink(os.path.relpath(kept, os.path.dirname(paths.stdout)), paths.stdout)
+        except FileExistsError:  # a requeued run's: the link is there
+            pass
+    else:
+        for stream, path in ((1, paths.stdout), (2, paths.stderr)):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+            os.dup2(fd, stream)
+            os.close(fd)
+        if given is not None:
+            _point_at(given, str(paths.stdout))
+    _process(folder, paths.submitted_pickle)
+
+
+def _kept_log(folder: str, env: Any) -> str | None:
+    """The CLI's log of this rank (job-ID.rank-N.log beside submitit's folder, LOG_DIR/submitit/%j:
+    executors._private_folder) where it is there before the rank wrote a byte: a scheduler that copies the
+    rank's output pipe there (the local one's supervisor); None otherwise (mpiexec's pipe under PBS)."""
+    from ...core.jobfiles import JobFiles
+
+    log = JobFiles(os.path.dirname(os.path.dirname(folder)), str(env.job_id)).rank_log(env.global_rank)
+    return log if os.path.isfile(log) and not os.path.islink(log) else None
+
+
+def _process(folder: str, pickled: Any) -> None:
+    """submitit's processing of the pickled call. Its local job environment's requeue (exit 144, after the
+    checkpoint) becomes the code every scheduler here requeues on, 128 + the warning signal, as a CLI job's
+    script asks for it."""
+    import time
+
+    from submitit.core.submission import process_job
+    from submitit.local.local import LOCAL_REQUEUE_RETURN_CODE
+
+    # the submitter moves the pickled call into the job's folder once the scheduler gave the id, which a
+    # scheduler without a queue starts at once: submitit's own wait for it looks only once a second
+    for _ in range(6000):  # 60 s, as submitit's wait, which then says what it waited for
+        if pickled.exists():
+            break
+        time.sleep(0.01)
+    try:
+        process_job(folder)
+    except SystemExit as e:
+        if e.code != LOCAL_REQUEUE_RETURN_CODE:
+            raise
+        from ...core.parse import signal_number
+
+        sys.stdout.flush()
+        os._exit(128 + signal_number(os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")))
 
 
 def _launched_environment(name: str, job_id_variable: str) -> None:

@@ -53,7 +53,7 @@ def test_local_function_on_two_emulated_nodes(torch_available: None, tmp_path: P
     job = slurmlaunch.submit(ranks_and_sum, scheduler="local", nodes=2, tasks_per_node=2,
                              output_dir=str(tmp_path / "logs"), offset=1)
     results = job.results()
-    assert job.done() and job.state == "FINISHED"  # the state agrees with done() at once (issue 18 item 9)
+    assert job.done() and job.state == "COMPLETED"  # the state agrees with done() at once (issue 18 item 9)
     check(results, 2, 2, offset=1)
     assert job.result() == results[0] and job.done()
 

@@ -4,7 +4,9 @@ ended within seconds of the failure, while the other ranks are still busy (they 
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -101,14 +103,14 @@ def test_exit_code_of_a_rank_that_ends_without_an_exception(tmp_path: Path) -> N
     job = local_job(exits_3_on_rank_1, tmp_path, str(tmp_path / "t"))
     e = failure_after_stamp(job, tmp_path / "t")
     assert e.rank == 1 and e.returncode == 3 and e.signal_name is None
-    assert str(e).startswith("rank 1 failed (exit code 3):\nits process exited with code 3")
+    assert str(e).startswith(f"rank 1 on {e.host} failed (exit code 3):\nits process exited with code 3")
 
 
 def test_signal_of_a_rank_that_crashes(tmp_path: Path) -> None:
     job = local_job(segfaults_on_rank_1, tmp_path, str(tmp_path / "t"))
     e = failure_after_stamp(job, tmp_path / "t")
     assert e.rank == 1 and e.returncode == -11 and e.signal_name == "SIGSEGV"
-    assert str(e).startswith("rank 1 failed (killed by SIGSEGV (signal 11)):\n")
+    assert str(e).startswith(f"rank 1 on {e.host} failed (killed by SIGSEGV (signal 11)):\n")  # the CLI's words
 
 
 def dies_in_a_collective() -> int:
@@ -140,13 +142,13 @@ def test_a_cancelled_job_says_so(tmp_path: Path) -> None:
     job = local_job(sleeps, tmp_path)
     deadline = time.monotonic() + 60
     folder = tmp_path / "logs" / "submitit" / job.job_id
-    while not all((folder / f"{job.job_id}_{r}_log.err").exists() for r in (0, 1)) and time.monotonic() < deadline:
+    while not all((folder / f"{job.job_id}_{r}_log.out").exists() for r in (0, 1)) and time.monotonic() < deadline:
         time.sleep(0.1)
     job.cancel()
     e, _ = outcome(job, 60)
     assert isinstance(e, SlurmLaunchError) and not isinstance(e, slurmlaunch.RankFailed), e
-    assert "was cancelled (SIGINT) before rank(s) 0, 1 finished" in str(e)
-    assert job.state == "INTERRUPTED"
+    assert "was cancelled (CANCELLED) before rank(s) 0, 1 finished" in str(e)
+    assert job.state == "CANCELLED"
 
 
 class Resumable:
@@ -171,13 +173,15 @@ class Resumable:
 
 
 def test_local_requeue_after_the_warning_signal(tmp_path: Path) -> None:
-    """USR2 (what job._interrupt sends, as a preemption would): rank 0 checkpoints and asks for a requeue,
-    the controller stops the other rank and starts both again, and they resume."""
+    """USR2 to the job's supervisor, as a preemption would send it (it passes it on to every rank): rank 0
+    checkpoints and asks for a requeue, the supervisor stops the other rank and starts both again, and they
+    resume."""
     job = local_job(Resumable(str(tmp_path)), tmp_path, 100)
     deadline = time.monotonic() + 60  # both ranks have counted: both run, with submitit's handlers installed
     while not all((tmp_path / f"count-{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    job._job._interrupt()
+    record = json.loads((tmp_path / "logs" / f"job-{job.job_id}.json").read_text())
+    os.kill(record["supervisor"]["pid"], signal.SIGUSR2)
     results, _ = outcome(job)
     assert isinstance(results, list), results
     assert [steps for _, steps in results] == [100, 100] and results[0][0] > 0
