@@ -98,7 +98,7 @@ def _slurmlaunch_timeline(where: str) -> None:
         # the name bound where torch.distributed's own modules imported it (device_mesh, ...), too
         for name, loaded in list(sys.modules.items()):
             if name.startswith("torch.distributed") and getattr(loaded, "init_process_group", None) is original:
-                setattr(loaded, "init_process_group", init_process_group)
+                loaded.init_process_group = init_process_group  # type: ignore[attr-defined]
 
     class Finder:
         seen: set[str] = set()
@@ -109,7 +109,7 @@ def _slurmlaunch_timeline(where: str) -> None:
                 return None
             for finder in sys.meta_path:
                 find = getattr(finder, "find_spec", None)
-                if finder is cls or find is None:
+                if finder is cls or find is None:  # type: ignore[comparison-overlap]
                     continue
                 spec = find(name, search, target)
                 if spec is not None:

@@ -28,6 +28,9 @@ LETTERS = {STEP: "b", LAUNCH: "s", EXEC: "l", TORCH: "t", RENDEZVOUS: "r", MARK:
 COLOURS = {STEP: "#9e9e9e", LAUNCH: "#8d6e63", EXEC: "#42a5f5", TORCH: "#ef5350", RENDEZVOUS: "#ffa726",
            MARK: "#66bb6a"}
 
+# A phase shorter than this below zero is the launch moment's 10 ms tick, not two clocks that disagree.
+SKEW_SAID_S = 0.02
+
 # --wait says where start-up went only when it took at least this long: below it nobody waits on it, and a
 # short job's start-up is always most of it (a ratio to the elapsed time would flag every test job).
 SLOW_STARTUP_S = 30.0
@@ -64,6 +67,14 @@ class RankTimeline:
         """Seconds from the job's first moment to this rank's last phase's end (its start-up done)."""
         return max((p.start_s + p.seconds for p in self.phases), default=0.0)
 
+    @property
+    def arrived_s(self) -> float:
+        """Seconds from the job's first moment to this rank's last moment before the rendezvous: when it was
+        ready to meet the others (the rendezvous and what follows wait for the last rank, so every rank ends its
+        start-up about together; the one that came last is the one that held them up)."""
+        return max((p.start_s + p.seconds for p in self.phases if p.kind in (STEP, LAUNCH, EXEC, TORCH)),
+                   default=0.0)
+
     def longest(self) -> Phase | None:
         return max(self.phases, key=lambda p: p.seconds, default=None)
 
@@ -71,7 +82,8 @@ class RankTimeline:
 @dataclass(frozen=True)
 class Timeline:
     """A job's start-up: every rank's phases from the job's first moment (``start_ns``, the batch step's start
-    on its node's clock), the slowest rank (the last to finish its start-up) and its longest phase."""
+    on its node's clock), the slowest rank (the last ready for the rendezvous, then the last done) and its
+    longest phase."""
 
     job_id: str
     start_ns: int
@@ -80,7 +92,7 @@ class Timeline:
 
     @property
     def slowest_rank(self) -> RankTimeline | None:
-        return max(self.ranks, key=lambda r: (r.end_s, -r.rank), default=None)
+        return max(self.ranks, key=lambda r: (r.arrived_s, r.end_s, -r.rank), default=None)
 
     @property
     def slowest_phase(self) -> Phase | None:
@@ -90,8 +102,7 @@ class Timeline:
     @property
     def seconds(self) -> float:
         """From the job's first moment until the last rank's start-up was done."""
-        rank = self.slowest_rank
-        return rank.end_s if rank else 0.0
+        return max((r.end_s for r in self.ranks), default=0.0)
 
     def summary(self) -> str:
         """One line: how long start-up took, the slowest rank and its slowest phase."""
@@ -131,7 +142,7 @@ def _rank_phases(moments: list[Moment], start_ns: int, job: list[Moment]) -> tup
         firsts.setdefault(m.kind, m)
     ordered = [firsts[k] for k in KINDS if k in firsts]
     phases = []
-    for before, after in zip(ordered, ordered[1:]):
+    for before, after in zip(ordered, ordered[1:], strict=False):
         name = after.name if after.kind == MARK and after.name else PHASE_NAMES[after.kind]
         begin = (before.time_ns - start_ns) / 1e9
         phases.append(Phase(name, after.kind, begin, (after.time_ns - before.time_ns) / 1e9))
@@ -179,7 +190,7 @@ def chart(timeline: Timeline, width: int = 60) -> str:
             hi = max(lo + 1, min(width, round((p.start_s + max(p.seconds, 0.0)) * scale)))
             for i in range(lo, hi):
                 cells[i] = LETTERS[p.kind]
-        slowest = "  <- slowest" if r is timeline.slowest_rank else ""
+        slowest = "  <- slowest (the last ready for the rendezvous)" if r is timeline.slowest_rank else ""
         lines.append(f"{f'rank {r.rank} {r.host}':<{label}} |{''.join(cells)}| {_seconds(r.end_s)}{slowest}")
     lines.append(f"{'':<{label}}  0{_seconds(total):>{width}}")
     marks = sorted({p.name for r in timeline.ranks for p in r.phases if p.kind == MARK})
@@ -190,7 +201,7 @@ def chart(timeline: Timeline, width: int = 60) -> str:
     if timeline.missing:
         shown = ", ".join(map(str, timeline.missing[:20])) + (" ..." if len(timeline.missing) > 20 else "")
         lines.append(f"no moments from rank(s) {shown} (not started, or not through slurmlaunch's launcher)")
-    if any(p.seconds < 0 for r in timeline.ranks for p in r.phases):
+    if any(p.seconds < -SKEW_SAID_S for r in timeline.ranks for p in r.phases):
         lines.append("a phase is negative: the nodes' clocks disagree (each moment is its own node's wall clock)")
     else:
         lines.append("each moment is its node's wall clock: across nodes, phases are as exact as the clocks' skew")

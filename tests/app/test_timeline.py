@@ -69,7 +69,7 @@ def test_the_text_chart_draws_every_rank_on_one_axis() -> None:
     row = {int(line.split()[1]): line for line in lines[1:5]}
     bar = row[2].split("|")[1]
     assert len(bar) == 26 and bar == "bsl" + "t" * 21 + "rm", bar
-    assert row[2].endswith("13.0s  <- slowest") and not row[0].endswith("slowest")
+    assert row[2].endswith("13.0s  <- slowest (the last ready for the rendezvous)") and "slowest" not in row[0]
     assert row[0].split("|")[1].rstrip().endswith("rm") and row[0].split("|")[1].endswith(" ")
     assert "t import torch" in text and "m to the first mark (first step)" in text
     assert "no moments from rank(s) 4" in text
@@ -82,6 +82,18 @@ def test_a_clock_behind_shows_as_a_negative_phase_and_is_said() -> None:
     assert tl.ranks[0].phases[1].seconds == pytest.approx(-4)
     assert "the nodes' clocks disagree" in chart(tl)
     ET.fromstring(svg(tl))  # still a picture
+    # a launch moment up to a tick (10 ms) before the step's: the kernel's start time, not a clock
+    files = {JOB_FILE: f"{T0 + S} node1 batch\n{T0 + S} node1 step\n", "0": _rank(0, "node1", 0.99, 2, 3, 4, 6)}
+    assert "clocks disagree" not in chart(build("7", files))
+
+
+def test_the_slowest_rank_is_the_last_ready_for_the_rendezvous() -> None:
+    # every rank ends its start-up together (the rendezvous waits for the last); rank 1 came last to it
+    files = {JOB_FILE: FILES[JOB_FILE], "0": _rank(0, "node1", 1, 1.2, 3, 9, 9.5),
+             "1": _rank(1, "node2", 1, 1.2, 8.5, 9, 9.5), "2": _rank(2, "node2", 1, 1.2, 3, 9, 9.5)}
+    tl = build("8", files)
+    assert tl.slowest_rank is not None and tl.slowest_rank.rank == 1
+    assert tl.slowest_phase is not None and tl.slowest_phase.name == "import torch"
 
 
 def test_the_svg_is_well_formed_with_a_bar_per_phase() -> None:
@@ -130,8 +142,9 @@ def test_mark_is_a_no_op_outside_a_job_and_writes_once_inside(tmp_path: Path) ->
     no_rank = subprocess.run([sys.executable, "marks.py", str(where)], env={**env, TIMELINE_DIR: str(where)},
                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert no_rank.returncode == 0 and no_rank.stdout == "[]\n", no_rank.stderr
-    inside = subprocess.run([sys.executable, "marks.py", str(where)], env={**env, TIMELINE_DIR: str(where), "RANK": "3"},
-                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    inside = subprocess.run([sys.executable, "marks.py", str(where)],
+                            env={**env, TIMELINE_DIR: str(where), "RANK": "3"}, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
     assert inside.returncode == 0 and inside.stdout == "['3']\n", inside.stderr
     moments = parse_moments((where / "3").read_text())
     assert [(m.kind, m.name) for m in moments] == [("mark", "first step"), ("mark", "epoch 1")]

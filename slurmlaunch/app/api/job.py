@@ -15,8 +15,8 @@ from .collect import _STOPPED_STATES, _collect, _outcome
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ...schedulers.interface import Scheduler
     from ...core.timeline import Timeline
+    from ...schedulers.interface import Scheduler
     from ..jobs.stacks import Stacks
 
 # How a wait under Slurm asks (docs: From Python, and Benchmarks). The scheduler is asked at
