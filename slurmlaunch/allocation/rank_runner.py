@@ -139,6 +139,9 @@ def _slurmlaunch_timeline(where: str) -> None:
             loader.exec_module = exec_module  # type: ignore[union-attr]
             return spec
 
+    if "torch.distributed" in sys.modules:  # imported already (the API's rank unpickled its function): too late
+        patch(sys.modules["torch.distributed"])  # to say when, in time for the rendezvous
+        return
     sys.meta_path.insert(0, Finder)  # type: ignore[arg-type]
 
 

@@ -62,6 +62,13 @@ def arm_stacks(directory: str) -> None:
     _runner_function("_slurmlaunch_arm")(directory)
 
 
+def arm_timeline(directory: str) -> None:
+    """In this process (a rank of the Python API), what the RUNNER arms for the start-up's moments in
+    ``directory`` ($RANK): `import torch` done and init_process_group returned (only the latter when torch is
+    imported already)."""
+    _runner_function("_slurmlaunch_timeline")(directory)
+
+
 def settle() -> None:
     """In this process (a rank of the Python API, whose function ran here), what the RUNNER does after the
     script: give torch's gloo workers the GIL until none is running, at most 0.5 s (docs: Teardown aborts)."""

@@ -241,3 +241,33 @@ def test_slurm_2x2_gloo_job_timeline_draws(cluster_env: dict[str, str], tmp_path
 def test_timeline_of_an_unknown_job_is_one_line(tmp_path: Path) -> None:
     r = run_cli("timeline", "999999", env=no_slurm_env(tmp_path), cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "999999" in r.stderr, r.stderr
+
+
+def _api_rank() -> float:
+    import torch
+    import torch.distributed as dist
+
+    import slurmlaunch
+
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    slurmlaunch.mark("first step")
+    dist.destroy_process_group()
+    return float(t.item())
+
+
+def test_api_job_timeline_is_typed_data(tmp_path: Path, torch_available: None,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import slurmlaunch
+    from slurmlaunch.core.timeline import Timeline
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    job = slurmlaunch.submit(_api_rank, scheduler="local", nodes=2, tasks_per_node=2,
+                             output_dir=str(tmp_path / "logs"))
+    assert job.results() == [4.0] * 4
+    tl = job.timeline()
+    assert isinstance(tl, Timeline) and [r.rank for r in tl.ranks] == [0, 1, 2, 3] and tl.missing == ()
+    for rank in tl.ranks:  # the function's process: its start, the function's, torch, the rendezvous, the mark
+        assert [p.name for p in rank.phases] == ["launcher", "import torch", "rendezvous", "first step"], rank
+    assert tl.slowest_rank is not None and tl.slowest_phase in tl.slowest_rank.phases
