@@ -6,8 +6,8 @@ Two views, in one run:
    inflate). Both run through the RUNNER ($SLURMLAUNCH_STACKS_DIR set, as every batch step sets it), so the
    difference is the timeline alone: the launcher's moments and the runner's import finder.
 2. Each piece, in this process (timeit): the launcher's write (its start from /proc plus one append of two
-   lines), the runner arming its finder, the finder's answer for a module that is not torch times the modules
-   `import torch` loads (counted in a child), the two moments the runner writes (torch, rendezvous), and
+   lines), the runner arming its finder, the finder's answer for a module that is not torch times the modules a
+   typical script imports before torch (counted in a child; torch's own never ask it), the two moments the runner writes (torch, rendezvous), and
    mark() the first time and every later time. Their sum is the rank's cost.
 
     python benchmarks/timeline.py [--pairs 30]
@@ -39,9 +39,14 @@ def per_call(statement: object, number: int) -> float:
     return min(timeit.repeat(statement, number=number, repeat=5)) / number  # type: ignore[arg-type]
 
 
-def modules_torch_imports() -> int:
-    """How many modules `import torch` loads (each one a question to the runner's finder while it is armed)."""
-    out = subprocess.run([PY, "-c", "import sys; n = len(sys.modules); import torch; print(len(sys.modules) - n)"],
+# What a training script typically imports before torch: each module it loads asks the runner's finder (torch's
+# own thousand do not: the finder leaves sys.meta_path as torch's import begins).
+PRELUDE = "import argparse, dataclasses, json, logging, math, pathlib, random, time"
+
+
+def modules_before_torch() -> int:
+    """How many modules PRELUDE loads in a fresh interpreter (each one a question to the runner's finder)."""
+    out = subprocess.run([PY, "-c", f"import sys; n = len(sys.modules); {PRELUDE}; print(len(sys.modules) - n)"],
                          capture_output=True, text=True, timeout=600)
     return int(out.stdout.strip()) if out.returncode == 0 else 0
 
@@ -67,12 +72,13 @@ def pieces(directory: str) -> dict[str, float]:
     os.environ[timeline.TIMELINE_DIR] = directory
     first_mark = per_call(lambda: (timeline._marked.clear(), timeline.mark("first step")), 2000)
     later_mark = per_call(lambda: timeline.mark("first step"), 200_000)
-    modules = modules_torch_imports()
+    modules = modules_before_torch()
     return {
         "launcher: its start from /proc and one append of launch + exec":
             per_call(lambda: timeline.launched(environ, 0, timeline.process_start_ns()), 2000),
         "runner: arm the import finder": per_call(armed, 2000),
-        f"runner: the finder's None for each of the {modules} modules import torch loads": answer * modules,
+        f"runner: the finder's None for each of the {modules} modules `{PRELUDE}` loads": answer * modules,
+        "runner: the finder's None for one module (not in the sum)": answer,
         "runner: the two moments it writes (torch, rendezvous)": 2 * moment,
         "mark('first step'), the first call": first_mark,
         "mark('first step'), every later call (not in the sum)": later_mark,

@@ -54,9 +54,9 @@ def _slurmlaunch_arm(stacks: str) -> None:
 def _slurmlaunch_timeline(where: str) -> None:
     # The rank's moments after the launcher's (allocation/timeline.py: one line, one write, per moment): when
     # `import torch` finished and when torch.distributed.init_process_group first returned. A finder first on
-    # sys.meta_path answers None for every module but "torch" and "torch.distributed"; for those it wraps the
-    # loader's exec_module. It leaves sys.meta_path once both are seen, so a script that never imports torch
-    # pays one Python call per module it imports, and one that does, nothing afterwards.
+    # sys.meta_path answers None for every module but "torch"; for that one it wraps the loader's exec_module
+    # and leaves sys.meta_path at once, so the modules torch imports never ask it: a script pays one Python
+    # call for each module it imports before torch (none after), one that never imports torch one per module.
     import os
     import sys
     import time
@@ -101,17 +101,19 @@ def _slurmlaunch_timeline(where: str) -> None:
                 loaded.init_process_group = init_process_group  # type: ignore[attr-defined]
 
     class Finder:
-        seen: set[str] = set()
+        wanted = "torch"
 
         @classmethod
         def find_spec(cls, name: str, search: object = None, target: object = None) -> object:
-            if name != "torch" and name != "torch.distributed":
+            if name != cls.wanted:
                 return None
+            try:  # off the path at once: the modules torch itself imports (a thousand) never ask it
+                sys.meta_path.remove(cls)  # type: ignore[arg-type]
+            except ValueError:
+                pass
             for finder in sys.meta_path:
                 find = getattr(finder, "find_spec", None)
-                if finder is cls or find is None:  # type: ignore[comparison-overlap]
-                    continue
-                spec = find(name, search, target)
+                spec = find(name, search, target) if find is not None else None
                 if spec is not None:
                     break
             else:
@@ -123,18 +125,13 @@ def _slurmlaunch_timeline(where: str) -> None:
 
             def exec_module(module: object) -> None:
                 run(module)
-                cls.seen.add(name)
                 if name == "torch":
                     note("torch")
-                    if "torch.distributed" in sys.modules:
-                        patch(sys.modules["torch.distributed"])
-                else:
-                    patch(module)
-                if len(cls.seen) == 2 or (name == "torch" and "torch.distributed" in sys.modules):
-                    try:
-                        sys.meta_path.remove(cls)  # type: ignore[arg-type]
-                    except ValueError:
-                        pass
+                if "torch.distributed" in sys.modules:  # torch imports it (2.x); else wait for it alone
+                    patch(sys.modules["torch.distributed"])
+                elif name == "torch":
+                    cls.wanted = "torch.distributed"
+                    sys.meta_path.insert(0, cls)  # type: ignore[arg-type]
 
             loader.exec_module = exec_module  # type: ignore[union-attr]
             return spec
