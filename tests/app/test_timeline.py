@@ -1,7 +1,8 @@
 """`slurmlaunch timeline`: where a job's start-up went, per rank. The chart and the picture from fixed moments
 (through the pure core; the SVG read back by the standard library's XML parser), mark() outside a job, the
 rank's runner noting `import torch` and init_process_group in a real process, and real jobs: a 2x2 gloo
-all_reduce on the local scheduler and on the real Slurm cluster, each rank with every phase."""
+all_reduce on the local scheduler, the real Slurm cluster and the real OpenPBS one, each rank with every phase;
+the Python API's job.timeline()."""
 
 from __future__ import annotations
 
@@ -238,6 +239,18 @@ def test_slurm_2x2_gloo_job_timeline_draws(cluster_env: dict[str, str], tmp_path
     job = r.stdout.split()[0]
     record = next(tmp_path.rglob(f"job-{job}.json"))
     _check_timeline(job, cluster_env, tmp_path, record.parent / f"job-{job}.timeline.svg")
+
+
+@pytest.mark.pbs
+def test_pbs_2x2_gloo_job_timeline_draws(pbs_env: dict[str, str], tmp_path: Path, torch_available: None) -> None:
+    (tmp_path / "gloo.py").write_text(GLOO)
+    as_root = ["--env", "OMPI_ALLOW_RUN_AS_ROOT=1", "--env", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"]
+    r = run_cli("submit", "--scheduler", "pbs", "--nodes", "2", "--tasks-per-node", "2", *as_root, "--wait",
+                "--wait-timeout", "400", "gloo.py", env=pbs_env, cwd=tmp_path, timeout=480)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.split()[0]
+    record = next(tmp_path.rglob("job-*.json"))
+    _check_timeline(job, pbs_env, tmp_path, record.parent / record.name.replace(".json", ".timeline.svg"))
 
 
 def test_timeline_of_an_unknown_job_is_one_line(tmp_path: Path) -> None:

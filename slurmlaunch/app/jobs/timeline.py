@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 
 from ...allocation.timeline import read
 from ...core.errors import JobStateError, SpecError
@@ -59,6 +60,7 @@ def write_svg(timeline: Timeline, path: str) -> str | None:
 
 def cmd_timeline(job_id: str, as_json: bool, svg_path: str | None) -> int:
     timeline, files = job_timeline(find(job_id))
+    timeline = replace(timeline, job_id=job_id)  # named as the user named it (PBS: 12.server, files: 12)
     path = svg_path or files.timeline_svg
     why = write_svg(timeline, path)
     if as_json:
