@@ -5,10 +5,11 @@ Two views, in one run:
    alternating, in CPU time (user + sys of the rank and what it exec'd: the figure the machine's load does not
    inflate). Both run through the RUNNER ($SLURMLAUNCH_STACKS_DIR set, as every batch step sets it), so the
    difference is the timeline alone: the launcher's moments and the runner's import finder.
-2. Each piece, in this process (timeit): the launcher's write (its start from /proc plus one append of two
-   lines), the runner arming its finder, the finder's answer for a module that is not torch times the modules a
-   typical script imports before torch (counted in a child; torch's own never ask it), the two moments the runner writes (torch, rendezvous), and
-   mark() the first time and every later time. Their sum is the rank's cost.
+2. Each piece, in this process (timeit): the launcher importing allocation/timeline.py (from its .pyc), its
+   write (its start from /proc plus one append of two lines), the runner arming its finder, the finder's
+   answer for a module that is not torch times the modules a typical script imports before torch (counted in a
+   child; torch's own never ask it), the two moments the runner writes (torch, rendezvous), and mark() the
+   first time and every later time. Their sum is the rank's cost.
 
     python benchmarks/timeline.py [--pairs 30]
 
@@ -18,6 +19,7 @@ Nothing is asserted (machines are noisy); tests/real/test_benchmarks.py checks t
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import statistics
 import subprocess
@@ -73,7 +75,14 @@ def pieces(directory: str) -> dict[str, float]:
     first_mark = per_call(lambda: (timeline._marked.clear(), timeline.mark("first step")), 2000)
     later_mark = per_call(lambda: timeline.mark("first step"), 200_000)
     modules = modules_before_torch()
+    def imported() -> None:
+        del sys.modules["slurmlaunch.allocation.timeline"]
+        importlib.import_module("slurmlaunch.allocation.timeline")
+
+    load = per_call(imported, 500)
+    sys.modules["slurmlaunch.allocation.timeline"] = timeline
     return {
+        "import allocation/timeline.py (its .pyc): in the launcher, and again in the script for mark()": 2 * load,
         "launcher: its start from /proc and one append of launch + exec":
             per_call(lambda: timeline.launched(environ, 0, timeline.process_start_ns()), 2000),
         "runner: arm the import finder": per_call(armed, 2000),
