@@ -12,7 +12,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["__version__", "init_process_group", "submit", "submit_script", "map_array", "batch", "Job",
+__all__ = ["__version__", "init_process_group", "mark", "submit", "submit_script", "map_array", "batch", "Job",
            "RankFailed", "SlurmLaunchError", "SpecError", "SchedulerError", "HostlistError",
            "EnvironmentMappingError", "PreflightError", "JobStateError", "DevClusterError"]
 _API = ("submit", "submit_script", "map_array", "batch", "Job", "RankFailed")
@@ -21,6 +21,10 @@ _ERRORS = ("SlurmLaunchError", "SpecError", "SchedulerError", "HostlistError", "
 
 
 def __getattr__(name: str) -> Any:
+    if name == "mark":
+        from .allocation.timeline import mark
+
+        return mark
     if name == "init_process_group":
         from .allocation.torch_helpers import init_process_group
 

@@ -300,6 +300,13 @@ def _add_config_and_job_commands(sub: Any) -> None:
     sk.add_argument("--timeout", type=Seconds("--timeout"), default=10.0,
                     help="seconds each node's ranks get to answer (default 10; a node's collector gets 30 more "
                          "to start); a rank that does not is named as such")
+    tl = sub.add_parser("timeline", allow_abbrev=False,
+                        help="where a job's start-up went, per rank: a chart of every rank's phases (launch, "
+                             "exec, import torch, rendezvous, first mark), the slowest named, and an SVG picture")
+    tl.add_argument("job")
+    tl.add_argument("--json", action="store_true", help="every rank's phases as JSON")
+    tl.add_argument("--svg", metavar="PATH", help="where to write the picture (default: job-ID.timeline.svg in the "
+                    "job's output directory)")
 
 
 def _add_tools(sub: Any, run_options: bool) -> None:
@@ -360,6 +367,7 @@ EXAMPLES = {
     "logs": ["slurmlaunch logs 1234 --rank 3 --follow"],
     "cancel": ["slurmlaunch cancel 1234", "slurmlaunch cancel --stacks 1234     # where each rank was, then cancel"],
     "stacks": ["slurmlaunch stacks 1234", "slurmlaunch stacks 1234 --rank 3 --json"],
+    "timeline": ["slurmlaunch timeline 1234", "slurmlaunch timeline 1234 --json --svg /tmp/startup.svg"],
     "dev-cluster": ["sudo slurmlaunch dev-cluster up --nodes 2 --gpus-per-node 2 && "
                     "export SLURM_CONF=/tmp/slurmlaunch-dev-cluster/slurm.conf SLURMLAUNCH_ALLOW_LOOPBACK=1",
                     "slurmlaunch dev-cluster down",
@@ -389,6 +397,10 @@ def _dispatch(args: list[str]) -> int:
         from .app.jobs.stacks import cmd_stacks
 
         return cmd_stacks(ns.job, ns.rank, ns.json, ns.timeout)
+    if ns.command == "timeline":
+        from .app.jobs.timeline import cmd_timeline
+
+        return cmd_timeline(ns.job, ns.json, ns.svg)
     if ns.command in ("list", "status", "logs", "cancel"):
         from .app.jobs import commands as jobs
 

@@ -60,6 +60,7 @@ READ_MORE = {
     "logs": ("Submit a job", "../how-to/submit.md"),
     "cancel": ("Submit a job", "../how-to/submit.md"),
     "stacks": ("Debugging", "../how-to/debugging.md"),
+    "timeline": ("Where start-up goes", "../how-to/timeline.md"),
     "doctor": ("Debugging", "../how-to/debugging.md"),
     "config": ("Profiles", "../how-to/profiles.md"),
     "run": ("run without a scheduler", "../how-to/run.md"),

@@ -17,8 +17,8 @@ computed (render/slurm_script.py, render/pbs_script.py) and passed as options:
 * at a stop (SIGTERM: scancel, qdel, the time limit), the summary of where the ranks were.
 
 It reads $SLURM_JOB_ID and $SLURM_RESTART_COUNT (Slurm), $PBS_NODEFILE (PBS) and the job's files named by
-core.jobfiles; it sets $SLURMLAUNCH_RETURNED_DIR, $SLURMLAUNCH_REASONS_DIR and $SLURMLAUNCH_STACKS_DIR for
-COMMAND. Standard library only: it runs inside the allocation, once per job.
+core.jobfiles; it sets $SLURMLAUNCH_RETURNED_DIR, $SLURMLAUNCH_REASONS_DIR, $SLURMLAUNCH_STACKS_DIR and
+$SLURMLAUNCH_TIMELINE_DIR for COMMAND. Standard library only: it runs inside the allocation, once per job.
 """
 
 from __future__ import annotations
@@ -180,6 +180,15 @@ def fresh_dir(path: str, variable: str) -> None:
     except OSError as e:
         _say(f"could not create {path}: {e.strerror or e}")
     os.environ[variable] = path
+
+
+def start_timeline(directory: str) -> None:
+    """The start-up's moments (docs: Where start-up goes): a fresh directory for the ranks' files, and the batch
+    step's own two, its start (the batch shell's) and now, as COMMAND is about to start the ranks."""
+    from .timeline import TIMELINE_DIR, batch_started
+
+    fresh_dir(directory, TIMELINE_DIR)
+    batch_started(os.environ, int(_started_at() * 1e9))
 
 
 def srun_first(lines: Sequence[str], skip: str) -> tuple[str, str, int, str] | None:
@@ -529,6 +538,7 @@ class Step:
         fresh_dir(f.reasons, REASONS_DIR)  # a rank slurmlaunch stops itself leaves why here
         _unlink(f.failure)
         fresh_dir(f.stacks, STACKS_DIR)  # each rank's stacks, on demand and at a stop; kept after the job
+        start_timeline(f.timeline)
         return None
 
     def run(self, command: list[str]) -> int:

@@ -52,6 +52,9 @@ environment:
                             here when SCRIPT returns, and RANK.exit holding N when it calls sys.exit(N),
                             N != 0 (set by the batch script: tells a SIGABRT in torch's teardown at
                             interpreter exit from one in the training, and keeps an exit 140 asked for)
+  SLURMLAUNCH_TIMELINE_DIR  record this rank's start-up moments in a file named by the rank there: the
+                            launcher's start and exec; through the runner, `import torch` done and
+                            init_process_group returned (`slurmlaunch timeline`; set by the batch script)
   SLURMLAUNCH_STACKS_DIR    run SCRIPT through the runner, which arms faulthandler: every thread's stack
                             into RANK.dump here on SIGWINCH (`slurmlaunch stacks`), into RANK.stopped at
                             SIGTERM/HUP (then the signal acts as before); RANK.pid says which
@@ -332,6 +335,15 @@ def stop_code(error: SlurmLaunchError) -> int:
     return BAD_LAUNCH
 
 
+def note_launch(dist: DistEnv, environ: dict[str, str] | os._Environ[str]) -> None:
+    """This rank's launcher start and its exec, now, into $SLURMLAUNCH_TIMELINE_DIR (docs: Where start-up
+    goes); nothing, and nothing imported, when it is unset."""
+    if environ.get("SLURMLAUNCH_TIMELINE_DIR"):
+        from .timeline import launched, process_start_ns
+
+        launched(environ, dist.rank, process_start_ns())
+
+
 def main(argv: Sequence[str]) -> int | NoReturn:
     """`slurmlaunch launch`: detect, check, export, exec. Returns only on --help. A refusal raises its error
     with the rank's documented exit code (``stop_code``), after leaving its reason for the batch script."""
@@ -425,6 +437,7 @@ def _main(argv: Sequence[str], placed: list[DistEnv]) -> list[str] | None | NoRe
     sys.stderr.flush()
     if opts.preflight:
         start_watchdog(dist, watchdog_timeout)
+    note_launch(dist, environ)
     if in_process(opts):
         return cmd
     try:

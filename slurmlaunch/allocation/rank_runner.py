@@ -1,7 +1,7 @@
 # The runner each rank's Python script goes through (script_runner.py says why and when). Not imported: its text
 # is run in the rank's __main__ by `python -u -c '-0;_f=open(THIS FILE);exec(_f.read())' [-m] SCRIPT ARGS...`
 # (script_runner.RUNNER), so that `ps`, `top` and `pgrep -f` show SCRIPT and its arguments, not this code. Hence no
-# docstring (it would become the script's __doc__) and no name left behind at module level: the three functions
+# docstring (it would become the script's __doc__) and no name left behind at module level: the five functions
 # remove themselves from the script's globals before the script runs. Standard library only, and only inside
 # the functions; the file names (.exit, .dump, .stopped, .ended, .pid) are core/__init__.py's, spelled here because
 # nothing of slurmlaunch is importable in the rank (tests/allocation/test_teardown.py checks they agree).
@@ -46,6 +46,97 @@ def _slurmlaunch_arm(stacks: str) -> None:
         os.close(fd)
     except (OSError, ValueError, IndexError, RuntimeError, AttributeError):
         pass
+
+
+def _slurmlaunch_timeline(where: str) -> None:
+    # The rank's moments after the launcher's (allocation/timeline.py: one line, one write, per moment): when
+    # `import torch` finished and when torch.distributed.init_process_group first returned. A finder first on
+    # sys.meta_path answers None for every module but "torch"; for that one it wraps the loader's exec_module
+    # and leaves sys.meta_path at once, so the modules torch imports never ask it: a script pays one Python
+    # call for each module it imports before torch (none after), one that never imports torch one per module.
+    import os
+    import sys
+    import time
+
+    rank = os.environ.get("RANK", "")
+    if not rank.isdigit():
+        return
+    path = os.path.join(where, rank)
+    host = "".join((os.environ.get("SLURMD_NODENAME") or os.uname().nodename).split()) or "?"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+
+    def note(kind: str) -> None:
+        try:
+            fd = os.open(path, flags, 0o600)
+            try:
+                os.write(fd, f"{time.time_ns()} {host} {kind}\n".encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+
+    def patch(module: object) -> None:
+        original = getattr(module, "init_process_group", None)
+        if original is None or getattr(original, "_slurmlaunch_timed", False):
+            return
+        done: list[bool] = []
+
+        def init_process_group(*args: object, **kwargs: object) -> object:
+            result = original(*args, **kwargs)
+            if not done:
+                done.append(True)
+                note("rendezvous")
+            return result
+
+        for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(init_process_group, name, getattr(original, name, None))
+        init_process_group.__wrapped__ = original  # type: ignore[attr-defined]  # inspect.signature follows it
+        init_process_group._slurmlaunch_timed = True  # type: ignore[attr-defined]
+        # the name bound where torch.distributed's own modules imported it (device_mesh, ...), too
+        for name, loaded in list(sys.modules.items()):
+            if name.startswith("torch.distributed") and getattr(loaded, "init_process_group", None) is original:
+                loaded.init_process_group = init_process_group  # type: ignore[attr-defined]
+
+    class Finder:
+        wanted = "torch"
+
+        @classmethod
+        def find_spec(cls, name: str, search: object = None, target: object = None) -> object:
+            if name != cls.wanted:
+                return None
+            try:  # off the path at once: the modules torch itself imports (a thousand) never ask it
+                sys.meta_path.remove(cls)  # type: ignore[arg-type]
+            except ValueError:
+                pass
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                spec = find(name, search, target) if find is not None else None
+                if spec is not None:
+                    break
+            else:
+                return None
+            loader = getattr(spec, "loader", None)
+            run = getattr(loader, "exec_module", None)
+            if run is None:
+                return spec
+
+            def exec_module(module: object) -> None:
+                run(module)
+                if name == "torch":
+                    note("torch")
+                if "torch.distributed" in sys.modules:  # torch imports it (2.x); else wait for it alone
+                    patch(sys.modules["torch.distributed"])
+                elif name == "torch":
+                    cls.wanted = "torch.distributed"
+                    sys.meta_path.insert(0, cls)  # type: ignore[arg-type]
+
+            loader.exec_module = exec_module  # type: ignore[union-attr]
+            return spec
+
+    if "torch.distributed" in sys.modules:  # imported already (the API's rank unpickled its function): too late
+        patch(sys.modules["torch.distributed"])  # to say when, in time for the rendezvous
+        return
+    sys.meta_path.insert(0, Finder)  # type: ignore[arg-type]
 
 
 def _slurmlaunch_settle() -> None:
@@ -133,6 +224,10 @@ def _slurmlaunch_main() -> None:
         _slurmlaunch_arm(stacks)
     del main["_slurmlaunch_arm"]
     ended = main.pop("_slurmlaunch_ended")
+    timeline = os.environ.get("SLURMLAUNCH_TIMELINE_DIR", "")
+    if timeline:
+        _slurmlaunch_timeline(timeline)
+    del main["_slurmlaunch_timeline"]
     settle = main.pop("_slurmlaunch_settle")
     hook = sys.excepthook
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 RETURNED_DIR = "SLURMLAUNCH_RETURNED_DIR"
 STACKS_DIR = "SLURMLAUNCH_STACKS_DIR"
+TIMELINE_DIR = "SLURMLAUNCH_TIMELINE_DIR"  # allocation/timeline.py's; spelled here too, as the RUNNER spells it
 
 # `python -c RUNNER SCRIPT ARGS...` (or `-c RUNNER -m MODULE ARGS...`) runs SCRIPT as `python SCRIPT` would: in
 # __main__, with its argv, __file__ and sys.path[0], and tracebacks without a frame of this wrapper. When the
@@ -66,6 +67,13 @@ def arm_stacks(directory: str) -> None:
     _runner_function("_slurmlaunch_arm")(directory)
 
 
+def arm_timeline(directory: str) -> None:
+    """In this process (a rank of the Python API), what the RUNNER arms for the start-up's moments in
+    ``directory`` ($RANK): `import torch` done and init_process_group returned (only the latter when torch is
+    imported already)."""
+    _runner_function("_slurmlaunch_timeline")(directory)
+
+
 def settle() -> None:
     """In this process (a rank of the Python API, whose function ran here), what the RUNNER does after the
     script: give torch's gloo workers the GIL until none is running, at most 0.5 s (docs: Teardown aborts)."""
@@ -86,7 +94,7 @@ def recorded_exit(path: str) -> int | None:
 
 def python_argv(python: str, module: bool, script: str, environ: Mapping[str, str]) -> list[str]:
     """``python -u [-m] SCRIPT``, through RUNNER when $SLURMLAUNCH_RETURNED_DIR asks for the returned-marker or
-    $SLURMLAUNCH_STACKS_DIR for the stacks."""
-    if environ.get(RETURNED_DIR) or environ.get(STACKS_DIR):
+    $SLURMLAUNCH_STACKS_DIR for the stacks, or $SLURMLAUNCH_TIMELINE_DIR for the start-up's moments."""
+    if environ.get(RETURNED_DIR) or environ.get(STACKS_DIR) or environ.get(TIMELINE_DIR):
         return [python, "-u", "-c", RUNNER, *(["-m"] if module else []), script]
     return [python, "-u", *(["-m"] if module else []), script]

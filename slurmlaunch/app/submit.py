@@ -275,12 +275,28 @@ def wait_for(edge: Scheduler, job_id: str, spec: JobSpec, cancel_on_interrupt: b
         batch_log = edge.batch_log(spec, job_id)
         for line in warning_lines(batch_log) if batch_log else []:
             sys.stderr.write(line)
+        said = slow_startup(spec, job_id, files_id or job_id)
+        if said:
+            sys.stderr.write(f"slurmlaunch: {said}\n")
         if last and last[0].elements:
             for index, state in last[0].elements.items():
                 sys.stderr.write(f"slurmlaunch:   {element_id(job_id, index)}: {state}\n")
         return code
     except KeyboardInterrupt:
         return interrupted(job_id, lambda: cancel_where_it_runs(edge, job_id, spec.log_dir), cancel_on_interrupt)
+
+
+def slow_startup(spec: JobSpec, job_id: str, files_id: str) -> str | None:
+    """--wait's one line naming the slowest phase of a start-up that took at least core.timeline.SLOW_STARTUP_S
+    (from the job's timeline directory); None for a quick one, an array, or one that recorded nothing."""
+    if spec.is_array:
+        return None
+    from ..allocation.timeline import read
+    from ..core.jobfiles import JobFiles
+    from ..core.timeline import build, slow_startup_line
+
+    texts = read(JobFiles(spec.log_dir, files_id).timeline)
+    return slow_startup_line(build(job_id, texts, spec.world_size)) if texts else None
 
 
 def warning_lines(batch_log: str) -> list[str]:

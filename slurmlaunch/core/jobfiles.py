@@ -122,6 +122,17 @@ class JobFiles:
         return os.path.join(self.returned, f"{rank}{EXIT_MARK_SUFFIX}")
 
     @property
+    def timeline(self) -> str:
+        """The directory of the start-up's moments (SLURMLAUNCH_TIMELINE_DIR): one file per rank, one for the
+        batch step (core/timeline.py); kept after the job, a requeued run starts it anew."""
+        return self._named("timeline")
+
+    @property
+    def timeline_svg(self) -> str:
+        """The picture `slurmlaunch timeline` draws of the job's start-up."""
+        return self._named("timeline.svg")
+
+    @property
     def stacks(self) -> str:
         """The directory of the ranks' stack dumps (SLURMLAUNCH_STACKS_DIR): kept after the job, private."""
         return self._named("stacks")

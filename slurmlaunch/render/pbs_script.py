@@ -283,8 +283,9 @@ def mpiexec_args(spec: JobSpec, env: list[tuple[str, str]]) -> tuple[list[str], 
         # SLURMLAUNCH_REASONS_DIR: where a rank the launcher stops says why (the script reads it at the end);
         # SLURMLAUNCH_STACKS_DIR: where each rank's runner writes its pid and stacks (`slurmlaunch stacks`).
         # SLURMLAUNCH_RETURNED_DIR: where each rank's runner marks that its script returned (teardown aborts).
+        # SLURMLAUNCH_TIMELINE_DIR: where each rank's launcher and runner record its start-up (`timeline`).
         names = ["PBS_NODEFILE", "PBS_JOBID", "PATH", "SLURMLAUNCH_REASONS_DIR", "SLURMLAUNCH_STACKS_DIR",
-                 "SLURMLAUNCH_RETURNED_DIR",
+                 "SLURMLAUNCH_RETURNED_DIR", "SLURMLAUNCH_TIMELINE_DIR",
                  *(k for k, _ in env),
                  *_setup_exports(spec.environment.setup)]
         if spec.is_array:

@@ -452,6 +452,21 @@ def count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+def start_timeline(directory: str) -> dict[str, str]:
+    """As the batch step's start_timeline: a fresh directory for the ranks' start-up moments and this run's
+    own two (both now: the local scheduler has no batch shell, and this process may be the API's, started long
+    before); the variable to give the ranks."""
+    from ..allocation.timeline import TIMELINE_DIR, batch_started
+
+    shutil.rmtree(directory, ignore_errors=True)
+    try:
+        os.makedirs(directory, mode=0o700)
+    except OSError:
+        return {}
+    batch_started({TIMELINE_DIR: directory}, time.time_ns())
+    return {TIMELINE_DIR: directory}
+
+
 def _step_ranks(spec: JobSpec, environ: Mapping[str, str], tag: str, step_job: str, extra: dict[str, str],
                 point: list[str], restarts: int) -> tuple[list[RankProcess], JobFiles, HeldPort | None]:
     """One run's rank processes, with fresh directories for the launcher's "script returned" marks and
@@ -462,7 +477,8 @@ def _step_ranks(spec: JobSpec, environ: Mapping[str, str], tag: str, step_job: s
     os.makedirs(files.reasons, mode=0o700)
     shutil.rmtree(files.stacks, ignore_errors=True)  # kept after the job (the stacks saved at a stop), not a run
     os.makedirs(files.stacks, mode=0o700)
-    step_env = {**extra, RETURNED_DIR: files.returned, REASONS_DIR: files.reasons, STACKS_DIR: files.stacks}
+    step_env = {**extra, RETURNED_DIR: files.returned, REASONS_DIR: files.reasons, STACKS_DIR: files.stacks,
+                **start_timeline(files.timeline)}
     if spec.warning is not None:  # as the batch step: the launcher starts the script with it ignored
         step_env[WARNING_VAR] = spec.warning[0]
     held = None

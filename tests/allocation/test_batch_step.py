@@ -88,7 +88,7 @@ def test_the_first_failure_is_named_and_its_code_is_the_jobs(tmp_path: Path) -> 
     assert (logs / "job-77.failure").read_text() == line + "\n"
     assert (logs / "job-77.exitcode").read_text() == "137\n"
     assert sorted(p.name for p in logs.iterdir()) == ["job-77.exitcode", "job-77.failure", "job-77.srun.log",
-                                                     "job-77.stacks"]
+                                                     "job-77.stacks", "job-77.timeline"]
 
 
 def test_the_warning_is_passed_on_and_a_saved_run_is_requeued(tmp_path: Path) -> None:

@@ -439,8 +439,9 @@ def test_pbs_script_never_writes_through_a_planted_link(tmp_path: Path) -> None:
         assert not (logs / f"job-43.{suffix}").is_symlink()
     assert (logs / "job-43.exitcode").read_text() == "2\n"
     assert "failed first with exit code 2" in (logs / "job-43.failure").read_text()
-    # no temporary left (the stacks directory is kept after the job, by design)
-    assert sorted(p.name for p in logs.iterdir()) == ["job-43.exitcode", "job-43.failure", "job-43.stacks"]
+    # no temporary left (the stacks and timeline directories are kept after the job, by design)
+    assert sorted(p.name for p in logs.iterdir()) == ["job-43.exitcode", "job-43.failure", "job-43.stacks",
+                                                     "job-43.timeline"]
 
 
 def test_pbs_script_full_output_directory_starts_no_rank(tmp_path: Path) -> None:

@@ -34,3 +34,12 @@ def test_api_benchmark_runs(cluster_env: dict[str, str], tmp_path: Path) -> None
     for section in ("API vs submitit: one 2x1 function", "map_array of 2 2x1 functions", "paired ratio",
                     "Scheduler queries of a 2-job map_array"):
         assert section in r.stdout, (section, r.stdout)
+
+
+def test_timeline_benchmark_runs(torch_available: None) -> None:
+    """benchmarks/timeline.py: the pieces, their sum and the end-to-end pair."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "timeline.py"), "--pairs", "1"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for section in ("piece by piece", "sum: a rank's cost", "end to end", "paired ratio"):
+        assert section in r.stdout, (section, r.stdout)

@@ -177,6 +177,35 @@ def _arm_stacks(log_dir: str) -> None:
     arm_stacks(directory)
 
 
+def _timeline_dir(log_dir: str) -> str:
+    """The job's directory of start-up moments (docs/how-to/timeline.md), made; "" when it cannot be."""
+    import submitit
+
+    from ...core.jobfiles import JobFiles
+
+    directory = JobFiles(log_dir, str(submitit.JobEnvironment().job_id)).timeline
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError:
+        return ""
+    return directory
+
+
+def _start_timeline(log_dir: str) -> None:
+    """This rank's start-up moments (`job.timeline()`): the process's start as `launch`, now (the function about
+    to run) as `exec`, then what the RUNNER notes (init_process_group returned; `import torch` done, when it
+    comes after this) and the function's slurmlaunch.mark() calls."""
+    from ...allocation.script_runner import arm_timeline
+    from ...allocation.timeline import TIMELINE_DIR, launched, process_start_ns
+
+    directory, rank = _timeline_dir(log_dir), os.environ.get("RANK", "")
+    if not directory or not rank.isdigit():
+        return
+    os.environ[TIMELINE_DIR] = directory
+    launched(os.environ, int(rank), process_start_ns())
+    arm_timeline(directory)
+
+
 _PICKLED_CODE = "<dynamic-code>"  # cloudpickle's file name for a function it pickled by value (a script's)
 
 
@@ -272,6 +301,7 @@ class _DistributedCall:
         if not hasattr(self, "checkpoint"):
             _warning_runs_on()
         _arm_stacks(self.log_dir)
+        _start_timeline(self.log_dir)
         try:
             value = self.fn(*self.args, **self.kwargs)
         except SystemExit as e:  # passed on: submitit exits that way to requeue a preempted job
@@ -309,7 +339,7 @@ class _ScriptCall:
         import shutil
         import tempfile
 
-        from ...allocation.script_runner import RETURNED_DIR
+        from ...allocation.script_runner import RETURNED_DIR, TIMELINE_DIR
         from ...allocation.torchrun_mode import teardown_message
         from ...render.launch import launch_command
 
@@ -321,8 +351,10 @@ class _ScriptCall:
             marks = ""
         rank = os.environ.get("RANK", "rank")
         try:
+            timeline = _timeline_dir(self.spec.log_dir)  # the launcher and the runner record there
+            extra = {**({RETURNED_DIR: marks} if marks else {}), **({TIMELINE_DIR: timeline} if timeline else {})}
             done = subprocess.run(launch_command(self.spec), cwd=self.spec.program.workdir,
-                                  env=dict(os.environ, **{RETURNED_DIR: marks}) if marks else None)
+                                  env=dict(os.environ, **extra) if extra else None)
             returned = bool(marks) and os.path.exists(os.path.join(marks, rank))
         finally:
             if marks:

@@ -15,6 +15,7 @@ from .collect import _STOPPED_STATES, _collect, _outcome
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ...core.timeline import Timeline
     from ...schedulers.interface import Scheduler
     from ..jobs.stacks import Stacks
 
@@ -285,6 +286,15 @@ class Job:
             nodes = self._edge.status(self.job_id, None).nodes
         return collect_stacks(self.scheduler, self.job_id, JobFiles(self.spec.log_dir, self.job_id),
                               self.spec.world_size, self.spec.program.python, live, nodes, timeout)
+
+    def timeline(self) -> Timeline:
+        """Where the job's start-up went, per rank (slurmlaunch timeline JOB; docs/how-to/timeline.md): each
+        rank's phases (``.ranks[i].phases``: name, start and length in seconds), ``.slowest_rank``,
+        ``.slowest_phase``, ``.data()`` as JSON-ready data. Raises JobStateError when no rank recorded any."""
+        from ...core.jobfiles import JobFiles
+        from ..jobs.timeline import files_timeline
+
+        return files_timeline(JobFiles(self.spec.log_dir, self.job_id), self.spec.world_size)
 
     def __repr__(self) -> str:
         return f"slurmlaunch.Job({self.job_id!r}, {self.scheduler}, {self.spec.world_size} ranks)"
