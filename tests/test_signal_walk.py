@@ -102,7 +102,6 @@ ALLOWED = {
     ("core/parse.py", "*"): "the one parser",
     ("allocation/batch_step.py", "Signals.__getitem__"): "KILLING, its own table of srun's words",
     ("allocation/rank_runner.py", "getattr(_signal)"): "its own stack-dump signals, by name",
-    ("core/signals.py", "getattr(_signal)"): "the launcher's rule, on the names of parse's own table (WARNING_SIGNALS)",
 }
 
 

@@ -51,7 +51,6 @@ from ..core.errors import JobStateError, SchedulerError, SpecError
 from ..core.jobfiles import JobFiles
 from ..core.parse import signal_number
 from ..core.paths import state_dir
-from ..core.signals import WARNING_VAR
 from ..core.spec import JobSpec
 from ..render.launch import launch_command, script_env
 from . import JobStatus, Submission, current_umask, make_log_dir, rank_log, write_private, write_record
@@ -479,8 +478,6 @@ def _step_ranks(spec: JobSpec, environ: Mapping[str, str], tag: str, step_job: s
     os.makedirs(files.stacks, mode=0o700)
     step_env = {**extra, RETURNED_DIR: files.returned, REASONS_DIR: files.reasons, STACKS_DIR: files.stacks,
                 **start_timeline(files.timeline)}
-    if spec.warning is not None:  # as the batch step: the launcher starts the script with it ignored
-        step_env[WARNING_VAR] = spec.warning[0]
     held = None
     if spec.environment.master_port is None and "MASTER_PORT" not in environ:
         # Every emulated node is this machine, so a port free here now, not one derived from the job id: local

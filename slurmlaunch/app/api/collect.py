@@ -15,8 +15,6 @@ from ...core.errors import SlurmLaunchError
 from .calls import _exit_record, _Packed
 from .failures import _MARK, RankFailed, _signal_name
 
-# The local controller's record of how every rank ended, next to submitit's files of the job.
-_STATUS_FILE = "{job_id}_ranks.json"
 # A rank that ended without a Python exception (os._exit, a signal) is only seen ending by the controller,
 # a busy machine's scheduling delay late, while its peers' errors about the lost connection carry the
 # time they happened: within this slack, the death comes first, as it caused them.
@@ -26,15 +24,6 @@ _DEATH_SLACK_S = 0.5
 _RESULT_WAIT_S = 15.0
 # Job states after which the ranks that left nothing were stopped from outside, not failed on their own.
 _STOPPED_STATES = ("CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE")
-
-
-def _status(job: Any) -> dict[str, Any] | None:
-    """The local controller's record of how the ranks ended (None: not a local job, or no record)."""
-    try:
-        with open(Path(job.paths.folder) / _STATUS_FILE.format(job_id=job.job_id), encoding="utf-8") as f:
-            return dict(json.load(f))
-    except (OSError, ValueError):
-        return None
 
 
 def _tail(task: Any, lines: int = 20) -> str:
@@ -101,19 +90,17 @@ def _collect(job: Any, world: int, state: str | None, wanted: Iterable[int] | No
              log_dir: str | None = None) -> dict[int, Any]:
     """The values of the ranks in ``wanted`` (all: None) once the job has ended (Job.results); RankFailed
     for the first failure by time, SlurmLaunchError for a job cancelled or stopped from outside. ``state``:
-    the job's final state under Slurm (None on the local scheduler, whose controller records the ranks);
+    the job's final state as its scheduler says it;
     ``log_dir``: the job's output directory, where its batch step left the first failure (queued schedulers)."""
-    status = _status(job)
-    ended: dict[str, dict[str, Any]] = status["ranks"] if status else {}
     tasks = [job.task(rank) for rank in range(world)]
     results = [Path(t.paths.result_pickle) for t in tasks]
-    if status is None and state == "COMPLETED":
+    if state == "COMPLETED":
         _await_results(results)
-    steps = _step_ends(log_dir, str(job.job_id)) if status is None else {}
+    steps = _step_ends(log_dir, str(job.job_id))
     keep = set(range(world)) if wanted is None else set(wanted)
     found = _Findings()
     for rank, task in enumerate(tasks):
-        _read_rank(found, rank, task, results[rank], ended.get(str(rank)), steps.get(rank), rank in keep, state)
+        _read_rank(found, rank, task, results[rank], None, steps.get(rank), rank in keep, state)
     if state is not None and state.split()[0] in _STOPPED_STATES:
         # The ranks' errors are the consequences (a peer killed first): the job's end is the news.
         unfinished = [r for r in range(world) if r not in found.values and not _success(results[r])]
@@ -122,7 +109,7 @@ def _collect(job: Any, world: int, state: str | None, wanted: Iterable[int] | No
                                f" (no rank failed before that)")
     _raise_first(found, steps)
     if found.stopped:
-        raise SlurmLaunchError(f"job {job.job_id} was {status['reason'] if status else 'stopped'} before "
+        raise SlurmLaunchError(f"job {job.job_id} was stopped before "
                                f"rank(s) {_ranks(found.stopped)} finished (no rank failed)")
     return found.values
 
