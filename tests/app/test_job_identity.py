@@ -26,6 +26,14 @@ AT = "2026-12-07T00:00:01"
     ({"submitted": AT, "name": "train", "comment": "ab12"},
      {"submitted": AT, "name": "train", "comment": ""}, False),  # same second, same name: not our token
     ({"submitted": AT, "name": "train"}, {"submitted": "2026-12-07T00:00:02", "name": "train"}, False),
+    # requeued (Slurm's after NODE_FAIL, Lightning's scontrol requeue): a new submit time, the same token
+    ({"submitted": AT, "name": "train", "comment": "ab12"},
+     {"submitted": "2026-12-07T00:05:00", "name": "train", "comment": "ab12"}, True),
+    # sacct after a requeue: every run's submit time (sacct -D), the first one ours
+    ({"submitted": AT, "name": "train", "comment": "ab12"},
+     {"submitted": "2026-12-07T00:05:00", "name": "train", "submits": f"{AT} 2026-12-07T00:05:00"}, True),
+    ({"submitted": AT, "name": "train", "comment": "ab12"},
+     {"submitted": "2026-12-07T00:05:00", "name": "train", "submits": "2026-12-07T00:05:00"}, False),
     ({"submitted": AT, "name": "train"}, {"submitted": AT, "name": "sleeper.sh"}, False),
     ({"submitted": AT}, None, None),  # the scheduler knows no such job
     ({"token": "t"}, {"submitted": AT, "name": "x"}, None),  # nothing to compare
