@@ -112,13 +112,26 @@ def identity(job_id: str) -> dict[str, str] | None:
     try:
         attrs = _qstat_json(pbs_id(job_id))
         if attrs is None:
-            text = re.sub(r"\n\t", "", _qstat(pbs_id(job_id)))
-            attrs = dict(re.findall(r"^\s*(ctime|Job_Name)\s*=\s*(.*?)\s*$", text, re.M))
+            return identity_from_text(_qstat(pbs_id(job_id)))
     except SchedulerError as e:
         if any(words in str(e) for words in _UNKNOWN):
             return None
         raise
     return {"submitted": " ".join(str(attrs.get("ctime", "")).split()), "name": str(attrs.get("Job_Name", ""))}
+
+
+def unfold(text: str) -> str:
+    """qstat -f's text with a long value's folded lines (a tab, then more of the value) joined again. A tab
+    followed by "Name = " begins an attribute (Slurm's Torque wrapper indents every one with a tab)."""
+    return re.sub(r"\n\t(?![\w.]+ = )", "", text)
+
+
+def identity_from_text(text: str) -> dict[str, str]:
+    """:func:`identity` from qstat -f's text form (Torque's, Slurm's Torque wrapper's). The wrapper shows no
+    ctime while the job lives and its end time as ctime after: recorded empty, it is not compared
+    (schedulers.same_job), and the job's name decides."""
+    attrs = dict(re.findall(r"^\s*(ctime|Job_Name)\s*=\s*(.*?)\s*$", unfold(text), re.M))
+    return {"submitted": " ".join(attrs.get("ctime", "").split()), "name": attrs.get("Job_Name", "")}
 
 
 # What qstat says of a job id it does not know (PBS Pro, OpenPBS, Torque), history expired or never there.
@@ -371,7 +384,7 @@ def resubmission_of(job_id: str, first: str) -> bool:
         text = _qstat(pbs_id(job_id))  # Torque: the text form
     except SchedulerError:
         return False
-    text = re.sub(r"\n\t", "", text)  # qstat -f folds a long attribute onto lines that begin with a tab
+    text = unfold(text)  # qstat -f folds a long attribute onto lines that begin with a tab
     named = re.findall(rf"(?:^|[\s,]){REQUEUE_OF}=(\d+)", text)
     return bool(named) and all(n == _array_base(first) for n in named)
 

@@ -112,3 +112,32 @@ def test_an_api_handle_never_cancels_another_job_of_its_id(monkeypatch: pytest.M
     with pytest.raises(JobStateError, match=r"job 3.head is gone; another job now has that id on PBS"):
         handle.cancel()
     assert stub.cancelled == 1
+
+
+# `qstat -f`'s text as Slurm's Torque wrapper prints it (every attribute after a tab, no ctime until the job
+# ends: it is then the end time) and as PBS does (attributes indented by spaces, a long value folded onto lines
+# that begin with a tab).
+WRAPPER_QUEUED = "Job Id:\t9000\n\tJob_Name = myjob\n\tjob_state = Q\n\tqtime = Mon Dec  7 03:11:47 2026\n"
+WRAPPER_ENDED = WRAPPER_QUEUED + "\tctime = Mon Dec  7 03:11:57 2026\n"
+PBS_TEXT = ("Job Id: 4.head\n    Job_Name = a_long_name_that_qstat_folds_onto\n\t_the_next_line\n"
+            "    ctime = Mon Dec  7 00:12:01 2026\n")
+
+
+@pytest.mark.parametrize(("text", "seen"), [
+    (WRAPPER_QUEUED, {"submitted": "", "name": "myjob"}),
+    (WRAPPER_ENDED, {"submitted": "Mon Dec 7 03:11:57 2026", "name": "myjob"}),
+    (PBS_TEXT, {"submitted": "Mon Dec 7 00:12:01 2026", "name": "a_long_name_that_qstat_folds_onto_the_next_line"}),
+])
+def test_identity_from_qstat_text(text: str, seen: dict[str, str]) -> None:
+    from slurmlaunch.schedulers.pbs import identity_from_text
+
+    assert identity_from_text(text) == seen
+
+
+def test_a_torque_wrapper_job_is_known_by_its_name_alone() -> None:
+    """Recorded while queued (no ctime then), compared once it ended (ctime: its end time): the name decides."""
+    from slurmlaunch.schedulers.pbs import identity_from_text
+
+    recorded = {**identity_from_text(WRAPPER_QUEUED), "token": "t"}
+    assert same_job(recorded, identity_from_text(WRAPPER_ENDED)) is True
+    assert same_job(recorded, identity_from_text(WRAPPER_ENDED.replace("myjob", "sleeper.sh"))) is False
