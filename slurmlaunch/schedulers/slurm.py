@@ -211,9 +211,13 @@ def submit(spec: JobSpec, script_text: str) -> Submission:
 
 
 # How a submission is held until its record and files are in place: a begin time ahead, not --hold: Slurm
-# skips its check of the request against the nodes for a held job (--gpus-per-node=8 on nodes of 4 would be
-# taken, and wait forever), not for one that is to begin later (sbatch refuses it as it would refuse it now).
-HOLD = "--begin=now+3600"
+# skips its check of the request against the nodes for a held job (seen on 22.05: `sbatch --hold
+# --gres=gpu:8` on nodes of 2 is taken, and would wait forever), not for one that is to begin later (sbatch
+# refuses it as it would refuse it now); and `scontrol hold` + `release` leaves a begin time as it was. Minutes,
+# not an hour: where Slurm refuses to move the begin time to now, the job waits no longer than this, and what
+# must be in place before it may start (the batch log, its --output) is made first, in seconds.
+HOLD_S = 300
+HOLD = f"--begin=now+{HOLD_S}"
 
 
 def _users_own_start(spec: JobSpec) -> bool:
@@ -287,16 +291,15 @@ def prepare(spec: JobSpec, job_id: str, short: str, log_dir: str) -> None:
 
 def release(spec: JobSpec, job_id: str) -> None:
     """Let the held job go (its begin time now), unless the user's --sbatch-arg holds it or sets its begin
-    time. A job Slurm took but cannot run in its partition now (more nodes than it has: it waits, as sbatch
-    leaves it, with reason PartitionConfig) refuses the update: it is let go all the same."""
+    time. SchedulerError where Slurm refuses (a job its partition cannot run now may be refused), saying when
+    the job begins all the same: the submission keeps the job and says this in its note."""
     if _users_own_start(spec):
         return
     try:
         run_command(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], timeout=30)
     except SchedulerError as e:
-        if "not available now" not in str(e):
-            raise SchedulerError(f"{e}; it begins an hour after it was submitted, or at once after: scontrol "
-                                 f"update JobId={job_id} StartTime=now") from None
+        raise SchedulerError(f"{e}; it may begin within {HOLD_S // 60} minutes of its submission, or at once "
+                             f"after `scontrol update JobId={job_id} StartTime=now`") from None
 
 
 # A job neither squeue, sacct nor scontrol knows, whose script wrote no exit code: it has ended (Slurm forgets a
