@@ -179,6 +179,10 @@ def _fields(block: str) -> dict[str, str]:
     return dict(re.findall(r"^\s*(job_state|Exit_status|exit_status|exec_host)\s*=\s*(\S+)", block, re.M))
 
 
+# The server's comment on a job a user deleted ("Job run at ... and terminated by root@head"; it ends "and
+# finished" or "and failed" otherwise): qdel'd after a sister host's MoM was started again, the job reads
+# substate 93 and Exit_status 0 (seen on OpenPBS 23.06), and this is the word that it was cancelled.
+_DELETED_BY = re.compile(r" and terminated by \S+@\S+")
 # Substates of a finished job (OpenPBS src/include/job.h, JOB_SUBSTATE_*), as a real server sets them:
 # 91 terminated (qdel, running or not: Exit_status 0 or none at all), 92 finished, 93 failed (a non-zero
 # exit, or killed by PBS: Exit_status negative, JOB_EXEC_*).
@@ -194,7 +198,8 @@ EXIT_RERUN = {-11: "qrerun", -14: "a host of it failed", -18: "a hook asked", -1
 
 def job_status(attrs: dict[str, Any], code_file: int | None = None, now: float | None = None) -> JobStatus:
     """One job of `qstat -x -f -F json`'s "Jobs" as slurmlaunch's state (Slurm's words) and exit code. A qdel'd
-    job (substate 91) is CANCELLED whatever its Exit_status says (PBS leaves 0 there); past its walltime
+    job (substate 91, or the server's comment "terminated by USER@HOST") is CANCELLED whatever its Exit_status
+    says (PBS leaves 0 there); past its walltime
     (Exit_status -29) TIMEOUT; PBS's other negative codes FAILED with code 1; Exit_status 256+N (the job
     script killed by signal N) reads as 128+N, as a shell shows it. ``code_file`` (the script's own word,
     the first failing rank's code) wins over Exit_status for a job that ended by itself. The elapsed time of
@@ -215,7 +220,7 @@ def job_status(attrs: dict[str, Any], code_file: int | None = None, now: float |
             # Never Run: Not enough total nodes available"), as Slurm's reason is shown
             note = f"PBS's comment: {comment.strip()}"
         return JobStatus(state, None, nodes, elapsed=elapsed, note=note)
-    if _substate(attrs) == SUBSTATE_TERMINATED:
+    if _substate(attrs) == SUBSTATE_TERMINATED or _DELETED_BY.search(str(attrs.get("comment") or "")):
         state = "CANCELLED"
     elif code == EXIT_KILLED_WALLTIME:
         state = "TIMEOUT"

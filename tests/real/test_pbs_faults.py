@@ -200,3 +200,30 @@ def test_what_qsub_refuses_is_refused_at_submit(pbs_env: dict[str, str], tmp_pat
         r"slurmlaunch: error: SCRIPT argument 2 'caf\xe9' is not valid UTF-8 (the byte 0xe9; expected UTF-8 "
         "text, which the batch script is written in)"), raw.stderr
     assert subprocess.run(["qstat", "-x"], env=pbs_env, capture_output=True, text=True, timeout=60).stdout == before
+
+
+def test_qdel_after_a_sister_moms_restart_reads_cancelled(pbs_env: dict[str, str], tmp_path: Path) -> None:
+    """2 hosts x 1 rank; the second host's MoM killed and started again under the running job, then qdel: the
+    server ends the job substate 93, Exit_status 0 (not 91), its comment "... and terminated by root@head".
+    status reads CANCELLED, as for any qdel'd job, not COMPLETED 0."""
+    root = Path(pbs_env["SLURMLAUNCH_TEST_PBS_DIR"])
+    proc = _submit(pbs_env, tmp_path, 2, 1, "-1")
+    _, err = proc.communicate(timeout=120)
+    job = submitted(err)
+    try:
+        wait_for_files(tmp_path, "up-*", 2, timeout=180)
+        sister = json.loads(run_cli("status", job, "--json", env=pbs_env, cwd=tmp_path).stdout)["nodes"]
+        sister = sister.split("+")[1].split("/")[0]
+        mom = int((pbscluster.host_dir(root, sister) / "spool" / "mom_priv" / "mom.lock").read_text().split()[0])
+        os.kill(mom, signal.SIGKILL)
+        _restart_mom(root, sister)
+        deleted = subprocess.run(["qdel", job], env=pbs_env, capture_output=True, text=True, timeout=60)
+        assert deleted.returncode == 0, deleted.stderr
+        deadline = time.monotonic() + 90
+        while (st := json.loads(run_cli("status", job, "--json", env=pbs_env, cwd=tmp_path).stdout))["state"] in \
+                ("RUNNING", "COMPLETING", "PENDING"):
+            assert time.monotonic() < deadline, f"waited 90s for job {job} to end after qdel: {st}"
+            time.sleep(1)
+        assert st["state"] == "CANCELLED", st
+    finally:
+        subprocess.run(["qdel", "-W", "force", job], env=pbs_env, capture_output=True, timeout=60)
