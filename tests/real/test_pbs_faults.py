@@ -156,11 +156,14 @@ def test_a_lost_host_is_named_by_wait_and_status(pbs_env: dict[str, str], tmp_pa
     assert took < 60 and f"job {job} ended FAILED, exit code 205" in err, (took, err)
     assert run_cli("status", job, env=pbs_env, cwd=tmp_path).stdout.splitlines()[1] == f"  {line}"
 
-    # the MoM alone: its rank lives on, the job stays R
+    # the MoM alone: its rank lives on, the job stays R; --wait names the host as status does
     (tmp_path / "second").mkdir()
-    second = _submit(pbs_env, tmp_path / "second", 3, 1, "-1")
-    out, err = second.communicate(timeout=120)
-    job = submitted(err)
+    second = _submit(pbs_env, tmp_path / "second", 3, 1, "-1", wait=True)
+    assert second.stderr is not None
+    said: list[str] = []
+    while not (job := next((m[1] for m in map(re.compile(r"submitted job (\S+)").search, said) if m), "")):
+        said.append(second.stderr.readline())
+        assert said[-1], "".join(said)
     try:
         wait_for_files(tmp_path / "second", "up-*", 3, timeout=180)
         lost = json.loads(run_cli("status", job, "--json", env=pbs_env, cwd=tmp_path).stdout)["nodes"]
@@ -180,6 +183,10 @@ def test_a_lost_host_is_named_by_wait_and_status(pbs_env: dict[str, str], tmp_pa
             os.kill(pid, signal.SIGKILL)
         subprocess.run(["qdel", "-W", "force", job], env=pbs_env, capture_output=True, timeout=60)
         _restart_mom(root, lost)
+        _, err = second.communicate(timeout=120)
+    followed = "".join(said) + err
+    named = next((ln for ln in followed.splitlines() if f"{lost} down (PBS's comment: node down: " in ln), "")
+    assert f"job {job} RUNNING" in named and followed.index(named) < followed.index(f"job {job} ended"), followed
 
 
 def test_what_qsub_refuses_is_refused_at_submit(pbs_env: dict[str, str], tmp_path: Path) -> None:
