@@ -193,15 +193,23 @@ class Held:
 
 def same_job(recorded: object, seen: dict[str, str] | None) -> bool | None:
     """Whether the scheduler's job (its identity ``seen``: None when it knows no such job) is the one a record
-    holds (``recorded``: the record's "identity"): every field both name must agree (a submission's token where
-    the scheduler shows it, its submit time, its name); None when that cannot be told: the scheduler knows no
-    such job, or the record has no identity (written before records had one)."""
+    holds (``recorded``: the record's "identity"): the submission's token decides where the scheduler shows it
+    (Slurm's comment); else every field both name (and the record has a value of) must agree (its submit time,
+    its name), a submit time being any of ``seen``'s "submits" where the scheduler lists each run's (sacct -D);
+    None when that cannot be told: the scheduler knows no such job, or the record has no identity (written
+    before records had one)."""
     if seen is None or not isinstance(recorded, dict):
         return None
-    shared = [key for key in recorded if key in seen]
+    # A requeue (Slurm's after NODE_FAIL, Lightning's `scontrol requeue`) gives the same job a new submit time;
+    # the token slurmlaunch put in the job is the job's own for as long as it lives.
+    if recorded.get("comment") and "comment" in seen:
+        return str(recorded["comment"]) == seen["comment"]
+    shared = [key for key in recorded if key in seen and recorded[key]]  # recorded empty: nothing said then
     if not shared:
         return None
-    return all(str(recorded[key]) == seen[key] for key in shared)
+    runs = seen.get("submits", "").split()
+    return all(str(recorded[key]) == seen[key] or (key == "submitted" and str(recorded[key]) in runs)
+               for key in shared)
 
 
 # The fields of a record's identity that a scheduler's answer is compared with (the token is the files' own)

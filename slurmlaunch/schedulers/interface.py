@@ -24,7 +24,8 @@ class QuickStates:
 
     live: dict[str, str] | None
     ended: dict[str, str] = field(default_factory=dict)
-    submitted: dict[str, str] = field(default_factory=dict)  # a live job's submit time (its identity's "submitted")
+    # a live job's identity as the queue shows it (its submit time, its submission's token): schedulers.same_job
+    seen: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 class Scheduler(Protocol):

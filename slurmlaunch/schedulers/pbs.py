@@ -113,13 +113,26 @@ def identity(job_id: str) -> dict[str, str] | None:
     try:
         attrs = _qstat_json(pbs_id(job_id))
         if attrs is None:
-            text = re.sub(r"\n\t", "", _qstat(pbs_id(job_id)))
-            attrs = dict(re.findall(r"^\s*(ctime|Job_Name)\s*=\s*(.*?)\s*$", text, re.M))
+            return identity_from_text(_qstat(pbs_id(job_id)))
     except SchedulerError as e:
         if any(words in str(e) for words in _UNKNOWN):
             return None
         raise
     return {"submitted": " ".join(str(attrs.get("ctime", "")).split()), "name": str(attrs.get("Job_Name", ""))}
+
+
+def unfold(text: str) -> str:
+    """qstat -f's text with a long value's folded lines (a tab, then more of the value) joined again. A tab
+    followed by "Name = " begins an attribute (Slurm's Torque wrapper indents every one with a tab)."""
+    return re.sub(r"\n\t(?![\w.]+ = )", "", text)
+
+
+def identity_from_text(text: str) -> dict[str, str]:
+    """:func:`identity` from qstat -f's text form (Torque's, Slurm's Torque wrapper's). The wrapper shows no
+    ctime while the job lives and its end time as ctime after: recorded empty, it is not compared
+    (schedulers.same_job), and the job's name decides."""
+    attrs = dict(re.findall(r"^\s*(ctime|Job_Name)\s*=\s*(.*?)\s*$", unfold(text), re.M))
+    return {"submitted": " ".join(attrs.get("ctime", "").split()), "name": attrs.get("Job_Name", "")}
 
 
 # What qstat says of a job id it does not know (PBS Pro, OpenPBS, Torque), history expired or never there.
@@ -167,6 +180,10 @@ def _fields(block: str) -> dict[str, str]:
     return dict(re.findall(r"^\s*(job_state|Exit_status|exit_status|exec_host)\s*=\s*(\S+)", block, re.M))
 
 
+# The server's comment on a job a user deleted ("Job run at ... and terminated by root@head"; it ends "and
+# finished" or "and failed" otherwise): qdel'd after a sister host's MoM was started again, the job reads
+# substate 93 and Exit_status 0 (seen on OpenPBS 23.06), and this is the word that it was cancelled.
+_DELETED_BY = re.compile(r" and terminated by \S+@\S+")
 # Substates of a finished job (OpenPBS src/include/job.h, JOB_SUBSTATE_*), as a real server sets them:
 # 91 terminated (qdel, running or not: Exit_status 0 or none at all), 92 finished, 93 failed (a non-zero
 # exit, or killed by PBS: Exit_status negative, JOB_EXEC_*).
@@ -182,7 +199,8 @@ EXIT_RERUN = {-11: "qrerun", -14: "a host of it failed", -18: "a hook asked", -1
 
 def job_status(attrs: dict[str, Any], code_file: int | None = None, now: float | None = None) -> JobStatus:
     """One job of `qstat -x -f -F json`'s "Jobs" as slurmlaunch's state (Slurm's words) and exit code. A qdel'd
-    job (substate 91) is CANCELLED whatever its Exit_status says (PBS leaves 0 there); past its walltime
+    job (substate 91, or the server's comment "terminated by USER@HOST") is CANCELLED whatever its Exit_status
+    says (PBS leaves 0 there); past its walltime
     (Exit_status -29) TIMEOUT; PBS's other negative codes FAILED with code 1; Exit_status 256+N (the job
     script killed by signal N) reads as 128+N, as a shell shows it. ``code_file`` (the script's own word,
     the first failing rank's code) wins over Exit_status for a job that ended by itself. The elapsed time of
@@ -203,7 +221,7 @@ def job_status(attrs: dict[str, Any], code_file: int | None = None, now: float |
             # Never Run: Not enough total nodes available"), as Slurm's reason is shown
             note = f"PBS's comment: {comment.strip()}"
         return JobStatus(state, None, nodes, elapsed=elapsed, note=note)
-    if _substate(attrs) == SUBSTATE_TERMINATED:
+    if _substate(attrs) == SUBSTATE_TERMINATED or _DELETED_BY.search(str(attrs.get("comment") or "")):
         state = "CANCELLED"
     elif code == EXIT_KILLED_WALLTIME:
         state = "TIMEOUT"
@@ -372,7 +390,7 @@ def resubmission_of(job_id: str, first: str) -> bool:
         text = _qstat(pbs_id(job_id))  # Torque: the text form
     except SchedulerError:
         return False
-    text = re.sub(r"\n\t", "", text)  # qstat -f folds a long attribute onto lines that begin with a tab
+    text = unfold(text)  # qstat -f folds a long attribute onto lines that begin with a tab
     named = re.findall(rf"(?:^|[\s,]){REQUEUE_OF}=(\d+)", text)
     return bool(named) and all(n == _array_base(first) for n in named)
 

@@ -211,9 +211,13 @@ def submit(spec: JobSpec, script_text: str) -> Submission:
 
 
 # How a submission is held until its record and files are in place: a begin time ahead, not --hold: Slurm
-# skips its check of the request against the nodes for a held job (--gpus-per-node=8 on nodes of 4 would be
-# taken, and wait forever), not for one that is to begin later (sbatch refuses it as it would refuse it now).
-HOLD = "--begin=now+3600"
+# skips its check of the request against the nodes for a held job (seen on 22.05: `sbatch --hold
+# --gres=gpu:8` on nodes of 2 is taken, and would wait forever), not for one that is to begin later (sbatch
+# refuses it as it would refuse it now); and `scontrol hold` + `release` leaves a begin time as it was. Minutes,
+# not an hour: where Slurm refuses to move the begin time to now, the job waits no longer than this, and what
+# must be in place before it may start (the batch log, its --output) is made first, in seconds.
+HOLD_S = 300
+HOLD = f"--begin=now+{HOLD_S}"
 
 
 def _users_own_start(spec: JobSpec) -> bool:
@@ -245,7 +249,8 @@ def identity(job_id: str) -> dict[str, str] | None:
     """What Slurm says of job ``job_id`` that a later job given the same id (another cluster, a cluster started
     again) cannot share: its submit time and name, and while squeue knows it the submission's token in its
     comment ("comment": "" for a job that has none: not one of ours); sacct's submit time and name after
-    that; None when Slurm knows no such job. SchedulerError when Slurm cannot be asked."""
+    that, with every run's submit time ("submits": a requeued job's first run is the submitted one); None when
+    Slurm knows no such job. SchedulerError when Slurm cannot be asked."""
     lines = queue_lines([job_id], "%V|%k|%j")
     if lines is None:
         raise SchedulerError(f"squeue could not be asked about job {job_id}")
@@ -258,14 +263,16 @@ def identity(job_id: str) -> dict[str, str] | None:
     if not which("sacct"):
         return None
     try:
-        out = run_command(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "Submit,JobName"], timeout=30).stdout
+        # -D: a requeued job's every run, each with the submit time its requeue gave it
+        out = run_command(["sacct", "-n", "-X", "-D", "-P", "-j", job_id, "-o", "Submit,JobName"],
+                          timeout=30).stdout
     except SchedulerError:
         return None  # no accounting: Slurm no longer knows it
-    line = next((ln for ln in out.splitlines() if "|" in ln), "")
-    if not line:
+    runs = [ln.partition("|")[::2] for ln in out.splitlines() if "|" in ln]
+    if not runs:
         return None
-    submitted, _, name = line.partition("|")
-    return {"submitted": submitted, "name": name}
+    submitted, name = runs[-1]
+    return {"submitted": submitted, "name": name, "submits": " ".join(at for at, _ in runs)}
 
 
 def prepare(spec: JobSpec, job_id: str, short: str, log_dir: str) -> None:
@@ -284,16 +291,15 @@ def prepare(spec: JobSpec, job_id: str, short: str, log_dir: str) -> None:
 
 def release(spec: JobSpec, job_id: str) -> None:
     """Let the held job go (its begin time now), unless the user's --sbatch-arg holds it or sets its begin
-    time. A job Slurm took but cannot run in its partition now (more nodes than it has: it waits, as sbatch
-    leaves it, with reason PartitionConfig) refuses the update: it is let go all the same."""
+    time. SchedulerError where Slurm refuses (a job its partition cannot run now may be refused), saying when
+    the job begins all the same: the submission keeps the job and says this in its note."""
     if _users_own_start(spec):
         return
     try:
         run_command(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], timeout=30)
     except SchedulerError as e:
-        if "not available now" not in str(e):
-            raise SchedulerError(f"{e}; it begins an hour after it was submitted, or at once after: scontrol "
-                                 f"update JobId={job_id} StartTime=now") from None
+        raise SchedulerError(f"{e}; it may begin within {HOLD_S // 60} minutes of its submission, or at once "
+                             f"after `scontrol update JobId={job_id} StartTime=now`") from None
 
 
 # A job neither squeue, sacct nor scontrol knows, whose script wrote no exit code: it has ended (Slurm forgets a
@@ -509,12 +515,12 @@ def quick_states(job_ids: Sequence[str] | None) -> QuickStates:
     fails), and the ended ones in one sacct where there is accounting: of ``job_ids`` that squeue no longer
     shows (an array's state as :func:`accounted_states` sums it up), or with None, every job of the last 30
     days."""
-    out = run_command(["squeue", "-h", "--me", "-o", "%F %T %V"], timeout=30).stdout
-    rows = [(line.split(" ") + [""])[:3] for line in out.splitlines() if " " in line]
-    live = {job: state for job, state, _ in rows}
-    submitted = {job: at for job, _, at in rows if at}
+    out = run_command(["squeue", "-h", "--me", "-o", "%F|%T|%V|%k"], timeout=30).stdout
+    rows = [(line.split("|", 3) + ["", ""])[:4] for line in out.splitlines() if "|" in line]
+    live = {job: state for job, state, _, _ in rows}
+    seen = {job: _queue_identity(at, comment) for job, _, at, comment in rows if at}
     if job_ids is not None:
-        return QuickStates(live, accounted_states([j for j in job_ids if j not in live]), submitted)
+        return QuickStates(live, accounted_states([j for j in job_ids if j not in live]), seen)
     ended = ""
     if which("sacct"):
         try:
@@ -524,7 +530,13 @@ def quick_states(job_ids: Sequence[str] | None) -> QuickStates:
             pass  # no accounting there: the queue alone
     return QuickStates(live, {job: state.split()[0] for job, _, state in (line.partition("|") for line in
                                                                           ended.splitlines()) if state.strip()},
-                       submitted)
+                       seen)
+
+
+def _queue_identity(submitted: str, comment: str) -> dict[str, str]:
+    """A live job's identity from squeue's submit time and comment (:func:`identity`'s fields)."""
+    found = _TOKEN_IN.search(comment)
+    return {"submitted": submitted, "comment": found[1] if found else ""}
 
 
 def _rank_log(spec: JobSpec, job_id: str, rank: int) -> str | None:

@@ -26,6 +26,14 @@ AT = "2026-12-07T00:00:01"
     ({"submitted": AT, "name": "train", "comment": "ab12"},
      {"submitted": AT, "name": "train", "comment": ""}, False),  # same second, same name: not our token
     ({"submitted": AT, "name": "train"}, {"submitted": "2026-12-07T00:00:02", "name": "train"}, False),
+    # requeued (Slurm's after NODE_FAIL, Lightning's scontrol requeue): a new submit time, the same token
+    ({"submitted": AT, "name": "train", "comment": "ab12"},
+     {"submitted": "2026-12-07T00:05:00", "name": "train", "comment": "ab12"}, True),
+    # sacct after a requeue: every run's submit time (sacct -D), the first one ours
+    ({"submitted": AT, "name": "train", "comment": "ab12"},
+     {"submitted": "2026-12-07T00:05:00", "name": "train", "submits": f"{AT} 2026-12-07T00:05:00"}, True),
+    ({"submitted": AT, "name": "train", "comment": "ab12"},
+     {"submitted": "2026-12-07T00:05:00", "name": "train", "submits": "2026-12-07T00:05:00"}, False),
     ({"submitted": AT, "name": "train"}, {"submitted": AT, "name": "sleeper.sh"}, False),
     ({"submitted": AT}, None, None),  # the scheduler knows no such job
     ({"token": "t"}, {"submitted": AT, "name": "x"}, None),  # nothing to compare
@@ -104,3 +112,32 @@ def test_an_api_handle_never_cancels_another_job_of_its_id(monkeypatch: pytest.M
     with pytest.raises(JobStateError, match=r"job 3.head is gone; another job now has that id on PBS"):
         handle.cancel()
     assert stub.cancelled == 1
+
+
+# `qstat -f`'s text as Slurm's Torque wrapper prints it (every attribute after a tab, no ctime until the job
+# ends: it is then the end time) and as PBS does (attributes indented by spaces, a long value folded onto lines
+# that begin with a tab).
+WRAPPER_QUEUED = "Job Id:\t9000\n\tJob_Name = myjob\n\tjob_state = Q\n\tqtime = Mon Dec  7 03:11:47 2026\n"
+WRAPPER_ENDED = WRAPPER_QUEUED + "\tctime = Mon Dec  7 03:11:57 2026\n"
+PBS_TEXT = ("Job Id: 4.head\n    Job_Name = a_long_name_that_qstat_folds_onto\n\t_the_next_line\n"
+            "    ctime = Mon Dec  7 00:12:01 2026\n")
+
+
+@pytest.mark.parametrize(("text", "seen"), [
+    (WRAPPER_QUEUED, {"submitted": "", "name": "myjob"}),
+    (WRAPPER_ENDED, {"submitted": "Mon Dec 7 03:11:57 2026", "name": "myjob"}),
+    (PBS_TEXT, {"submitted": "Mon Dec 7 00:12:01 2026", "name": "a_long_name_that_qstat_folds_onto_the_next_line"}),
+])
+def test_identity_from_qstat_text(text: str, seen: dict[str, str]) -> None:
+    from slurmlaunch.schedulers.pbs import identity_from_text
+
+    assert identity_from_text(text) == seen
+
+
+def test_a_torque_wrapper_job_is_known_by_its_name_alone() -> None:
+    """Recorded while queued (no ctime then), compared once it ended (ctime: its end time): the name decides."""
+    from slurmlaunch.schedulers.pbs import identity_from_text
+
+    recorded = {**identity_from_text(WRAPPER_QUEUED), "token": "t"}
+    assert same_job(recorded, identity_from_text(WRAPPER_ENDED)) is True
+    assert same_job(recorded, identity_from_text(WRAPPER_ENDED.replace("myjob", "sleeper.sh"))) is False

@@ -18,7 +18,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,49 @@ def test_slurm_ids_reused_by_a_second_cluster(cluster_env: dict[str, str], tmp_p
                 assert f"run {run}" in run_cli("logs", job_n1, "--rank", "0", env=env).stdout
         finally:
             subprocess.run(["scancel", job_n], env=env_b, capture_output=True, timeout=30)
+
+
+def _squeue(env: dict[str, str], job: str, fields: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", fields], env=env, capture_output=True, text=True,
+                          timeout=30).stdout.strip()
+
+
+def _until(what: str, check: Callable[[], bool], limit: float = 120) -> None:
+    deadline = time.monotonic() + limit
+    while not check():
+        assert time.monotonic() < deadline, f"waited {limit:.0f}s for {what}"
+        time.sleep(0.5)
+
+
+def test_a_requeued_slurm_job_is_still_ours(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    """Slurm gives a requeued job (its requeue after NODE_FAIL, Lightning's `scontrol requeue`) a new submit
+    time: the token submit put in its comment still says it is the recorded job. status reads Slurm's state,
+    not the job's files and no "another job now has that id"; list shows the queue's state; cancel cancels it."""
+    (tmp_path / "run.py").write_text("import time\ntime.sleep(300)\n")
+    r = run_cli("submit", "--nodes", "1", "--tasks-per-node", "1", "--time", "5", "run.py", env=cluster_env,
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
+    try:
+        _until(f"job {job} to run", lambda: _squeue(cluster_env, job, "%T") == "RUNNING")
+        first = _squeue(cluster_env, job, "%V")
+        req = subprocess.run(["scontrol", "requeue", job], env=cluster_env, capture_output=True, text=True,
+                             timeout=30)
+        assert req.returncode == 0, req.stderr
+        _until(f"job {job}'s requeue to give it a new submit time",
+               lambda: _squeue(cluster_env, job, "%V") not in ("", first))
+        st = run_cli("status", job, "--json", env=cluster_env)
+        assert st.returncode == 0, st.stderr
+        shown = json.loads(st.stdout)
+        assert shown["state"] in ("PENDING", "RUNNING", "REQUEUED") and "gone" not in st.stdout, st.stdout
+        listed = {row["job_id"]: row["state"] for row in json.loads(run_cli("list", "--json", env=cluster_env,
+                                                                            cwd=tmp_path).stdout)}
+        assert listed[job] in ("PENDING", "RUNNING", "REQUEUED"), listed
+        c = run_cli("cancel", job, env=cluster_env)
+        assert c.returncode == 0 and "nothing cancelled" not in c.stdout, c.stdout + c.stderr
+        _until(f"job {job} to be cancelled", lambda: _squeue(cluster_env, job, "%T") in ("", "CANCELLED"), 60)
+    finally:
+        subprocess.run(["scancel", job], env=cluster_env, capture_output=True, timeout=30)
 
 
 def test_the_batch_log_is_created_by_submit_not_through_a_link(cluster_env: dict[str, str], tmp_path: Path) -> None:

@@ -156,11 +156,14 @@ def test_a_lost_host_is_named_by_wait_and_status(pbs_env: dict[str, str], tmp_pa
     assert took < 60 and f"job {job} ended FAILED, exit code 205" in err, (took, err)
     assert run_cli("status", job, env=pbs_env, cwd=tmp_path).stdout.splitlines()[1] == f"  {line}"
 
-    # the MoM alone: its rank lives on, the job stays R
+    # the MoM alone: its rank lives on, the job stays R; --wait names the host as status does
     (tmp_path / "second").mkdir()
-    second = _submit(pbs_env, tmp_path / "second", 3, 1, "-1")
-    out, err = second.communicate(timeout=120)
-    job = submitted(err)
+    second = _submit(pbs_env, tmp_path / "second", 3, 1, "-1", wait=True)
+    assert second.stderr is not None
+    said: list[str] = []
+    while not (job := next((m[1] for m in map(re.compile(r"submitted job (\S+)").search, said) if m), "")):
+        said.append(second.stderr.readline())
+        assert said[-1], "".join(said)
     try:
         wait_for_files(tmp_path / "second", "up-*", 3, timeout=180)
         lost = json.loads(run_cli("status", job, "--json", env=pbs_env, cwd=tmp_path).stdout)["nodes"]
@@ -180,6 +183,10 @@ def test_a_lost_host_is_named_by_wait_and_status(pbs_env: dict[str, str], tmp_pa
             os.kill(pid, signal.SIGKILL)
         subprocess.run(["qdel", "-W", "force", job], env=pbs_env, capture_output=True, timeout=60)
         _restart_mom(root, lost)
+        _, err = second.communicate(timeout=120)
+    followed = "".join(said) + err
+    named = next((ln for ln in followed.splitlines() if f"{lost} down (PBS's comment: node down: " in ln), "")
+    assert f"job {job} RUNNING" in named and followed.index(named) < followed.index(f"job {job} ended"), followed
 
 
 def test_what_qsub_refuses_is_refused_at_submit(pbs_env: dict[str, str], tmp_path: Path) -> None:
@@ -200,3 +207,30 @@ def test_what_qsub_refuses_is_refused_at_submit(pbs_env: dict[str, str], tmp_pat
         r"slurmlaunch: error: SCRIPT argument 2 'caf\xe9' is not valid UTF-8 (the byte 0xe9; expected UTF-8 "
         "text, which the batch script is written in)"), raw.stderr
     assert subprocess.run(["qstat", "-x"], env=pbs_env, capture_output=True, text=True, timeout=60).stdout == before
+
+
+def test_qdel_after_a_sister_moms_restart_reads_cancelled(pbs_env: dict[str, str], tmp_path: Path) -> None:
+    """2 hosts x 1 rank; the second host's MoM killed and started again under the running job, then qdel: the
+    server ends the job substate 93, Exit_status 0 (not 91), its comment "... and terminated by root@head".
+    status reads CANCELLED, as for any qdel'd job, not COMPLETED 0."""
+    root = Path(pbs_env["SLURMLAUNCH_TEST_PBS_DIR"])
+    proc = _submit(pbs_env, tmp_path, 2, 1, "-1")
+    _, err = proc.communicate(timeout=120)
+    job = submitted(err)
+    try:
+        wait_for_files(tmp_path, "up-*", 2, timeout=180)
+        sister = json.loads(run_cli("status", job, "--json", env=pbs_env, cwd=tmp_path).stdout)["nodes"]
+        sister = sister.split("+")[1].split("/")[0]
+        mom = int((pbscluster.host_dir(root, sister) / "spool" / "mom_priv" / "mom.lock").read_text().split()[0])
+        os.kill(mom, signal.SIGKILL)
+        _restart_mom(root, sister)
+        deleted = subprocess.run(["qdel", job], env=pbs_env, capture_output=True, text=True, timeout=60)
+        assert deleted.returncode == 0, deleted.stderr
+        deadline = time.monotonic() + 90
+        while (st := json.loads(run_cli("status", job, "--json", env=pbs_env, cwd=tmp_path).stdout))["state"] in \
+                ("RUNNING", "COMPLETING", "PENDING"):
+            assert time.monotonic() < deadline, f"waited 90s for job {job} to end after qdel: {st}"
+            time.sleep(1)
+        assert st["state"] == "CANCELLED", st
+    finally:
+        subprocess.run(["qdel", "-W", "force", job], env=pbs_env, capture_output=True, timeout=60)

@@ -386,8 +386,8 @@ def test_list_asks_per_destination_and_setup_lines(laptop: sshd.Laptop, tmp_path
     from slurmlaunch.app.remote.jobs import list_row
 
     rows = []
-    for n, (job, queue, ended) in enumerate([("101", "101 RUNNING", "99|COMPLETED"),
-                                            ("202", "202 PENDING", "98|CANCELLED by 0")]):
+    for n, (job, queue, ended) in enumerate([("101", "101|RUNNING", "99|COMPLETED"),
+                                            ("202", "202|PENDING", "98|CANCELLED by 0")]):
         (tmp_path / f"site{n}").mkdir()
         bin_dir = sshd.login_bin(tmp_path / f"site{n}", {
             "squeue": f"print({queue!r})\n", "sacct": f"print({ended!r})\n"})

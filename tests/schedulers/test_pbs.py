@@ -199,6 +199,14 @@ def test_the_scripts_exit_code_wins_over_a_qstat_without_one(tmp_path: Path) -> 
     ({"job_state": "F", "substate": 91, "Exit_status": 0}, 0, "CANCELLED", 1),
     ({"job_state": "F", "substate": 91}, None, "CANCELLED", 1),  # qdel'd before it ran
     ({"job_state": "F", "substate": 91, "Exit_status": 7}, None, "CANCELLED", 7),
+    # qdel'd after a sister host's MoM was started again (seen on OpenPBS 23.06): substate 93, Exit_status 0, and
+    # the server's comment says who terminated it
+    ({"job_state": "F", "substate": 93, "Exit_status": 0, "comment": "Job run at Mon Dec 07 at 03:29 on "
+      "(node1:ncpus=1)+(node2:ncpus=1) and terminated by root@head"}, None, "CANCELLED", 1),
+    ({"job_state": "F", "substate": 92, "Exit_status": 0,
+      "comment": "Job run at Mon Dec 07 at 03:29 on (node1:ncpus=1) and finished"}, None, "COMPLETED", 0),
+    ({"job_state": "F", "substate": 93, "Exit_status": 3,
+      "comment": "Job run at Mon Dec 07 at 03:29 on (node1:ncpus=1) and failed"}, None, "FAILED", 3),
 ])
 def test_real_pbs_states_map(attrs: dict[str, object], code_file: int | None, state: str, code: int | None) -> None:
     from slurmlaunch.schedulers.pbs import job_status

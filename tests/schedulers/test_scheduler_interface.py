@@ -95,9 +95,36 @@ def test_every_edge_command_goes_through_the_runner(tmp_path: Path, no_processes
     # submit holds the job, asks what the scheduler says of it and which cluster took it, and releases it
     assert [a[0] for a in runner.argvs] == ["scontrol", "sbatch", "squeue", "scontrol", "scontrol", "squeue", "sinfo",
                                             "scancel", "qsub", "qstat", "qstat", "qstat", "qrls", "qstat", "qdel"]
-    assert runner.argvs[1][-2] == "--begin=now+3600"
+    assert runner.argvs[1][-2] == slurm.HOLD == f"--begin=now+{slurm.HOLD_S}"
     assert runner.argvs[4] == ["scontrol", "update", "JobId=4242", "StartTime=now"]
     assert runner.argvs[-1] == ["qdel", "77[3]"]
+
+
+class RefusedStart(Recording):
+    """Slurm refuses `scontrol update StartTime=now`, as it does for a job its partition cannot run now."""
+
+    def run(self, argv: Sequence[str], *, timeout: float, input_text: str | None = None,
+            env: dict[str, str] | None = None, umask: int = -1) -> subprocess.CompletedProcess[str]:
+        if list(argv[-1:]) == ["StartTime=now"]:
+            self.argvs.append(list(argv))
+            raise SchedulerError("scontrol update failed (exit 1): Requested partition configuration not "
+                                 "available now for job 4242")
+        return super().run(argv, timeout=timeout, input_text=input_text, env=env, umask=umask)
+
+
+def test_a_refused_release_is_said_and_bounded(tmp_path: Path, no_processes: None) -> None:
+    """The held job's begin time stays where Slurm refuses to move it: submit says so in its note, with when it
+    begins at the latest (minutes, not an hour) and the command that lets it go, and keeps the job (recorded)."""
+    runner = RefusedStart({"sbatch": "4242\n", "squeue": "2026-12-07T00:00:01|x|train\n", "scontrol": ""})
+    spec = golden_spec(output_dir=str(tmp_path / "logs"))
+    with use_runner(runner):
+        sub = slurm.submit(spec, "#!/bin/bash\n")
+    assert slurm.HOLD_S <= 300
+    assert sub.job_id == "4242" and Path(sub.record_path).is_file()
+    assert sub.note is not None and "Requested partition configuration not available now" in sub.note, sub.note
+    assert f"within {slurm.HOLD_S // 60} minutes of its submission" in sub.note, sub.note
+    assert "scontrol update JobId=4242 StartTime=now" in sub.note, sub.note
+    assert not any(a[0] == "scancel" for a in runner.argvs)
 
 
 def test_run_command_uses_the_current_runner(no_processes: None) -> None:

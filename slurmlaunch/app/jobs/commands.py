@@ -16,6 +16,7 @@ from typing import Any
 
 from ...core.errors import JobStateError, SchedulerError, SlurmLaunchError, SpecError
 from ...core.jobfiles import JobFiles
+from ...schedulers import same_job
 from ...schedulers.index import index_path, read_bounded
 from ...schedulers.registry import NAMES, scheduler
 from ..records import (
@@ -279,10 +280,8 @@ def _list_state(row: Mapping[str, Any], quick: Mapping[str, QuickStates | None],
     # the queue's word is this job's only where its cluster is the one asked, and a live job of that id was
     # submitted when this one was (a job id is not a job: see app/records.py's whose)
     here = _same_cluster(record, (clusters or {}).get(record.scheduler))
-    identity = record.data.get("identity")
-    recorded_at = identity.get("submitted") if isinstance(identity, dict) else None
     if here and live is not None and short in live and \
-            (not recorded_at or states is None or states.submitted.get(short, recorded_at) == recorded_at):
+            (states is None or same_job(record.data.get("identity"), states.seen.get(short)) is not False):
         return live[short]
     ended = _exit_file(record)
     if ended is not None:

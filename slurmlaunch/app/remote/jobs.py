@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ...core.errors import JobStateError, SchedulerError, SlurmLaunchError
+from ...schedulers import same_job
 from ...schedulers.interface import QuickStates, Scheduler
 from ...schedulers.runner import READ_LIMIT, use_runner
 from ..records import JobRecord, checked_status
@@ -98,10 +99,8 @@ def _quick_state(record: JobRecord, job: str, quick: QuickStates | None, here: b
     names (``here`` False: started again, replaced), an ended one of that id may be too."""
     if quick is None:
         return None
-    identity = record.data.get("identity")
-    at = identity.get("submitted") if isinstance(identity, dict) else None
     if quick.live and job in quick.live:
-        return quick.live[job] if not at or quick.submitted.get(job, at) == at else None
+        return quick.live[job] if same_job(record.data.get("identity"), quick.seen.get(job)) is not False else None
     return quick.ended.get(job) if here else None
 
 
