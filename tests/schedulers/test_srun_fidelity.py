@@ -55,6 +55,7 @@ FREE_VALUES = {
     "SLURMLAUNCH_RETURNED_DIR": "the job's own job-ID.returned directory (named by the job id)",
     "SLURMLAUNCH_REASONS_DIR": "the job's own job-ID.reasons directory (named by the job id)",
     "SLURMLAUNCH_STACKS_DIR": "the job's own job-ID.stacks directory (named by the job id)",
+    "SLURMLAUNCH_TIMELINE_DIR": "the job's own job-ID.timeline directory (named by the job id)",
     "SLURM_JOB_START_TIME": "the time the job started (checked instead: within the test, on both sides)",
     "SLURM_JOB_END_TIME": "its start plus the time limit (checked instead: the same limit on both sides)",
 }
