@@ -15,9 +15,10 @@ Per job, in the batch step (Slurm):
    $XDG_CACHE_HOME/slurmlaunch/envs, else ~/.cache/slurmlaunch/envs), named by a content key. The key
    (``content_key``) is made of what every installer changes, not of every file: the directory listings of
    the prefix, its bin/ and site-packages, and the stamps of pyvenv.cfg, conda-meta/history and each
-   distribution's RECORD -- about 100 calls on the shared file system once per job, not a stat per file
+   distribution's RECORD -- 111 calls on the shared file system once per job for a torch venv, not a stat per file
    (38,220 for a torch venv). ``__pycache__`` is left out (the ranks' byte code would make every next job pack
-   again); the pack holds what is there when it is made. Uncompressed: packing and unpacking cost no CPU beyond the copy.
+   again); the pack holds what is there when it is made. Uncompressed: packing and unpacking cost no CPU
+   beyond the copy.
 2. each node's free space under the node-local directory ($SLURMLAUNCH_STAGE_DIR, else $TMPDIR, else /tmp)
    checked for twice the pack (the tar and its unpacked copy): one line naming the node and the shortfall.
 3. ``sbcast`` (Slurm's own tree broadcast from the batch node) copies the pack to every node.
@@ -99,7 +100,7 @@ def content_key(prefix: str) -> str:
     lib*/python*/site-packages; the size, mtime and inode of pyvenv.cfg, conda-meta/history (conda appends a
     line per transaction), each ``*.dist-info``'s RECORD (pip rewrites it on every install of the
     distribution, even a reinstall of the same version), each ``*.egg-info`` and each ``*.pth``. One directory
-    read per directory named and one stat per distribution: about 100 calls for a torch venv.
+    read per directory named and one stat per distribution: 111 calls for the test venv (torch, 88 distributions).
 
     What it misses: a file changed inside site-packages by hand, without an installer (an edit in place of
     torch/foo.py, a file copied into a package's directory). Delete the pack from the cache to pack again.
@@ -160,7 +161,7 @@ def ensure_pack(prefix: str, cache: str, run: Callable[[list[str]], int]) -> tup
     key, made (tar, into a private name renamed into place: two jobs packing at once both end with one whole
     pack) when the cache has none. Raises OSError when it cannot be made."""
     key = content_key(prefix)
-    name = os.path.basename(prefix.rstrip("/")) or "env"
+    name = os.path.basename(prefix.rstrip("/")).lstrip(".") or "env"  # .venv's pack is not a hidden file
     path = os.path.join(cache, f"{name}-{key}.tar")
     if os.path.isfile(path):
         return path, os.path.getsize(path), False
@@ -259,7 +260,8 @@ def node_hold(tar: str, dest: str) -> int:
     sys.stdout.write(f"{READY} {socket.gethostname()}\n")
     sys.stdout.flush()
     parent = os.path.dirname(dest)
-    for left in os.listdir(parent):  # earlier jobs' copies whose removal was cut short (ours only: rmtree fails on others')
+    # earlier jobs' copies whose removal was cut short (ours only: rmtree fails on other users')
+    for left in os.listdir(parent):
         if left.startswith("slurmlaunch-stage-") and left.endswith(REMOVING):
             shutil.rmtree(os.path.join(parent, left), ignore_errors=True)
     while sys.stdin.buffer.read(1 << 16):

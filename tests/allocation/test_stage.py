@@ -13,7 +13,6 @@ import pytest
 
 from slurmlaunch.allocation import stage
 
-
 SITE = Path("lib") / "python3.11" / "site-packages"
 
 
