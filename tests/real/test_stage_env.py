@@ -266,4 +266,11 @@ def test_api_argument_stages_too(cluster_env: dict[str, str], tmp_path: Path,
     job, results = json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULTS "))[8:])
     assert {res["prefix"] for res in results} == {f"{where}/slurmlaunch-stage-{job}"}, results
     assert len({res["host"] for res in results}) == 2
+    # results() answers once the ranks' results are written; the holders remove the copies after, and the batch
+    # step writes its exit code after them
+    ended = tmp_path / "logs" / f"job-{job}.exitcode"
+    deadline = time.monotonic() + 120
+    while not ended.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ended.exists(), f"the batch step did not end within 120 s (no {ended})"
     assert all(list(b.iterdir()) == [] for b in backing)
