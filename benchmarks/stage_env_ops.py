@@ -4,7 +4,7 @@ copy) and from an unpacked copy of the pack --stage-env makes (the node-local co
 
     python benchmarks/stage_env_ops.py [PREFIX]      # default: this interpreter's sys.prefix
 
-It also times the content key (the stat of every file that decides whether the cache has the pack) and the
+It also times and counts the content key (what decides whether the cache has the pack) and times the
 first pack. Not a timed test: one run, numbers printed. The server-side count on a latency file system (issue
 42 part 2) is not measured here.
 """
@@ -35,13 +35,25 @@ def calls_under(python: str, root: str) -> tuple[int, int]:
     return under, len(lines)
 
 
+def key_calls(prefix: str) -> int:
+    """The file-system calls (strace -f -c -e trace=%file,getdents64) of content_key(prefix), less those of
+    the same interpreter doing nothing."""
+    def count(code: str) -> int:
+        done = subprocess.run(["strace", "-f", "-c", "-e", "trace=%file,getdents64", sys.executable, "-c", code],
+                              capture_output=True, text=True, check=True)
+        total = [ln for ln in done.stderr.splitlines() if ln.rstrip().endswith("total")]
+        return int(total[-1].split()[3]) if total else 0
+    base = "import slurmlaunch.allocation.stage"
+    return count(f"{base}; slurmlaunch.allocation.stage.content_key({prefix!r})") - count(base)
+
+
 def main() -> int:
     prefix = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else sys.prefix)
     work = tempfile.mkdtemp(prefix="stage-bench-")
     try:
         t = time.monotonic()
-        key, size, files = content_key(prefix)
-        print(f"content key of {prefix}: {files} files, {size / 2**20:.0f} MiB, {time.monotonic() - t:.2f} s")
+        content_key(prefix)
+        print(f"content key of {prefix}: {time.monotonic() - t:.2f} s, {key_calls(prefix)} file-system calls")
         t = time.monotonic()
         pack, packed, _ = ensure_pack(prefix, os.path.join(work, "cache"), lambda c: subprocess.run(c).returncode)
         print(f"first pack: {packed / 2**20:.0f} MiB in {time.monotonic() - t:.1f} s")

@@ -13,31 +13,86 @@ import pytest
 
 from slurmlaunch.allocation import stage
 
+SITE = Path("lib") / "python3.11" / "site-packages"
+
 
 def _tree(root: Path) -> Path:
-    (root / "lib" / "site-packages" / "pkg").mkdir(parents=True)
-    (root / "lib" / "site-packages" / "pkg" / "__init__.py").write_text("x = 1\n")
+    (root / SITE / "pkg").mkdir(parents=True)
+    (root / SITE / "pkg" / "__init__.py").write_text("x = 1\n")
+    (root / SITE / "pkg-1.0.dist-info").mkdir()
+    (root / SITE / "pkg-1.0.dist-info" / "RECORD").write_text("pkg/__init__.py,,\n")
     (root / "bin").mkdir()
     (root / "bin" / "python").symlink_to(sys.executable)
+    (root / "lib64").symlink_to("lib")
+    (root / "pyvenv.cfg").write_text("home = /usr/bin\n")
     return root
 
 
-def test_key_follows_size_mtime_and_links_not_byte_code(tmp_path: Path) -> None:
+def _bump(path: Path) -> None:  # a rewrite in the same second: only the mtime in ns tells it
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+
+
+def test_key_follows_installs_links_and_not_byte_code(tmp_path: Path) -> None:
     root = _tree(tmp_path / "env")
-    key, size, files = stage.content_key(str(root))
-    assert files == 2 and size == len("x = 1\n") + len(os.readlink(root / "bin" / "python"))
-    (root / "lib" / "site-packages" / "pkg" / "__pycache__").mkdir()
-    (root / "lib" / "site-packages" / "pkg" / "__pycache__" / "a.pyc").write_bytes(b"1234")
-    assert stage.content_key(str(root))[0] == key  # the ranks' byte code does not make every job pack again
-    init = root / "lib" / "site-packages" / "pkg" / "__init__.py"
-    st = init.stat()
-    init.write_text("x = 2\n")  # same size: the mtime tells it
-    os.utime(init, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
-    assert stage.content_key(str(root))[0] != key
-    key2 = stage.content_key(str(root))[0]
+    key = stage.content_key(str(root))
+    (root / SITE / "__pycache__").mkdir()  # the ranks' byte code does not make every job pack again
+    (root / SITE / "__pycache__" / "six.cpython-311.pyc").write_bytes(b"1234")
+    (root / SITE / "pkg" / "__pycache__").mkdir()
+    assert stage.content_key(str(root)) == key
+    _bump(root / SITE / "pkg-1.0.dist-info" / "RECORD")  # pip install --force-reinstall of the same version
+    assert stage.content_key(str(root)) != key
+    key = stage.content_key(str(root))
+    (root / SITE / "new-2.0.dist-info").mkdir()  # a new distribution: a new name in the listing
+    assert stage.content_key(str(root)) != key
+    key = stage.content_key(str(root))
+    (root / SITE / "__editable__.proj-0.1.pth").write_text("/shared/proj/src\n")
+    assert stage.content_key(str(root)) != key
+    key = stage.content_key(str(root))
     (root / "bin" / "python").unlink()
     (root / "bin" / "python").symlink_to("/usr/bin/python3")
-    assert stage.content_key(str(root))[0] != key2
+    assert stage.content_key(str(root)) != key
+    key = stage.content_key(str(root))
+    _bump(root / "pyvenv.cfg")
+    assert stage.content_key(str(root)) != key
+
+
+def test_key_misses_a_file_edited_by_hand_inside_a_package(tmp_path: Path) -> None:
+    # the documented price of a key without a stat per file: an edit with no installer is not seen
+    root = _tree(tmp_path / "env")
+    key = stage.content_key(str(root))
+    (root / SITE / "pkg" / "__init__.py").write_text("x = 22\n")
+    assert stage.content_key(str(root)) == key
+
+
+def test_key_costs_a_stat_per_distribution_not_per_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _tree(tmp_path / "env")
+    for i in range(200):  # a stat per file would show as a directory read per package directory here
+        (root / SITE / "pkg" / f"sub{i}").mkdir()
+        (root / SITE / "pkg" / f"sub{i}" / "m.py").write_text("")
+    calls: list[str] = []
+    real_stat, real_scandir, real_readlink = os.stat, os.scandir, os.readlink
+
+    def stat(path: str, *a: object, **k: object) -> os.stat_result:
+        calls.append(f"stat {path}")
+        return real_stat(path, *a, **k)  # type: ignore[arg-type]
+
+    def scandir(path: str) -> object:
+        calls.append(f"scandir {path}")
+        return real_scandir(path)
+
+    def readlink(path: str) -> str:
+        calls.append(f"readlink {path}")
+        return real_readlink(path)
+
+    monkeypatch.setattr(os, "stat", stat)
+    monkeypatch.setattr(os, "readlink", readlink)
+    monkeypatch.setattr(os, "scandir", scandir)
+    stage.content_key(str(root))
+    monkeypatch.undo()
+    # four directory reads (the prefix, bin, lib, site-packages), two links (bin/python, lib64), two stamps
+    # (pyvenv.cfg, the one RECORD); none of the package's 201 directories and files
+    assert sorted(c.split()[0] for c in calls) == ["readlink"] * 2 + ["scandir"] * 4 + ["stat"] * 2, calls
 
 
 def test_pack_is_made_once_and_holds_the_tree(tmp_path: Path) -> None:
@@ -53,7 +108,7 @@ def test_pack_is_made_once_and_holds_the_tree(tmp_path: Path) -> None:
     again = stage.ensure_pack(str(root), str(tmp_path / "cache"), run)
     assert again == (path, size, False) and len(calls) == 1
     names = subprocess.run(["tar", "-tf", path], capture_output=True, text=True, check=True).stdout.split()
-    assert "./lib/site-packages/pkg/__init__.py" in names and "./bin/python" in names
+    assert f"./{SITE}/pkg/__init__.py" in names and "./bin/python" in names
     assert os.listdir(tmp_path / "cache") == [os.path.basename(path)]  # no partial file left
 
 
@@ -94,12 +149,14 @@ def test_holder_unpacks_says_ready_and_removes_its_copy_at_the_end(tmp_path: Pat
     pack, _, _ = stage.ensure_pack(str(root), str(tmp_path / "cache"), lambda c: subprocess.run(c).returncode)
     tar, dest = tmp_path / "node.tar", tmp_path / "node-copy"
     for end in ("stdin", "SIGTERM"):
+        cut_short = tmp_path / f"slurmlaunch-stage-{end}{stage.REMOVING}"  # a removal KillWait cut short
+        (cut_short / "lib").mkdir(parents=True)
         tar.write_bytes(Path(pack).read_bytes())
         p = subprocess.Popen([sys.executable, "-m", "slurmlaunch.allocation.stage", "hold", str(tar), str(dest)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert p.stdout is not None and p.stdin is not None
         assert p.stdout.readline().startswith(stage.READY)
-        assert (dest / "lib" / "site-packages" / "pkg" / "__init__.py").read_text() == "x = 1\n" and not tar.exists()
+        assert (dest / SITE / "pkg" / "__init__.py").read_text() == "x = 1\n" and not tar.exists()
         p.send_signal(signal.SIGUSR1)  # a signal sent to every step (scancel --signal USR1) leaves the copy
         time.sleep(0.2)
         assert p.poll() is None and dest.exists()
@@ -108,6 +165,7 @@ def test_holder_unpacks_says_ready_and_removes_its_copy_at_the_end(tmp_path: Pat
         else:
             p.terminate()
         assert p.wait(30) == 0 and not dest.exists(), end
+        assert sorted(x.name for x in tmp_path.iterdir()) == ["cache", "env"], end
 
 
 def test_local_scheduler_says_there_is_nothing_to_stage(tmp_path: Path) -> None:
