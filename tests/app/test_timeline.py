@@ -292,6 +292,8 @@ def test_api_job_timeline_is_typed_data(tmp_path: Path, torch_available: None,
     assert job.results() == [4.0] * 4
     tl = job.timeline()
     assert isinstance(tl, Timeline) and [r.rank for r in tl.ranks] == [0, 1, 2, 3] and tl.missing == ()
-    for rank in tl.ranks:  # the function's process: its start, the function's, torch, the rendezvous, the mark
-        assert [p.name for p in rank.phases] == ["launcher", "import torch", "rendezvous", "first step"], rank
+    for rank in tl.ranks:  # the local scheduler's supervisor (the API's local jobs are its detached jobs: batch,
+        # step), then the function's process: its start, the function's, torch, the rendezvous, the mark
+        assert [p.name for p in rank.phases] == ["batch step", "task start", "launcher", "import torch",
+                                                 "rendezvous", "first step"], rank
     assert tl.slowest_rank is not None and tl.slowest_phase in tl.slowest_rank.phases
