@@ -51,6 +51,23 @@ def test_readme_links_into_the_docs_resolve() -> None:
     assert len(readme.splitlines()) <= 250
 
 
+def test_the_readmes_works_with_table_has_short_cells() -> None:
+    # a row a line; the detail (costs, caveats, how it is tested) lives on docs/reference/works-with.md (issue 41)
+    section = (ROOT / "README.md").read_text().split("\n## Works with\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) >= 8, rows
+    long = [cell for row in rows for cell in row.strip("| ").split(" | ") if len(cell) > 60]
+    assert long == [], "a README Works-with cell over 60 characters: move its detail to docs/reference/works-with.md"
+
+
+def test_one_figure_for_the_test_commands_time() -> None:
+    # the README, getting started and the tests page said 18 and "20 or more" minutes at once (issue 41)
+    figures = {(page, m) for page in ("README.md", "docs/getting-started.md", "docs/install.md",
+                                      "docs/development/tests.md")
+               for m in re.findall(r"about (\d+) minutes", (ROOT / page).read_text())}
+    assert figures and len({m for _, m in figures}) == 1, sorted(figures)
+
+
 def test_strict_build(tmp_path: Path) -> None:
     try:
         import material  # noqa: F401

@@ -145,13 +145,16 @@ def usage_to_argv(words: list[str]) -> list[str]:
     return [PLACEHOLDERS.get(w.strip("[]"), w.strip("[]")) for w in words if w.strip("[]")]
 
 
-def scratch_project(tmp_path: Path, page: str) -> Path:
-    """The project a page's blocks run in: the scripts they name, the files its `file` blocks write."""
+def scratch_project(tmp_path: Path, page: str, placeholders: bool = True) -> Path:
+    """The project a page's blocks run in: the files its `file` blocks write and (``placeholders``: for the
+    blocks only parsed or dry-run) empty scripts of the names they use. A `run` block gets no placeholders: a
+    reader who runs it has only what the page wrote (a `train.py` the page never shows is a "not found")."""
     project = tmp_path / "project"
     if not project.exists():
         for script in ("train.py", "mpi_prog.py", "examples/train_ddp.py", "pkg/__init__.py", "pkg/train.py"):
-            (project / script).parent.mkdir(parents=True, exist_ok=True)
-            (project / script).write_text("")
+            if placeholders:
+                (project / script).parent.mkdir(parents=True, exist_ok=True)
+                (project / script).write_text("")
         (project / ".config" / "fish" / "completions").mkdir(parents=True)
         (project / "templates").mkdir()  # a profile's template-dir
         for b in ALL:
@@ -225,7 +228,7 @@ RUN = [b for b in ALL if b.mark == "run"]
 
 @pytest.mark.parametrize("block", RUN, ids=[b.where for b in RUN])
 def test_run_block(block: Block, tmp_path: Path) -> None:
-    project = scratch_project(tmp_path, block.page)
+    project = scratch_project(tmp_path, block.page, placeholders=False)
     env = clean_env(project)
     env["PATH"] = os.pathsep.join([str(ROOT / ".venv" / "bin"), env["PATH"]]) if (ROOT / ".venv").is_dir() else \
         env["PATH"]

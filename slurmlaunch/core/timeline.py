@@ -190,7 +190,9 @@ def chart(timeline: Timeline, width: int = 60) -> str:
             hi = max(lo + 1, min(width, round((p.start_s + max(p.seconds, 0.0)) * scale)))
             for i in range(lo, hi):
                 cells[i] = LETTERS[p.kind]
-        slowest = "  <- slowest (the last ready for the rendezvous)" if r is timeline.slowest_rank else ""
+        met = any(p.kind == RENDEZVOUS for p in r.phases)  # a script without torch.distributed meets nobody
+        slowest = ("  <- slowest" + (" (the last ready for the rendezvous)" if met else " (the last done)")
+                   if r is timeline.slowest_rank else "")
         lines.append(f"{f'rank {r.rank} {r.host}':<{label}} |{''.join(cells)}| {_seconds(r.end_s)}{slowest}")
     lines.append(f"{'':<{label}}  0{_seconds(total):>{width}}")
     marks = sorted({p.name for r in timeline.ranks for p in r.phases if p.kind == MARK})

@@ -640,6 +640,8 @@ def detach_job(spec: JobSpec, environ: Mapping[str, str]) -> tuple[str, str]:
     _, note = gpu_plan(spec, environ)  # a refusal before anything is written
     if note:
         _say(note)  # here too: its supervisor says it in the batch log
+    if spec.environment.stage_env:
+        _say(NOTHING_TO_STAGE)  # the same: said where the user is, not only in the batch log
     job_id, record = claim(spec, environ)
     pid = detach([sys.executable, "-m", "slurmlaunch", DETACHED_COMMAND, record], environ,
                  pickle.dumps((spec, job_id)), JobFiles(spec.log_dir, job_id).batch_log)

@@ -175,6 +175,7 @@ def test_local_scheduler_says_there_is_nothing_to_stage(tmp_path: Path) -> None:
     r = run_cli("submit", "--scheduler", "local", "--stage-env", "on", "--wait", "s.py", cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
     assert f"prefix {sys.prefix}" in r.stdout
+    assert "--stage-env: nothing to stage" in r.stderr  # said to the user too, not only in the detached job's log
     log = next((tmp_path / "slurmlaunch-logs").glob("*.batch.log")).read_text()
     assert "--stage-env: nothing to stage (the local scheduler's ranks run on this machine" in log
 

@@ -97,6 +97,15 @@ def test_the_slowest_rank_is_the_last_ready_for_the_rendezvous() -> None:
     assert tl.slowest_phase is not None and tl.slowest_phase.name == "import torch"
 
 
+def test_a_job_without_a_rendezvous_is_not_said_to_wait_for_one() -> None:
+    # a script without torch.distributed (the local page's hello.py): its slowest rank is the last done
+    files = {JOB_FILE: FILES[JOB_FILE], "0": f"{T0 + S} node1 launch\n{T0 + 2 * S} node1 exec\n",
+             "1": f"{T0 + S} node2 launch\n{T0 + 3 * S} node2 exec\n"}
+    text = chart(build("9", files))
+    assert "rank 1 node2" in text and "rendezvous)" not in text
+    assert [line for line in text.splitlines() if "<- slowest" in line][0].endswith("<- slowest (the last done)")
+
+
 def test_the_svg_is_well_formed_with_a_bar_per_phase() -> None:
     files = {**FILES, "1": FILES["1"].replace("node1", "node<&\"1>")}
     picture = svg(build("42", files, world_size=4))
@@ -283,6 +292,8 @@ def test_api_job_timeline_is_typed_data(tmp_path: Path, torch_available: None,
     assert job.results() == [4.0] * 4
     tl = job.timeline()
     assert isinstance(tl, Timeline) and [r.rank for r in tl.ranks] == [0, 1, 2, 3] and tl.missing == ()
-    for rank in tl.ranks:  # the function's process: its start, the function's, torch, the rendezvous, the mark
-        assert [p.name for p in rank.phases] == ["launcher", "import torch", "rendezvous", "first step"], rank
+    for rank in tl.ranks:  # the local scheduler's supervisor (the API's local jobs are its detached jobs: batch,
+        # step), then the function's process: its start, the function's, torch, the rendezvous, the mark
+        assert [p.name for p in rank.phases] == ["batch step", "task start", "launcher", "import torch",
+                                                 "rendezvous", "first step"], rank
     assert tl.slowest_rank is not None and tl.slowest_phase in tl.slowest_rank.phases
