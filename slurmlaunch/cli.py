@@ -71,10 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .allocation.batch_step import main as batch_step_main
 
             return batch_step_main(args[1:])
-        if args and args[0] == "local-job":  # a detached local job's supervisor (schedulers/local.py)
-            from .schedulers.local import detached_main
+        if args and args[0].endswith("-job"):  # NAME-job: a process of scheduler NAME's jobs (its job_main)
+            from .schedulers.registry import canonical, scheduler
 
-            return detached_main(args[1:])
+            name = args[0][:-len("-job")]
+            if name and canonical(name) == name:
+                return scheduler(name).job_main(args[1:])
         if args and args[0] == "stacks-summary":
             from .allocation.stacks import summary_main
 

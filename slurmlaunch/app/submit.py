@@ -1,16 +1,15 @@
-"""`slurmlaunch submit`: options -> validated JobSpec -> scheduler (a queued one, or local) -> follow."""
+"""`slurmlaunch submit`: options -> validated JobSpec -> scheduler (a queued one, or one that runs here) -> follow."""
 
 from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import sys
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import SpecError
 from ..core.signals import STOP_SIGNALS
-from ..core.spec import JobSpec, validate_local
+from ..core.spec import JobSpec
 from .resolve import resolve
 
 if TYPE_CHECKING:
@@ -121,8 +120,9 @@ def note_clients(spec: JobSpec, edge: Scheduler) -> None:
     source = clients.script_source(spec.program.script, spec.program.module, spec.program.workdir)
     if source is None:
         return
-    # the ranks of an edge whose in-allocation reader is Slurm's see a Slurm step's variables (local_stepenv.py)
-    for note in clients.client_notes(source, "read_slurm" in edge.readers, spec.resources.gpus_per_node):
+    from ..schedulers.interface import slurm_step_variables
+
+    for note in clients.client_notes(source, slurm_step_variables(edge), spec.resources.gpus_per_node):
         sys.stderr.write(f"slurmlaunch: {_said(spec.program.script)} uses {note}\n")
 
 
@@ -140,7 +140,7 @@ def note_root(spec: JobSpec, edge: Scheduler) -> None:
     mpiexec will start the ranks: it starts none as root unless both OMPI_ALLOW_RUN_AS_ROOT variables reach it,
     and the job (the PBS dev cluster's, whose jobs are root's) fails at once with exit code 1. The consent is
     the user's: the job is submitted as asked."""
-    if edge.exports_environment or not edge.queued or os.geteuid() != 0 or spec.launch.mpi not in (None, "openmpi"):
+    if edge.exports_environment or os.geteuid() != 0 or spec.launch.mpi not in (None, "openmpi"):
         return
     given = {name for name, _ in spec.environment.env}
     missing = [name for name in _OMPI_AS_ROOT
@@ -172,7 +172,7 @@ def cmd_submit(ns: Any) -> int:
     if spec.warning_note:
         sys.stderr.write(f"slurmlaunch: {spec.warning_note}\n")
     if not edge.queued:
-        return submit_local(spec, ns, edge)
+        return submit_here(spec, ns, edge)
     if edge.site_gpu_flag:
         spec = adapt_to_site(spec, getattr(ns, "option_origins", {}))
     script = edge.render(spec, ns.template_dir)
@@ -197,44 +197,35 @@ def cmd_submit(ns: Any) -> int:
     return wait_for(edge, sub.job_id, spec, ns.cancel_on_interrupt, ns.wait_timeout, sub.files_id or None)
 
 
-def submit_local(spec: JobSpec, ns: Any, edge: Scheduler) -> int:
-    """Run the job on the local scheduler (or print its commands for --dry-run): with --no-wait detached,
-    its id printed at once; with --wait detached and followed as a queued job is (Ctrl-C asks whether to
-    cancel it); without either, in this process, as in a terminal a training script runs (Ctrl-C or a
-    hang-up stops it). Every way, `status`, `logs --follow`, `cancel` and `list` know it from any terminal."""
-    from ..schedulers import local
-
-    if ns.template_dir is not None:
-        raise SpecError("--template-dir: the local scheduler renders no batch script (leave it out, or "
-                        "--scheduler slurm/pbs)")
-    if spec.containers.apptainer and not shutil.which("apptainer"):
-        raise SpecError("--apptainer: apptainer is not on PATH on this machine (install it, or leave out "
-                        "--apptainer for the local scheduler)")
+def submit_here(spec: JobSpec, ns: Any, edge: Scheduler) -> int:
+    """Run the job on a scheduler without a queue, on this machine (or print its plan for --dry-run): with
+    --no-wait detached, its id printed at once; with --wait detached and followed as a queued job is (Ctrl-C
+    asks whether to cancel it); without either, in this process, as in a terminal a training script runs
+    (Ctrl-C or a hang-up stops it). Every way, `status`, `logs --follow`, `cancel` and `list` know it from any
+    terminal."""
+    edge.refuse_here(spec, ns.template_dir)
     from .profiles import BUILTIN
 
     detached = getattr(ns, "option_origins", {}).get("wait", BUILTIN) != BUILTIN
     if ns.wait_timeout is not None and not (detached and ns.wait):
-        raise SpecError("--wait-timeout: on the local scheduler only with --wait (without it the job runs in this "
-                        "process: bound it with --time)")
-    validate_local(spec)  # before the ranks (or the dry run's lines) are built
+        raise SpecError(f"--wait-timeout: on {edge.title} only with --wait (without it the job runs in this "
+                        f"process: bound it with --time)")
     if ns.dry_run:
-        sys.stdout.write(local.dry_run(spec, os.environ))
+        sys.stdout.write(edge.render(spec))
         return 0
-    note = local.not_enforced_note(spec)
-    if note:
+    for note in edge.start_notes(spec):
         sys.stderr.write(f"slurmlaunch: {note}\n")
     if not detached:
-        _, outcome = local.run(spec, os.environ)
-        return int(outcome.exit_code)
-    job_id = local.start_detached(spec, os.environ)
-    sys.stderr.write(f"slurmlaunch: started local job {job_id} ({local.count(spec.world_size, 'rank')} on "
-                     f"{local.count(spec.resources.nodes, 'emulated node')}), detached; logs in {spec.log_dir}\n")
-    describe_array(spec, job_id)
-    print(job_id)
+        return edge.run_here(spec)
+    sub = edge.submit(spec, "")
+    if sub.note:
+        sys.stderr.write(f"slurmlaunch: {sub.note}\n")
+    describe_array(spec, sub.job_id)
+    print(sub.job_id)
     sys.stdout.flush()
     if not ns.wait:
         return 0
-    return wait_for(edge, job_id, spec, ns.cancel_on_interrupt, ns.wait_timeout)
+    return wait_for(edge, sub.job_id, spec, ns.cancel_on_interrupt, ns.wait_timeout)
 
 
 def describe_array(spec: JobSpec, job_id: str) -> None:

@@ -5,6 +5,7 @@ test_registry.py)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -143,6 +144,29 @@ class Scheduler(Protocol):
         ...
 
     def submit(self, spec: JobSpec, script_text: str) -> Submission:
+        """Submit the job (``script_text``: :meth:`render`'s script). Where not :attr:`queued`, start it at once,
+        detached under its own supervisor (there is no script); its ``note`` then says how it runs."""
+        ...
+
+    def refuse_here(self, spec: JobSpec, template_dir: str | None) -> None:
+        """Where not :attr:`queued`: SpecError for what this machine cannot start as asked (``template_dir``
+        for a scheduler that renders no script, a container runtime not on PATH, more ranks than it runs),
+        before --dry-run's plan as before a start. A queued scheduler checks nothing here."""
+        ...
+
+    def start_notes(self, spec: JobSpec) -> list[str]:
+        """Lines said (by the CLI and the Python API) before a job of ``spec`` starts: what it will not do of
+        the request (the local scheduler: options it only shows its tasks); [] for none."""
+        ...
+
+    def run_here(self, spec: JobSpec) -> int:
+        """Where not :attr:`queued`: run the job in this process, as a terminal runs a training script (Ctrl-C
+        or a hang-up stops it), and return its exit code. SchedulerError for a queued scheduler."""
+        ...
+
+    def job_main(self, argv: Sequence[str]) -> int:
+        """The hidden command ``slurmlaunch NAME-job ARGV`` (cli.py) that its jobs' own processes run (the local
+        scheduler's detached supervisor); its exit code. A scheduler with none says so and returns 2."""
         ...
 
     def parse_job_id(self, out: str) -> str | None:
@@ -277,6 +301,19 @@ class QueuedEdge:
     def submit(self, spec: JobSpec, script_text: str) -> Submission:
         return self.submit_script(spec, script_text)
 
+    def refuse_here(self, spec: JobSpec, template_dir: str | None) -> None:
+        return None  # its jobs start on the scheduler's nodes: its refusals are refuse_unsupported's
+
+    def start_notes(self, spec: JobSpec) -> list[str]:
+        return []
+
+    def run_here(self, spec: JobSpec) -> int:
+        raise SchedulerError(f"{self.title} runs no job in this process: it queues them (submit)")
+
+    def job_main(self, argv: Sequence[str]) -> int:
+        sys.stderr.write(f"slurmlaunch: {self.name}-job: {self.title} runs no command of its own in its jobs\n")
+        return 2
+
     def parse_job_id(self, out: str) -> str | None:
         return self.parse_id(out)
 
@@ -337,3 +374,12 @@ class QueuedEdge:
 
     def node_commands(self, job_id: str, nodes: str, argv: Sequence[str]) -> dict[str, list[str]]:
         return self.node_commands_of(job_id, nodes, argv) if self.node_commands_of is not None else {}
+
+
+def slurm_step_variables(edge: Scheduler) -> bool:
+    """Whether the ranks of ``edge`` see a Slurm step's variables (SLURM_PROCID, SLURM_STEP_ID, ...: a real
+    step's, or the local scheduler's emulation, local_stepenv.py), which clients that know only Slurm's launcher
+    read (app/clients.py): its in-allocation readers include the one that reads them."""
+    from ..core.detect import read_slurm
+
+    return read_slurm.__name__ in edge.readers

@@ -51,7 +51,7 @@ from ..core.errors import JobStateError, SchedulerError, SpecError
 from ..core.jobfiles import JobFiles
 from ..core.parse import signal_number
 from ..core.paths import state_dir
-from ..core.spec import JobSpec
+from ..core.spec import JobSpec, validate_local
 from ..render.launch import launch_command, script_env
 from . import JobStatus, Submission, current_umask, make_log_dir, rank_log, write_private, write_record
 from .interface import QuickStates
@@ -621,7 +621,7 @@ def run(spec: JobSpec, environ: Mapping[str, str], grace: float = 10.0,
     return job_id, outcome
 
 
-DETACHED_COMMAND = "local-job"  # the hidden command a detached job's supervisor runs (cli.py)
+DETACHED_COMMAND = "local-job"  # the hidden command a detached job's supervisor runs (cli.py: NAME-job, job_main)
 
 
 def start_detached(spec: JobSpec, environ: Mapping[str, str]) -> str:
@@ -838,6 +838,12 @@ def not_enforced_note(spec: JobSpec) -> str | None:
             f"reserves and enforces nothing on this machine")
 
 
+def _no_template(template_dir: str | None) -> None:
+    if template_dir is not None:
+        raise SpecError("--template-dir: the local scheduler renders no batch script (leave it out, or "
+                        "--scheduler slurm/pbs)")
+
+
 class LocalScheduler:
     """The local scheduler as a :class:`~.interface.Scheduler`: it renders its plan (--dry-run) and runs a job
     with :func:`run` or :func:`start_detached`; there is no queue to submit to, but a job's state comes from
@@ -885,9 +891,7 @@ class LocalScheduler:
         return None  # rank 0's
 
     def render(self, spec: JobSpec, template_dir: str | None = None) -> str:
-        if template_dir is not None:
-            raise SpecError("--template-dir: the local scheduler renders no batch script (leave it out, or "
-                            "--scheduler slurm/pbs)")
+        _no_template(template_dir)
         return dry_run(spec, os.environ)
 
     def submit_command(self, spec: JobSpec, script_path: str) -> list[str]:
@@ -897,8 +901,27 @@ class LocalScheduler:
         """No queue: the job starts at once, detached, under its own supervisor (:func:`detach_job`; there is
         no batch script, ``script_text`` is not used). The Python API's local jobs start here."""
         job_id, record = detach_job(spec, os.environ)
+        started = (f"started local job {job_id} ({count(spec.world_size, 'rank')} on "
+                   f"{count(spec.resources.nodes, 'emulated node')}), detached; logs in {spec.log_dir}")
         return Submission(job_id, "", record, [sys.executable, "-m", "slurmlaunch", DETACHED_COMMAND, record],
-                          files_id=job_id, log_dir=spec.log_dir)
+                          note=started, files_id=job_id, log_dir=spec.log_dir)
+
+    def refuse_here(self, spec: JobSpec, template_dir: str | None) -> None:
+        _no_template(template_dir)
+        if spec.containers.apptainer and not shutil.which("apptainer"):
+            raise SpecError("--apptainer: apptainer is not on PATH on this machine (install it, or leave out "
+                            "--apptainer for the local scheduler)")
+        validate_local(spec)  # before the ranks (or the dry run's lines) are built
+
+    def start_notes(self, spec: JobSpec) -> list[str]:
+        note = not_enforced_note(spec)
+        return [note] if note else []
+
+    def run_here(self, spec: JobSpec) -> int:
+        return int(run(spec, os.environ)[1].exit_code)
+
+    def job_main(self, argv: Sequence[str]) -> int:
+        return detached_main(argv)
 
     def status(self, job_id: str, log_dir: str | None, indices: Sequence[int] = ()) -> JobStatus:
         return job_status(job_id, log_dir, indices)

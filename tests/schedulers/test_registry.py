@@ -246,3 +246,43 @@ def test_no_module_outside_schedulers_imports_a_specific_scheduler() -> None:
                     "interface):\n" + "\n".join(new)
     gone = sorted(f"{a} -> {b}" for a, b in listed - set(found))
     assert not gone, f"no longer imported: remove from pyproject.toml's ignore_imports: {gone}"
+
+
+# --- a scheduler that runs its jobs here is asked, never imported ---------------------------------------------
+
+def test_a_name_job_command_is_handed_to_the_edge_of_that_name(tmp_path: Path) -> None:
+    """`slurmlaunch NAME-job ARGS` (cli.py) reaches scheduler NAME's job_main through the registry: the local
+    scheduler's detached supervisor reads its job from stdin (here none: it says so, exit 2); a queued edge has
+    no such command; a name no scheduler has is argparse's usage error."""
+    import subprocess
+    import sys
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "slurmlaunch", *argv], input="", capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path)
+
+    local = run("local-job", "RECORD")
+    assert local.returncode == 2 and "local job RECORD: its submitter sent no job" in local.stderr, local.stderr
+    queued = run("slurm-job")
+    assert queued.returncode == 2 and "slurm-job: Slurm runs no command of its own" in queued.stderr, queued.stderr
+    unknown = run("lsf-job")
+    assert unknown.returncode == 2 and "invalid choice: 'lsf-job'" in unknown.stderr, unknown.stderr
+
+
+@pytest.mark.parametrize(("name", "sees"), [("slurm", True), ("pbs", False), ("local", True)])
+def test_slurm_step_variables_follow_the_readers(name: str, sees: bool) -> None:
+    """What `submit`'s client notes ask (idr-torch finds its world only in a Slurm step's variables): the
+    ranks of Slurm and of the local scheduler's emulated step see them, PBS's do not."""
+    assert interface.slurm_step_variables(scheduler(name)) is sees
+
+
+def test_a_queued_edge_refuses_running_here() -> None:
+    """A queued edge's part of the no-queue interface: it refuses nothing and notes nothing here, and runs no
+    job in this process (submit never asks it to: its jobs go to the queue)."""
+    from slurmlaunch.core.errors import SchedulerError
+
+    edge = scheduler("slurm")
+    spec = JobSpec.of(script="train.py")
+    assert edge.refuse_here(spec, "templates") is None and edge.start_notes(spec) == []
+    with pytest.raises(SchedulerError, match="Slurm runs no job in this process"):
+        edge.run_here(spec)
