@@ -53,10 +53,7 @@ def _executor(spec: JobSpec, name: str) -> Any:
     if spec.warning_note:  # the CLI's line: the warning moved half-way (a time limit too short for it)
         sys.stderr.write(f"slurmlaunch: {spec.warning_note}\n")
     if not edge.queued:
-        from ...schedulers.local import not_enforced_note
-
-        note = not_enforced_note(spec)  # the CLI's line: a partition, --mem... this machine only shows
-        if note:
+        for note in edge.start_notes(spec):  # the CLI's lines: a partition, --mem... this machine only shows
             sys.stderr.write(f"slurmlaunch: {note}\n")
         # submitit counts its requeues after a time-out down from max_num_timeout, as on a queue
         local = DetachedExecutor(str(folder), spec, name, max_num_timeout=spec.preemption.max_requeues)
