@@ -419,3 +419,16 @@ def test_the_fast_reading_leaves_spellings_it_does_not_write_to_argparse() -> No
     for argv in (["--log-dir=d", "--job=3", "--", "x"], ["--log", "d", "--job", "3", "--", "x"]):
         assert type(step_args.parse(argv)).__name__ == "Namespace"
         assert vars(step_args.parse(argv)) == vars(step_args.parser().parse_args(argv))
+
+
+def test_the_batch_steps_scheduler_commands_are_bounded_and_say_why_they_did_not_run(tmp_path: Path) -> None:
+    """scontrol requeue, qsub and qdel run through scheduler_commands.run_command: its result, or in words why
+    there is none (a command that is not there, one that ran past its bound, killed then)."""
+    from slurmlaunch.allocation.scheduler_commands import run_command
+
+    done = run_command(["sh", "-c", "echo 7.head; echo said >&2; exit 3"])
+    assert not isinstance(done, str) and (done.returncode, done.stdout, done.stderr) == (3, "7.head\n", "said\n")
+    missing = str(tmp_path / "no-such-qsub")
+    assert "No such file or directory" in str(run_command([missing])) and missing in str(run_command([missing]))
+    late = run_command(["sleep", "30"], timeout=0.5)
+    assert isinstance(late, str) and "timed out after 0.5 seconds" in late, late
