@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from slurmlaunch.allocation import batch_step, torchrun_mode, warning
+from slurmlaunch.allocation import batch_step, step_args, step_rules, torchrun_mode, warning
 from slurmlaunch.app.api import rank as api_rank
 from slurmlaunch.app.api.executors import rank_spec
 from slurmlaunch.core.errors import SpecError
@@ -61,8 +61,8 @@ def test_every_room_gets_the_same_signal(text: str, expect: object, tmp_path: Pa
     assert pbs_plan[pbs_plan.index("--warning") + 1:pbs_plan.index("--warning") + 6:2] == [name, "7200",
                                                                                             str(seconds)]
     # the batch step: the signal it catches and passes on, and the exit code that asks for a requeue
-    step = batch_step.Step(batch_step.parser().parse_args([*plan, "--", "true"]))
-    assert step.warning == number and batch_step.warning_code(name) == 128 + number
+    step = batch_step.Step(step_args.parser().parse_args([*plan, "--", "true"]))
+    assert step.warning == number and step_rules.warning_code(name) == 128 + number
     # the ranks: only those with a handler get it, but a stop signal, which goes to every rank
     assert warning.to_all(name) == (name in STOP_SIGNALS)
     # the local scheduler: the signal it sends every rank, and when
@@ -100,7 +100,7 @@ def test_a_number_is_refused_with_the_reason() -> None:
 # normalising of a spelling (.removeprefix("SIG")). Allowed where the names are the code's own, not --signal's.
 ALLOWED = {
     ("core/parse.py", "*"): "the one parser",
-    ("allocation/batch_step.py", "Signals.__getitem__"): "KILLING, its own table of srun's words",
+    ("allocation/step_rules.py", "Signals.__getitem__"): "KILLING, its own table of srun's words",
     ("allocation/rank_runner.py", "getattr(_signal)"): "its own stack-dump signals, by name",
 }
 

@@ -16,6 +16,10 @@ computed (render/slurm_script.py, render/pbs_script.py) and passed as options:
 * ranks killed by the warning signal (nothing saved), and the requeue rule (``--requeue MAX``);
 * at a stop (SIGTERM: scancel, qdel, the time limit), the summary of where the ranks were.
 
+The rules it applies and srun's and Open MPI's words are in allocation/step_rules.py (pure; the local scheduler
+and the Python API use them too), the plan's options in allocation/step_args.py, and its scheduler commands
+(scontrol requeue, qsub, qdel) run through allocation/scheduler_commands.py; this module is the process.
+
 It reads $SLURM_JOB_ID and $SLURM_RESTART_COUNT (Slurm), $PBS_NODEFILE (PBS) and the job's files named by
 core.jobfiles; it sets $SLURMLAUNCH_RETURNED_DIR, $SLURMLAUNCH_REASONS_DIR, $SLURMLAUNCH_STACKS_DIR and
 $SLURMLAUNCH_TIMELINE_DIR for COMMAND. Standard library only: it runs inside the allocation, once per job.
@@ -30,6 +34,27 @@ import time
 
 from ..core import REQUEUE_OF, RESTART_COUNT
 from ..core.parse import signal_number
+from .step_args import parse
+from .step_rules import (
+    OPENMPI_CODE,
+    OPENMPI_LOST,
+    OPENMPI_RANK,
+    OPENMPI_ROOT,
+    OPENMPI_SIGNAL,
+    ROOT_FIX,
+    asked_abort_message,
+    keeps_asked_code,
+    openmpi_signalled,
+    pbs_id,
+    ranks_word,
+    srun_aborted,
+    srun_first,
+    srun_killed_by,
+    stopped_line,
+    wants_requeue,
+    warning_code,
+    warning_fix,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -43,77 +68,6 @@ if TYPE_CHECKING:
 # What the batch step imports at its start is kept to the above (issue 32: it starts once per job, the API's
 # short jobs included, and its start is paid before srun's). The rest (argparse, subprocess, the job files,
 # the stacks, the regular expressions) is imported where a path needs it: the failure path, the CLI's files.
-
-# The signals whose default action ends a process (signal(7): Term or Core), each as srun words it.
-KILLING = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGKILL", "SIGUSR1",
-           "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGXCPU", "SIGXFSZ", "SIGSYS")
-# Slurm's own word for a task killed by the cgroup's OOM killer (with task/cgroup), besides strsignal's "Killed".
-OUT_OF_MEMORY = "Out Of Memory"
-_SRUN_ERROR = "srun: error: "
-_SRUN_TASKS = r"([^ :]+): tasks? ([0-9,-]+): "  # patterns, compiled (and cached) by `re` where they are used
-_OPENMPI_RANK = r"^ *Process name: *\[\[\d*,\d*\],(\d+)\]"
-_OPENMPI_CODE = r"^ *Exit code: *(\d+)"
-# Open MPI's refusal to start ranks as root without both OMPI_ALLOW_RUN_AS_ROOT variables (its help-orterun.txt,
-# seen from Debian's 4.1.4 here: "mpiexec has detected an attempt to run as root."; Open MPI 5's prterun says it
-# in the same words): it exits 1 before any rank starts, so Open MPI names no rank.
-_OPENMPI_ROOT = r"^(\S+) has detected an attempt to run as root\."
-ROOT_FIX = ("add --env OMPI_ALLOW_RUN_AS_ROOT=1 --env OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 to slurmlaunch submit, or "
-            "submit as a user other than root")
-# Open MPI's word on a rank a signal ended (its help-orterun.txt): "mpiexec noticed that process rank 0 with PID
-# 0 on node node1 exited on signal 10 (User defined signal 1)." It names the first such rank only.
-_OPENMPI_SIGNAL = r"noticed that process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)"
-# Open MPI's word on a host whose daemon (orted) it lost, the host down or its processes killed (its
-# help-errmgr-base.txt [node-died]: "ORTE has lost communication with a remote daemon." ... "Remote daemon:
-# [[J,0],1] on node node2"): the ranks there are gone with it, and it names none of them.
-_OPENMPI_LOST = r"^ *Remote daemon: *\S+ on node (\S+)"
-
-
-def signal_words() -> dict[str, tuple[int, str]]:
-    """How srun words a task killed by a signal (strsignal's description: "Killed", "Segmentation fault"):
-    the exit code it counts as (128 + N) and what the failure line says."""
-    from signal import Signals, strsignal
-
-    words = {strsignal(s) or s.name: (128 + s.value, f"killed by {s.name}") for s in map(Signals.__getitem__, KILLING)}
-    words[OUT_OF_MEMORY] = (128 + Signals.SIGKILL.value, "killed by SIGKILL: out of memory")
-    return words
-
-
-def warning_fix(name: str, requeue: bool) -> str:
-    """What to do when the ranks died of the warning signal SIG``name`` (the local scheduler says the same)."""
-    number = signal_number(name)
-    return (f"the script does not handle it, so nothing was saved{' and the job is not requeued' if requeue else ''}. "
-            f"Fix: handle SIG{name} in the script (save a checkpoint, exit {128 + number}; see "
-            f"examples/checkpoint_requeue.py), or ask for the signal it handles (--signal USR1@90 for Lightning), "
-            f"or --signal none")
-
-
-def warning_code(name: str) -> int:
-    """The exit code that says "saved, requeue me" for the warning signal SIG``name``: 128 + its number."""
-    return 128 + signal_number(name)
-
-
-def wants_requeue(warned: bool, code: int, killed: bool, asked: int) -> bool:
-    """The requeue rule: a run that got the warning and did not finish, or whose ranks exited with ``asked``
-    (128 + the warning signal) after saving a checkpoint; not one whose ranks died of the signal (``killed``:
-    no handler, nothing saved), nor one that finished (exit 0) after the warning."""
-    return not killed and ((warned and code != 0) or code == asked)
-
-
-def keeps_asked_code(recorded: int | None, asked: int, aborted_first: bool) -> bool:
-    """The teardown-abort rule: a rank that torch's teardown killed by SIGABRT after its script exited with
-    ``asked`` (128 + the warning signal; ``recorded``: the RUNNER's exit mark) keeps that code when its abort
-    is the first failure (``aborted_first``): the request is not lost to the abort."""
-    return aborted_first and recorded == asked
-
-
-def asked_abort_message(rank: int, code: int) -> str:
-    return (f"rank {rank} aborted in torch's teardown after the script exited {code} (docs: Debugging, 'Teardown "
-            f"aborts'); the job counts as exit code {code}")
-
-
-def stopped_line(who: str, code: int, text: str, others: str, first: bool = True) -> str:
-    """The first failure when slurmlaunch stopped the rank itself (``who``: "rank 3 on node2")."""
-    return f"{who} failed{' first' if first else ''} with exit code {code} (stopped by slurmlaunch: {text}){others}"
 
 
 def _unlink(path: str) -> None:
@@ -191,105 +145,6 @@ def start_timeline(directory: str) -> None:
     batch_started(os.environ, int(_started_at() * 1e9))
 
 
-def srun_first(lines: Sequence[str], skip: str) -> tuple[str, str, int, str] | None:
-    """srun's first word on a task that ended, as (node, tasks, code, how): "node2: task 2: Exited with exit
-    code 7", or for a task killed by a signal its description ("node2: task 2: Killed"). The others' words come
-    after srun stopped them; the warning signal's description (``skip``) is left to the warning's rule."""
-    import re
-
-    words = signal_words()
-    for line in lines:
-        if not line.startswith(_SRUN_ERROR):
-            continue
-        text = line[len(_SRUN_ERROR):].removesuffix(" (core dumped)")
-        m = re.match(_SRUN_TASKS, text)
-        if not m:
-            continue
-        what = text[m.end():]
-        exited = re.fullmatch(r"Exited with exit code (\d+)", what)
-        if exited:
-            return m[1], m[2], int(exited[1]), ""
-        if what in words and what != skip:
-            return m[1], m[2], *words[what]
-    return None
-
-
-# The first-failure line as Step.finish writes it to the job's failure file (first_failure, stopped_line): the
-# ranks (a range or list under srun: "rank(s) 0-1"), their node, the job's code, and in parentheses how.
-_FAILURE_LINE = (r"^slurmlaunch: ranks?(?:\(s\))? ([0-9,-]+) on (\S+) failed(?: first)? with exit code (\d+)"
-                 r"(?: \((.*?)\))?(?:;|$)")
-
-
-def read_failure(path: str) -> tuple[list[int], str, int, str] | None:
-    """The first failure the batch step wrote to the job's failure file ``path``, read back in its own words:
-    (the ranks, their node, the exit code as a shell has it (128 + N for signal N), how ("killed by SIGSEGV",
-    "stopped by slurmlaunch: ..."), "" when it said nothing more); None when there is none or it names no rank
-    (torchrun's node task, Open MPI's refusal to run as root, the warning signal's line)."""
-    import re
-
-    try:
-        with open(path, "rb") as f:
-            text = f.read(1 << 16).decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    m = re.match(_FAILURE_LINE, text.strip().splitlines()[0] if text.strip() else "")
-    if m is None:
-        return None
-    ranks: list[int] = []
-    for part in m[1].split(","):
-        low, _, high = part.partition("-")
-        if low.isdigit() and (high.isdigit() or not high):
-            ranks.extend(range(int(low), int(high or low) + 1))
-    return ranks, m[2], int(m[3]), m[4] or ""
-
-
-def srun_killed_by(lines: Sequence[str], description: str) -> str:
-    """The tasks srun says ``description`` (a signal's words) ended, as "task 0 on node1, tasks 2-3 on node2"."""
-    found = []
-    for line in lines:
-        if line.startswith(_SRUN_ERROR):
-            text = line[len(_SRUN_ERROR):].removesuffix(" (core dumped)")
-            if text.endswith(": " + description):
-                node, _, tasks = text[: -len(description) - 2].partition(": ")
-                found.append(f"{tasks} on {node}")
-    return ", ".join(found)
-
-
-def openmpi_signalled(lines: Sequence[str]) -> tuple[int, str, int] | None:
-    """The rank Open MPI says a signal ended, as (rank, host, signal number); None when it says none."""
-    import re
-
-    for line in lines:
-        m = re.search(_OPENMPI_SIGNAL, line)
-        if m:
-            return int(m[1]), m[2], int(m[3])
-    return None
-
-
-def srun_aborted(lines: Sequence[str]) -> list[int]:
-    """The ranks srun says SIGABRT ended ("node1: tasks 0-1,3: Aborted")."""
-    import re
-
-    ranks: set[int] = set()
-    for line in lines:
-        m = re.match(r"srun: error: [^ :]*: tasks? ([0-9,-]*): Aborted", line)
-        for part in (m[1].split(",") if m else []):
-            low, _, high = part.partition("-")
-            if low.isdigit():
-                ranks.update(range(int(low), int(high or low) + 1))
-    return sorted(ranks)
-
-
-_PBS_ID = r"\d+(\.[\w.-]+)?"
-
-
-def _pbs_id(text: str) -> bool:
-    """Whether ``text`` is a PBS job id (1234, or 1234.server)."""
-    import re
-
-    return re.fullmatch(_PBS_ID, text) is not None
-
-
 def _node_hosts() -> list[str]:
     """The job's hosts in $PBS_NODEFILE's order (mpiexec --map-by ppr:N:node gives each its block of ranks);
     none once PBS has removed the file."""
@@ -298,10 +153,6 @@ def _node_hosts() -> list[str]:
             return list(dict.fromkeys(h.strip() for h in f if h.strip()))
     except OSError:
         return []
-
-
-def _ranks_word(low: int, high: int) -> str:
-    return f"rank {low}" if low == high else f"ranks {low}-{high}"
 
 
 def _relay(source: IO[bytes], sink: IO[bytes]) -> None:
@@ -340,13 +191,13 @@ WARN_NODES_S = 60.0  # seconds the warning's per-node steps may take (an srun st
 
 
 class Step:
-    """One run of COMMAND under the plan ``args`` (see :func:`parser`)."""
+    """One run of COMMAND under the plan ``args`` (see allocation/step_args.py's :func:`parser`)."""
 
     def __init__(self, args: argparse.Namespace | SimpleNamespace) -> None:
         self.args = args
         first = os.environ.get(REQUEUE_OF, "")
         # a PBS job resubmitted at the warning: its files are the first job's, as a Slurm requeue's are its id's
-        self.tag = first.split(".", 1)[0] if args.resubmit is not None and _pbs_id(first) else args.job
+        self.tag = first.split(".", 1)[0] if args.resubmit is not None and pbs_id(first) else args.job
         if args.resubmit is not None:  # the ranks see which run this is (mpiexec -x passes it on)
             os.environ[RESTART_COUNT] = str(_restarts(os.environ.get(RESTART_COUNT, "")))
         self.warning: int | None = signal_number(args.warning) if args.warning else None
@@ -573,8 +424,8 @@ class Step:
                 sys.stderr.buffer.write(raw)
                 sys.stderr.flush()
                 line = raw.decode("utf-8", errors="replace")
-                if re.match(_OPENMPI_RANK, line) or re.match(_OPENMPI_CODE, line) or re.search(_OPENMPI_SIGNAL, line) \
-                        or re.match(_OPENMPI_ROOT, line) or re.search(_OPENMPI_LOST, line):
+                if re.match(OPENMPI_RANK, line) or re.match(OPENMPI_CODE, line) or re.search(OPENMPI_SIGNAL, line) \
+                        or re.match(OPENMPI_ROOT, line) or re.search(OPENMPI_LOST, line):
                     self.openmpi.append(line)
             proc.wait()
             out.join(OUTPUT_DRAIN_S)  # bounded: a process the ranks left behind may hold the pipe open
@@ -624,20 +475,20 @@ class Step:
                 return code, f"torchrun on {node} (node task {tasks}) failed first with exit code {code}{shown}" \
                     f"{self.others()}", how
             return code, f"rank(s) {tasks} on {node} failed first with exit code {code}{shown}{self.others()}", how
-        root = next((m for m in (re.match(_OPENMPI_ROOT, x) for x in self.openmpi) if m), None)
+        root = next((m for m in (re.match(OPENMPI_ROOT, x) for x in self.openmpi) if m), None)
         if root is not None:
             return rc, f"{root[1]} refused to start the ranks as root (Open MPI's run-as-root protection; no rank " \
                 f"ran). Fix: {ROOT_FIX}", ""
         gone = self.lost_host()
         if gone is not None:  # a host's daemon gone: its ranks with it, Open MPI names none
             lost, ranks = gone
-            who = _ranks_word(ranks[0], ranks[-1]) if ranks else "its ranks"
+            who = ranks_word(ranks[0], ranks[-1]) if ranks else "its ranks"
             code = rc or 1
             return code, f"{who} on {lost} failed first with exit code {code} (their host was lost: mpiexec lost " \
                 f"contact with its daemon on {lost}, whose host went down or whose processes were killed)" \
                 f"{self.others()}", ""
-        named = [re.match(_OPENMPI_RANK, x) for x in self.openmpi]
-        codes = [re.match(_OPENMPI_CODE, x) for x in self.openmpi]
+        named = [re.match(OPENMPI_RANK, x) for x in self.openmpi]
+        codes = [re.match(OPENMPI_CODE, x) for x in self.openmpi]
         rank = next((int(m[1]) for m in named if m), None)
         said = next((int(m[1]) for m in codes if m), None)
         if rank is None or said is None:
@@ -661,7 +512,7 @@ class Step:
         hosts; none where the file does not name it); None when it lost none, or the job was stopped."""
         import re
 
-        lost = next((m[1] for m in (re.search(_OPENMPI_LOST, x) for x in self.openmpi) if m), None)
+        lost = next((m[1] for m in (re.search(OPENMPI_LOST, x) for x in self.openmpi) if m), None)
         if lost is None or self.stopped:
             return None
         hosts, per = _node_hosts(), self.args.tasks_per_node
@@ -779,11 +630,12 @@ class Step:
             _say(f"not requeued: job {job} was already requeued {restarts} time(s) (--max-requeues {most})")
             return False
         _say(f"requeueing job {job} (restart {restarts + 1} of at most {most})")
-        import subprocess
+        from .scheduler_commands import run_command
 
-        if subprocess.run(["scontrol", "requeue", job], stdin=subprocess.DEVNULL).returncode == 0:
+        done = run_command(["scontrol", "requeue", job], capture=False)  # scontrol says why on the job's stderr
+        if not isinstance(done, str) and done.returncode == 0:
             return True
-        _say(f"scontrol requeue {job} failed")
+        _say(f"scontrol requeue {job} failed" + (f": {done}" if isinstance(done, str) else ""))
         return False
 
     def resubmit(self, name: str, most: int) -> bool:
@@ -794,12 +646,12 @@ class Step:
         and cancel follow them (schedulers/pbs.py)."""
         this = os.environ.get("PBS_JOBID", "")
         first = os.environ.get(REQUEUE_OF, "")
-        first = first if _pbs_id(first) else this
+        first = first if pbs_id(first) else this
         restarts = _restarts(os.environ.get(RESTART_COUNT, ""))
         if restarts >= most:
             _say(f"not requeued: job {first} was already requeued {restarts} time(s) (--max-requeues {most})")
             return False
-        import subprocess
+        from .scheduler_commands import run_command
 
         f = self.files
         cmd = ["qsub", "-N", name, "-o", os.path.join(self.args.log_dir, f"{first}.OU"), "-W",
@@ -807,13 +659,12 @@ class Step:
                f.script("qsub")]
         from shlex import join  # only here: the batch step's start stays light (issue 32)
 
-        try:
-            done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            _say(f"not requeued: {join(cmd)} failed: {e}")
+        done = run_command(cmd)
+        if isinstance(done, str):
+            _say(f"not requeued: {join(cmd)} failed: {done}")
             return False
         new = done.stdout.strip()
-        if done.returncode != 0 or not _pbs_id(new):
+        if done.returncode != 0 or not pbs_id(new):
             said = (done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}").splitlines()[0]
             _say(f"not requeued: {join(cmd)} failed: {said}")
             return False
@@ -821,11 +672,8 @@ class Step:
         if not put_file(f.requeued, "\n".join([*chain, new])):
             _say(f"could not write {f.requeued}: status and --wait of job {first} will not follow job {new}")
         if self.stopped_by_hand():  # a qdel came while qsub ran: the cancel, which may have read no chain yet, wins
-            try:
-                gone = subprocess.run(["qdel", new], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                      timeout=60).returncode == 0
-            except (OSError, subprocess.TimeoutExpired):
-                gone = False
+            deleted = run_command(["qdel", new])
+            gone = not isinstance(deleted, str) and deleted.returncode == 0
             _say(f"not requeued: the job was stopped (qdel or qrerun) while it was submitted again as job {new}, "
                  + ("which was deleted" if gone else f"which could not be deleted: qdel {new} deletes it"))
             return False
@@ -842,82 +690,8 @@ def read_chain(path: str) -> list[str]:
         text = read_small(path, 64 << 10).decode("utf-8", errors="replace")  # never through a link, nor a FIFO
     except OSError:
         return []
-    return [line for line in text.split() if _pbs_id(line)]
+    return [line for line in text.split() if pbs_id(line)]
 
-
-# The plan's options, declared once (the renderers write them, render/slurm_script.py and render/pbs_script.py):
-# (flag, type (None: a switch), default, choices, metavar, help). parser() makes argparse's parser of them,
-# which is the definition (its --help, its errors); parse() reads the spellings the renderers write without
-# loading argparse, and leaves every other argv to argparse.
-_OPTIONS: tuple[tuple[str, type | None, object, tuple[str, ...] | None, str | None, str | None], ...] = (
-    ("--srun", None, False, None, None, "COMMAND is srun: its stderr goes to the job's srun log, whose words name "
-     "the first failure; the requeue is scontrol's"),
-    ("--outlive-stop", None, False, None, None, "SIGTERM (PBS's qdel, the walltime): wait for COMMAND, say where "
-     "the ranks were, write no exit code"),
-    ("--log-dir", str, None, None, None, "the job's output directory (without: the warning is passed on, no more)"),
-    ("--job", str, None, None, None, "the job's tag in its file names"),
-    ("--unit", str, "rank", ("rank", "node"), None, "what one output file holds"),
-    ("--ranks", int, 1, None, None, "the world size"),
-    ("--nodes", int, 1, None, None, None),
-    ("--tasks-per-node", int, 1, None, None, None),
-    ("--torchrun", None, False, None, None, "one task per node, each running torchrun"),
-    ("--mpi", str, None, None, None, "PBS: the MPI whose mpiexec COMMAND is"),
-    ("--warning", str, None, None, None, "the warning signal's name (USR2)"),
-    ("--walltime", float, None, None, None, "PBS: the walltime in seconds (the warning is sent here)"),
-    ("--warn-before", float, None, None, None, "PBS: seconds before the walltime to send the warning"),
-    ("--requeue", int, None, None, "MAX", "requeue after the warning, at most MAX times"),
-    ("--resubmit", str, None, None, "NAME", "PBS: requeue by submitting the job's kept script again, as job NAME, "
-     "to start once this job has ended"),
-    ("--requeued-by-script", None, False, None, None, "the script's framework requeues itself"),
-    ("--stacks", None, False, None, None, "say where the ranks were when they were stopped"),
-    ("--stage-env", str, None, ("on", "fallback"), None, "Slurm: run the ranks from a node-local copy of their "
-     "environment (allocation/stage.py); fallback: from the shared copy when it cannot be staged"),
-)
-
-
-def parser() -> argparse.ArgumentParser:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="slurmlaunch batch-step", description="the batch script's last command")
-    for flag, kind, default, choices, metavar, text in _OPTIONS:
-        if kind is None:
-            p.add_argument(flag, action="store_true", help=text)
-        else:
-            p.add_argument(flag, type=kind, default=default, choices=choices, metavar=metavar, help=text)
-    p.add_argument("command", nargs=argparse.REMAINDER)
-    return p
-
-
-def parse(argv: Sequence[str]) -> argparse.Namespace | SimpleNamespace:
-    """What ``parser().parse_args(argv)`` gives, for the plain spellings the renderers write (``--flag VALUE``,
-    a value that does not start with "-", COMMAND after ``--`` or after the options), without importing
-    argparse; any other argv (--help, an unknown or abbreviated flag, ``--flag=VALUE``, a value argparse would
-    refuse) goes to argparse, which answers as it always has."""
-    from types import SimpleNamespace
-
-    table = {flag: (kind, choices) for flag, kind, _, choices, _, _ in _OPTIONS}
-    values: dict[str, object] = {flag[2:].replace("-", "_"): default for flag, _, default, *_ in _OPTIONS}
-    i = 0
-    while i < len(argv) and argv[i] != "--" and argv[i].startswith("-"):
-        if argv[i] not in table:
-            return parser().parse_args(argv)
-        kind, choices = table[argv[i]]
-        name = argv[i][2:].replace("-", "_")
-        if kind is None:
-            values[name] = True
-            i += 1
-            continue
-        if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
-            return parser().parse_args(argv)
-        try:
-            value = kind(argv[i + 1])
-        except ValueError:
-            return parser().parse_args(argv)
-        if choices is not None and value not in choices:
-            return parser().parse_args(argv)
-        values[name] = value
-        i += 2
-    return SimpleNamespace(**values, command=list(argv[i:]))
 
 
 def main(argv: Sequence[str]) -> int:

@@ -32,7 +32,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Final
 
-from ..allocation.batch_step import (
+from ..allocation.gpus import dev_gpu_ids, visible_gpus
+from ..allocation.launch import RETURNED_DIR
+from ..allocation.net import HeldPort
+from ..allocation.reasons import REASONS_DIR, WARNING_KILLED, Reason, read_first
+from ..allocation.script_runner import STACKS_DIR, recorded_exit
+from ..allocation.stacks import STOPPED_HEADER, saved_summary
+from ..allocation.step_rules import (
     asked_abort_message,
     keeps_asked_code,
     stopped_line,
@@ -40,12 +46,6 @@ from ..allocation.batch_step import (
     warning_code,
     warning_fix,
 )
-from ..allocation.gpus import dev_gpu_ids, visible_gpus
-from ..allocation.launch import RETURNED_DIR
-from ..allocation.net import HeldPort
-from ..allocation.reasons import REASONS_DIR, WARNING_KILLED, Reason, read_first
-from ..allocation.script_runner import STACKS_DIR, recorded_exit
-from ..allocation.stacks import STOPPED_HEADER, saved_summary
 from ..allocation.torchrun_mode import SIGABRT_CODE, aborted_workers, teardown_aborts, teardown_message
 from ..core.errors import JobStateError, SchedulerError, SpecError
 from ..core.jobfiles import JobFiles
@@ -417,7 +417,7 @@ def _node_of(spec: JobSpec, index: int) -> str:
 
 def _report(what: str, spec: JobSpec, result: Outcome, stopped: Reason | None = None) -> tuple[str, str] | None:
     """Say how the run ended; returns the first-failure line, if a rank failed: as said, and as the job's failure
-    file keeps it (the batch step's words, with the rank's node: allocation/batch_step.read_failure reads both)."""
+    file keeps it (the batch step's words, with the rank's node: allocation/step_rules.read_failure reads both)."""
     failure = filed = None
     if result.interrupted_by is not None:
         name = signal.Signals(result.interrupted_by).name

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.allocation import batch_step
+from slurmlaunch.allocation import step_args, step_rules
 
 USR2 = 128 + signal.SIGUSR2
 
@@ -26,20 +26,20 @@ USR2 = 128 + signal.SIGUSR2
     (False, 1, False, False),  # an ordinary failure
 ])
 def test_the_requeue_rule(warned: bool, code: int, killed: bool, want: bool) -> None:
-    assert batch_step.wants_requeue(warned, code, killed, USR2) is want
+    assert step_rules.wants_requeue(warned, code, killed, USR2) is want
 
 
 def test_the_teardown_abort_rule() -> None:
-    assert batch_step.keeps_asked_code(USR2, USR2, True)
-    assert not batch_step.keeps_asked_code(USR2, USR2, False)  # another rank failed first
-    assert not batch_step.keeps_asked_code(None, USR2, True)  # the script returned, or asked nothing
-    assert not batch_step.keeps_asked_code(3, USR2, True)
+    assert step_rules.keeps_asked_code(USR2, USR2, True)
+    assert not step_rules.keeps_asked_code(USR2, USR2, False)  # another rank failed first
+    assert not step_rules.keeps_asked_code(None, USR2, True)  # the script returned, or asked nothing
+    assert not step_rules.keeps_asked_code(3, USR2, True)
 
 
 def test_aborted_ranks_are_srun_task_ranges() -> None:
     lines = ["srun: error: node1: tasks 0-1,3: Aborted (core dumped)", "srun: error: node2: task 5: Aborted",
              "srun: error: node2: task 6: Killed"]
-    assert batch_step.srun_aborted(lines) == [0, 1, 3, 5]
+    assert step_rules.srun_aborted(lines) == [0, 1, 3, 5]
 
 
 # A stand-in srun: writes what $FAKE_WORDS says to stderr (srun's own words), waits for the warning signal
@@ -140,8 +140,8 @@ def test_without_a_command_it_says_so() -> None:
 
 def test_open_mpis_word_on_a_signalled_rank() -> None:
     line = "mpiexec noticed that process rank 1 with PID 0 on node node2 exited on signal 10 (User defined signal 1)."
-    assert batch_step.openmpi_signalled(["x", line]) == (1, "node2", 10)
-    assert batch_step.openmpi_signalled(["Primary job  terminated normally, but 1 process returned"]) is None
+    assert step_rules.openmpi_signalled(["x", line]) == (1, "node2", 10)
+    assert step_rules.openmpi_signalled(["Primary job  terminated normally, but 1 process returned"]) is None
 
 
 # A stand-in mpiexec: notes the run count the ranks would be given, SIGTERMs the batch step with $FAKE_STOP,
@@ -387,9 +387,9 @@ PLANS = [
 
 @pytest.mark.parametrize("argv", PLANS, ids=[" ".join(p) or "(none)" for p in PLANS])
 def test_the_fast_reading_of_a_plan_is_argparses(argv: list[str]) -> None:
-    fast = batch_step.parse(argv)
+    fast = step_args.parse(argv)
     assert type(fast).__name__ == "SimpleNamespace"  # read without argparse
-    assert vars(fast) == vars(batch_step.parser().parse_args(argv))
+    assert vars(fast) == vars(step_args.parser().parse_args(argv))
 
 
 def test_the_renderers_plans_are_read_without_argparse(tmp_path: Path) -> None:
@@ -401,9 +401,9 @@ def test_the_renderers_plans_are_read_without_argparse(tmp_path: Path) -> None:
         spec = JobSpec.of(script="t.py", workdir=str(tmp_path), **fields)
         for plan in (slurm_script.batch_step_plan(spec), pbs_script.batch_step_plan(spec)):
             argv = [*plan, "--log-dir", str(tmp_path), "--job", "12", "--", "srun", "true"]
-            fast = batch_step.parse(argv)
+            fast = step_args.parse(argv)
             assert type(fast).__name__ == "SimpleNamespace", argv
-            assert vars(fast) == vars(batch_step.parser().parse_args(argv))
+            assert vars(fast) == vars(step_args.parser().parse_args(argv))
 
 
 @pytest.mark.parametrize("argv", [["--ranks", "many", "--", "x"], ["--unit", "job", "--", "x"], ["--log-dir"],
@@ -417,5 +417,18 @@ def test_a_plan_the_fast_reading_does_not_know_goes_to_argparse(argv: list[str])
 
 def test_the_fast_reading_leaves_spellings_it_does_not_write_to_argparse() -> None:
     for argv in (["--log-dir=d", "--job=3", "--", "x"], ["--log", "d", "--job", "3", "--", "x"]):
-        assert type(batch_step.parse(argv)).__name__ == "Namespace"
-        assert vars(batch_step.parse(argv)) == vars(batch_step.parser().parse_args(argv))
+        assert type(step_args.parse(argv)).__name__ == "Namespace"
+        assert vars(step_args.parse(argv)) == vars(step_args.parser().parse_args(argv))
+
+
+def test_the_batch_steps_scheduler_commands_are_bounded_and_say_why_they_did_not_run(tmp_path: Path) -> None:
+    """scontrol requeue, qsub and qdel run through scheduler_commands.run_command: its result, or in words why
+    there is none (a command that is not there, one that ran past its bound, killed then)."""
+    from slurmlaunch.allocation.scheduler_commands import run_command
+
+    done = run_command(["sh", "-c", "echo 7.head; echo said >&2; exit 3"])
+    assert not isinstance(done, str) and (done.returncode, done.stdout, done.stderr) == (3, "7.head\n", "said\n")
+    missing = str(tmp_path / "no-such-qsub")
+    assert "No such file or directory" in str(run_command([missing])) and missing in str(run_command([missing]))
+    late = run_command(["sleep", "30"], timeout=0.5)
+    assert isinstance(late, str) and "timed out after 0.5 seconds" in late, late

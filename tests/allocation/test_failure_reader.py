@@ -1,4 +1,4 @@
-"""The one failure reader: batch_step.read_failure reads back the first-failure line the batch step writes to the
+"""The one failure reader: step_rules.read_failure reads back the first-failure line the batch step writes to the
 job's failure file (Step.finish), which the Python API turns into RankFailed (app/api/collect.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.allocation import batch_step
+from slurmlaunch.allocation import batch_step, step_rules
 
 
 @pytest.mark.parametrize(("line", "expect"), [
@@ -17,7 +17,7 @@ from slurmlaunch.allocation import batch_step
      ([1], "node1", 139, "killed by SIGSEGV")),
     ("rank 0 on host-a failed first with exit code 137 (killed by SIGKILL: out of memory)",
      ([0], "host-a", 137, "killed by SIGKILL: out of memory")),
-    (batch_step.stopped_line("rank 3 on node2", 3, "no rendezvous (MASTER_ADDR=x) within 900s", ""),
+    (step_rules.stopped_line("rank 3 on node2", 3, "no rendezvous (MASTER_ADDR=x) within 900s", ""),
      ([3], "node2", 3, "stopped by slurmlaunch: no rendezvous (MASTER_ADDR=x) within 900s")),
     ("torchrun on node1 (node task 0) failed first with exit code 1", None),
     ("node1 refused to start the ranks as root (Open MPI's run-as-root protection; no rank ran)", None),
@@ -25,11 +25,11 @@ from slurmlaunch.allocation import batch_step
 def test_the_batch_steps_line_is_read_back(line: str, expect: object, tmp_path: Path) -> None:
     path = tmp_path / "job-1.failure"
     assert batch_step.put_file(str(path), "slurmlaunch: " + line)
-    assert batch_step.read_failure(str(path)) == expect
+    assert step_rules.read_failure(str(path)) == expect
 
 
 def test_no_failure_file_is_none(tmp_path: Path) -> None:
-    assert batch_step.read_failure(str(tmp_path / "job-1.failure")) is None
+    assert step_rules.read_failure(str(tmp_path / "job-1.failure")) is None
 
 
 def test_the_api_reads_the_same_file(tmp_path: Path) -> None:

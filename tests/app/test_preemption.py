@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.allocation import batch_step
+from slurmlaunch.allocation import step_rules
 from slurmlaunch.app.clients import lightning_signal, script_source
 from slurmlaunch.core.spec import JobSpec, validate
 from slurmlaunch.render import slurm_script
@@ -131,8 +131,8 @@ def test_batch_step_reports_killed_ranks() -> None:
              "srun: error: node2: tasks 1-3: User defined signal 2 (core dumped)",
              "srun: error: node3: task 4: Terminated",
              "srun: error: node3: task 5: Exited with exit code 140"]
-    assert batch_step.srun_killed_by(lines, words) == "task 0 on node1, tasks 1-3 on node2"
-    assert batch_step.srun_killed_by(lines[3:], words) == ""
+    assert step_rules.srun_killed_by(lines, words) == "task 0 on node1, tasks 1-3 on node2"
+    assert step_rules.srun_killed_by(lines[3:], words) == ""
 
 
 # --- the local scheduler ----------------------------------------------------------------------------

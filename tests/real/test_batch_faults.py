@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 import slurmlaunch
-from slurmlaunch.allocation import batch_step
+from slurmlaunch.allocation import step_rules
 from slurmlaunch.app import faults
 from slurmlaunch.core.jobfiles import WRITE_FAILED
 from slurmlaunch.core.spec import JobSpec
@@ -62,17 +62,17 @@ def _submit_wait(env: dict[str, str], cwd: Path, *args: str) -> tuple[subprocess
 # --- 28.1: a rank killed by a signal is named under Slurm --------------------------------------------------
 
 def test_signal_words_are_strsignals_with_their_codes() -> None:
-    rows = batch_step.signal_words()
+    rows = step_rules.signal_words()
     assert rows["Killed"] == (137, "killed by SIGKILL")
     assert rows["Segmentation fault"] == (139, "killed by SIGSEGV")
     assert rows["Terminated"] == (143, "killed by SIGTERM")
-    assert rows[batch_step.OUT_OF_MEMORY] == (137, "killed by SIGKILL: out of memory")
+    assert rows[step_rules.OUT_OF_MEMORY] == (137, "killed by SIGKILL: out of memory")
 
 
 def _summary_of(srun_log: str) -> str:
     """The batch step's reading of srun's first word, on a made-up srun log (the real one is tested below),
     with golden_spec's warning signal (USR2) left to the warning's rule."""
-    found = batch_step.srun_first(srun_log.splitlines(), "User defined signal 2")
+    found = step_rules.srun_first(srun_log.splitlines(), "User defined signal 2")
     return "" if found is None else " ".join(map(str, found)).rstrip()
 
 

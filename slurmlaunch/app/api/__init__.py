@@ -20,7 +20,7 @@ pickled by the rank itself (_Packed), so a value that cannot be pickled is repor
 that could not be; a rank that raised SystemExit left an exit record (its code, and when); a rank with
 neither ended without a Python exception, and how (exit code or signal) comes from the job's failure file
 (job-ID.failure: the batch step's under Slurm and PBS, the local scheduler's supervisor's locally; read by
-allocation/batch_step.read_failure, the CLI's words). The first failure
+allocation/step_rules.read_failure, the CLI's words). The first failure
 by time is raised as RankFailed; a job that Slurm cancelled or stopped at its time limit says so instead.
 Only the values asked for are loaded: result() reads rank 0's alone.
 

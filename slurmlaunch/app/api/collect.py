@@ -57,7 +57,7 @@ def _step_ends(log_dir: str | None, job_id: str) -> dict[int, tuple[int, int | N
     the batch step's words, the node); empty where it named none (or no batch step ran: the local scheduler)."""
     if log_dir is None:
         return {}
-    from ...allocation.batch_step import read_failure
+    from ...allocation.step_rules import read_failure
     from ...core.jobfiles import JobFiles
 
     found = read_failure(JobFiles(log_dir, job_id).failure)

@@ -76,12 +76,12 @@ def test_the_rendezvous_watchdog_is_off_unless_asked_for(tmp_path: Path, monkeyp
 
 def test_one_failure_reader_the_api_reads_the_batch_steps_failure_file() -> None:
     """srun's and Open MPI's words on a failed rank are read in one place, the batch step (its failure file, which
-    app/api/collect.py reads with allocation/batch_step.read_failure); no module of the API knows those words."""
-    from slurmlaunch.allocation import batch_step
+    app/api/collect.py reads with allocation/step_rules.read_failure); no module of the API knows those words."""
+    from slurmlaunch.allocation import step_rules
 
-    api = Path(batch_step.__file__).resolve().parents[1] / "app" / "api"
-    words = (batch_step._SRUN_ERROR, "noticed that process rank", "exited on signal", "Aborted")
-    assert all(w in Path(batch_step.__file__).read_text() for w in words)  # the reader is still where it was
+    api = Path(step_rules.__file__).resolve().parents[1] / "app" / "api"
+    words = (step_rules._SRUN_ERROR, "noticed that process rank", "exited on signal", "Aborted")
+    assert all(w in Path(step_rules.__file__).read_text() for w in words)  # the reader is still where it was
     found = [f"{p.name}: {w!r}" for p in sorted(api.glob("*.py")) for w in words if w in p.read_text()]
     assert not found, found
     assert "read_failure" in (api / "collect.py").read_text()
