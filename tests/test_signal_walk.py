@@ -79,7 +79,7 @@ def test_every_room_gets_the_same_signal(text: str, expect: object, tmp_path: Pa
         environ: dict[str, str] = {}
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(api_rank.os, "environ", environ)
-            api_rank._environment(*args[:3])
+            api_rank._environment(*args[:2])  # ENVIRONMENT SIGNAL (FOLDER)
         assert environ["SUBMITIT_PREEMPT_SIGNAL"] == name, (scheduler, args)
 
 

@@ -269,7 +269,8 @@ def test_local_rendezvous_timeout(tmp_path: Path) -> None:
     assert "exit code 143" not in r.stderr  # (not "143" alone: pytest's own tmp path can hold it)
     job = m.group(1)
     assert (logs / f"job-{job}.exitcode").read_text() == "69\nFAILED\n"
-    assert (logs / f"job-{job}.failure").read_text() == "slurmlaunch: " + m.group(0)
+    # the failure file in the batch step's words (what every scheduler's reader reads): the line without "local job N: "
+    assert (logs / f"job-{job}.failure").read_text() == "slurmlaunch: " + m.group(0).split(": ", 1)[1]
     assert not (logs / f"job-{job}.reasons").exists()
 
 
