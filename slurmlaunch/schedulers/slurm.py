@@ -281,9 +281,10 @@ def identity(job_id: str) -> dict[str, str] | None:
     return {"submitted": submitted, "name": name, "submits": " ".join(at for at, _ in runs)}
 
 
-# How long sacct may take: it asks slurmdbd, which asks its database; on a loaded machine (the dev cluster's
-# MariaDB under a CI run) an answer takes seconds. sacct's own wait for slurmdbd is MessageTimeout (a failure
-# then, exit 1), this bounds the rest.
+# How long sacct may take: it asks slurmdbd, which asks its database. sacct itself waits MessageTimeout + 35 s
+# for each answer of slurmdbd (Slurm's dbd_conn.c: 45 s at Slurm's default MessageTimeout=10, 40 s on the dev
+# cluster), then fails with its own error; a bound of 30 s here cut a slow but working sacct short on a loaded
+# machine (seen: "gone" in a CI run). 60 s: sacct's own bound comes first where MessageTimeout <= 25 s.
 SACCT_S = 60.0
 # What sacct says where the cluster keeps no accounting: a lasting fact, unlike a slurmdbd that does not answer.
 _NO_ACCOUNTING = ("accounting storage is disabled",)
