@@ -149,3 +149,44 @@ def test_slurm_identity_that_answers_is_ours(tmp_path: Path) -> None:
     line = "2026-12-07T03:00:00|slurmlaunch-submit:0123456789abcdef|train\n"
     with use_runner(Table({"squeue": line})):
         assert whose(record(tmp_path), slurm.EDGE)[0] == OURS
+
+
+def test_an_api_handle_cancels_nothing_when_identity_cannot_be_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API's handle: its first answer kept, a later qstat that times out makes cancel raise (one line,
+    naming the error), and nothing is sent to the scheduler."""
+    import dataclasses
+
+    from slurmlaunch.app.api.job import Job
+    from slurmlaunch.core.spec import JobSpec
+
+    answers: list[dict[str, str] | SchedulerError] = [{"submitted": "Mon Dec  7 00:00:00 2026", "name": "train"}]
+    cancelled: list[str] = []
+
+    def identity(job_id: str) -> dict[str, str] | None:
+        answer = answers[-1]
+        if isinstance(answer, SchedulerError):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(pbs, "EDGE", dataclasses.replace(pbs.EDGE, identity_of=identity,
+                                                         cancel_job=cancelled.append))
+
+    class Stub:
+        job_id = "3.head"
+        state = "RUNNING"
+
+        def cancel(self, check: bool = False) -> None:
+            cancelled.append(self.job_id)
+
+    handle = Job(Stub(), JobSpec.of(script="train.py"), "pbs")
+    monkeypatch.setattr(Job, "_scheduler_state", lambda self: ("RUNNING", False))
+    assert handle.state == "RUNNING"  # the first answer is kept
+    answers.append(SchedulerError("no answer within 30s from: qstat -x -f -F json 3.head"))
+    with pytest.raises(SchedulerError) as e:
+        handle.cancel()
+    assert str(e.value) == ("job 3.head: PBS could not be asked whether its job of that id is still this one (no "
+                            "answer within 30s from: qstat -x -f -F json 3.head): nothing cancelled")
+    assert cancelled == []
+    answers.append(answers[0])
+    handle.cancel()
+    assert cancelled == ["3.head"]
