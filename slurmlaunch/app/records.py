@@ -110,13 +110,21 @@ def whose(record: JobRecord, edge: Scheduler) -> tuple[str, dict[str, str] | Non
     """(OURS, GONE, OTHER or UNVERIFIED; what the scheduler says of the job now under the record's id). A job
     id is not a job: a PBS server started again numbers from 0, and two clusters (or two --remote login hosts)
     hand out the same ids; the record's "identity" (the scheduler's submit time and name of the job, its
-    submission's token) tells them apart. SchedulerError when the scheduler cannot be asked."""
+    submission's token) tells them apart. SchedulerError, in one line naming the command and its error or
+    timeout, when the scheduler cannot be asked: no answer is never taken for "gone" nor for "another job"."""
+    from ..core.errors import SchedulerError
+
     if not edge.queued:  # no id handed out by a server: the local edge checks its supervisor's pid, start and boot
         return OURS, None
     recorded = record.data.get("identity")
     if not isinstance(recorded, dict) or not any(recorded.get(key) for key in IDENTITY_FIELDS):
         return UNVERIFIED, None
-    seen = edge.identity(record.whole().full_id)
+    try:
+        seen = edge.identity(record.whole().full_id)
+    except SchedulerError as e:
+        raise SchedulerError(f"job {record.shown_id}: {edge.title} could not be asked whether its job of that id "
+                             f"is still the one submitted ({e}); nothing is known of it now: retry when "
+                             f"{edge.title} answers") from None
     if seen is None:
         if not record.remote and edge.resubmissions(record.whole().full_id, record.log_dir):
             # submitted again at the warning (PBS): the first job may be forgotten while its last run is live;

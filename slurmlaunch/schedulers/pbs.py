@@ -288,7 +288,9 @@ def _qstat_json(job_id: str) -> dict[str, Any] | None:
     try:
         out = run_command(["qstat", "-x", "-f", "-F", "json", job_id], timeout=30).stdout
     except SchedulerError as e:
-        if "Unknown Job Id" in str(e) or "Job has finished" in str(e):
+        # an unknown job, and a server that gave no answer in time (asking qstat's text form next would
+        # only wait as long again), are errors; any other failure is a qstat without -F json (Torque's)
+        if any(words in str(e) for words in ("Unknown Job Id", "Job has finished", "no answer within")):
             raise
         return None
     try:

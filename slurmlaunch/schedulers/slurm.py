@@ -250,10 +250,14 @@ def identity(job_id: str) -> dict[str, str] | None:
     again) cannot share: its submit time and name, and while squeue knows it the submission's token in its
     comment ("comment": "" for a job that has none: not one of ours); sacct's submit time and name after
     that, with every run's submit time ("submits": a requeued job's first run is the submitted one); None when
-    Slurm knows no such job. SchedulerError when Slurm cannot be asked."""
-    lines = queue_lines([job_id], "%V|%k|%j")
-    if lines is None:
-        raise SchedulerError(f"squeue could not be asked about job {job_id}")
+    Slurm knows no such job. SchedulerError, naming the command and its error, when Slurm cannot be asked
+    (a controller or slurmdbd that does not answer is no answer that the job is gone)."""
+    try:
+        lines = run_command(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%V|%k|%j"]).stdout.splitlines()
+    except SchedulerError as e:
+        if "Invalid job id" not in str(e):
+            raise
+        lines = []  # squeue forgets a job MinJobAge seconds after it ended
     line = next((ln for ln in lines if ln.count("|") >= 2), "")
     if line:
         submitted, _, rest = line.partition("|")
@@ -265,14 +269,31 @@ def identity(job_id: str) -> dict[str, str] | None:
     try:
         # -D: a requeued job's every run, each with the submit time its requeue gave it
         out = run_command(["sacct", "-n", "-X", "-D", "-P", "-j", job_id, "-o", "Submit,JobName"],
-                          timeout=30).stdout
-    except SchedulerError:
-        return None  # no accounting: Slurm no longer knows it
+                          timeout=SACCT_S).stdout
+    except SchedulerError as e:
+        if no_accounting(str(e)):
+            return None  # no accounting: squeue's word is the last, and it no longer knows the job
+        raise
     runs = [ln.partition("|")[::2] for ln in out.splitlines() if "|" in ln]
     if not runs:
         return None
     submitted, name = runs[-1]
     return {"submitted": submitted, "name": name, "submits": " ".join(at for at, _ in runs)}
+
+
+# How long sacct may take: it asks slurmdbd, which asks its database. sacct itself waits MessageTimeout + 35 s
+# for each answer of slurmdbd (Slurm's dbd_conn.c: 45 s at Slurm's default MessageTimeout=10, 40 s on the dev
+# cluster), then fails with its own error; a bound of 30 s here cut a slow but working sacct short on a loaded
+# machine (seen: "gone" in a CI run). 60 s: sacct's own bound comes first where MessageTimeout <= 25 s.
+SACCT_S = 60.0
+# What sacct says where the cluster keeps no accounting: a lasting fact, unlike a slurmdbd that does not answer.
+_NO_ACCOUNTING = ("accounting storage is disabled",)
+
+
+def no_accounting(error: str) -> bool:
+    """Whether sacct's failure ``error`` says the cluster keeps no accounting (then a job squeue forgot is
+    forgotten for good), rather than that slurmdbd could not be asked now."""
+    return any(words in error for words in _NO_ACCOUNTING)
 
 
 def prepare(spec: JobSpec, job_id: str, short: str, log_dir: str) -> None:
@@ -327,11 +348,19 @@ def status(job_id: str, log_dir: str | None = None) -> JobStatus:
         if not is_final(state):
             return JobStatus(state, None, nodes or None, elapsed=elapsed or None,
                              note=_live_note(job_id, state, nodes, reason.strip()))
-    fields = _accounting(job_id) or _scontrol(job_id)
+    unasked: SchedulerError | None = None
+    try:
+        fields = _accounting(job_id)
+    except SchedulerError as e:
+        fields, unasked = {}, e
+    fields = fields or _scontrol(job_id)
     code: int | None = None
     if log_dir:
         code = _exit_code(JobFiles(log_dir, job_id).exit_code)
     if not fields and code is None:
+        if unasked is not None:  # not "Slurm no longer knows it": its accounting could not be asked
+            raise SchedulerError(f"how job {job_id} ended cannot be told now: squeue no longer shows it and "
+                                 f"sacct could not be asked ({unasked})")
         return JobStatus(ENDED, None, note=FORGOTTEN)
     state = fields.get("JobState") or ("COMPLETED" if code == 0 else "FAILED")
     if code is None and "ExitCode" in fields:
@@ -411,14 +440,17 @@ def _exit_code(path: str) -> int | None:
 
 
 def _accounting(job_id: str) -> dict[str, str]:
-    """The job's line from sacct, or {} where there is no accounting (or it does not know the job yet)."""
+    """The job's line from sacct, or {} where there is no accounting (or it does not know the job yet);
+    SchedulerError where sacct could not be asked (slurmdbd does not answer, sacct timed out)."""
     if not which("sacct"):
         return {}
     try:
         out = run_command(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,Elapsed,NodeList,ExitCode"],
-                          timeout=30).stdout
-    except SchedulerError:
-        return {}  # "Slurm accounting storage is disabled", or slurmdbd is down
+                          timeout=SACCT_S).stdout
+    except SchedulerError as e:
+        if no_accounting(str(e)):
+            return {}
+        raise
     line = next((ln for ln in out.splitlines() if ln.count("|") == 3), "")
     if not line:
         return {}

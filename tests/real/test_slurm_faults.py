@@ -62,9 +62,9 @@ def start_cluster(block: str, nodes: int = 3) -> tuple[Path, dict[str, str]]:
 
 
 def stop_cluster(root: Path) -> None:
-    controller = root / "slurmctld.pid"
-    with contextlib.suppress(OSError, ValueError):
-        os.kill(int(controller.read_text()), signal.SIGCONT)  # a test that failed mid-stall
+    for daemon in ("slurmctld", "slurmdbd"):
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int((root / f"{daemon}.pid").read_text()), signal.SIGCONT)  # a test that failed mid-stall
     devcluster.down(root)
     shutil.rmtree(root, ignore_errors=True)
 
@@ -84,10 +84,10 @@ def faults(fault_cluster: tuple[Path, dict[str, str]], tmp_path: Path) -> tuple[
 
 
 @contextlib.contextmanager
-def stalled(root: Path) -> Iterator[Callable[[], None]]:
-    """The controller stopped (SIGSTOP) inside the block; the block may resume it early (the function it
-    gets), and it is resumed at the block's end whatever happens."""
-    pid = int((root / "slurmctld.pid").read_text())
+def stalled(root: Path, daemon: str = "slurmctld") -> Iterator[Callable[[], None]]:
+    """The controller (or ``daemon``: slurmdbd) stopped (SIGSTOP) inside the block; the block may resume it
+    early (the function it gets), and it is resumed at the block's end whatever happens."""
+    pid = int((root / f"{daemon}.pid").read_text())
     os.kill(pid, signal.SIGSTOP)
 
     def resume() -> None:
@@ -285,6 +285,41 @@ def test_wait_that_loses_the_controller_says_the_job_is_untouched(faults: tuple[
     wait_for(f"job {job_id} still RUNNING after the stall",
              lambda: job_state(env, job_id) == "RUNNING", bound=60, show=lambda: job_state(env, job_id))
     subprocess.run(["scancel", job_id], env=env, check=True, timeout=60)
+
+
+# --- 40: a scheduler that cannot be asked is not one that forgot the job ----------------------------------------
+
+@pytest.mark.slurm
+def test_status_and_cancel_while_slurmdbd_is_stalled_say_slurm_was_not_asked(faults: tuple[Path, dict[str, str]],
+                                                                              tmp_path: Path) -> None:
+    """A job squeue has forgotten (MinJobAge) is known only to sacct; with slurmdbd stopped (SIGSTOP), sacct
+    gives no answer. `status` says so in one line naming sacct, exit 2, never "gone"; `cancel` refuses, exit 2;
+    once slurmdbd runs again, both agree with sacct (FAILED, exit code 3, still ours)."""
+    root, env = faults
+    train = script(tmp_path, "import sys; sys.exit(3)\n")
+    r = run_cli("submit", "--scheduler", "slurm", "--wait", str(train), env=env, cwd=tmp_path, timeout=180)
+    assert r.returncode == 3, r.stderr
+    job_id = r.stdout.strip()
+    wait_for(f"squeue to forget job {job_id} (MinJobAge)", lambda: job_state(env, job_id).startswith("error:"),
+             bound=120, show=lambda: job_state(env, job_id))
+    with stalled(root, "slurmdbd"):
+        st = run_cli("status", job_id, env=env, timeout=240)
+        c = run_cli("cancel", job_id, env=env, timeout=240)
+    for said in (st, c):
+        assert said.returncode == 2 and said.stdout == "", said.stdout + said.stderr
+        lines = said.stderr.strip().splitlines()
+        assert len(lines) == 1 and "gone" not in lines[0] and "another job" not in lines[0], said.stderr
+        assert f"job {job_id}: Slurm could not be asked whether its job of that id is still the one submitted " \
+               f"(" in lines[0] and "sacct -n -X -D -P -j" in lines[0], said.stderr
+    assert c.stderr.rstrip().endswith(": nothing cancelled"), c.stderr
+    accounted = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], env=env,
+                               capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    assert accounted[:1] == ["FAILED"], accounted
+    st = run_cli("status", job_id, env=env, timeout=240)
+    assert st.returncode == 0 and st.stdout.startswith(f"job {job_id} (slurm): FAILED"), st.stdout + st.stderr
+    assert "exit code 3" in st.stdout and "gone" not in st.stdout + st.stderr, st.stdout + st.stderr
+    c = run_cli("cancel", job_id, env=env, timeout=240)
+    assert c.returncode == 0 and "had already ended (FAILED, exit code 3)" in c.stdout, c.stdout + c.stderr
 
 
 # --- 28.5: a lost node is named; 28.7: `down` leaves no step daemon -------------------------------------------

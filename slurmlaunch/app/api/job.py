@@ -101,10 +101,10 @@ class Job:
             self._same_job()
         return self._scheduler_state()[0]
 
-    def _same_job(self) -> bool:
+    def _same_job(self, strict: bool = False) -> bool:
         """Whether the scheduler's job of this id is still this handle's: the first answer is kept, later ones
-        compared with it (schedulers.same_job); True where the scheduler cannot be asked or knows no such job
-        (its state then says how it ended)."""
+        compared with it (schedulers.same_job); True where the scheduler knows no such job (its state then says
+        how it ended), and where it cannot be asked, unless ``strict`` (cancel): then its SchedulerError."""
         from ...core.errors import SchedulerError
         from ...schedulers import same_job
 
@@ -112,7 +112,10 @@ class Job:
             return True
         try:
             seen = self._edge.identity(self.job_id)
-        except SchedulerError:
+        except SchedulerError as e:
+            if strict:
+                raise SchedulerError(f"job {self.job_id}: {self._edge.title} could not be asked whether its job "
+                                     f"of that id is still this one ({e}): nothing cancelled") from None
             return True
         if self._identity is None:
             self._identity = seen
@@ -233,8 +236,9 @@ class Job:
 
     def cancel(self) -> None:
         """Cancel the job; JobStateError, and nothing cancelled, where the scheduler's job of this id is another
-        one now (a cluster started again numbers from where it began)."""
-        if self._identity is not None and not self._same_job():
+        one now (a cluster started again numbers from where it began); SchedulerError, nothing cancelled, where
+        whether it is cannot be asked."""
+        if self._identity is not None and not self._same_job(strict=True):
             from ...core.errors import JobStateError
 
             raise JobStateError(f"job {self.job_id} is gone; another job now has that id on {self._edge.title}: "

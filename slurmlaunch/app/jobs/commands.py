@@ -463,7 +463,10 @@ def already_ended(edge: Scheduler, record: JobRecord) -> str | None:
     from ...core.errors import SchedulerError
 
     indices = array_indices(record) if record.element is None else []
-    verdict, seen = whose(record, edge)  # SchedulerError: nothing is sent to a job not known to be ours
+    try:
+        verdict, seen = whose(record, edge)
+    except SchedulerError as e:  # nothing is sent to a job not known to be ours
+        raise SchedulerError(f"{e}: nothing cancelled") from None
     if verdict == UNVERIFIED:
         raise JobStateError(f"{unverified_line(record, edge)}: nothing cancelled (where it is, cancel it with the "
                             f"scheduler's own command)")
