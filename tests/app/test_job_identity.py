@@ -92,26 +92,23 @@ def test_an_api_handle_never_cancels_another_job_of_its_id(monkeypatch: pytest.M
     from slurmlaunch.schedulers import pbs
 
     answers = [{"submitted": "Mon Dec  7 00:00:00 2026", "name": "train"}]
-    monkeypatch.setattr(pbs, "EDGE", dataclasses.replace(pbs.EDGE, identity_of=lambda job_id: answers[-1]))
+    cancelled: list[str] = []  # what PBS's edge was asked to cancel (it cancels an API job on PBS: qdel)
+    monkeypatch.setattr(pbs, "EDGE", dataclasses.replace(pbs.EDGE, identity_of=lambda job_id: answers[-1],
+                                                         cancel_job=cancelled.append))
 
     class Stub:
         job_id = "3.head"
-        cancelled = 0
         state = "RUNNING"
 
-        def cancel(self, check: bool = False) -> None:
-            self.cancelled += 1
-
-    stub = Stub()
-    handle = Job(stub, JobSpec.of(script="train.py"), "pbs")
+    handle = Job(Stub(), JobSpec.of(script="train.py"), "pbs")
     monkeypatch.setattr(Job, "_scheduler_state", lambda self: ("RUNNING", False))
     assert handle.state == "RUNNING"  # the first answer is kept
     handle.cancel()
-    assert stub.cancelled == 1
+    assert cancelled == ["3.head"]
     answers.append({"submitted": "Mon Dec  7 01:00:00 2026", "name": "sleeper.sh"})
     with pytest.raises(JobStateError, match=r"job 3.head is gone; another job now has that id on PBS"):
         handle.cancel()
-    assert stub.cancelled == 1
+    assert cancelled == ["3.head"]
 
 
 # `qstat -f`'s text as Slurm's Torque wrapper prints it (every attribute after a tab, no ctime until the job

@@ -6,7 +6,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -34,12 +33,11 @@ def test_example_trains_on_two_emulated_nodes(torch_available: None, tmp_path: P
 def test_first_failure_stops_the_rest(tmp_path: Path) -> None:
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
-    start = time.monotonic()
     r = run_cli("submit", "--nodes", "2", "--tasks-per-node", "2", str(script), str(tmp_path), "2", "7",
-                env=no_slurm_env(tmp_path), cwd=tmp_path, timeout=120)
+                env=no_slurm_env(tmp_path), cwd=tmp_path, timeout=110)  # the others would sleep 120 s
     assert r.returncode == 7, r.stderr
-    assert time.monotonic() - start < 30
-    assert "rank 2 failed first with exit code 7" in r.stderr
+    # stopped, not waited for: said so, and no rank left (a wall-clock bound here failed under load)
+    assert "rank 2 failed first with exit code 7" in r.stderr and "the other ranks were stopped" in r.stderr, r.stderr
     pids = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
     assert len(pids) == 4 and not any(alive(p) for p in pids)
 
