@@ -43,11 +43,11 @@ with open(os.path.join(sys.argv[1], f"rank-{os.environ['RANK']}.json"), "w") as 
 def _served(root: Path) -> tuple[int, int]:
     time.sleep(0.5)  # the server rewrites its counts every 0.2 s
     c = sharedfs.counts(root)
-    req = c.get("requests", {})
-    return sum(req.values()) if isinstance(req, dict) else 0, int(c.get("data_bytes", 0))  # type: ignore[arg-type]
+    return c.total, c.data_bytes
 
 
-def _job(env: dict[str, str], root: Path, work: Path, python: str, nodes: int, ranks: int, stage: str) -> dict:
+def _job(env: dict[str, str], root: Path, work: Path, python: str, nodes: int, ranks: int,
+         stage: str) -> dict[str, float | str]:
     out = work / f"out-{stage}"
     out.mkdir()
     ops0, bytes0 = _served(root)

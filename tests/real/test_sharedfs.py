@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -44,11 +44,12 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     assert not os.path.ismount(tmp_path / "mnt")
 
 
-def _wait_counts(root: Path, enough: "callable[[dict[str, object]], bool]") -> dict[str, object]:  # type: ignore[valid-type]
+def _wait_counts(root: Path, enough: Callable[[sharedfs.Served], bool]) -> sharedfs.Served:
+    """The server's counts once ``enough`` holds (it writes them every 0.2 s), or after 10 s as they are."""
     deadline = time.monotonic() + 10
     while True:
         c = sharedfs.counts(root)
-        if enough(c) or time.monotonic() > deadline:  # type: ignore[operator]
+        if enough(c) or time.monotonic() > deadline:
             return c
         time.sleep(0.1)
 
@@ -61,16 +62,16 @@ def test_a_node_reads_a_file_through_the_latency_fs_and_every_request_is_counted
     assert os.path.ismount(mnt)
     assert (mnt / "blob").read_bytes() == body
     root = tmp_path / "cluster"
-    c = _wait_counts(root, lambda c: c["data_bytes"] >= len(body))
-    assert c["data_bytes"] == len(body), c
-    requests = c["requests"]
-    assert isinstance(requests, dict) and requests.get("open") == 1 and requests.get("read", 0) >= 1, c
-    before = sum(requests.values())
+    c = _wait_counts(root, lambda c: c.data_bytes >= len(body))
+    assert c.data_bytes == len(body), c
+    assert c.requests.get("open") == 1 and c.requests.get("read", 0) >= 1, c
+    before = c.total
     # names never seen before: sshfs's cache cannot answer them, each is one lookup on the server
     started = time.monotonic()
     for i in range(10):
         assert not (mnt / f"missing-{i}").exists()
     took = time.monotonic() - started
-    c = _wait_counts(root, lambda c: sum(c["requests"].values()) >= before + 10)  # type: ignore[union-attr]
-    assert sum(c["requests"].values()) - before >= 10, c  # type: ignore[union-attr]
-    assert took >= 10 * 2 * DELAY_MS / 1000, f"10 lookups took {took:.3f} s, less than 10 round trips of 2 x {DELAY_MS} ms"
+    c = _wait_counts(root, lambda c: c.total >= before + 10)
+    assert c.total - before >= 10, c
+    least = 10 * 2 * DELAY_MS / 1000
+    assert took >= least, f"10 lookups took {took:.3f} s, less than 10 round trips of 2 x {DELAY_MS} ms"

@@ -8,9 +8,9 @@ it, and holds every chunk D ms before passing it on, each way (a request waits D
 round trip costs 2·D plus the work). It parses the SFTP packets as they pass and keeps a count per request
 type and the bytes of file data served in DIR/COUNTS, rewritten at most every 0.2 s.
 
-    serve(root, net, export, delay_ms)   -> the server (pid recorded in root/sharedfs-pids)
-    mount(root, net, node, mountpoint)   -> sshfs on that node (pid recorded too)
-    counts(root)                         -> {"requests": {...}, "data_bytes": N, ...}
+    serve(root, net, delay_ms)           -> the server (pid recorded in root/sharedfs-pids)
+    mount(root, net, node, export, mnt)  -> sshfs on that node (pid recorded too)
+    counts(root)                         -> Served(requests={"lstat": n, ...}, data_bytes=N)
     stop(root)                           -> unmount, stop what serve/mount started
 
 A node's network namespace shares the mount table with the host (the dev cluster enters only the network),
@@ -27,6 +27,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ...core.errors import DevClusterError
@@ -80,7 +82,8 @@ class _Counter:
             self.buf = self.buf[4 + size:]
 
 
-def _delayed_pipe(read: callable, write: callable, delay: float, counter: _Counter) -> None:  # type: ignore[valid-type]
+def _delayed_pipe(read: Callable[[int], bytes], write: Callable[[bytes], object], delay: float,
+                  counter: _Counter) -> None:
     """Copy chunks from ``read`` to ``write``, each one ``delay`` seconds after it arrived, in order: a reader
     thread stamps them, this thread sleeps until each is due (chunks in flight overlap, as on a wire)."""
     q: queue.Queue[tuple[float, bytes]] = queue.Queue()
@@ -188,7 +191,8 @@ def serve(root: Path, net: Network, delay_ms: float, port: int = PORT, timeout: 
 def mount(root: Path, net: Network, node: int, export: str, mountpoint: Path, port: int = PORT,
           timeout: float = 15.0, mount_ns_of: int | None = None) -> int:
     """Mount ``export`` (a directory on this machine, served by :func:`serve`) at ``mountpoint`` with sshfs
-    started in node ``node``'s network namespace; its pid. Read-only, sshfs's default caches. With
+    started in node ``node``'s network namespace; its pid. Read-only, sshfs's default caches, links followed on
+    the server. With
     ``mount_ns_of`` (a slurmd's pid: the dev cluster gives each its own mount namespace) the mount is made
     in that process's mount namespace, so every node can have its own mount at the same path; sshfs
     unmounts it when it is stopped."""
@@ -197,8 +201,11 @@ def mount(root: Path, net: Network, node: int, export: str, mountpoint: Path, po
     if mount_ns_of is not None:
         enter.append(f"--mount=/proc/{mount_ns_of}/ns/mnt")
     log = open(root / f"sharedfs-node{node}.log", "ab")
+    # follow_symlinks: this sshfs (Debian 12's 3.7.3) answers EPERM to reading any link whose target holds a
+    # "/", such as a venv's bin/python -> /usr/bin/python3; the server follows links and shows what they name
     proc = subprocess.Popen([*enter, "sshfs", "-f", "-o",
-                             f"directport={port},ro,allow_other", f"{net.hub_addr}:{export}", str(mountpoint)],
+                             f"directport={port},ro,allow_other,follow_symlinks", f"{net.hub_addr}:{export}",
+                             str(mountpoint)],
                             stdout=log, stderr=log, start_new_session=True)
     log.close()
     _record(root, f"sshfs {proc.pid} {mountpoint}" if mount_ns_of is None else f"sshfs {proc.pid}")
@@ -213,12 +220,25 @@ def mount(root: Path, net: Network, node: int, export: str, mountpoint: Path, po
     return proc.pid
 
 
-def counts(root: Path) -> dict[str, object]:
-    """What the server has served so far: {"requests": {type: n}, "data_bytes": n, "delay_ms": d}."""
+@dataclass(frozen=True)
+class Served:
+    """What the server has served so far: the SFTP requests by type, and the bytes of file data."""
+
+    requests: dict[str, int]
+    data_bytes: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.requests.values())
+
+
+def counts(root: Path) -> Served:
+    """What the server of the cluster in ``root`` has served (as of its last write, at most 0.2 s old)."""
     try:
-        return dict(json.loads((root / COUNTS).read_text()))
-    except (OSError, ValueError):
-        return {"requests": {}, "data_bytes": 0}
+        d = json.loads((root / COUNTS).read_text())
+        return Served({str(k): int(v) for k, v in d["requests"].items()}, int(d["data_bytes"]))
+    except (OSError, ValueError, KeyError, AttributeError):
+        return Served({}, 0)
 
 
 def stop(root: Path, timeout: float = 10.0) -> None:
