@@ -4,8 +4,8 @@ node, in the node's own network and mount namespaces, served from the hub namesp
 DELAY ms each way), and a job of RANKS ranks per node runs `import torch, torch.distributed` from it,
 unstaged and then with --stage-env on (the pack already in the cache: made here from the local venv under the
 key the shared copy has). Counted on the server side: SFTP requests and file bytes served; timed: submit to
-every rank past the import, and each rank's import (CPU time apart from its wall time: the rest is waiting
-on the file system, or on the CPU the nodes share).
+every rank past the import, and each rank's import split by /proc/self/schedstat into time on a CPU, time
+waiting for a CPU (the nodes share this machine's cores) and the rest: waiting on the file system.
 
     python benchmarks/stage_env_fs.py [--nodes N] [--ranks R] [--delay-ms D]
 
@@ -29,12 +29,18 @@ from slurmlaunch.app.devcluster import sharedfs
 from slurmlaunch.app.devcluster import slurm as devcluster
 from slurmlaunch.app.devcluster.netns import load_network
 
+# /proc/self/schedstat: ns on a CPU, ns runnable but waiting for one; the rest of the wall time the rank slept,
+# here on the file system (the import does nothing else that blocks)
 RANK = """
-import json, os, resource, sys, time
-t0, c0 = time.time(), time.process_time()
+import json, os, sys, time
+def sched():
+    with open("/proc/self/schedstat") as f:
+        return [int(x) / 1e9 for x in f.read().split()[:2]]
+t0, (c0, q0) = time.time(), sched()
 import torch, torch.distributed
-out = {"done": time.time(), "import_s": time.time() - t0, "cpu_s": time.process_time() - c0,
-       "prefix": sys.prefix}
+t1, (c1, q1) = time.time(), sched()
+out = {"done": t1, "import_s": t1 - t0, "cpu_s": c1 - c0, "cpu_wait_s": q1 - q0,
+       "fs_wait_s": (t1 - t0) - (c1 - c0) - (q1 - q0), "prefix": sys.prefix}
 with open(os.path.join(sys.argv[1], f"rank-{os.environ['RANK']}.json"), "w") as f:
     json.dump(out, f)
 """
@@ -65,7 +71,9 @@ def _job(env: dict[str, str], root: Path, work: Path, python: str, nodes: int, r
         print(r.stdout[-2000:], r.stderr[-2000:], file=sys.stderr)
         raise SystemExit(f"the {stage} job failed (exit {r.returncode}, {len(recs)} ranks recorded)")
     return {"stage": stage, "submit_to_imported_s": max(x["done"] for x in recs) - t, "job_s": end - t,
-            "import_s_max": max(x["import_s"] for x in recs), "cpu_s_mean": sum(x["cpu_s"] for x in recs) / len(recs),
+            "import_s_max": max(x["import_s"] for x in recs),
+            **{f"{k}_mean": sum(x[k] for x in recs) / len(recs)
+               for k in ("import_s", "cpu_s", "cpu_wait_s", "fs_wait_s")},
             "ops": ops1 - ops0, "ops_per_node": (ops1 - ops0) / nodes, "bytes": bytes1 - bytes0,
             "prefix": recs[0]["prefix"]}
 
