@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -84,6 +85,7 @@ def main() -> int:
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--delay-ms", type=float, default=1.0)
     a = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped (SIGTERM): the cluster and the mounts go"))
     venv = os.path.realpath(sys.prefix)
     root = Path(tempfile.mkdtemp(prefix="stage-fs-"))
     work = root / "work"
