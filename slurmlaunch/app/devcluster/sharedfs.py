@@ -13,8 +13,9 @@ type and the bytes of file data served in DIR/COUNTS, rewritten at most every 0.
     counts(root)                         -> Served(requests={"lstat": n, ...}, data_bytes=N)
     stop(root)                           -> unmount, stop what serve/mount started
 
-A node's network namespace shares the mount table with the host (the dev cluster enters only the network),
-so the mount point is seen by every process; the traffic behind it goes through that node's namespace."""
+The traffic of a mount goes through its node's network namespace. The mount itself is in the host's mount
+table, seen by every process, unless ``mount_ns_of`` names a slurmd: the dev cluster gives each slurmd a mount
+namespace of its own, so each node can have its own mount at the same path (as a real cluster's do)."""
 
 from __future__ import annotations
 
