@@ -41,6 +41,8 @@ packages=(slurmctld slurmd slurm-client openmpi-bin libpmix-dev slurmdbd slurm-w
           mariadb-client-core iproute2 openssh-server openssh-client rsync)
 # mkfs.ext4: the output-directory fault tests build a small shared file system (tests/real/test_batch_faults.py)
 packages+=(e2fsprogs)
+# sshfs: the latency shared file system of issue 42 (tests/real/test_sharedfs.py, benchmarks/stage_env_fs.py)
+packages+=(sshfs)
 # Slurm's Torque-style qsub/qstat/qdel (tests/real/test_pbs_torque_wrappers.py): their Perl libraries from apt; the
 # wrappers themselves are unpacked below, never installed, so that no /usr/bin/qsub stands before OpenPBS's
 packages+=(libslurm-perl libslurmdb-perl libswitch-perl)
