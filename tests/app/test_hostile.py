@@ -226,7 +226,7 @@ SUBMIT_VALID: dict[str, tuple[str, list[str]]] = {
     "container_image": ("img", []), "apptainer": ("img.sif", []),
     "container_mount": ("/a:/b", ["--apptainer", "i.sif"]), "container_workdir": ("/w", ["--apptainer", "i.sif"]),
     "array": ("0-3", []), "sweep": ("lr=1,2", []), "max_parallel": ("2", ["--array", "0-3"]),
-    "wait_timeout": ("5", []),
+    "wait_timeout": ("5", []), "stage_env": ("on", []),
     "pbs_resource": ("filesystems=home", []), "pbs_chunk": ("system=polaris", []), "project": ("proj", []),
     "pbs_request": ("totals", []), "pbs_queues": ("debug:1-2", []), "mpiexec_arg": ("--no-transfer", []),
     # an absolute remote directory: the dry run needs no ssh
@@ -335,7 +335,7 @@ API_NAMES = {"partition": "gpu", "account": "acct", "qos": "high", "constraint":
              "output_dir": "logs", "signal": "USR1@60", "requeued_by": "script", "gpu_flag": "gres",
              "sbatch_args": ("--mail-type=END",), "pbs_resources": ("wd",), "pbs_chunk": ("system=x",),
              "project": "proj", "pbs_queues": "debug:1-2", "mpiexec_args": ("--no-transfer",),
-             "pbs_flavour": "torque", "mpi": "mpich", "pbs_request": "totals"}
+             "pbs_flavour": "torque", "mpi": "mpich", "pbs_request": "totals", "stage_env": "on"}
 
 
 @pytest.mark.parametrize("char", ["\x00", "\x01", "\n", "\x1b", "\x7f", "\x9b"])

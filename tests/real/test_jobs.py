@@ -124,7 +124,7 @@ def test_dev_cluster_command_up_status_job_down(tmp_path: Path) -> None:
         exports = dict(line.removeprefix("export ").split("=", 1) for line in r.stdout.splitlines())
         assert exports["SLURM_CONF"] == str(root / "slurm.conf")
         st = run_cli("dev-cluster", "status", "--dir", str(root))
-        assert st.returncode == 0 and "node1 idle gpu:2" in st.stdout and "node2 idle" in st.stdout
+        assert st.returncode == 0 and "node1 debug* idle gpu:2" in st.stdout and "node2 debug* idle" in st.stdout
         again = run_cli("dev-cluster", "up", "--dir", str(root))
         assert again.returncode == 2 and "already up" in again.stderr
         script = tmp_path / "ok.py"

@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -164,6 +165,9 @@ def test_a_lost_host_is_named_by_wait_and_status(pbs_env: dict[str, str], tmp_pa
     while not (job := next((m[1] for m in map(re.compile(r"submitted job (\S+)").search, said) if m), "")):
         said.append(second.stderr.readline())
         assert said[-1], "".join(said)
+    # --wait's lines as they come (a thread: the named line must be seen before the job is ended below)
+    reader = threading.Thread(target=lambda: said.extend(iter(second.stderr.readline, "")), daemon=True)
+    reader.start()
     try:
         wait_for_files(tmp_path / "second", "up-*", 3, timeout=180)
         lost = json.loads(run_cli("status", job, "--json", env=pbs_env, cwd=tmp_path).stdout)["nodes"]
@@ -178,13 +182,17 @@ def test_a_lost_host_is_named_by_wait_and_status(pbs_env: dict[str, str], tmp_pa
             time.sleep(0.5)
         print(f"{lost}'s MoM killed: named by status {time.monotonic() - killed:.1f}s after the kill")
         assert st["state"] == "RUNNING" and f"{lost} down (PBS's comment: node down: " in st["note"], st
+        deadline = time.monotonic() + 60  # --wait asks at its own pace: the line comes within its next polls
+        while not any(f"{lost} down (PBS's comment" in ln for ln in said) and time.monotonic() < deadline:
+            time.sleep(0.5)
     finally:  # the host's orphaned ranks gone and the job with them, then its MoM back (quick that way)
         for pid in _host_processes(root, lost):
             os.kill(pid, signal.SIGKILL)
         subprocess.run(["qdel", "-W", "force", job], env=pbs_env, capture_output=True, timeout=60)
         _restart_mom(root, lost)
-        _, err = second.communicate(timeout=120)
-    followed = "".join(said) + err
+        second.wait(timeout=120)
+        reader.join(timeout=30)
+    followed = "".join(said)
     named = next((ln for ln in followed.splitlines() if f"{lost} down (PBS's comment: node down: " in ln), "")
     assert f"job {job} RUNNING" in named and followed.index(named) < followed.index(f"job {job} ended"), followed
 

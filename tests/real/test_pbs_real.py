@@ -197,7 +197,9 @@ def test_roots_job_without_open_mpis_consent_says_why(pbs_env: dict[str, str], t
     line = "slurmlaunch: mpiexec refused to start the ranks as root (Open MPI's run-as-root protection; no rank " \
            "ran). Fix: add --env OMPI_ALLOW_RUN_AS_ROOT=1 --env OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 to slurmlaunch " \
            "submit, or submit as a user other than root"
-    assert f"{line}\nslurmlaunch: job {job} ended FAILED, exit code 1" in r.stderr, r.stderr
+    ended = f"slurmlaunch: job {job} ended FAILED, exit code 1"
+    assert f"{line}\n" in r.stderr and ended in r.stderr, r.stderr
+    assert r.stderr.index(line) < r.stderr.index(ended), r.stderr  # (the follower's state lines may come between)
     assert "mpiexec has detected an attempt to run as root." in r.stdout, r.stdout  # Open MPI's own words
 
 

@@ -64,9 +64,11 @@ def test_pbs_job_from_the_laptop(laptop: sshd.Laptop, pbs_env: dict[str, str], t
             "0"]
     shown = on_laptop(laptop, "submit", "--remote", f"login:{remote_dir}", "--dry-run", *args, cwd=project)
     assert shown.returncode == 0, shown.stderr
+    chose = "auto chose pbs on login (qsub is on its PATH and sbatch is not)"
+    assert chose in shown.stderr, shown.stderr  # said once: the first time auto chose for that destination
     r = on_laptop(laptop, "submit", "--remote", f"login:{remote_dir}", *args, cwd=project)
     assert r.returncode == 0, r.stderr
-    assert "auto chose pbs on login (qsub is on its PATH and sbatch is not)" in r.stderr
+    assert chose not in r.stderr, r.stderr  # the same choice again: not said again
     job = r.stdout.strip()
     assert re.fullmatch(r"\d+\.head", job), job
     short = job.split(".", 1)[0]

@@ -231,7 +231,10 @@ def test_auto_without_any_slurm_configuration_runs_here(tmp_path: Path) -> None:
                 env=dict(env, HOME=str(tmp_path), XDG_STATE_HOME=str(tmp_path / "state")), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "auto chose local (sbatch is on PATH but no Slurm cluster is configured here)" in r.stderr, r.stderr
-    assert sorted(line.split()[-1] for line in r.stdout.splitlines() if "hello-from" in line) == ["0", "1", "2", "3"]
+    # --wait shows rank 0 (as on a queue); every rank's own log holds its line
+    assert [line.split()[-1] for line in r.stdout.splitlines() if "hello-from" in line] == ["0"], r.stdout
+    logs = sorted((tmp_path / "slurmlaunch-logs").glob("job-*.rank-*.log"))
+    assert sorted(p.read_text().split()[-1] for p in logs) == ["0", "1", "2", "3"], logs
 
 
 # --- 28.7: status without the record, --wait losing the controller ------------------------------------------
