@@ -109,17 +109,10 @@ def to_all(name: str) -> bool:
 
 
 def ranks_text(ranks: Sequence[int]) -> str:
-    """"rank 0", "ranks 0-3", "ranks 0,2,5-6"."""
-    parts: list[str] = []
-    values = sorted(set(ranks))
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        parts.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
-        i = j + 1
-    return ("rank " if len(values) == 1 else "ranks ") + ",".join(parts)
+    """"rank 0", "ranks 0-3", "ranks 0,2,5-6": the stack summary's ranges (core/stacks.py)."""
+    from ..core.stacks import ranges  # here: `re` and dataclasses, which warn-node's start needs not
+
+    return ("rank " if len(set(ranks)) == 1 else "ranks ") + ranges(ranks)
 
 
 def said(label: str, warned: Sequence[int], left: Sequence[int], unreached: Sequence[str] = ()) -> str:
