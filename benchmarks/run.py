@@ -248,7 +248,7 @@ def bench_watchdog(pairs: int, seconds: float = 2.0) -> list[dict[str, object]]:
         used.append(float(r.stdout.strip().splitlines()[-1]))
     med = statistics.median(used)
     print(f"\n## The rendezvous watchdog beside a rank\n\nCPU the watchdog of rank 1 used while its rank ran "
-          f"{seconds:.0f} s with nothing listening at MASTER_PORT: median {med * 1000:.0f} ms "
+          f"{seconds:g} s with nothing listening at MASTER_PORT: median {med * 1000:.0f} ms "
           f"({med / seconds * 100:.1f}% of a core; min-max {min(used) * 1000:.0f}-{max(used) * 1000:.0f} ms, "
           f"{len(used)} runs, clock ticks of {1000 / os.sysconf('SC_CLK_TCK'):.0f} ms)")
     return [{"title": "watchdog cpu", "contender": "slurmlaunch launch, rank 1", "median": med, "min": min(used),
@@ -460,7 +460,8 @@ def bench_scale(nodes: int, gpus: int) -> list[dict[str, object]]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="a short run: 2 pairs, 2 ranks, small node lists")
+    p.add_argument("--quick", action="store_true", help="a short run that checks every benchmark works: 2 pairs, "
+                   "2 ranks, small node lists, the watchdog's rank 0.5 s")
     p.add_argument("--pairs", type=int, help="alternations per comparison (default 10, --quick 2)")
     p.add_argument("--ranks", default=None, help="rank counts for the barrier benchmark (default 2,4,8)")
     p.add_argument("--json", help="also write every row to this file")
@@ -475,9 +476,9 @@ def main() -> int:
         return 2
     editable = any("__editable__" in str(f) for f in Path(sys.prefix).glob("lib/python*/site-packages/*"))
     print(f"# slurmlaunch benchmarks, {time.strftime('%Y-%m-%d %H:%M')}\n")
-    import torch
+    from importlib.metadata import version  # torch's version without importing it here (1.5 s of CPU)
 
-    print(f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
+    print(f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}, torch {version('torch')}, "
           f"{'EDITABLE install (start-up numbers pessimistic)' if editable else 'regular install'}, "
           f"{pairs} alternations per comparison")
     rows: list[dict[str, object]] = []
@@ -494,7 +495,7 @@ def main() -> int:
         if "scale" in sections:
             rows += bench_scale(64 if a.quick else 4096, 8)
         if "watchdog" in sections:
-            rows += bench_watchdog(pairs)
+            rows += bench_watchdog(pairs, 0.5 if a.quick else 2.0)
         if "barrier" in sections:
             rows += bench_barrier(ranks, pairs, work)
     if a.json:

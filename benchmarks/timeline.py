@@ -5,7 +5,7 @@ Two views, in one run:
    alternating, in CPU time (user + sys of the rank and what it exec'd: the figure the machine's load does not
    inflate). Both run through the RUNNER ($SLURMLAUNCH_STACKS_DIR set, as every batch step sets it), so the
    difference is the timeline alone: the launcher's moments and the runner's import finder.
-2. Each piece, in this process (timeit): the launcher importing allocation/timeline.py (from its .pyc), its
+2. Each piece, in this process (timeit, in CPU time): the launcher importing allocation/timeline.py (from its .pyc), its
    write (its start from /proc plus one append of two lines), the runner arming its finder, the finder's
    answer for a module that is not torch times the modules a typical script imports before torch (counted in a
    child; torch's own never ask it), the two moments the runner writes (torch, rendezvous), and mark() the
@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
+import py_compile
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import timeit
 from pathlib import Path
 
@@ -37,8 +40,9 @@ from slurmlaunch.allocation.script_runner import RUNNER_FILE  # noqa: E402
 
 
 def per_call(statement: object, number: int) -> float:
-    """Seconds per call, the best of 5 repeats of ``number`` calls (the least disturbed)."""
-    return min(timeit.repeat(statement, number=number, repeat=5)) / number  # type: ignore[arg-type]
+    """CPU seconds per call (this process's: the machine's load does not inflate it, where wall time here
+    counts the other processes' turns), the best of 5 repeats of ``number`` calls."""
+    return min(timeit.repeat(statement, number=number, repeat=5, timer=time.process_time)) / number  # type: ignore[arg-type]
 
 
 # What a training script typically imports before torch: each module it loads asks the runner's finder (torch's
@@ -75,6 +79,10 @@ def pieces(directory: str) -> dict[str, float]:
     first_mark = per_call(lambda: (timeline._marked.clear(), timeline.mark("first step")), 2000)
     later_mark = per_call(lambda: timeline.mark("first step"), 200_000)
     modules = modules_before_torch()
+    # its .pyc, as an installed package has it (pip compiles): with PYTHONDONTWRITEBYTECODE set (this machine's
+    # shells) an editable checkout has none and every import below would compile the source (~1 ms more)
+    py_compile.compile(timeline.__file__, cfile=importlib.util.cache_from_source(timeline.__file__), doraise=True)
+
     def imported() -> None:
         del sys.modules["slurmlaunch.allocation.timeline"]
         importlib.import_module("slurmlaunch.allocation.timeline")

@@ -164,10 +164,13 @@ def scratch_project(tmp_path: Path, page: str, placeholders: bool = True) -> Pat
 
 
 def clean_env(project: Path) -> dict[str, str]:
-    """No Slurm, PBS or slurmlaunch settings of the machine running the tests; HOME is the project."""
+    """No Slurm, PBS or slurmlaunch settings of the machine running the tests; HOME is the project, and so is
+    the per-user state: a reader's `slurmlaunch list` shows the jobs the page made, not every job this test
+    process's earlier tests left in the session's index (each a state to ask for)."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM", "PBS_", "PET_", "XDG_CONFIG")) and k not in ("SQUEUE_FORMAT",)}
+           if not k.startswith(("SLURM", "PBS_", "PET_", "XDG_CONFIG", "XDG_STATE")) and k not in ("SQUEUE_FORMAT",)}
     env.update(HOME=str(project), SLURM_CONF=str(project / "no-slurm.conf"),
+               XDG_STATE_HOME=str(project / ".local" / "state"),
                PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]))
     return env
 

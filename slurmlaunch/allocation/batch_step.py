@@ -59,6 +59,7 @@ from .step_rules import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
+    import subprocess
     from collections.abc import Sequence
     from types import FrameType, SimpleNamespace
     from typing import IO
@@ -86,10 +87,10 @@ def _say(text: str) -> None:
 def put_file(path: str, text: str) -> bool:
     """``text`` and a newline into ``path``, never through a link planted there: a new file (O_EXCL, mode 600,
     a name nobody could plant beforehand) renamed over whatever ``path`` was (rename replaces a link itself)."""
-    import tempfile
-
+    # a name of its own, made as tempfile.mkstemp makes one, without tempfile's import (as preflight's)
+    tmp = os.path.join(os.path.dirname(path) or ".", f"{os.path.basename(path)}.{os.urandom(6).hex()}")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", dir=os.path.dirname(path) or ".")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
         return False
     try:
@@ -122,12 +123,31 @@ def preflight(log_dir: str) -> str | None:
     return None
 
 
+def remove_dir(path: str) -> None:
+    """The directory ``path`` and what it holds, when it is there; never a link's target (a link there is left,
+    as shutil.rmtree leaves one). The job's own directories hold files only (marks, reasons, timelines, dumps):
+    shutil, whose import with the compression modules it loads is about 5 ms of CPU, is loaded only for one
+    that holds more (issue 39: every job, the API's short ones too, starts and ends here)."""
+    if os.path.islink(path):
+        return
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return
+    for name in names:
+        _unlink(os.path.join(path, name))
+    try:
+        os.rmdir(path)
+    except OSError:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def fresh_dir(path: str, variable: str) -> None:
     """``path`` as a new private directory (a requeued run starts clean), named to COMMAND in ``variable``; one
     that cannot be made is said, and the ranks run without it (what it holds is a report, not the work)."""
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
+    remove_dir(path)
     _unlink(path)  # a link planted there: the link itself, never its target
     try:
         os.mkdir(path, 0o700)
@@ -136,13 +156,18 @@ def fresh_dir(path: str, variable: str) -> None:
     os.environ[variable] = path
 
 
-def start_timeline(directory: str) -> None:
+def start_timeline(directory: str, step: bool = True) -> None:
     """The start-up's moments (docs: Where start-up goes): a fresh directory for the ranks' files, and the batch
-    step's own two, its start (the batch shell's) and now, as COMMAND is about to start the ranks."""
+    step's own two, its start (the batch shell's) and now, as COMMAND is about to start the ranks (with
+    ``step`` False the second comes later, after the staging: timeline.step_started)."""
     from .timeline import TIMELINE_DIR, batch_started
 
     fresh_dir(directory, TIMELINE_DIR)
-    batch_started(os.environ, int(_started_at() * 1e9))
+    batch_started(os.environ, int(_started_at() * 1e9), step)
+
+
+def _short(host: str) -> str:
+    return host.split(".")[0]
 
 
 def _node_hosts() -> list[str]:
@@ -254,17 +279,19 @@ class Step:
 
     def _warn_nodes(self) -> None:
         """Run `slurmlaunch warn-node` next to the ranks on every node (Slurm: one srun --overlap step of one
-        task per node; PBS: pbs_tmrsh to each other host, this host here), then say in one line which ranks
-        got the warning and which were left alone."""
+        task per node; PBS: this host's own, pbs_tmrsh to each other host), say in one line which ranks got the
+        warning and which were left alone once every node answered (WARN_NODES_S at most), then one line per
+        rank sent it later, when its script installed its handler (warn-node watches those left alone until the
+        job's end: :meth:`_job_end`, or their own end, which the limit brings)."""
         import subprocess
 
-        from .warning import REPORT_SUFFIX, deliver, node_ranks, reports, said, to_all
+        from .warning import REPORT_SUFFIX, said
 
         a, name = self.args, self.args.warning
-        argv = [sys.executable, "-m", "slurmlaunch", "warn-node", self.files.stacks, name]
+        until = self._job_end()
+        argv = [sys.executable, "-m", "slurmlaunch", "warn-node", self.files.stacks, name,
+                *([f"{until:.0f}"] if until is not None else [])]
         commands: dict[str, list[str]] = {}
-        warned: list[int] = []
-        left: list[int] = []
         if a.srun:
             env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
             commands["the srun step"] = ["srun", "--overlap", f"--jobid={os.environ.get('SLURM_JOB_ID', '')}",
@@ -278,9 +305,8 @@ class Step:
             here = this_host()
             tmrsh = find_tmrsh(env, lambda p: os.access(p, os.X_OK), _read)
             for host in _node_hosts() or [here]:
-                if host.split(".")[0] == here.split(".")[0]:
-                    got = deliver(node_ranks(self.files.stacks, here), self.warning or 0, to_all(name))
-                    warned, left = warned + got[0], left + got[1]
+                if _short(host) == _short(here):
+                    commands[host] = argv
                 elif tmrsh is not None:
                     commands[host] = [tmrsh, host, *argv]
                 else:
@@ -290,21 +316,77 @@ class Step:
                 _unlink(os.path.join(self.files.stacks, old))
         started = {where: subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                            stderr=subprocess.PIPE) for where, cmd in commands.items()}
-        unreached: list[str] = []
-        for where, proc in started.items():
-            try:
-                _, err = proc.communicate(timeout=WARN_NODES_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                _, err = proc.communicate()
-                unreached.append(f"{where} did not answer within {WARN_NODES_S:g}s")
-            if proc.returncode and not unreached:
-                unreached.append(f"{where} (exit {proc.returncode}: {err.decode(errors='replace').strip()[-300:]})")
-        for entry in reports(self.files.stacks):  # each node's warn-node wrote what it did beside the pid files
-            warned += [r for r in entry.get("warned", []) if isinstance(r, int)]  # type: ignore[attr-defined]
-            left += [r for r in entry.get("left", []) if isinstance(r, int)]  # type: ignore[attr-defined]
+        first, unreached = self._first_reports(started, a.nodes if a.srun else None)
+        warned = [r for e in first for r in e.get("warned", []) if isinstance(r, int)]  # type: ignore[attr-defined]
+        left = [r for e in first for r in e.get("left", []) if isinstance(r, int)]  # type: ignore[attr-defined]
         self.warned = self.warned or bool(warned)
         _say(said(f"SIG{name}", warned, left, unreached))
+        if left:
+            self._late_reports(started, named=(a.nodes if a.srun else len(started)) > 1)
+
+    def _job_end(self) -> float | None:
+        """When the job's limit ends it, in Unix time: PBS's walltime from the batch shell's start; Slurm's
+        $SLURM_JOB_END_TIME (Slurm 23.02 and later); None where neither says."""
+        if self.args.walltime is not None:
+            return _started_at() + float(self.args.walltime)
+        end = os.environ.get("SLURM_JOB_END_TIME", "")
+        return float(int(end)) if end.isdigit() and int(end) > 0 else None
+
+    def _first_reports(self, started: dict[str, subprocess.Popen[bytes]],
+                       nodes: int | None) -> tuple[list[dict[str, object]], list[str]]:
+        """Each node's first report (the ranks warned and left alone), waited for until every node's is there
+        or its command ended, WARN_NODES_S at most; and the nodes not reached, in words. ``nodes``: how many
+        reports one command (the srun step) gives; None: one per command, named by its host."""
+        from .warning import reports
+
+        def firsts() -> list[dict[str, object]]:
+            return [e for e in reports(self.files.stacks) if "left" in e]
+
+        deadline = time.monotonic() + WARN_NODES_S
+        expected = nodes if nodes is not None else len(started)
+        while len(firsts()) < expected and any(p.poll() is None for p in started.values()) \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        entries = firsts()
+        hosts = {_short(str(e.get("host", ""))) for e in entries}
+        unreached: list[str] = []
+        for where, proc in started.items():
+            answered = len(entries) >= expected if nodes is not None else _short(where) in hosts
+            if answered:
+                continue
+            if proc.poll() is None:
+                if not entries or nodes is None:  # none of its nodes answered: it hangs
+                    proc.kill()
+                    proc.wait()
+                got = f" ({len(entries)} of {expected} nodes answered)" if nodes is not None and entries else ""
+                unreached.append(f"{where} did not answer within {WARN_NODES_S:g}s{got}")
+            elif proc.returncode:
+                err = proc.stderr.read() if proc.stderr is not None else b""
+                unreached.append(f"{where} (exit {proc.returncode}: {err.decode(errors='replace').strip()[-300:]})")
+        return entries, unreached
+
+    def _late_reports(self, started: dict[str, subprocess.Popen[bytes]], named: bool) -> None:
+        """One line per rank sent the warning late (its handler came after it), as each node's warn-node
+        reports it, until every warn-node has ended (its ranks sent it or ended, or the job's end); ``named``:
+        the line names the node."""
+        from .warning import WATCH_POLL_S, late_said, reports
+
+        seen: set[tuple[str, str]] = set()
+        while True:
+            running = any(p.poll() is None for p in started.values())
+            for e in reports(self.files.stacks):
+                key = (str(e.get("host")), str(e.get("at")))
+                if "late" not in e or key in seen:
+                    continue
+                seen.add(key)
+                ranks = [r for r in e.get("late", []) if isinstance(r, int)]  # type: ignore[attr-defined]
+                after = e.get("after")
+                self.warned = self.warned or bool(ranks)
+                _say(late_said(f"SIG{self.args.warning}", ranks, after if isinstance(after, (int, float)) else 0.0,
+                               key[0] if named else None))
+            if not running:
+                return
+            time.sleep(WATCH_POLL_S)
 
     def _stacks_at_stop(self, signum: int, frame: FrameType | None) -> None:
         """Slurm's SIGTERM (the time limit, scancel): once the ranks have written their stacks (3 s at most),
@@ -389,7 +471,7 @@ class Step:
         fresh_dir(f.reasons, REASONS_DIR)  # a rank slurmlaunch stops itself leaves why here
         _unlink(f.failure)
         fresh_dir(f.stacks, STACKS_DIR)  # each rank's stacks, on demand and at a stop; kept after the job
-        start_timeline(f.timeline)
+        start_timeline(f.timeline, step=self.args.stage_env is None)
         return None
 
     def run(self, command: list[str]) -> int:
@@ -565,7 +647,6 @@ class Step:
 
     def finish(self, rc: int) -> int:
         """The plan after COMMAND ended: the first failure, the warning's rules, the exit code file."""
-        import shutil
         from contextlib import suppress
 
         a, f = self.args, self.files
@@ -589,8 +670,8 @@ class Step:
                     _say(f"could not write {f.failure}")
             if a.srun or a.mpi == "openmpi":
                 rc = self.teardown_aborts(rc, summary, first_signal, lines)
-        shutil.rmtree(f.returned, ignore_errors=True)
-        shutil.rmtree(f.reasons, ignore_errors=True)
+        remove_dir(f.returned)
+        remove_dir(f.reasons)
         if self.warning is not None:
             code = warning_code(a.warning)
             killed = self.killed_by_warning(lines)
@@ -711,14 +792,28 @@ def main(argv: Sequence[str]) -> int:
         return code
     if args.stage_env is None:
         return step.finish(step.run(command))
-    from .stage import stage_slurm  # the node-local copy (issue 42); its holders remove it at the end
+    from functools import partial
 
-    staged = stage_slurm(args.stage_env, args.nodes, step.tag or "", command)
+    from .stage import slurm_nodes, stage  # the node-local copy (issue 42), removed at the end
+
+    nodes = args.nodes
+    if args.srun:
+        to_nodes = partial(slurm_nodes, nodes)
+    else:
+        from .stage_pbs import pbs_hosts
+
+        hosts = _node_hosts()
+        report = os.path.join(step.files.log_dir, f"{step.files.stem}.stage")  # a failing host's line
+        to_nodes, nodes = partial(pbs_hosts, hosts, report), len(hosts) or nodes
+    staged = stage(args.stage_env, step.tag or "", command, to_nodes, nodes)
     if isinstance(staged, str):  # --wait shows the failure file's line
         from .stage import STAGE_FAILED
 
         put_file(step.files.failure, "slurmlaunch: " + staged)
         return step.finish(STAGE_FAILED)
+    from .timeline import step_started
+
+    step_started(os.environ)
     try:
         rc = step.run(staged.command)
     finally:

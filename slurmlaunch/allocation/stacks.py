@@ -230,13 +230,13 @@ def answers(entries: Sequence[dict[str, object]], timeout: float) -> list[RankSt
 def saved_summary(directory: str, lost: Mapping[int, tuple[str, str]] | None = None) -> list[str]:
     """One line per group of the stacks the ranks saved when a stop signal reached them ([] when none did),
     also written to ``directory``/summary for `slurmlaunch stacks` and --wait. ``lost``: ranks that could
-    save none, rank -> (host, why) (their host was lost), named rather than left out."""
+    save none, rank -> (host, why) (their host was lost), named rather than left out. The file is written
+    empty when no rank saved one: --wait waits for it after a stop, and an empty one says the batch step
+    looked and found nothing (without it, --wait waited out its whole bound)."""
     ranks = answers(saved(directory), 0)
     ranks += [RankStacks(rank, host, (), why) for rank, (host, why) in sorted((lost or {}).items())
               if all(r.rank != rank for r in ranks)]
-    if not ranks:
-        return []
-    lines = group(ranks, source_line).lines()
+    lines = group(ranks, source_line).lines() if ranks else []
     try:
         path = os.path.join(directory, STACKS_SUMMARY_NAME)
         with contextlib.suppress(FileNotFoundError):

@@ -10,7 +10,7 @@ it is normally the node image's (/usr), and its standard library is a few hundre
 14,000. The project (the script, an editable install) stays where it is too. A conda prefix carries its own
 interpreter and standard library, so it is staged whole.
 
-Per job, in the batch step (Slurm):
+Per job, in the batch step (steps 2-4 as under Slurm; PBS's in allocation/stage_pbs.py):
 1. the pack: an uncompressed tar of the prefix in a cache directory ($SLURMLAUNCH_STAGE_CACHE, else
    $XDG_CACHE_HOME/slurmlaunch/envs, else ~/.cache/slurmlaunch/envs), named by a content key. The key
    (``content_key``) is made of what every installer changes, not of every file: the directory listings of
@@ -27,8 +27,8 @@ Per job, in the batch step (Slurm):
 5. every argument of COMMAND under the prefix (the ranks' --python) is rewritten to the node-local copy, and
    its bin/ goes first on PATH.
 Any step that fails stops the job with one line, unless ``--stage-env fallback`` asked to run from the shared
-copy then. Standard library only: it runs in the batch step, and as ``python -m slurmlaunch.allocation.stage``
-on every node.
+copy then. Standard library only: it runs in the batch step; what runs on every node is
+allocation/stage_node.py, self-contained, started by :func:`node_command`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+
+from . import stage_node as node
+from .stage_node import READY, STAGE_PREFIX, size_text
+from .stage_node import say as _say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -46,25 +50,9 @@ MODES = ("on", "fallback")
 STAGE_FAILED = 1  # the job's exit code when staging failed and no fallback was asked for
 CACHE_VAR = "SLURMLAUNCH_STAGE_CACHE"
 DIR_VAR = "SLURMLAUNCH_STAGE_DIR"
-READY = "slurmlaunch-stage-ready"
-REMOVING = ".removing"  # a node's copy being removed
-NO_SPACE = 3  # a node's exit code when its node-local directory is too small
 READY_WAIT_S = 900.0  # the unpack on every node, at most (750 MB from a node-local disk takes seconds)
 # the holders' clean-up after the ranks, at most (a loaded shared disk here took 96 s to remove torch's 36,000 files)
 HOLDER_STOP_S = 600.0
-
-
-def _say(text: str) -> None:
-    sys.stderr.write(f"slurmlaunch: {text}\n")
-    sys.stderr.flush()
-
-
-def size_text(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def env_prefix(prefix: str, base_prefix: str) -> str | None:
@@ -90,7 +78,9 @@ def _stamp(path: str) -> str:
         st = os.stat(path, follow_symlinks=False)
     except OSError:
         return "-"
-    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+    # not the inode: a FUSE file system (sshfs) numbers inodes per mount, in the order of lookups, so the batch
+    # step on another node, or the same node later, would see another key and pack again
+    return f"{st.st_size}:{st.st_mtime_ns}"
 
 
 def content_key(prefix: str) -> str:
@@ -156,13 +146,18 @@ def node_dir(environ: dict[str, str] | os._Environ[str]) -> str:
     return environ.get(DIR_VAR) or environ.get("TMPDIR") or "/tmp"
 
 
+def pack_path(prefix: str, cache: str, key: str | None = None) -> str:
+    """Where the pack of ``prefix`` is in ``cache``: named by the prefix and its content key (``key``, when
+    computed already)."""
+    name = os.path.basename(prefix.rstrip("/")).lstrip(".") or "env"  # .venv's pack is not a hidden file
+    return os.path.join(cache, f"{name}-{key or content_key(prefix)}.tar")
+
+
 def ensure_pack(prefix: str, cache: str, run: Callable[[list[str]], int]) -> tuple[str, int, bool]:
     """(the pack's path, its size, whether it was made now): the cached tar of ``prefix`` under its content
     key, made (tar, into a private name renamed into place: two jobs packing at once both end with one whole
     pack) when the cache has none. Raises OSError when it cannot be made."""
-    key = content_key(prefix)
-    name = os.path.basename(prefix.rstrip("/")).lstrip(".") or "env"  # .venv's pack is not a hidden file
-    path = os.path.join(cache, f"{name}-{key}.tar")
+    path = pack_path(prefix, cache)
     if os.path.isfile(path):
         return path, os.path.getsize(path), False
     os.makedirs(cache, 0o700, exist_ok=True)
@@ -191,109 +186,45 @@ def rewrite(command: list[str], prefix: str, local: str) -> list[str]:
     return out
 
 
-def shortfall_line(node: str, where: str, free: int, need: int) -> str:
-    """The one line of a node whose node-local directory cannot take the environment."""
-    return (f"node {node}: the node-local directory {where} has {size_text(free)} free, staging the environment "
-            f"needs {size_text(need)} (the pack and its unpacked copy): {size_text(need - free)} short")
-
-
-# --- on every node: `python -m slurmlaunch.allocation.stage check|hold ...` ------------------------------------
-
-def node_check(where: str, need: int) -> int:
-    """0 when ``where`` (made if missing) has ``need`` bytes free; else the one line, and NO_SPACE."""
-    import socket
-
-    try:
-        os.makedirs(where, exist_ok=True)
-        st = os.statvfs(where)
-    except OSError as e:
-        _say(f"node {socket.gethostname()}: the node-local directory {where} cannot be used: {e.strerror or e}")
-        return NO_SPACE
-    free = st.f_bavail * st.f_frsize
-    if free < need:
-        _say(shortfall_line(socket.gethostname(), where, free, need))
-        return NO_SPACE
-    return 0
-
-
-def node_hold(tar: str, dest: str) -> int:
-    """Unpack ``tar`` into ``dest`` (then remove the tar), say READY on stdout, and hold until stdin ends (the
-    batch step closes it after the ranks; srun passes stdin to every task) or a stop signal comes (Slurm's
-    SIGTERM at a cancel or the time limit), then remove ``dest``. Not by the signals a user or the warning may
-    send to all steps (scancel --signal USR1): those are ignored, the copy is the ranks'."""
-    import shutil
-    import signal
-    import socket
-    import subprocess
-
-    def remove(*_: object) -> None:
-        # renamed first (instant): a removal that Slurm's KillWait cuts short (a cancel) leaves a name the
-        # next holder on this node sweeps, not a copy that looks like a job's
-        trash = f"{dest}{REMOVING}"
-        try:
-            os.rename(dest, trash)
-        except OSError:
-            trash = dest
-        shutil.rmtree(trash, ignore_errors=True)
-        try:
-            os.unlink(tar)
-        except OSError:
-            pass
-        os._exit(0)
-
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(s, remove)
-    for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
-        signal.signal(s, signal.SIG_IGN)
-    try:
-        os.makedirs(dest, 0o700)
-        done = subprocess.run(["tar", "-C", dest, "-xf", tar], stdin=subprocess.DEVNULL)
-        if done.returncode != 0:
-            raise OSError(f"tar -xf {tar} exited {done.returncode}")
-    except OSError as e:
-        _say(f"node {socket.gethostname()}: could not unpack the environment into {dest}: {e}")
-        remove()
-    try:
-        os.unlink(tar)
-    except OSError:
-        pass
-    sys.stdout.write(f"{READY} {socket.gethostname()}\n")
-    sys.stdout.flush()
-    parent = os.path.dirname(dest)
-    # earlier jobs' copies whose removal was cut short (ours only: rmtree fails on other users')
-    for left in os.listdir(parent):
-        if left.startswith("slurmlaunch-stage-") and left.endswith(REMOVING):
-            shutil.rmtree(os.path.join(parent, left), ignore_errors=True)
-    while sys.stdin.buffer.read(1 << 16):
-        pass
-    remove()
-    return 0
-
-
 # --- in the batch step -------------------------------------------------------------------------------------
 
-class Staged:
-    """A staged environment: the command the ranks run from it, and its clean-up (the holders' end)."""
+def node_command(*args: str) -> list[str]:
+    """The command that runs allocation/stage_node.py's ``args`` on a node: with the base interpreter of the
+    ranks' venv (the real path of its ``bin/python``; for a conda prefix, whose interpreter is its own, that
+    one), ``-S -I`` (no site-packages, no user site, no PYTHON* variables), by the file's path. What it reads
+    from the shared file system before the copy is ready is then that one file."""
+    return [os.path.realpath(sys.executable), "-S", "-I", node.__file__, *args]
 
-    def __init__(self, command: list[str], holder: subprocess.Popen[bytes] | None) -> None:
-        self.command, self.holder = command, holder
+
+class Staged:
+    """A staged environment: the command the ranks run from it, and its clean-up."""
+
+    def __init__(self, command: list[str], clean: Callable[[], None] | None = None) -> None:
+        self.command, self._clean = command, clean
 
     def clean(self) -> None:
-        """End the holders, each removing its node's copy: their stdin closed (a SIGTERM to srun would end
-        the step with SIGKILL, srun's "forcing job termination", and leave the copies); bounded."""
-        import subprocess
+        """Remove every node's copy (bounded); nothing for the shared copy's."""
+        clean, self._clean = self._clean, None
+        if clean is not None:
+            clean()
 
-        if self.holder is None or self.holder.poll() is not None:
-            return
-        assert self.holder.stdin is not None
-        self.holder.stdin.close()
-        try:
-            self.holder.wait(HOLDER_STOP_S)
-        except subprocess.TimeoutExpired:
-            _say(f"the staged environment's holders did not end within {HOLDER_STOP_S:.0f}s: killed, their "
-                 f"copies may be left")
-            self.holder.kill()
-            self.holder.wait()
+
+def _end_holder(holder: subprocess.Popen[bytes]) -> None:
+    """Slurm: end the holders, each removing its node's copy: their stdin closed (a SIGTERM to srun would end
+    the step with SIGKILL, srun's "forcing job termination", and leave the copies); bounded."""
+    import subprocess
+
+    if holder.poll() is not None:
+        return
+    assert holder.stdin is not None
+    holder.stdin.close()
+    try:
+        holder.wait(HOLDER_STOP_S)
+    except subprocess.TimeoutExpired:
+        _say(f"the staged environment's holders did not end within {HOLDER_STOP_S:.0f}s: killed, their "
+             f"copies may be left")
+        holder.kill()
+        holder.wait()
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], nodes: int) -> bool:
@@ -320,21 +251,66 @@ def _wait_ready(proc: subprocess.Popen[bytes], nodes: int) -> bool:
     return len(seen) >= nodes
 
 
-def stage_slurm(mode: str, nodes: int, job: str, command: list[str]) -> Staged | str:
-    """Stage the ranks' environment on every node of this Slurm job (the module's steps 1-5): the Staged
-    environment; on a failure with ``mode`` "fallback" the shared copy's (COMMAND as it is), else the
-    failure's line (said already; the job ends with STAGE_FAILED). Reads sys.prefix, $SLURMLAUNCH_STAGE_CACHE,
-    $SLURMLAUNCH_STAGE_DIR, $TMPDIR."""
+class StageFailed(Exception):
+    """Staging failed: its line, and what to fix before fallback (the failure line's "Fix: ")."""
+
+    def __init__(self, text: str, fix: str = "") -> None:
+        super().__init__(text)
+        self.text, self.fix = text, fix
+
+
+def nodes_said(lines: list[str], code: int) -> StageFailed:
+    """The failure of the space check: the first node's line (and how many more said one)."""
+    said = [ln[len("slurmlaunch: "):] if ln.startswith("slurmlaunch: ") else ln for ln in lines]
+    text = (said[0] if len(said) == 1 else f"{said[0]} (and {len(said) - 1} more node(s), in the batch log)"
+            if said else f"the check of the node-local directory failed (exit {code})")
+    return StageFailed(text, f"set {DIR_VAR} (--env) to a larger node-local directory, or ")
+
+
+def slurm_nodes(nodes: int, pack: str, size: int, root: str, lap: Callable[[str], None]) -> Callable[[], None]:
+    """Slurm (steps 2-4) on the job's ``nodes`` nodes: the check, sbcast, the holders; their clean-up. ``lap``
+    is called with each step's name as it ends (the staged line's split)."""
+    import subprocess
+
+    tar, dest = root + ".tar", root
+    step = ["srun", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1"]
+    check = subprocess.run([*step, "--kill-on-bad-exit=0", *node_command("check", os.path.dirname(root),
+                                                                        str(2 * size))],
+                           stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
+    sys.stderr.write(check.stderr)  # each node's line (all of them: no node's check stops another's)
+    if check.returncode != 0:
+        raise nodes_said([ln for ln in check.stderr.splitlines() if ln.startswith("slurmlaunch: node ")],
+                          check.returncode)
+    lap("space check")
+    if subprocess.run(["sbcast", "--force", pack, tar], stdin=subprocess.DEVNULL).returncode != 0:
+        raise StageFailed(f"sbcast {pack} {tar} failed")
+    lap("sbcast")
+    holder = subprocess.Popen([*step, "--kill-on-bad-exit=1", *node_command("hold", tar, dest)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    if not _wait_ready(holder, nodes):
+        _end_holder(holder)
+        raise StageFailed("the environment could not be unpacked on every node")
+    lap("unpack")
+    return lambda: _end_holder(holder)
+
+
+def stage(mode: str, job: str, command: list[str],
+          to_nodes: Callable[[str, int, str, Callable[[str], None]], Callable[[], None]], nodes: int) -> Staged | str:
+    """Stage the ranks' environment on every node of this job (the module's steps 1-5); ``to_nodes(pack,
+    size, copy, lap)`` moves the pack to every node as ``copy`` (calling ``lap(name)`` as each of its steps
+    ends) and returns the clean-up that removes the copies
+    (``slurm_nodes``; under PBS allocation/stage_pbs.py's), or raises StageFailed. The Staged environment; on a
+    failure with ``mode`` "fallback" the shared copy's (COMMAND as it is), else the failure's line (said
+    already; the job ends with STAGE_FAILED). Reads sys.prefix, $SLURMLAUNCH_STAGE_CACHE,
+    $SLURMLAUNCH_STAGE_DIR, $TMPDIR.
+    """
     import subprocess
     import time
-
-    def run(cmd: list[str]) -> int:
-        return subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode
 
     def failed(text: str, fix: str = "") -> Staged | str:
         if mode == "fallback":
             _say(f"{text}; running from the shared copy (--stage-env fallback)")
-            return Staged(command, None)
+            return Staged(command)
         line = f"{text}; no rank was started. Fix: {fix}--stage-env fallback to run from the shared copy then"
         _say(line)
         return line
@@ -344,47 +320,30 @@ def stage_slurm(mode: str, nodes: int, job: str, command: list[str]) -> Staged |
         return failed(f"--stage-env: the ranks' interpreter {sys.executable} is not in a virtual environment or "
                       f"a conda prefix (its prefix {sys.prefix} is the system's), so there is nothing to stage")
     start = time.monotonic()
+    took: list[str] = []  # each step's seconds, for the staged line: where a slow staging went
+    last = start
+
+    def lap(name: str) -> None:
+        nonlocal last
+        now = time.monotonic()
+        took.append(f"{name} {now - last:.1f}s")
+        last = now
+
     try:
-        pack, size, made = ensure_pack(prefix, cache_dir(os.environ), run)
+        pack, size, made = ensure_pack(prefix, cache_dir(os.environ),
+                                       lambda c: subprocess.run(c, stdin=subprocess.DEVNULL).returncode)
     except OSError as e:
         return failed(f"could not pack the environment {prefix}: {e}")
+    lap("pack" if made else "content key")
     _say(f"environment {prefix} {'packed' if made else 'found packed'} in {pack} ({size_text(size)}"
-         f"{f', {time.monotonic() - start:.1f}s' if made else ', skipped the pack'})")
-    root = os.path.join(node_dir(os.environ), f"slurmlaunch-stage-{job}")
-    tar, dest = root + ".tar", root
-    step = ["srun", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1"]
-    module = [sys.executable, "-m", __name__]
-    check = subprocess.run([*step, "--kill-on-bad-exit=0", *module, "check", os.path.dirname(root), str(2 * size)],
-                           stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
-    sys.stderr.write(check.stderr)  # each node's line (all of them: no node's check stops another's)
-    if check.returncode != 0:
-        said = [ln[len("slurmlaunch: "):] for ln in check.stderr.splitlines() if ln.startswith("slurmlaunch: node ")]
-        return failed(said[0] if len(said) == 1 else f"{said[0]} (and {len(said) - 1} more node(s), in the batch log)"
-                      if said else f"the check of the node-local directory failed (exit {check.returncode})",
-                      f"set {DIR_VAR} (--env) to a larger node-local directory, or ")
-    if run(["sbcast", "--force", pack, tar]) != 0:
-        return failed(f"sbcast {pack} {tar} failed")
-    holder = subprocess.Popen([*step, "--kill-on-bad-exit=1", *module, "hold", tar, dest], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE)
-    staged = Staged(rewrite(command, prefix, dest), holder)
-    if not _wait_ready(holder, nodes):
-        staged.clean()
-        return failed("the environment could not be unpacked on every node")
-    os.environ["PATH"] = os.path.join(dest, "bin") + os.pathsep + os.environ.get("PATH", "")
+         f"{f', {time.monotonic() - start:.1f}s' if made else f', skipped the pack, {took[0]}'})")
+    root = os.path.join(node_dir(os.environ), f"{STAGE_PREFIX}{job}")
+    try:
+        clean = to_nodes(pack, size, root, lap)
+    except StageFailed as e:
+        return failed(e.text, e.fix)
+    os.environ["PATH"] = os.path.join(root, "bin") + os.pathsep + os.environ.get("PATH", "")
     if os.environ.get("VIRTUAL_ENV"):
-        os.environ["VIRTUAL_ENV"] = dest
-    _say(f"environment staged on {nodes} node(s) in {dest} ({time.monotonic() - start:.1f}s)")
-    return staged
-
-
-def main(argv: list[str]) -> int:
-    if argv[:1] == ["check"] and len(argv) == 3:
-        return node_check(argv[1], int(argv[2]))
-    if argv[:1] == ["hold"] and len(argv) == 3:
-        return node_hold(argv[1], argv[2])
-    _say("usage: python -m slurmlaunch.allocation.stage check DIR BYTES | hold TAR DIR")
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+        os.environ["VIRTUAL_ENV"] = root
+    _say(f"environment staged on {nodes} node(s) in {root} ({time.monotonic() - start:.1f}s: {', '.join(took)})")
+    return Staged(rewrite(command, prefix, root), clean)

@@ -36,7 +36,7 @@ _OPTIONS: tuple[tuple[str, type | None, object, tuple[str, ...] | None, str | No
      "to start once this job has ended"),
     ("--requeued-by-script", None, False, None, None, "the script's framework requeues itself"),
     ("--stacks", None, False, None, None, "say where the ranks were when they were stopped"),
-    ("--stage-env", str, None, ("on", "fallback"), None, "Slurm: run the ranks from a node-local copy of their "
+    ("--stage-env", str, None, ("on", "fallback"), None, "run the ranks from a node-local copy of their "
      "environment (allocation/stage.py); fallback: from the shared copy when it cannot be staged"),
 )
 

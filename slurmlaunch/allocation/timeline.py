@@ -63,13 +63,22 @@ def launched(environ: os._Environ[str] | dict[str, str], rank: int, started_ns: 
     append(directory, str(rank), line(started_ns, host, "launch") + line(time.time_ns(), host, "exec"))
 
 
-def batch_started(environ: os._Environ[str] | dict[str, str], started_ns: int) -> None:
-    """The batch step (or the local scheduler), as it starts the ranks' command: its own start and now."""
+def batch_started(environ: os._Environ[str] | dict[str, str], started_ns: int, step: bool = True) -> None:
+    """The batch step (or the local scheduler), as it starts the ranks' command: its own start and now; with
+    ``step`` False only its start (the ranks' command starts later: :func:`step_started` says when)."""
     directory = environ.get(TIMELINE_DIR)
     if not directory:
         return
     host = host_name(environ)
-    append(directory, "batch", line(started_ns, host, "batch") + line(time.time_ns(), host, "step"))
+    append(directory, "batch", line(started_ns, host, "batch") + (line(time.time_ns(), host, "step") if step else ""))
+
+
+def step_started(environ: os._Environ[str] | dict[str, str]) -> None:
+    """The batch step starts the ranks' command now, after work of its own (--stage-env's copy): that work is
+    then the chart's "batch step" phase, not part of every rank's task start."""
+    directory = environ.get(TIMELINE_DIR)
+    if directory:
+        append(directory, "batch", line(time.time_ns(), host_name(environ), "step"))
 
 
 _marked: set[str] = set()

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 LIGHTNING_DEFAULT_SIGNAL = "USR1"  # SLURMEnvironment's requeue_signal when none is given
+LIGHTNING_REQUEUE = "scontrol requeue"  # what its rank 0 runs to requeue the job (with the job's id)
 # Lightning's parts that bring no Trainer (and so no signal handler): Fabric alone never requeues.
 _TRAINER_FREE = ("lightning.fabric", "lightning_fabric")
 _LIGHTNING = ("lightning", "pytorch_lightning")
@@ -38,6 +39,7 @@ class ClientSignal:
     signal: str | None  # the signal it saves and requeues on (USR1 unless the script says); None: not readable
     requeues: bool  # False: SLURMEnvironment(auto_requeue=False), no handler at all
     detail: str  # how it was found, for the one line submit prints
+    requeue_command: str  # the command it requeues the job with from inside it (a scheduler's rank_requeue)
 
 
 def _is_lightning(module: str) -> bool:
@@ -89,7 +91,7 @@ def lightning_signal(source: str) -> ClientSignal | None:
             elif kw.arg == "requeue_signal":
                 signal = _signal_name(kw.value)
                 detail += f", SLURMEnvironment(requeue_signal={ast.unparse(kw.value)})"
-    return ClientSignal("Lightning", signal, requeues, detail)
+    return ClientSignal("Lightning", signal, requeues, detail, LIGHTNING_REQUEUE)
 
 
 def _imports_and_calls(tree: ast.AST) -> tuple[set[str], set[str]]:

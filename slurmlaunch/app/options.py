@@ -162,9 +162,9 @@ SUBMIT_OPTIONS: tuple[tuple[str, tuple[SubmitOption, ...]], ...] = (
         Opt("--max-requeues", type=Count("--max-requeues", 0, MAX_RESTARTS),
             help="with --requeue: at most this many (default 3)"),
         Opt("--stage-env", metavar="on|fallback",  # a value always: an optional one would take SCRIPT's name
-            help="Slurm: copy the ranks' Python environment (a venv or conda prefix) to node-local storage once "
-            "per node (sbcast) and start every rank from there; fallback: run from the shared copy when it cannot "
-            "be staged (docs: Start-up at scale)"),
+            help="Slurm, PBS: copy the ranks' Python environment (a venv or conda prefix) to node-local storage "
+            "once per node (sbcast; PBS: a pbs_tmrsh task per host) and start every rank from there; fallback: run "
+            "from the shared copy when it cannot be staged (docs: Start-up at scale)"),
         Opt("--rdzv-timeout", type=Seconds("--rdzv-timeout"),
             help="seconds a rank waits for MASTER_ADDR:MASTER_PORT before it is stopped (default 900)"),
         Opt("--python", spec=False,  # app.resolve's

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -13,6 +12,10 @@ from typing import Any
 from ..core.errors import SchedulerError
 from ..core.spec import GPU_FLAGS, GpuFlag
 from ..schedulers import run_command
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..schedulers.interface import Scheduler
 
 
 def try_command(cmd: list[str], timeout: float = 30) -> tuple[bool, str]:
@@ -48,17 +51,12 @@ def remember_site(cluster: str, facts: dict[str, Any]) -> None:
         json.dump(data, f, indent=2)
 
 
-def cluster_name() -> str | None:
-    ok, out = try_command(["scontrol", "show", "config"])
-    m = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.MULTILINE) if ok else None
-    return m.group(1) if m else None
-
-
-def learned_gpu_flag() -> tuple[GpuFlag, str] | None:
-    """(gpu flag, cluster) that doctor found for the cluster scontrol answers for, or None."""
+def learned_gpu_flag(edge: Scheduler) -> tuple[GpuFlag, str] | None:
+    """(gpu flag, cluster) that doctor found for the cluster ``edge``'s client talks to (its cluster()'s "name",
+    the key doctor kept it under), where the flag is one of the edge's gpu_request_styles; else None."""
     site = load_site()
     if not site:
         return None
-    cluster = cluster_name()
-    flag = site.get(cluster or "", {}).get("gpu_flag")
-    return (flag, str(cluster)) if flag in GPU_FLAGS else None
+    cluster = edge.cluster().get("name", "")
+    flag = site.get(cluster, {}).get("gpu_flag") if cluster else None
+    return (flag, cluster) if flag in GPU_FLAGS and flag in edge.gpu_request_styles else None

@@ -42,15 +42,17 @@ def merged_options(ns: Any) -> Any:
     return merged
 
 
-def adapt_to_site(spec: JobSpec, origins: dict[str, str]) -> JobSpec:
-    """Use the GPU request style `slurmlaunch doctor` found for this cluster, unless one was asked for."""
+def adapt_to_site(spec: JobSpec, origins: dict[str, str], edge: Scheduler) -> JobSpec:
+    """Use the GPU request style `slurmlaunch doctor` found for this cluster, unless one was asked for, where
+    ``edge`` takes more than one (its gpu_request_styles)."""
     from .profiles import BUILTIN
 
-    if not spec.resources.gpus_per_node or origins.get("gpu_flag", BUILTIN) != BUILTIN:
+    if not edge.gpu_request_styles or not spec.resources.gpus_per_node or \
+            origins.get("gpu_flag", BUILTIN) != BUILTIN:
         return spec
     from .site import learned_gpu_flag
 
-    learned = learned_gpu_flag()
+    learned = learned_gpu_flag(edge)
     if learned is None or learned[0] == spec.resources.gpu_flag:
         return spec
     sys.stderr.write(f"slurmlaunch: requesting GPUs with --{learned[0]} (slurmlaunch doctor found that "
@@ -60,9 +62,10 @@ def adapt_to_site(spec: JobSpec, origins: dict[str, str]) -> JobSpec:
 
 def adapt_to_client(spec: JobSpec, origins: dict[str, str], edge: Scheduler) -> JobSpec:
     """Send Lightning the warning signal it saves and requeues on, unless --signal was given (docs: Time
-    limits, preemption, requeue), where the scheduler sends a warning signal. Under Slurm (a scheduler a rank
-    may requeue its job on), Lightning's rank 0 then requeues the job itself and the batch shell does not;
-    the local scheduler, which Lightning's scontrol cannot reach, requeues as before."""
+    limits, preemption, requeue), where the scheduler sends a warning signal. Where the scheduler offers its
+    ranks the very requeue command Lightning runs (its rank_requeue: Slurm's `scontrol requeue`), Lightning's
+    rank 0 then requeues the job itself and the batch shell does not; elsewhere (the local scheduler, which
+    Lightning's scontrol cannot reach) the scheduler requeues as before."""
     from . import clients
     from .profiles import BUILTIN
 
@@ -92,7 +95,7 @@ def adapt_to_client(spec: JobSpec, origins: dict[str, str], edge: Scheduler) -> 
             return spec
     else:
         spec = spec.changed(signal=f"{found.signal}@{spec.asked_warning[1] if spec.asked_warning else 90}")
-    if edge.script_requeues:
+    if edge.rank_requeue is not None and edge.rank_requeue == found.requeue_command:
         spec = spec.changed(requeued_by="script")
         how = (f"{found.client} saves a checkpoint on it and requeues the job itself, so the batch script will "
                f"not requeue it again")
@@ -173,8 +176,7 @@ def cmd_submit(ns: Any) -> int:
         sys.stderr.write(f"slurmlaunch: {spec.warning_note}\n")
     if not edge.queued:
         return submit_here(spec, ns, edge)
-    if edge.site_gpu_flag:
-        spec = adapt_to_site(spec, getattr(ns, "option_origins", {}))
+    spec = adapt_to_site(spec, getattr(ns, "option_origins", {}), edge)
     script = edge.render(spec, ns.template_dir)
     if ns.dry_run:
         sys.stderr.write("# would run: " + shlex.join(edge.submit_command(spec, "<this script>")) + "\n")

@@ -141,7 +141,7 @@ class Environment:
     setup: tuple[str, ...] = _option(())
     master_port: int | None = _option(None)
     rdzv_timeout: float | None = _option(None)
-    # Slurm: the ranks run from a node-local copy of their environment (allocation/stage.py); "fallback": from
+    # Slurm, PBS: the ranks run from a node-local copy of their environment (allocation/stage.py); "fallback": from
     # the shared copy when it cannot be staged
     stage_env: str | None = _option(None, choices=STAGE_MODES, name=True)
 

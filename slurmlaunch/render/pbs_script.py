@@ -328,6 +328,8 @@ def batch_step_plan(spec: JobSpec) -> list[str]:
         plan += ["--requeue", str(spec.preemption.max_requeues), "--resubmit", job_name(spec)]
     if not spec.container:  # the batch shell runs outside the container, where the ranks' stacks are not said
         plan.append("--stacks")
+    if spec.environment.stage_env:
+        plan += ["--stage-env", spec.environment.stage_env]
     return plan
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..core.errors import SchedulerError
-from ..core.spec import JobSpec
+from ..core.spec import GpuFlag, JobSpec
 from . import JobStatus, Submission
 from .support import Refusals, refuse
 
@@ -73,14 +73,19 @@ class Scheduler(Protocol):
         ...
 
     @property
-    def script_requeues(self) -> bool:
-        """Whether a rank may requeue its own job (Lightning's `scontrol requeue`): then the batch script leaves
-        requeueing to it."""
+    def rank_requeue(self) -> str | None:
+        """The command a rank of its jobs may run to requeue its own job, as a client runs it from inside the job
+        (Slurm: "scontrol requeue"); None where it offers none. A client of the script that requeues with this
+        very command (app/clients.py: Lightning's SLURMEnvironment) then requeues the job itself, and the batch
+        script leaves requeueing to it; any other requeues as the batch step's rule says."""
         ...
 
     @property
-    def site_gpu_flag(self) -> bool:
-        """Whether the GPU request style `slurmlaunch doctor` learned for the site applies (--gpu-flag)."""
+    def gpu_request_styles(self) -> tuple[GpuFlag, ...]:
+        """The ways its scripts may ask for GPUs that a site may refuse one of (--gpu-flag's values; Slurm:
+        gpus-per-node, gres), first the default: `slurmlaunch doctor` learns which one the site takes (kept under
+        the cluster's name, :meth:`cluster`'s "name") and submit uses it unless --gpu-flag is given. () where it
+        has one way of its own (PBS's ngpus) or none."""
         ...
 
     @property
@@ -268,8 +273,8 @@ class QueuedEdge:
     queue_states_of: Callable[[Sequence[str]], dict[str, str] | None] | None = None  # None: no such call
     cluster_of: Callable[[], dict[str, str]] | None = None
     warning_signal: bool = True
-    script_requeues: bool = False
-    site_gpu_flag: bool = False
+    rank_requeue: str | None = None  # no requeue command of its own for a rank to run
+    gpu_request_styles: tuple[GpuFlag, ...] = ()  # no GPU request style a site would choose among
     shared_output: str | None = None
     submitit_executor: str | None = None
     job_id_variable: str | None = None

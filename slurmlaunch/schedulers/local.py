@@ -857,8 +857,8 @@ class LocalScheduler:
     refusals: Final = REFUSALS
     script_suffix: Final = ""
     warning_signal: Final = True
-    script_requeues: Final = False  # Lightning's scontrol cannot reach it: it requeues itself
-    site_gpu_flag: Final = False
+    rank_requeue: Final = None  # Lightning's scontrol cannot reach it: it requeues itself
+    gpu_request_styles: Final = ()  # no site to learn from: --gpu-flag is only shown to the tasks
     shared_output: Final = None
     lists_in_one_call: Final = False
     submitit_executor: Final = "local"

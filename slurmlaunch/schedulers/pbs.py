@@ -29,7 +29,9 @@ from .interface import QueuedEdge
 from .runner import read_file
 from .support import Refusals
 
-_TORQUE = {"exclusive": "Torque's qsub script has no exclusive placement (leave it out, or --pbs-flavour pro)"}
+_TORQUE = {"exclusive": "Torque's qsub script has no exclusive placement (leave it out, or --pbs-flavour pro)",
+           "stage_env": "the environment is staged through pbs_tmrsh, which Torque has not (leave it out, or "
+                        "--pbs-flavour pro)"}
 # An array's element (or a Torque job) is not submitted again at the warning (render/pbs_script.py resubmits):
 # there --requeue is -r y alone, and PBS does not count its reruns.
 _NO_RESUBMIT = {"max_requeues": "a PBS job array's element (or a Torque job) is not submitted again at the warning, "
@@ -44,7 +46,6 @@ REFUSALS = Refusals(
         "gpu_flag": "it only chooses how sbatch is asked for GPUs (leave it out)",
         "container_image": "it uses Slurm's pyxis plugin through srun (use --apptainer IMAGE under PBS)",
         "mode": "under PBS mpiexec starts one launcher per rank (leave out --mode)",
-        "stage_env": "the environment is staged with sbcast under Slurm only, not yet under PBS (leave it out)",
     },
     values={"mpi": (MPI_FLAVOURS, "the MPI whose mpiexec starts the ranks")},
     more=lambda spec: {**(_TORQUE if spec.site.pbs_flavour == "torque" else {}), **(_NO_RESUBMIT if (

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from ..core.errors import SchedulerError, SpecError
 from ..core.hostlist import expand
 from ..core.jobfiles import JobFiles
-from ..core.spec import SRUN_MPI_TYPES, JobSpec
+from ..core.spec import GPU_FLAGS, SRUN_MPI_TYPES, JobSpec
 from ..render.slurm_script import file_tag
 from ..render.slurm_script import render_script as render_script  # the edge renders what it submits
 from . import Held, JobStatus, Submission, array_outcome, current_umask, is_final, rank_log, run_command, submit_with
@@ -601,8 +601,8 @@ EDGE = QueuedEdge(
     output_log_of=_output_log, node_commands_of=node_commands, quick_states_of=quick_states,
     queue_states_of=queue_states,
     command_id_of=command_id, identity_of=identity, cluster_of=cluster,
-    script_requeues=True,  # Lightning's rank 0 runs `scontrol requeue` itself (app/submit.py adapt_to_client)
-    site_gpu_flag=True,  # --gpus-per-node or --gres, as `slurmlaunch doctor` found the cluster wants
+    rank_requeue="scontrol requeue",  # Lightning's rank 0 runs it itself (app/submit.py adapt_to_client)
+    gpu_request_styles=GPU_FLAGS,  # --gpus-per-node or --gres, as `slurmlaunch doctor` found the cluster wants
     submitit_executor="slurm",
     doctor_checks="command",  # app/doctor/command.py: the controller, the partitions, the GPU request style
 )

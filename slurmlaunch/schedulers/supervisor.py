@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from ..allocation.script_runner import STACKS_DIR
-from ..allocation.warning import WarningTimer, deliver, node_ranks, said
+from ..allocation.warning import WATCH_POLL_S, LateWatch, WarningTimer, deliver, late_said, node_ranks, said
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # after these, ranks get `grace` seconds before SIGKILL
@@ -291,6 +291,9 @@ class _Job:
         self.first_failed: int | None = None
         self.stop_deadline: float | None = None
         self.warned = self.timed_out = False
+        self.limit_at: float | None = None  # the time limit, time.monotonic()'s reading
+        self.late: LateWatch | None = None  # the ranks left alone at the warning, until their handler comes
+        self.late_since = self.late_polled = 0.0
         self.die_with_parent = _die_with_parent()
 
     def forward(self, signum: int, _frame: object) -> None:
@@ -307,17 +310,42 @@ class _Job:
 
     def warn(self, sig: int) -> None:
         """The warning ``sig`` to each running rank whose script handles it (allocation/warning.py: its RANK.pid
-        when it wrote one, else the rank's own process); one line on stderr says who got it and who was left."""
+        when it wrote one, else the rank's own process); one line on stderr says who got it and who was left.
+        Those left are watched (:meth:`watch_late`) until the time limit."""
+        warned, left = deliver(self.running(), sig, sig in STOPPING)  # a stop signal: to every rank
+        self.warned = self.warned or bool(warned)
+        self.say(said(signal.Signals(sig).name, warned, left))
+        if left:
+            self.late = LateWatch(sig, left, self.limit_at)
+            self.late_since = self.late_polled = time.monotonic()
+
+    def running(self) -> list[tuple[int, int]]:
+        """(rank, pid) of each rank running now: its RANK.pid's process where it wrote one (still that process),
+        else the rank's own."""
         targets: dict[int, int] = {}
         for directory in dict.fromkeys(d for d in self.stacks.values() if d):
             targets.update(node_ranks(directory, None))
         for rank, p in self.procs.items():
             if rank not in targets and rank not in self.codes and not self.stacks.get(rank) and p.poll() is None:
                 targets[rank] = p.pid
-        warned, left = deliver(sorted(targets.items()), sig, sig in STOPPING)  # a stop signal: to every rank
-        self.warned = self.warned or bool(warned)
+        return sorted(targets.items())
+
+    def watch_late(self, now: float) -> None:
+        """The warning to each rank left alone whose script has installed its handler since (looked at every
+        WATCH_POLL_S), one line each; none once the limit has come."""
+        if self.late is None or self.timed_out or now < self.late_polled + WATCH_POLL_S:
+            return
+        self.late_polled = now
+        sent = self.late.poll(self.running(), now)
+        if sent:
+            self.warned = True
+            self.say(late_said(signal.Signals(self.late.signum).name, sent, now - self.late_since))
+        if self.late.over(now):
+            self.late = None
+
+    def say(self, line: str) -> None:
         with contextlib.suppress(OSError, ValueError):
-            sys.stderr.write(f"slurmlaunch: {said(signal.Signals(sig).name, warned, left)}\n")
+            sys.stderr.write(f"slurmlaunch: {line}\n")
             sys.stderr.flush()
 
     def start(self, r: RankProcess, prefix: bool) -> None:
@@ -371,6 +399,7 @@ class _Job:
         now = time.monotonic()
         if warning is not None and timer.due(now):
             self.warn(warning[0])
+        self.watch_late(now)
         if limit_at is not None and not self.timed_out and now >= limit_at and self.stop_deadline is None:
             self.timed_out = True
             self.signal_unfinished(signal.SIGTERM)
@@ -434,7 +463,7 @@ def supervise(ranks: Sequence[RankProcess], *, grace: float = 10.0, prefix: bool
             previous[sig] = signal.signal(sig, job.forward)
     started = time.monotonic()
     timer = WarningTimer(started, time_limit, warning[1] if warning else None)
-    limit_at = started + time_limit if time_limit is not None else None
+    limit_at = job.limit_at = started + time_limit if time_limit is not None else None
     try:
         for r in ranks:
             job.start(r, prefix)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,6 +56,18 @@ def test_key_follows_installs_links_and_not_byte_code(tmp_path: Path) -> None:
     key = stage.content_key(str(root))
     _bump(root / "pyvenv.cfg")
     assert stage.content_key(str(root)) != key
+
+
+def test_key_is_the_same_from_another_view_of_the_same_files(tmp_path: Path) -> None:
+    """A copy with the same names, sizes and times (as another mount of a FUSE file system shows the same files
+    under inode numbers of its own, sshfs's in the order of lookups): the same key, not a new pack per node."""
+    root = _tree(tmp_path / "env")
+    other = tmp_path / "view" / "env"
+    shutil.copytree(root, other, symlinks=True, copy_function=shutil.copy2)
+    assert (other / "pyvenv.cfg").stat().st_ino != (root / "pyvenv.cfg").stat().st_ino
+    assert stage.content_key(str(other)) == stage.content_key(str(root))
+    _bump(other / SITE / "pkg-1.0.dist-info" / "RECORD")
+    assert stage.content_key(str(other)) != stage.content_key(str(root))
 
 
 def test_key_misses_a_file_edited_by_hand_inside_a_package(tmp_path: Path) -> None:
@@ -134,13 +147,13 @@ def test_only_a_venv_or_conda_prefix_is_staged(tmp_path: Path) -> None:
 
 def test_node_check_names_the_node_and_the_shortfall(tmp_path: Path) -> None:
     free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
-    r = subprocess.run([sys.executable, "-m", "slurmlaunch.allocation.stage", "check", str(tmp_path / "d"),
-                        str(free + (5 << 30))], capture_output=True, text=True)
-    assert r.returncode == stage.NO_SPACE
+    r = subprocess.run(stage.node_command("check", str(tmp_path / "d"), str(free + (5 << 30))), capture_output=True,
+                       text=True)
+    assert r.returncode == stage.node.NO_SPACE
     line, = r.stderr.strip().splitlines()
     assert line.startswith(f"slurmlaunch: node {os.uname().nodename}: the node-local directory {tmp_path / 'd'} has ")
     assert line.endswith(" short")
-    ok = subprocess.run([sys.executable, "-m", "slurmlaunch.allocation.stage", "check", str(tmp_path), "1"])
+    ok = subprocess.run(stage.node_command("check", str(tmp_path), "1"))
     assert ok.returncode == 0
 
 
@@ -149,13 +162,13 @@ def test_holder_unpacks_says_ready_and_removes_its_copy_at_the_end(tmp_path: Pat
     pack, _, _ = stage.ensure_pack(str(root), str(tmp_path / "cache"), lambda c: subprocess.run(c).returncode)
     tar, dest = tmp_path / "node.tar", tmp_path / "node-copy"
     for end in ("stdin", "SIGTERM"):
-        cut_short = tmp_path / f"slurmlaunch-stage-{end}{stage.REMOVING}"  # a removal KillWait cut short
+        cut_short = tmp_path / f"slurmlaunch-stage-{end}{stage.node.REMOVING}"  # a removal KillWait cut short
         (cut_short / "lib").mkdir(parents=True)
         tar.write_bytes(Path(pack).read_bytes())
-        p = subprocess.Popen([sys.executable, "-m", "slurmlaunch.allocation.stage", "hold", str(tar), str(dest)],
+        p = subprocess.Popen(stage.node_command("hold", str(tar), str(dest)),
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert p.stdout is not None and p.stdin is not None
-        assert p.stdout.readline().startswith(stage.READY)
+        assert p.stdout.readline().startswith(stage.node.READY)
         assert (dest / SITE / "pkg" / "__init__.py").read_text() == "x = 1\n" and not tar.exists()
         p.send_signal(signal.SIGUSR1)  # a signal sent to every step (scancel --signal USR1) leaves the copy
         time.sleep(0.2)
@@ -180,11 +193,61 @@ def test_local_scheduler_says_there_is_nothing_to_stage(tmp_path: Path) -> None:
     assert "--stage-env: nothing to stage (the local scheduler's ranks run on this machine" in log
 
 
-def test_pbs_refuses_it_in_one_line(tmp_path: Path) -> None:
+def test_node_side_runs_with_the_base_interpreter_and_no_site_packages() -> None:
+    cmd = stage.node_command("check", "/tmp", "1")
+    assert cmd[0] == os.path.realpath(sys.executable) and cmd[1:3] == ["-S", "-I"]
+    # it imports nothing of slurmlaunch: it runs by its path, without the package on sys.path
+    r = subprocess.run([*cmd[:3], "-c", "import sys; sys.path.insert(0, sys.argv[1]); import stage_node; "
+                        "print(sorted(m for m in sys.modules if m.startswith('slurmlaunch')))",
+                        os.path.dirname(cmd[3])], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
+
+
+def test_pbs_node_side_unpacks_keeps_and_stops(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "env")
+    pack, size, _ = stage.ensure_pack(str(root), str(tmp_path / "cache"), lambda c: subprocess.run(c).returncode)
+    local = tmp_path / "node-local"
+    dest, report = local / "slurmlaunch-stage-7", tmp_path / "job-7.stage"
+    keep = subprocess.Popen(stage.node_command("keep", str(dest)))
+    r = subprocess.run(stage.node_command("unpack", pack, str(dest), str(size), str(report)))
+    assert r.returncode == 0 and (dest / SITE / "pkg" / "__init__.py").read_text() == "x = 1\n"
+    assert Path(pack).exists() and not list(tmp_path.glob("job-7.stage.*"))  # the shared pack stays, no tar here
+    deadline = time.monotonic() + 30
+    while not (local / "slurmlaunch-stage-7.pid").exists():  # keep has its handlers once it wrote its pid
+        assert time.monotonic() < deadline and keep.poll() is None, "keep wrote no pid file within 30 s"
+        time.sleep(0.05)
+    keep.send_signal(signal.SIGUSR1)  # the warning sent to every task leaves the copy
+    time.sleep(0.2)
+    assert keep.poll() is None and dest.exists()
+    assert subprocess.run(stage.node_command("stop", str(dest)), timeout=60).returncode == 0
+    assert keep.wait(30) == 0 and list(local.iterdir()) == []
+    # too little space: the line on stderr and in REPORT.HOST, the node's exit NO_SPACE, nothing unpacked
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    r = subprocess.run(stage.node_command("unpack", pack, str(dest), str(free + (5 << 30)), str(report)),
+                       capture_output=True, text=True)
+    assert r.returncode == stage.node.NO_SPACE and not dest.exists()
+    said = (tmp_path / f"job-7.stage.{os.uname().nodename}").read_text().strip()
+    assert r.stderr.strip() == f"slurmlaunch: {said}"
+    assert said.startswith(f"node {os.uname().nodename}: the node-local directory {local} has ")
+    assert said.endswith(" short") and "(its unpacked copy)" in said
+
+
+def test_pbs_script_passes_it_to_the_batch_step(tmp_path: Path) -> None:
     from tests.helpers import run_cli
 
     (tmp_path / "s.py").write_text("print(1)\n")
-    r = run_cli("submit", "--scheduler", "pbs", "--stage-env", "on", "--dry-run", "s.py", cwd=tmp_path)
+    r = run_cli("submit", "--scheduler", "pbs", "--nodes", "2", "--stage-env", "fallback", "--dry-run", "s.py",
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert " --stage-env fallback --log-dir " in r.stdout
+
+
+def test_torque_refuses_it_in_one_line(tmp_path: Path) -> None:
+    from tests.helpers import run_cli
+
+    (tmp_path / "s.py").write_text("print(1)\n")
+    r = run_cli("submit", "--scheduler", "pbs", "--pbs-flavour", "torque", "--stage-env", "on", "--dry-run", "s.py",
+                cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "slurmlaunch: error: --stage-env on: the pbs scheduler cannot carry it out: the environment is staged with "
-        "sbcast under Slurm only, not yet under PBS (leave it out)"]
+        "slurmlaunch: error: --stage-env on: the pbs scheduler cannot carry it out: the environment is staged "
+        "through pbs_tmrsh, which Torque has not (leave it out, or --pbs-flavour pro)"]

@@ -5,6 +5,7 @@ passing a batch script's USR2 on, and the one warning timer. The real clusters: 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -13,17 +14,41 @@ from pathlib import Path
 
 import pytest
 
-from slurmlaunch.allocation.warning import WarningTimer, deliver, handles, ranks_text, reports, said
+from slurmlaunch.allocation.warning import (
+    LateWatch,
+    WarningTimer,
+    deliver,
+    handles,
+    late_said,
+    ranks_text,
+    reports,
+    said,
+)
 from tests.helpers import clean_env, launch, launch_job_id, step_env
 
 # Says whether it started with USR2 at its default (what Lightning's _has_already_handler reads), sets a handler
-# when asked, marks itself ready, then lives ~8 s unless a handler ends it.
+# when asked, marks itself ready, then lives ~8 s unless a handler ends it. "late": sets its handler only once
+# the file named by $INSTALL_WHEN exists (the test makes it after the warning came: a Lightning that installs
+# its handler at trainer.fit, after a slow import), then lives up to 60 s more unless the handler ends it.
 SCRIPT = """
 import os, signal, sys, time
 print("DEFAULT", signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL, flush=True)
+def got(n, _):
+    print("GOT USR2", flush=True)
+    sys.exit(140)
 if sys.argv[1] == "handle":
-    signal.signal(signal.SIGUSR2, lambda n, _: (print("GOT USR2", flush=True), sys.exit(140)))
+    signal.signal(signal.SIGUSR2, got)
 print("READY", flush=True)
+if sys.argv[1] == "late":
+    end = time.monotonic() + 60
+    while not os.path.exists(os.environ["INSTALL_WHEN"]) and time.monotonic() < end:
+        time.sleep(0.05)
+    signal.signal(signal.SIGUSR2, got)
+    print("INSTALLED", flush=True)
+    while time.monotonic() < end:
+        time.sleep(0.1)
+    print("NEVER WARNED", flush=True)
+    sys.exit(0)
 for _ in range(80):
     time.sleep(0.1)
 print("ALIVE", flush=True)
@@ -34,7 +59,8 @@ def _rank(tmp_path: Path, rank: int, how: str, stacks: Path) -> subprocess.Popen
     script = tmp_path / "warned.py"
     script.write_text(SCRIPT)
     env = clean_env(**step_env("localhost", [2], rank, job=launch_job_id(40), MASTER_ADDR="127.0.0.1"),
-                    SLURMLAUNCH_STACKS_DIR=str(stacks), SLURMLAUNCH_RETURNED_DIR=str(tmp_path))
+                    SLURMLAUNCH_STACKS_DIR=str(stacks), SLURMLAUNCH_RETURNED_DIR=str(tmp_path),
+                    INSTALL_WHEN=str(tmp_path / "install"))
     p = launch(str(script), how, env=env)
     assert p.stdout is not None
     lines = [p.stdout.readline(), p.stdout.readline()]
@@ -61,6 +87,76 @@ def test_warn_node_sends_only_to_the_rank_with_a_handler(tmp_path: Path) -> None
     assert (plain.returncode, out) == (0, "ALIVE\n"), err
 
 
+def test_warn_node_sends_it_to_a_rank_whose_handler_comes_late(tmp_path: Path) -> None:
+    """Rank 0 installs its handler only after warn-node has delivered and reported (the file the test makes once
+    the report is there): warn-node, still watching the ranks it left alone, sends it the warning then, and
+    reports it in a second line; it ends once no rank is left to watch. Before the fix warn-node delivered once
+    and ended: the rank lived its 60 s and said NEVER WARNED."""
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    late = _rank(tmp_path, 0, "late", stacks)
+    host = (stacks / "0.pid").read_text().split()[2]
+    node = subprocess.Popen([sys.executable, "-m", "slurmlaunch", "warn-node", str(stacks), "USR2"],
+                            env=clean_env(SLURMD_NODENAME=host), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 60
+    while not reports(str(stacks)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [(e["warned"], e["left"]) for e in reports(str(stacks))] == [([], [0])]
+    (tmp_path / "install").touch()
+    out, err = late.communicate(timeout=90)
+    assert (late.returncode, out) == (140, "INSTALLED\nGOT USR2\n"), err
+    out, err = node.communicate(timeout=60)  # its one rank is gone: nothing left to watch
+    assert (node.returncode, out, err) == (0, "", "")
+    entries = reports(str(stacks))
+    assert [e.get("late") for e in entries] == [None, [0]] and entries[1]["host"] == host
+    assert isinstance(entries[1]["after"], float) and entries[1]["after"] > 0
+
+
+def test_warn_node_watches_no_longer_than_the_job_s_end(tmp_path: Path) -> None:
+    """UNTIL (the job's end) bounds the watch: an UNTIL already past, and warn-node ends after its first report
+    although rank 0, with no handler, lives on (its 8 s); it is not sent the warning."""
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    plain = _rank(tmp_path, 0, "plain", stacks)
+    host = (stacks / "0.pid").read_text().split()[2]
+    r = subprocess.run([sys.executable, "-m", "slurmlaunch", "warn-node", str(stacks), "USR2", f"{time.time():.0f}"],
+                       env=clean_env(SLURMD_NODENAME=host), capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+    assert [(e["warned"], e["left"]) for e in reports(str(stacks))] == [([], [0])]
+    assert plain.poll() is None, "the rank ended before warn-node: the bound was not what ended it"
+    out, err = plain.communicate(timeout=60)
+    assert (plain.returncode, out) == (0, "ALIVE\n"), err
+
+
+@pytest.mark.parametrize("until", ["soon", "-5", "nan", ""])
+def test_warn_node_refuses_a_bad_until_in_one_line(tmp_path: Path, until: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "slurmlaunch", "warn-node", str(tmp_path), "USR2", until],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and f"UNTIL {until!r} is not a time" in r.stderr, r.stderr
+
+
+def test_the_late_watch_forgets_ranks_that_ended_and_stops_at_its_limit() -> None:
+    """LateWatch with this test's own process as a rank: USR2 at its default (no handler) is never sent; a rank
+    no longer running is forgotten; past ``until`` it sends nothing and is over."""
+    watch = LateWatch(signal.SIGUSR2, [0, 1], until=100.0)
+    previous = signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    try:
+        assert watch.poll([(0, os.getpid())], 50.0) == [] and watch.left == {0}  # rank 1 ended
+        assert not watch.over(50.0) and watch.over(100.0)
+        got: list[int] = []
+        signal.signal(signal.SIGUSR2, lambda n, _: got.append(n))
+        assert watch.poll([(0, os.getpid())], 100.0) == [] and got == []  # the limit came: not sent
+        assert watch.poll([(0, os.getpid())], 99.0) == [0]
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == [signal.SIGUSR2] and watch.left == set() and watch.over(0.0)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
 def test_a_stop_signal_as_the_warning_goes_to_every_rank(tmp_path: Path) -> None:
     stacks = tmp_path / "stacks"
     stacks.mkdir()
@@ -83,11 +179,15 @@ def test_warn_node_refuses_a_bad_signal_in_one_line(tmp_path: Path) -> None:
 
 def test_the_line_names_who_got_it_and_who_was_left() -> None:
     assert ranks_text([3, 0, 1, 2, 7, 9, 10]) == "ranks 0-3,7,9-10" and ranks_text([4]) == "rank 4"
-    assert said("SIGUSR2", [1], [0, 2, 3]) == ("SIGUSR2, the time limit's warning: sent to rank 1 (a handler for it); "
-                                           "left alone: ranks 0,2-3 (no handler: they run on to the time limit)")
+    assert said("SIGUSR2", [1], [0, 2, 3]) == (
+        "SIGUSR2, the time limit's warning: sent to rank 1 (a handler for it); left alone: ranks 0,2-3 (no handler "
+        "yet: each is sent it once its script installs one, else runs on to the time limit)")
     assert said("SIGUSR1", [], [0, 1], ["node2 did not answer within 60s"]).endswith(
-        "sent to no rank; left alone: ranks 0-1 (no handler: they run on to the time limit); not reached: node2 "
-        "did not answer within 60s")
+        "sent to no rank; left alone: ranks 0-1 (no handler yet: each is sent it once its script installs one, else "
+        "runs on to the time limit); not reached: node2 did not answer within 60s")
+    assert late_said("SIGUSR2", [2], 7.4, "node2") == (
+        "SIGUSR2, the time limit's warning: sent to rank 2 on node2 7s after it came (its script installed a handler "
+        "for it then)")
 
 
 @pytest.mark.parametrize("started, limit, before, asked, due", [

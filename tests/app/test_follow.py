@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmlaunch.allocation.stacks import saved_summary
 from slurmlaunch.app import follow as following
 from slurmlaunch.app.follow import LOST_CONTACT_S, failure_lines, follow
 from slurmlaunch.core.errors import SchedulerError, WaitTimeout
@@ -198,6 +199,20 @@ def test_a_stopped_job_waits_a_bounded_time_for_the_summary(clock: Clock, tmp_pa
     start = clock.now
     run(answers(JobStatus("TIMEOUT", exit_code=1)), log_dir=str(tmp_path), files_id="7")
     assert following.STOP_WORDS_S <= clock.now - start < following.STOP_WORDS_S + 1
+
+
+def test_a_stopped_job_whose_ranks_saved_no_stack_is_not_waited_for(clock: Clock, tmp_path: Path) -> None:
+    """The batch step looked at the ranks' stop dumps and found none with a stack (a script whose own TERM
+    handler replaced the runner's dump, ranks killed before they wrote): its summary is written empty, and
+    --wait ends at once, saying no "where the ranks were" (before, it waited out STOP_WORDS_S for a summary
+    that would never come)."""
+    _pbs_job(tmp_path, summary=False)
+    stacks = tmp_path / "job-7.stacks"
+    (stacks / "0.stopped").write_text("")  # a rank's stop dump, left empty
+    assert saved_summary(str(stacks)) == [] and (stacks / "summary").read_text() == ""
+    start = clock.now
+    _, _, err = run(answers(JobStatus("TIMEOUT", exit_code=1)), log_dir=str(tmp_path), files_id="7")
+    assert clock.now - start < 1 and "where the ranks were" not in err, err
 
 
 def test_a_successful_job_shows_no_failure_line(clock: Clock, tmp_path: Path) -> None:

@@ -179,3 +179,48 @@ def test_shipped_names_read_no_package_metadata(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert slurmlaunch.__file__
+
+
+# --- what a plug-in offers that the app reads (issue 39: no capability flag only one scheduler sets) --------------
+
+def test_a_plugin_that_offers_a_ranks_requeue_command_lets_lightning_requeue(tmp_path: Path) -> None:
+    """submit leaves the requeue to Lightning's rank 0 exactly where the scheduler offers its ranks the command
+    Lightning runs (`scontrol requeue`): a plug-in may (a Slurm-compatible queue), whatever its name; one that
+    offers another command, or none (toyq as shipped here), keeps the batch script's requeue."""
+    from dataclasses import replace
+
+    from slurmlaunch.app.submit import adapt_to_client
+    from slurmlaunch.core.spec import JobSpec
+    from tests.plugin import toyq
+
+    (tmp_path / "train.py").write_text("import lightning as L\nL.Trainer().fit(None)\n")
+    spec = JobSpec.of(script="train.py", workdir=str(tmp_path), requeue=True, time="10")
+    warned = replace(toyq.EDGE, warning_signal=True)
+    by_whom = {offered: adapt_to_client(spec, {}, replace(warned, rank_requeue=offered)).preemption.requeued_by
+               for offered in ("scontrol requeue", "toyq-requeue", None)}
+    assert by_whom == {"scontrol requeue": "script", "toyq-requeue": "slurmlaunch", None: "slurmlaunch"}
+    assert adapt_to_client(spec, {}, warned).warning == ("USR1", 90)  # Lightning's signal all the same
+
+
+def test_a_plugin_that_takes_gpu_request_styles_gets_the_one_doctor_learned(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU request style doctor kept for a cluster (site.json, by the cluster's name) is used by submit on a
+    scheduler that takes more than one style, a plug-in's as Slurm's, by its cluster()'s name; never on one that
+    takes none (toyq as shipped here), nor when --gpu-flag was given."""
+    from dataclasses import replace
+
+    from slurmlaunch.app.submit import adapt_to_site
+    from slurmlaunch.core.spec import JobSpec
+    from tests.plugin import toyq
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    (tmp_path / "state" / "slurmlaunch").mkdir(parents=True)
+    (tmp_path / "state" / "slurmlaunch" / "site.json").write_text(json.dumps({"toyland": {"gpu_flag": "gres"}}))
+    spec = JobSpec.of(script="train.py", gpus_per_node=2)
+    styles = replace(toyq.EDGE, gpu_request_styles=("gpus-per-node", "gres"), cluster_of=lambda: {"name": "toyland"})
+    assert adapt_to_site(spec, {}, styles).resources.gpu_flag == "gres"
+    assert adapt_to_site(spec, {"gpu_flag": "command line"}, styles).resources.gpu_flag == "gpus-per-node"
+    elsewhere = replace(styles, cluster_of=lambda: {"name": "another"})
+    assert adapt_to_site(spec, {}, elsewhere).resources.gpu_flag == "gpus-per-node"
+    assert adapt_to_site(spec, {}, replace(styles, gpu_request_styles=())).resources.gpu_flag == "gpus-per-node"
+    assert toyq.EDGE.gpu_request_styles == () and toyq.EDGE.rank_requeue is None  # the interface's defaults

@@ -53,10 +53,12 @@ RECORD = re.compile(r"CLIENT ([\w-]+) (.*)$", re.M)
 
 @pytest.fixture(scope="module")
 def clients_installed() -> None:
+    # found, not imported: the ranks import them (a broken install fails there, loudly); importing all five here
+    # cost every worker's test process 8 s of CPU (Lightning alone 3-4 s) for nothing it uses
+    from importlib.util import find_spec
+
     for module in ("torch", "lightning", "accelerate", "ignite", "idr_torch"):
-        try:
-            __import__(module)
-        except ImportError:
+        if find_spec(module) is None:
             skip_or_fail(f"{module} is not installed (pip install -e '.[test]' pins the client versions)")
 
 

@@ -26,8 +26,9 @@ ELEMENT = """
 import os, sys, time
 d, i = sys.argv[1], os.environ["PBS_ARRAY_INDEX"]
 os.write(1, ("ELEMENT " + i + "\\n").encode())
-with open(os.path.join(d, "idx-" + i), "w") as f:
+with open(os.path.join(d, ".idx-" + i), "w") as f:  # written whole, then named: the test reads it once it shows
     f.write(" ".join([i, os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["PBS_JOBID"]]))
+os.replace(os.path.join(d, ".idx-" + i), os.path.join(d, "idx-" + i))
 deadline = time.monotonic() + 300
 while not os.path.exists(os.path.join(d, "release-" + i)) and time.monotonic() < deadline:
     time.sleep(0.2)

@@ -9,6 +9,7 @@ no two clusters of one worker hand out the same ids (jobs derive MASTER_PORT fro
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import io
 import os
@@ -26,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from slurmlaunch.app.devcluster import slurm as devcluster
+from slurmlaunch.app.devcluster.netns import _stop_pids
 from slurmlaunch.core.errors import DevClusterError, SchedulerError
 from tests.helpers import first_job_id, per_test_env, run_cli, skip_or_fail
 
@@ -305,9 +307,11 @@ def test_status_and_cancel_while_slurmdbd_is_stalled_say_slurm_was_not_asked(fau
     job_id = r.stdout.strip()
     wait_for(f"squeue to forget job {job_id} (MinJobAge)", lambda: job_state(env, job_id).startswith("error:"),
              bound=120, show=lambda: job_state(env, job_id))
-    with stalled(root, "slurmdbd"):
-        st = run_cli("status", job_id, env=env, timeout=240)
-        c = run_cli("cancel", job_id, env=env, timeout=240)
+    # Both at once: each waits out sacct's own bound (MessageTimeout + 35 s) for the stopped slurmdbd, and
+    # neither's answer depends on the other's (cancel refuses: nothing is cancelled).
+    with stalled(root, "slurmdbd"), concurrent.futures.ThreadPoolExecutor(2) as pool:
+        asked = [pool.submit(run_cli, action, job_id, env=env, timeout=240) for action in ("status", "cancel")]
+        st, c = (f.result() for f in asked)
     for said in (st, c):
         assert said.returncode == 2 and said.stdout == "", said.stdout + said.stderr
         lines = said.stderr.strip().splitlines()
@@ -525,6 +529,26 @@ def test_down_stops_the_step_daemons_of_a_job_that_ran_during_a_stall(tmp_path: 
     assert devcluster.step_daemons(root) == []
     assert all(not Path(f"/proc/{pid}").exists() for pid in ours), ours
     assert others <= set(_all_step_daemons()) | _ended(others), "another cluster's step daemon was stopped"
+
+
+def test_down_ends_a_stopped_daemon_by_its_term_not_a_kill_after_the_bound() -> None:
+    """A daemon stopped by SIGSTOP (a stalled controller) holds a TERM pending until it runs again: `down`
+    continues what it TERMs, so such a daemon ends by its TERM at once, not by a KILL after the bound (the
+    test above took 10 s more for it)."""
+    # a handler, as the daemons have (a stopped process whose TERM is at its default dies of it at once)
+    proc = subprocess.Popen([sys.executable, "-c", "import os, signal, sys, time\n"
+                             "signal.signal(signal.SIGTERM, lambda *_: os._exit(15))\n"
+                             "print('armed', flush=True)\ntime.sleep(300)\n"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "armed\n"
+        os.kill(proc.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        _stop_pids([proc.pid], timeout=60)
+        took = time.monotonic() - start
+        assert proc.wait(timeout=60) == 15 and took < 30, (proc.returncode, took)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def _all_step_daemons() -> list[int]:

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 
 import slurmlaunch
+from slurmlaunch.allocation.timeline import read as read_timeline
+from slurmlaunch.core.timeline import build
 from tests.helpers import run_cli, teardown_abort_only
 
 pytestmark = pytest.mark.slurm
@@ -136,6 +138,14 @@ def test_ranks_run_from_a_node_local_copy_packed_once(cluster_env: dict[str, str
         assert all(len(v) == 1 for v in inos.values()) and len(set().union(*inos.values())) == 2
         assert all(list(b.iterdir()) == [] for b in backing)  # cleaned up on every node
         runs.append(_batch_log(tmp_path, job))
+        # where the staging went, by step; and the timeline's "batch step" phase holds it (the ranks' command
+        # starts after it), not every rank's task start
+        staged = re.search(r"environment staged on 2 node\(s\) in \S+ \(([\d.]+)s: (?:pack|content key) [\d.]+s, "
+                           r"space check [\d.]+s, sbcast [\d.]+s, unpack [\d.]+s\)", runs[-1])
+        assert staged, runs[-1]
+        tl = build(job, read_timeline(str(tmp_path / "slurmlaunch-logs" / f"job-{job}.timeline")), 4)
+        batch_step = [p for p in tl.ranks[0].phases if p.name == "batch step"]
+        assert len(batch_step) == 1 and batch_step[0].seconds >= float(staged[1]) - 0.05, (tl.ranks[0], staged[0])
     assert re.search(r"environment \S+ packed in \S+cache/venv-\w+\.tar", runs[0]), runs[0]
     assert "skipped the pack" not in runs[0]
     assert "found packed" in runs[1] and "skipped the pack" in runs[1], runs[1]

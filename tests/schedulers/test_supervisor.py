@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import sys
 import threading
@@ -193,6 +194,31 @@ def test_the_time_limit_warns_then_stops_and_no_rank_is_blamed(tmp_path: Path,
     assert b"[rank 0] GOT" in out.getvalue()
     assert "SIGUSR2, the time limit's warning: sent to rank 0 (a handler for it); left alone: rank 1" \
         in capfd.readouterr().err
+
+
+def test_a_rank_whose_handler_comes_after_the_warning_gets_it_then(tmp_path: Path,
+                                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    """The local scheduler's warning (USR2, 2 s into a 60 s limit) reaches rank 0 at once; rank 1 installs its
+    handler only once rank 0 got it (its file): the supervisor, watching the rank it left alone, sends it then,
+    and says so in a second line. Both ranks end once rank 1 got it: the job ends long before its limit. Before
+    the fix rank 1 was never warned and both ran to the limit (timed_out, 143)."""
+    def handler(me: int) -> str:
+        return (f"signal.signal(signal.SIGUSR2, lambda *_: (open(os.path.join(d, 'warned-{me}'), 'w').close(), "
+                f"print('GOT', flush=True)))\n")
+    until = "end = time.monotonic() + 60\nwhile not os.path.exists(os.path.join(d, 'warned-{}')) and " \
+            "time.monotonic() < end: time.sleep(0.02)\n"
+    ranks = ranks_of(tmp_path, "import signal\n" + handler(0) + until.format(1),
+                     "import signal\n" + until.format(0) + handler(1) + until.format(1))
+    out = io.BytesIO()
+    outcome = supervise(ranks, out=out, grace=5, time_limit=60.0, warning=(signal.SIGUSR2, 58.0))
+    assert outcome.warned and not outcome.timed_out and dict(outcome.codes) == {0: 0, 1: 0}
+    assert sorted(out.getvalue().splitlines()) == [b"[rank 0] GOT", b"[rank 1] GOT"]
+    err = capfd.readouterr().err
+    # rank 0 is sent it at once, or, on a machine so slow that its handler came after the 2 s, late as well
+    assert re.search(r"sent to (rank 0 \(a handler for it\); left alone: rank 1|no rank; left alone: ranks 0-1) ",
+                     err), err
+    assert re.search(r"SIGUSR2, the time limit's warning: sent to rank 1 \d+s after it came \(its script installed "
+                     r"a handler for it then\)", err), err
 
 
 def test_a_log_that_exists_is_never_written_into(tmp_path: Path) -> None:

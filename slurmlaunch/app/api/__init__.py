@@ -56,9 +56,24 @@ _WHERE = {"SlurmLaunchError": "...core.errors", "SpecError": "...core.errors", "
           "OPTION_NAMES": ".job_options", "profile_options": ".job_options"}
 
 
+# The functions that submit: reached through the package (slurmlaunch.submit, ...), they come with what every
+# submission to a queued scheduler renders with (its batch script is the CLI's template; Jinja2's import is about
+# 40 ms of CPU, the scheduler registry's and the renderer's about 10), as submitit's executors come with `import
+# submitit`, rather than inside the first call, whose time the caller waits (issue 39). Not functions.py's own
+# imports: the login node's half of remote= (runner.py) loads it for every question about a job, and a missing
+# Jinja2 stays the submission's error, said where it renders.
+_SUBMITTING = ("submit", "submit_script", "map_array", "batch", "Batch")
+
+
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
+    if name in _SUBMITTING:
+        for module in ("jinja2", "slurmlaunch.render.jinja", "slurmlaunch.schedulers.choice"):
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                pass
     return getattr(importlib.import_module(_WHERE[name], __name__), name)

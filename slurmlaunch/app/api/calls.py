@@ -174,7 +174,22 @@ def _arm_stacks(log_dir: str) -> None:
         os.makedirs(directory, mode=0o700, exist_ok=True)
     except OSError:
         return
+    _unarm_stops()
     arm_stacks(directory)
+
+
+def _unarm_stops() -> None:
+    """The stop signals' dumps the RUNNER armed before this rank's module ran (the launcher runs it through the
+    RUNNER), taken off with the handlers set since (submitit's, rank.py's) kept: faulthandler arms a signal's
+    handler once and only updates it when asked again, so once submitit's signal.signal had replaced it, a stop
+    saved no stacks (an empty RANK.stopped); armed again after this, the dump chains to the handler there is."""
+    import faulthandler
+
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        handler = signal.getsignal(number)
+        faulthandler.unregister(number)  # back to the handler it found (the RUNNER's: the default)
+        if handler is not None:  # None: one not set from Python, left as unregister put it
+            signal.signal(number, handler)
 
 
 def _timeline_dir(log_dir: str) -> str:

@@ -207,8 +207,10 @@ def rank_spec(spec: JobSpec, scheduler: str, folder: str, array_count: int = 0) 
     if edge.job_id_variable is not None:
         environment = f"{environment}:{edge.job_id_variable}"
     signal_name = spec.warning[0] if spec.warning else None
+    # a scheduler without a queue runs the ranks here under the rank supervisor, whose SIGTERM means stop (a
+    # failed rank, a cancel, the time limit): not let pass as submitit's handlers let Slurm's pass (rank.py)
     changed: dict[str, Any] = {"script": MODULE, "module": True, "no_python": False, "legacy_local_rank_arg": False,
-                               "args": tuple(argv(environment, signal_name, folder))}
+                               "args": tuple(argv(environment, signal_name, folder, stop_on_term=not edge.queued))}
     if spec.environment.rdzv_timeout is None:
         # no rendezvous watchdog (the launcher's, beside every rank but 0) unless asked for: a function need
         # not rendezvous at all, and one that makes no connection for 900 s would be stopped (the API's ranks

@@ -6,12 +6,14 @@ the job's id as submitit names it), puts this rank's stdout and stderr into subm
 links them to the rank's log where the local scheduler keeps it), and runs submitit's processing of the pickled
 call. The launcher runs it in its own interpreter (allocation/launch.py: in_process), not a second one.
 
-    python -m slurmlaunch.app.api.rank ENVIRONMENT SIGNAL FOLDER
+    python -m slurmlaunch.app.api.rank ENVIRONMENT SIGNAL FOLDER [stop-on-term]
 
 ENVIRONMENT: submitit's name of the job environment (slurm, pbs: the scheduler's ``submitit_environment``), or
 NAME:VARIABLE for a scheduler submitit has none of (a plug-in's: its ``job_id_variable`` holds the job's id), whose
 ranks get the launcher's own (:func:`_launched_environment`);
-SIGNAL: the warning signal's name, or "-" for none; FOLDER: submitit's folder of the job (with its %j).
+SIGNAL: the warning signal's name, or "-" for none; FOLDER: submitit's folder of the job (with its %j);
+stop-on-term: SIGTERM stops the rank (a scheduler without a queue: its ranks run under the rank supervisor,
+schedulers/supervisor.py, whose SIGTERM means stop), where submitit's handlers would let it pass.
 """
 
 from __future__ import annotations
@@ -24,9 +26,13 @@ from typing import Any
 MODULE = "slurmlaunch.app.api.rank"
 
 
-def argv(environment: str, signal_name: str | None, folder: str) -> list[str]:
+# The last argument of a rank whose SIGTERM means "stop now" (see main)
+STOP_ON_TERM = "stop-on-term"
+
+
+def argv(environment: str, signal_name: str | None, folder: str, stop_on_term: bool = False) -> list[str]:
     """The arguments of this module in a JobSpec's program (executors.py)."""
-    return [environment, signal_name or "-", folder]
+    return [environment, signal_name or "-", folder, *([STOP_ON_TERM] if stop_on_term else [])]
 
 
 def _environment(environment: str, signal_name: str) -> None:
@@ -62,7 +68,7 @@ def _from_step(env: Any) -> None:
 def main(args: Sequence[str]) -> None:
     """A rank: its output into submitit's files of this task (or, where the scheduler keeps it in the CLI's rank
     log, submitit's file naming that log), then submitit's own processing."""
-    environment, signal_name, folder = args
+    environment, signal_name, folder, *flags = args
     os.umask(0o077)  # what the call writes (its pickled result, its logs) is the user's alone, as before
     _environment(environment, signal_name)  # before submitit's import: it reads the signal's name then
     import submitit
@@ -88,7 +94,7 @@ def main(args: Sequence[str]) -> None:
             os.close(fd)
         if given is not None:
             _point_at(given, str(paths.stdout))
-    _process(folder, paths.submitted_pickle)
+    _process(folder, paths.submitted_pickle, STOP_ON_TERM in flags)
 
 
 def _kept_log(folder: str, env: Any) -> str | None:
@@ -101,13 +107,12 @@ def _kept_log(folder: str, env: Any) -> str | None:
     return log if os.path.isfile(log) and not os.path.islink(log) else None
 
 
-def _process(folder: str, pickled: Any) -> None:
-    """submitit's processing of the pickled call. Its local job environment's requeue (exit 144, after the
-    checkpoint) becomes the code every scheduler here requeues on, 128 + the warning signal, as a CLI job's
-    script asks for it."""
+def _process(folder: str, pickled: Any, stop_on_term: bool) -> None:
+    """submitit's processing of the pickled call (:func:`_run_call`). Its local job environment's requeue (exit
+    144, after the checkpoint) becomes the code every scheduler here requeues on, 128 + the warning signal, as a
+    CLI job's script asks for it."""
     import time
 
-    from submitit.core.submission import process_job
     from submitit.local.local import LOCAL_REQUEUE_RETURN_CODE
 
     # the submitter moves the pickled call into the job's folder once the scheduler gave the id, which a
@@ -117,7 +122,7 @@ def _process(folder: str, pickled: Any) -> None:
             break
         time.sleep(0.01)
     try:
-        process_job(folder)
+        _run_call(folder, stop_on_term)
     except SystemExit as e:
         if e.code != LOCAL_REQUEUE_RETURN_CODE:
             raise
@@ -125,6 +130,53 @@ def _process(folder: str, pickled: Any) -> None:
 
         sys.stdout.flush()
         os._exit(128 + signal_number(os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")))
+
+
+def _run_call(folder: str, stop_on_term: bool) -> None:
+    """The pickled call run as submitit's own job processing runs it, the same files for submitit's Job to read:
+    its job environment's signal handlers (the checkpoint and requeue at the warning signal), then
+    ("success", value) or ("error", the traceback's text) pickled beside the call (written aside, then renamed,
+    so no reader sees half a file), the exception raised again. Not through submitit.core.submission: that module
+    imports numpy before the call, whether the call needs it or not (about 100 ms of CPU, half of a rank's start
+    on a short job: issue 39); a call that uses numpy loads it when it is unpickled or run, as any module.
+
+    ``stop_on_term``: SIGTERM stops the rank (the stop's stack dump, armed later, chains to it) instead of
+    being let pass as submitit's handlers let it pass (Slurm sends it to every process of a job it requeues;
+    the checkpoint comes with the warning signal): for ranks under the rank supervisor here, whose SIGTERM
+    means stop (another rank failed, a cancel, the time limit), which otherwise waited its grace (10 s) for
+    SIGKILL before the job's failure reached results()."""
+    import traceback
+
+    from submitit.core import job_environment, utils
+    from submitit.core.logger import get_logger
+
+    logger = get_logger()
+    env = job_environment.JobEnvironment()
+    paths = env.paths
+    logger.info(f"Starting with {env}")
+    if not paths.submitted_pickle.exists():
+        raise RuntimeError(f"waited 60 s for the pickled call {paths.submitted_pickle}, which never came")
+    try:
+        delayed = utils.DelayedSubmission.load(paths.submitted_pickle)
+        env._handle_signals(paths, delayed)
+        if stop_on_term:
+            import signal
+
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        result = delayed.result()
+        logger.info("Job completed successfully")
+        del delayed
+        with utils.temporary_save_path(paths.result_pickle) as saved:
+            utils.cloudpickle_dump(("success", result), saved)
+        del result
+    except Exception as error:
+        try:
+            with utils.temporary_save_path(paths.result_pickle) as saved:
+                utils.cloudpickle_dump(("error", traceback.format_exc()), saved)
+        except Exception as unsaved:  # noqa: BLE001  # the call's own error is the one raised
+            logger.error(f"could not save the call's error ({error!r}): {unsaved!r}")
+        logger.error("Submitted job triggered an exception")
+        raise
 
 
 def _launched_environment(name: str, job_id_variable: str) -> None:

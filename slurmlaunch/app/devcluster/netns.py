@@ -35,11 +35,14 @@ def _running(pid: int) -> bool:
 
 
 def _stop_pids(candidates: list[int], timeout: float) -> None:
-    """TERM each pid, KILL those still running after ``timeout`` seconds."""
+    """TERM each pid, KILL those still running after ``timeout`` seconds. Each is continued after its TERM
+    (SIGCONT, as the shell's kill does): a stopped one (a controller stalled by SIGSTOP) would otherwise keep
+    the TERM pending and wait out the whole bound for its KILL."""
     pids = []
     for pid in candidates:
         try:
             os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGCONT)
             pids.append(pid)
         except OSError:
             pass

@@ -280,6 +280,8 @@ def _qmgr(root: Path, command: str, timeout: float) -> None:
 
 # Server settings: root may run jobs (the tests run as root), finished jobs stay visible to qstat -x, and the
 # scheduler runs every few seconds as well as on every event.
+# The MoMs' job sampling interval, its first and its longest (mom_priv/config, see up())
+MOM_POLL_S = (1, 3)
 SERVER_SETTINGS = ("set server acl_roots = root", "set server job_history_enable = True",
                    "set server flatuid = True", "set server scheduler_iteration = 5")
 
@@ -324,9 +326,13 @@ def up(root: Path, nodes: int = 3, cpus: int = 8, gpus: int = 0, timeout: float 
         _in(root, host, ["env", f"PBS_CONF_FILE={host_dir(root, host)}/postinstall.conf",
                          str(PBS_EXEC / "libexec" / "pbs_postinstall"), kind], f"PBS_HOME of {host}", timeout)
     for i in range(1, nodes + 1):
-        # $usecp: every host sees the same file system, so output files are copied, never sent by scp
+        # $usecp: every host sees the same file system, so output files are copied, never sent by scp.
+        # $min/max_check_poll: how often the MoM samples its jobs, which is when it finds one past its
+        # walltime; by default every 10 s after a job starts, then 6 s later each time up to 120 s (a 10 s
+        # walltime was enforced at about 26 s). A dev cluster runs short jobs: every 1-3 s.
         (host_dir(root, f"node{i}") / "spool" / "mom_priv" / "config").write_text(
-            f"$clienthost {HEAD}\n$usecp *:/ /\n$logevent 0x1ff\n")
+            f"$clienthost {HEAD}\n$usecp *:/ /\n$logevent 0x1ff\n$min_check_poll {MOM_POLL_S[0]}\n"
+            f"$max_check_poll {MOM_POLL_S[1]}\n")
     init = str(PBS_EXEC / "libexec" / "pbs_init.d")
     _start_head(root, init, max(timeout, 180))
     for setting in SERVER_SETTINGS:

@@ -457,9 +457,9 @@ def _fd_target(link: str) -> str:
 
 
 def down(root: Path, timeout: float = 10.0) -> None:
-    """Stop every daemon that has a pid file under root (TERM, then KILL after `timeout`): the nodes, their
-    step daemons (found by step_daemons) and every process below them, the controller, then slurmdbd and
-    MariaDB; then remove what the networked mode made (remove_network)."""
+    """Stop every daemon that has a pid file under root (TERM, then CONT for a stopped one; KILL after
+    `timeout`): the nodes, their step daemons (found by step_daemons) and every process below them, the
+    controller, then slurmdbd and MariaDB; then remove what the networked mode made (remove_network)."""
     _stop(sorted(root.glob("slurmd-*.pid")), timeout)
     # A step daemon whose slurmd is gone (killed: a "lost" node) is never told to end its step, and TERM ends
     # it alone: its tasks (the ranks, their watchdogs) would live on under init until their script ends, and

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ...core.errors import SchedulerError, SpecError
-from ..site import cluster_name, remember_site, try_command
+from ..site import remember_site, try_command
 from .check import Check
 from .probe import ProbeJob, Report, allocate, gpu_problem, probe_job, rank_rows
 
@@ -127,8 +127,11 @@ def login_checks(partition: str | None, edge: Scheduler) -> tuple[list[Check], l
 
 
 def cluster(facts: dict[str, Any]) -> str | None:
-    """The cluster's name as Slurm knows it (scontrol show config's ClusterName): its site.json key."""
-    return cluster_name()
+    """The cluster's name as Slurm knows it (scontrol show config's ClusterName, as Slurm's edge's cluster()
+    names it): its site.json key."""
+    ok, out = try_command(["scontrol", "show", "config"])
+    m = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.MULTILINE) if ok else None
+    return m.group(1) if m else None
 
 
 def gpus_per_node(gres: str) -> str:
@@ -219,7 +222,7 @@ def cmd_doctor(partition: str | None, as_json: bool, nodes: int | None, gpus: in
     checks, partitions, facts = site.login_checks(partition, edge)
     failed = any(c.state == "fail" for c in checks)
     cluster = site.cluster(facts) if not failed else None
-    if cluster and facts and edge.site_gpu_flag:  # what submit learns from it: the GPU request style
+    if cluster and facts and edge.gpu_request_styles:  # what submit learns from it: the GPU request style
         remember_site(cluster, facts)
     reports: list[Report] = []
     job_id = None

@@ -113,6 +113,41 @@ def test_signal_of_a_rank_that_crashes(tmp_path: Path) -> None:
     assert str(e).startswith(f"rank 1 on {e.host} failed (killed by SIGSEGV (signal 11)):\n")  # the CLI's words
 
 
+def term_handler() -> bool:
+    return signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_local_rank_stops_at_sigterm(tmp_path: Path) -> None:
+    """The rank supervisor stops the other ranks of a failed local job with SIGTERM, SIGKILL only after its grace
+    (10 s); submitit's handlers let SIGTERM pass (Slurm's notice before a requeue), so the caller heard of the
+    failure only after the grace. Under the local scheduler the function runs with SIGTERM's default action,
+    after the stack dump that chains to it (rank.py: stop-on-term)."""
+    assert local_job(term_handler, tmp_path).results() == [True, True]
+
+
+def exits_3_once_rank_0_runs(stamp_path: str, running: str) -> int:
+    if os.environ["RANK"] == "1":
+        for _ in range(1200):  # 120 s at most: rank 0's function has started (its stop dump is armed by then)
+            if os.path.exists(running):
+                break
+            time.sleep(0.1)
+        stamp(stamp_path)
+        os._exit(3)
+    Path(running).touch()
+    time.sleep(BUSY_S)
+    return 0
+
+
+def test_the_stopped_ranks_stacks_are_saved(tmp_path: Path) -> None:
+    """The busy rank stopped after rank 1's failure saved where it was (its RANK.stopped, which `job.stacks()`
+    shows after the job): the dump armed in the API's rank chains to the handler there is, instead of an
+    empty file (the RUNNER's arming, replaced by submitit's handlers, had left none)."""
+    job = local_job(exits_3_once_rank_0_runs, tmp_path, str(tmp_path / "t"), str(tmp_path / "running"))
+    failure_after_stamp(job, tmp_path / "t")
+    stopped = (tmp_path / "logs" / f"job-{job.job_id}.stacks" / "0.stopped").read_text()
+    assert " in exits_3_once_rank_0_runs\n" in stopped, stopped
+
+
 def dies_in_a_collective() -> int:
     import torch
     import torch.distributed as dist
