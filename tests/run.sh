@@ -24,16 +24,16 @@ phases=()
 phase_done() {  # the phase that just ended, then the name of the next one
     local now
     now=$(date +%s)
-    phases+=("$(printf '%-44s %5d s' "$phase" $((now - phase_start)))")
+    phases+=("$(printf '%-52s %5d s' "$phase" $((now - phase_start)))")
     phase_start=$now
     phase="$1"
 }
 print_phases() {
     local rc=$?
-    [ "$phase" = "done" ] || phases+=("$(printf '%-44s %5d s  (ended here, exit %d)' "$phase" $(($(date +%s) - phase_start)) "$rc")")
+    [ "$phase" = "done" ] || phases+=("$(printf '%-52s %5d s  (ended here, exit %d)' "$phase" $(($(date +%s) - phase_start)) "$rc")")
     echo "tests/run.sh: wall time per phase"
     printf '  %s\n' "${phases[@]}"
-    printf '  %-44s %5d s\n' "total" $(($(date +%s) - run_start))
+    printf '  %-52s %5d s\n' "total" $(($(date +%s) - run_start))
 }
 trap print_phases EXIT
 
@@ -83,9 +83,8 @@ else
     echo "tests/run.sh: not root, cannot install OpenPBS: the real-PBS tests will skip" >&2
 fi
 bash tests/install_slurm_current.sh  # Slurm 25.11 in /opt/slurm-25.11, beside Debian's 22.05 (tests/slurm_current.py)
-phase_done "lint, types, layer contracts"
 # The unit layer on the other Python versions the package claims (pyproject's classifiers), in the background
-# beside lint and the docs build. No torch wheel of 2.13.0 for them here: the few unit tests that need torch or
+# beside pytest, at a lower priority. No torch wheel of 2.13.0 for them here: the few unit tests that need torch or
 # mpi4py skip there (CI unset for that run) and run on 3.11 below.
 unit_pids=()
 for version in 3.10 3.13; do
@@ -96,6 +95,7 @@ for version in 3.10 3.13; do
         continue
     fi
     (
+        renice -n 10 -p "$BASHPID" > /dev/null
         "$interp" -m venv ".venv-py$version" &&
         { ".venv-py$version/bin/python" -m pip install -q --disable-pip-version-check -e ".[unit]" 2>&1 |
               grep -v -e "is ignored" -e "DEPRECATION" || true; } &&
@@ -104,23 +104,28 @@ for version in 3.10 3.13; do
     ) &
     unit_pids+=("$!:$version")
 done
-.venv/bin/python -m ruff check slurmlaunch tests examples benchmarks docs/hooks
-.venv/bin/python -m mypy
-.venv/bin/lint-imports --no-cache  # the layers (pyproject: [tool.importlinter]; docs/explanation/architecture.md)
-phase_done "docs build"
-# The documentation site: a broken internal link, a missing page or a page outside the nav fails (mkdocs.yml)
-NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir .venv/docs-site
-phase_done "sdist, wheel, a job from the wheel"
-bash tests/check_wheel.sh .venv/bin/python
-phase_done "unit layer on 3.10 and 3.13 (the rest of it)"
-for entry in "${unit_pids[@]}"; do
-    if ! wait "${entry%%:*}"; then
-        tail -30 ".venv-py${entry#*:}/unit.log"
-        echo "tests/run.sh: the unit layer failed on Python ${entry#*:} (.venv-py${entry#*:}/unit.log)" >&2
-        exit 1
-    fi
-    echo "tests/run.sh: unit layer on Python ${entry#*:}: $(tail -1 ".venv-py${entry#*:}/unit.log")"
-done
+# Lint, types, contracts, the docs build and the wheel's check run beside pytest (at a lower priority: they fill
+# the CPU the suite leaves while it waits on Slurm's timers), each timed on its own; their verdict comes after.
+checks_log=.venv/checks.log
+(
+    renice -n 10 -p "$BASHPID" > /dev/null
+    check() {  # NAME COMMAND...: one line with its own wall time; the first failure ends the chain
+        local name="$1" t0 rc=0
+        shift
+        t0=$(date +%s)
+        "$@" || rc=$?
+        printf '  %-52s %5d s%s\n' "$name (beside pytest)" $(($(date +%s) - t0)) \
+            "$([ "$rc" -eq 0 ] || echo "  (exit $rc)")" >> .venv/checks.times
+        return "$rc"
+    }
+    : > .venv/checks.times
+    check "lint, types, layer contracts" sh -c '.venv/bin/python -m ruff check slurmlaunch tests examples benchmarks docs/hooks &&
+        .venv/bin/python -m mypy && .venv/bin/lint-imports --no-cache' &&  # layers: docs/explanation/architecture.md
+    # The documentation site: a broken internal link, a missing page or a page outside the nav fails (mkdocs.yml)
+    check "docs build" env NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir .venv/docs-site &&
+    check "sdist, wheel, a job from the wheel" bash tests/check_wheel.sh .venv/bin/python
+) > "$checks_log" 2>&1 &
+checks_pid=$!
 phase_done "pytest"
 export PATH="$PWD/.venv/bin:$PATH"
 # Workers (pytest-xdist): much of the suite's time is spent waiting on Slurm (time limits, requeues, sacct),
@@ -130,5 +135,21 @@ export PATH="$PWD/.venv/bin:$PATH"
 # its own on this machine (tests/ports.py). -n 0 runs it in one process.
 rc=0
 .venv/bin/python -m pytest -n "${SLURMLAUNCH_TEST_WORKERS:-3}" --dist loadgroup "$@" || rc=$?
+phase_done "the checks and unit layers beside pytest (the rest)"
+if ! wait "$checks_pid"; then
+    cat "$checks_log"
+    echo "tests/run.sh: lint, types, contracts, the docs build or the wheel's check failed (above)" >&2
+    rc=1
+fi
+while IFS= read -r line; do phases+=("${line#  }"); done < .venv/checks.times
+for entry in "${unit_pids[@]}"; do
+    if ! wait "${entry%%:*}"; then
+        tail -30 ".venv-py${entry#*:}/unit.log"
+        echo "tests/run.sh: the unit layer failed on Python ${entry#*:} (.venv-py${entry#*:}/unit.log)" >&2
+        rc=1
+    else
+        echo "tests/run.sh: unit layer on Python ${entry#*:}: $(tail -1 ".venv-py${entry#*:}/unit.log")"
+    fi
+done
 phase_done "done"
 exit "$rc"
