@@ -250,7 +250,7 @@ def test_run_two_nodes(tmp_path: Path, clients_installed: None) -> None:
 API_CODE = """
 import json, sys
 import slurmlaunch
-from tests.real.test_clients import NAMES, NODES, PER_NODE, argv
+from tests.real.test_clients import NAMES, NODES, PER_NODE, SETTINGS, argv
 per_node = PER_NODE["api"]
 from pathlib import Path
 scheduler, root = sys.argv[1], Path(sys.argv[2])
@@ -260,7 +260,7 @@ for name in NAMES:
     d.mkdir()
     script, *args = argv(name, d, per_node)
     jobs[name] = slurmlaunch.submit_script(script, args, scheduler=scheduler, nodes=NODES, tasks_per_node=per_node,
-                                           time="5", output_dir=str(d / "logs"))
+                                           time="5", output_dir=str(d / "logs"), env=SETTINGS.get(name, {}))
 out = {}
 for name, job in jobs.items():
     try:
@@ -273,10 +273,9 @@ print("API " + json.dumps(out))
 
 
 def api_run(scheduler: str, env: dict[str, str], tmp_path: Path) -> None:
-    # The settings travel in the caller's environment (submitit's local executor and sbatch pass it on), not
-    # as submit_script(env=...): on Slurm the API drops `env` (it reaches neither submitit's sbatch script nor
-    # the ranks; the local executor applies it), a bug of slurmlaunch/api.py reported with this matrix.
-    env = dict(env, PYTHONPATH=str(ROOT), **SETTINGS["accelerate"])
+    # Each client's settings (SETTINGS) go as submit_script(env=...): the batch script's export lines, on every
+    # scheduler, as `submit --env` (not through the caller's environment, which once hid that the API dropped them)
+    env = dict(env, PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-c", API_CODE, scheduler, str(tmp_path)], env=env, cwd=tmp_path,
                        capture_output=True, text=True, timeout=400)
     assert r.returncode == 0 and "API " in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
