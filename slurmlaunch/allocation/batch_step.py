@@ -60,6 +60,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
     import subprocess
+    import threading
     from collections.abc import Sequence
     from types import FrameType, SimpleNamespace
     from typing import IO
@@ -213,6 +214,7 @@ OUTPUT_DRAIN_S = 10.0
 # How much earlier than this process PBS may count a job's walltime from (its prologue, the shell's start).
 WALLTIME_SLACK_S = 2.0
 WARN_NODES_S = 60.0  # seconds the warning's per-node steps may take (an srun step, pbs_tmrsh) before named late
+WARN_LATE_S = 10.0  # seconds the job's end waits, after the first reports, for warn-nodes' last late reports
 
 
 class Step:
@@ -228,6 +230,7 @@ class Step:
         self.warning: int | None = signal_number(args.warning) if args.warning else None
         self.warned = False  # a rank got the warning (or COMMAND did, passed on)
         self.warning_came = False
+        self.warn_thread: threading.Thread | None = None  # _warn_nodes, once the warning came
         self.stopped = False
         self.stopped_after = 0.0  # seconds from the job's start to PBS's stop
         self.pid: int | None = None  # COMMAND's
@@ -275,7 +278,15 @@ class Step:
         # until a rank got it (a job none of whose ranks listens was not warned); a stop signal goes to every rank
         self.warned = to_all(self.args.warning)
         _say(f"SIG{self.args.warning} received: sending it to the ranks whose script handles it{extra}")
-        threading.Thread(target=self._warn_nodes, daemon=True).start()
+        self.warn_thread = threading.Thread(target=self._warn_nodes, daemon=True)
+        self.warn_thread.start()
+
+    def _warn_nodes_said(self) -> None:
+        """Wait for _warn_nodes to end (bounded: WARN_NODES_S for the first reports, then the late ones of
+        warn-nodes that end with the ranks): ranks that end soon after the warning (they saved, or were made
+        to stop) would otherwise end this process before its line says who got it (seen on PBS)."""
+        if self.warn_thread is not None:
+            self.warn_thread.join(WARN_NODES_S + WARN_LATE_S)
 
     def _warn_nodes(self) -> None:
         """Run `slurmlaunch warn-node` next to the ranks on every node (Slurm: one srun --overlap step of one
@@ -650,6 +661,7 @@ class Step:
         from contextlib import suppress
 
         a, f = self.args, self.files
+        self._warn_nodes_said()
         lines: list[str] = []
         if a.srun:
             with suppress(OSError), open(f.srun_log, "rb") as log:
