@@ -72,7 +72,9 @@ if [ "$(id -u)" -eq 0 ] && [ ! -x "$torque/usr/bin/qsub" ]; then
 fi
 
 python3 -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e ".[test,docs]"
+# --no-compile: pip would byte-compile every module of torch and the tools (30 s of the 55 s this install took,
+# measured 2026-12-07); the interpreter compiles the few the tests import when they first import them
+.venv/bin/python -m pip install -q --no-compile --disable-pip-version-check torch==2.13.0 -e ".[test,docs]"
 # OpenPBS for the real PBS cluster (tests/conftest.py pbs_cluster): an existing /opt/pbs, else the shared .deb
 # (its Depends from apt; about 40 s), else a build of the shared source (about 7 minutes); it says which.
 # SLURMLAUNCH_OPENPBS_DIR names the directory with them (default ../shared/openpbs, beside this checkout).
@@ -97,7 +99,7 @@ for version in 3.10 3.13; do
     (
         renice -n 10 -p "$BASHPID" > /dev/null
         "$interp" -m venv ".venv-py$version" &&
-        { ".venv-py$version/bin/python" -m pip install -q --disable-pip-version-check -e ".[unit]" 2>&1 |
+        { ".venv-py$version/bin/python" -m pip install -q --no-compile --disable-pip-version-check -e ".[unit]" 2>&1 |
               grep -v -e "is ignored" -e "DEPRECATION" || true; } &&
         env -u CI ".venv-py$version/bin/python" -m pytest -q -n 0 -p no:cacheprovider --durations=0 --durations-min=60 \
             tests/core tests/render > ".venv-py$version/unit.log" 2>&1
@@ -133,8 +135,17 @@ export PATH="$PWD/.venv/bin:$PATH"
 # made two rendezvous-bound tests miss their bounds: measured 2026-12-07). Each worker
 # is a session of its own with its own clusters and sshd (tests/conftest.py), its ports and job ids from a slot of
 # its own on this machine (tests/ports.py). -n 0 runs it in one process.
+cpu_ticks() {  # the machine's busy and idle (idle + iowait) clock ticks so far, from /proc/stat's cpu line
+    local _ user nice system idle iowait irq softirq steal
+    read -r _ user nice system idle iowait irq softirq steal _ < /proc/stat
+    echo "$((user + nice + system + irq + softirq + steal)) $((idle + iowait))"
+}
+read -r busy0 idle0 < <(cpu_ticks)
 rc=0
 .venv/bin/python -m pytest -n "${SLURMLAUNCH_TEST_WORKERS:-3}" --dist loadgroup "$@" || rc=$?
+read -r busy1 idle1 < <(cpu_ticks)
+# Whether more workers could help: a suite that leaves the CPUs idle waits on timers, not on the CPUs
+echo "tests/run.sh: the CPUs were idle $(( 100 * (idle1 - idle0) / (busy1 - busy0 + idle1 - idle0 + 1) ))% of pytest's time"
 phase_done "the checks and unit layers beside pytest (the rest)"
 if ! wait "$checks_pid"; then
     cat "$checks_log"
