@@ -234,6 +234,7 @@ class Step:
         self.stopped = False
         self.stopped_after = 0.0  # seconds from the job's start to PBS's stop
         self.pid: int | None = None  # COMMAND's
+        self.pending: int | None = None  # a warning that came while COMMAND was being started (no pid yet)
         self.openmpi: list[str] = []  # Open MPI's lines naming the first rank that failed (PBS)
         self._files: JobFiles | None = None
 
@@ -268,7 +269,9 @@ class Step:
         extra = " (the script's framework saves and requeues the job itself)" if self.args.requeued_by_script else ""
         if not (self.args.stacks and self.args.log_dir):
             _say(f"SIG{self.args.warning} received, passing it on to the ranks{extra}")
-            if self.pid is not None and not self._ended():
+            if self.pid is None:  # between the spawn and its pid's assignment (seen under load): sent once known
+                self.pending = signum
+            elif not self._ended():
                 os.kill(self.pid, signum)
             return
         import threading
@@ -502,14 +505,14 @@ class Step:
         if self.args.srun and self.args.log_dir:
             with open(self.files.srun_log, "ab") as log:
                 proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=log)
-                self.pid = proc.pid
+                self._started(proc.pid)
         else:  # mpiexec --tag-output: both streams passed on whole lines at a time (allocation/mpi_output.py)
             import threading
 
             from .mpi_output import PENDING_MAX, joined
 
             proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            self.pid = proc.pid
+            self._started(proc.pid)
             assert proc.stdout is not None and proc.stderr is not None
             out = threading.Thread(target=_relay, args=(proc.stdout, sys.stdout.buffer), daemon=True)
             out.start()
@@ -525,17 +528,25 @@ class Step:
         rc = proc.wait()
         return 128 - rc if rc < 0 else rc
 
+    def _started(self, pid: int) -> None:
+        """COMMAND's pid, known now; a warning that came before it is passed on now."""
+        self.pid = pid
+        signum, self.pending = self.pending, None
+        if signum is not None:
+            os.kill(pid, signum)
+
     def _spawn(self, command: list[str], file_actions: Sequence[tuple[object, ...]] = ()) -> int:
         """COMMAND with this process's stdio, started as subprocess would start it (SIGPIPE and SIGXFSZ, which
         Python ignores, back to their default), without loading subprocess: this is the path of every short
         job of the API, and subprocess with its imports is about a third of a bare interpreter's start."""
         try:
-            self.pid = os.posix_spawnp(command[0], command, os.environ, file_actions=file_actions or None,
-                                       setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ))
+            pid = os.posix_spawnp(command[0], command, os.environ, file_actions=file_actions or None,
+                                  setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ))
+            self._started(pid)
         except OSError as e:  # as a shell says it: not found 127, not runnable 126
             _say(f"cannot run {command[0]!r}: {e.strerror or e}")
             return 127 if isinstance(e, FileNotFoundError) else 126
-        _, status = os.waitpid(self.pid, 0)  # retried after a signal's handler (the warning's) has run
+        _, status = os.waitpid(pid, 0)  # retried after a signal's handler (the warning's) has run
         rc = os.waitstatus_to_exitcode(status)
         return 128 - rc if rc < 0 else rc
 

@@ -455,3 +455,28 @@ def test_the_batch_steps_scheduler_commands_are_bounded_and_say_why_they_did_not
     assert "No such file or directory" in str(run_command([missing])) and missing in str(run_command([missing]))
     late = run_command(["sleep", "30"], timeout=0.5)
     assert isinstance(late, str) and "timed out after 0.5 seconds" in late, late
+
+
+def test_a_warning_before_commands_pid_is_known_is_passed_on_once_it_is(tmp_path: Path) -> None:
+    """The warning can come between COMMAND's spawn and its pid's assignment (CI under two busy loops: the
+    stand-in srun waited out its 60 s); it is kept and sent as soon as the pid is known."""
+    from slurmlaunch.allocation.batch_step import Step
+
+    got = tmp_path / "got"
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import signal, sys, time\n"
+        f"signal.signal(signal.SIGUSR2, lambda *_: (open({str(got)!r}, 'w').close(), sys.exit(0)))\n"
+        f"open({str(tmp_path / 'ready')!r}, 'w').close()\n"
+        "time.sleep(60)\n")])
+    try:
+        while not (tmp_path / "ready").exists():
+            assert child.poll() is None
+            subprocess.run(["sleep", "0.05"], check=True)
+        step = Step(step_args.parse(["--srun", "--ranks", "1", "--warning", "USR2", "--", "true"]))
+        step._forward(signal.SIGUSR2, None)  # no pid yet: kept
+        assert step.pending == signal.SIGUSR2 and child.poll() is None
+        step._started(child.pid)
+        assert child.wait(timeout=30) == 0 and got.exists() and step.pending is None
+    finally:
+        child.kill()
+        child.wait()
