@@ -18,7 +18,7 @@ from tests import sshd as _sshd
 from tests.helpers import StaleShimLockSweeper, first_job_id, per_test_env, skip_or_fail
 from tests.slurm_current import slurm_current_cluster, slurm_current_env  # noqa: F401  (fixtures: Slurm 25.11)
 
-pytest_plugins = ["tests.ordering"]  # under xdist, the known-slow tests handed out first
+pytest_plugins = ["tests.ordering", "tests.cpu_account"]  # the known-slow tests first; CPU per test
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -116,12 +116,20 @@ done
 checks_log=.venv/checks.log
 (
     renice -n 10 -p "$BASHPID" > /dev/null
-    check() {  # NAME COMMAND...: one line with its own wall time; the first failure ends the chain
-        local name="$1" t0 rc=0
+    children_cpu() {  # sets cpu: the CPU seconds (user + system) of this shell's waited-for children so far, from
+        times > .venv/checks.cpu  # bash's times, redirected: in a pipe or $(...) it would count a subshell's children
+        cpu=$(tail -1 .venv/checks.cpu | awk '{ t = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); t += a[1] * 60 + a[2] }
+                                                printf "%d", t }')
+    }
+    check() {  # NAME COMMAND...: one line with its own wall and CPU time; the first failure ends the chain
+        local name="$1" t0 c0 rc=0
         shift
         t0=$(date +%s)
+        children_cpu
+        c0=$cpu
         "$@" || rc=$?
-        printf '  %-52s %5d s%s\n' "$name (beside pytest)" $(($(date +%s) - t0)) \
+        children_cpu
+        printf '  %-52s %5d s  (%d s CPU)%s\n' "$name (beside pytest)" $(($(date +%s) - t0)) $((cpu - c0)) \
             "$([ "$rc" -eq 0 ] || echo "  (exit $rc)")" >> .venv/checks.times
         return "$rc"
     }
@@ -145,12 +153,16 @@ cpu_ticks() {  # the machine's busy and idle (idle + iowait) clock ticks so far,
     read -r _ user nice system idle iowait irq softirq steal _ < /proc/stat
     echo "$((user + nice + system + irq + softirq + steal)) $((idle + iowait))"
 }
+# CPU seconds per test, each worker's own and its children's (tests/cpu_account.py): printed after the durations
+export SLURMLAUNCH_TEST_CPU_DIR="$PWD/.venv/test-cpu"
+rm -rf "$SLURMLAUNCH_TEST_CPU_DIR"
 read -r busy0 idle0 < <(cpu_ticks)
 rc=0
 .venv/bin/python -m pytest -n "${SLURMLAUNCH_TEST_WORKERS:-3}" --dist loadgroup "$@" || rc=$?
 read -r busy1 idle1 < <(cpu_ticks)
 # Whether more workers could help: a suite that leaves the CPUs idle waits on timers, not on the CPUs
-echo "tests/run.sh: the CPUs were idle $(( 100 * (idle1 - idle0) / (busy1 - busy0 + idle1 - idle0 + 1) ))% of pytest's time"
+echo "tests/run.sh: the CPUs were idle $(( 100 * (idle1 - idle0) / (busy1 - busy0 + idle1 - idle0 + 1) ))% of pytest's time;" \
+     "busy for $(( (busy1 - busy0) / $(getconf CLK_TCK) )) CPU s (the workers' share: above)"
 phase_done "the checks and unit layers beside pytest (the rest)"
 if ! wait "$checks_pid"; then
     cat "$checks_log"
