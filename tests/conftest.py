@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -24,6 +25,20 @@ pytest_plugins = ["tests.ordering", "tests.cpu_account"]  # the known-slow tests
 def pytest_configure(config: pytest.Config) -> None:
     # Submissions append to a per-user index of jobs: keep the suite's out of the real one.
     os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="slurmlaunch-test-state-")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With SLURMLAUNCH_TEST_FAILURES_LOG set (tests/run.sh), each failure as it comes: one line on stderr and the
+    whole report in that file. xdist prints failures only when the run ends, and a run stopped before its end
+    (a CI time limit, a person) would otherwise leave only its progress letters."""
+    log = os.environ.get("SLURMLAUNCH_TEST_FAILURES_LOG")
+    if not report.failed or not log or "PYTEST_XDIST_WORKER" in os.environ:  # the controller writes, once
+        return
+    lines = [line for line in report.longreprtext.splitlines() if line.strip()]
+    why = next((line for line in lines if line.startswith("E ")), lines[-1] if lines else "")
+    print(f"\n{report.nodeid} ({report.when}) failed: {why[:300]}  (whole: {log})", file=sys.stderr, flush=True)
+    with open(log, "a", encoding="utf-8") as out:
+        out.write(f"===== {report.nodeid} ({report.when}), {time.strftime('%H:%M:%S')}\n{report.longreprtext}\n")
 
 
 # The unit layer, by folder: no cluster, no sshd, no torch (it also runs on Python 3.10 and 3.13, tests/run.sh).

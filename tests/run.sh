@@ -156,6 +156,9 @@ cpu_ticks() {  # the machine's busy and idle (idle + iowait) clock ticks so far,
 # CPU seconds per test, each worker's own and its children's (tests/cpu_account.py): printed after the durations
 export SLURMLAUNCH_TEST_CPU_DIR="$PWD/.venv/test-cpu"
 rm -rf "$SLURMLAUNCH_TEST_CPU_DIR"
+# each failure as it comes: a line on stderr, the whole report in this file (tests/conftest.py)
+export SLURMLAUNCH_TEST_FAILURES_LOG="$PWD/.venv/failures.log"
+rm -f "$SLURMLAUNCH_TEST_FAILURES_LOG"
 read -r busy0 idle0 < <(cpu_ticks)
 rc=0
 .venv/bin/python -m pytest -n "${SLURMLAUNCH_TEST_WORKERS:-3}" --dist loadgroup "$@" || rc=$?
