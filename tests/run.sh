@@ -160,9 +160,17 @@ rm -rf "$SLURMLAUNCH_TEST_CPU_DIR"
 export SLURMLAUNCH_TEST_FAILURES_LOG="$PWD/.venv/failures.log"
 rm -f "$SLURMLAUNCH_TEST_FAILURES_LOG"
 read -r busy0 idle0 < <(cpu_ticks)
+# and every minute's idle share, to tell idle at the start (clusters coming up), in the middle (every worker
+# waiting on a timer at once) and at the end (the last tests alone)
+(while sleep 60; do cpu_ticks; done > .venv/cpu.ticks) &
+sampler_pid=$!
 rc=0
 .venv/bin/python -m pytest -n "${SLURMLAUNCH_TEST_WORKERS:-3}" --dist loadgroup "$@" || rc=$?
 read -r busy1 idle1 < <(cpu_ticks)
+kill "$sampler_pid" 2> /dev/null || true
+echo "tests/run.sh: the CPUs' idle % in each minute of pytest:" \
+     "$( { echo "$busy0 $idle0"; cat .venv/cpu.ticks; } | awk 'NR > 1 { b = $1 - pb; i = $2 - pi; printf "%d ", 100 * i / (b + i + 1) }
+                                                               { pb = $1; pi = $2 }')"
 # Whether more workers could help: a suite that leaves the CPUs idle waits on timers, not on the CPUs
 echo "tests/run.sh: the CPUs were idle $(( 100 * (idle1 - idle0) / (busy1 - busy0 + idle1 - idle0 + 1) ))% of pytest's time;" \
      "busy for $(( (busy1 - busy0) / $(getconf CLK_TCK) )) CPU s (the workers' share: above)"
