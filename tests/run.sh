@@ -144,8 +144,9 @@ checks_pid=$!
 phase_done "pytest"
 export PATH="$PWD/.venv/bin:$PATH"
 # Workers (pytest-xdist): much of the suite's time is spent waiting on Slurm (time limits, requeues, sacct),
-# so workers overlap those waits: 3 on 2 cores (a 4th took as long, 1256 s against 1263 s idle, and its load
-# made two rendezvous-bound tests miss their bounds: measured 2026-12-07). Each worker
+# so workers overlap those waits: 4 on 2 cores. Clean-clone CI runs of the same tree, idle machine (2026-12-07):
+# 3 workers pytest 1179 s, the CPUs idle 25% of it; 4 workers 1027 s, idle 12%. (An earlier try of 4, before the
+# slow tests went first and the checks beside pytest, took as long as 3.) Each worker
 # is a session of its own with its own clusters and sshd (tests/conftest.py), its ports and job ids from a slot of
 # its own on this machine (tests/ports.py). -n 0 runs it in one process.
 cpu_ticks() {  # the machine's busy and idle (idle + iowait) clock ticks so far, from /proc/stat's cpu line
@@ -165,7 +166,7 @@ read -r busy0 idle0 < <(cpu_ticks)
 (while sleep 60; do cpu_ticks; done > .venv/cpu.ticks) &
 sampler_pid=$!
 rc=0
-.venv/bin/python -m pytest -n "${SLURMLAUNCH_TEST_WORKERS:-3}" --dist loadgroup "$@" || rc=$?
+.venv/bin/python -m pytest -n "${SLURMLAUNCH_TEST_WORKERS:-4}" --dist loadgroup "$@" || rc=$?
 read -r busy1 idle1 < <(cpu_ticks)
 kill "$sampler_pid" 2> /dev/null || true
 echo "tests/run.sh: the CPUs' idle % in each minute of pytest:" \

@@ -8,13 +8,14 @@ mount of a per-node directory, or a tiny tmpfs for the fault, is made in that na
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -60,26 +61,48 @@ def _in_node(cluster: dict[str, str], node: int, *cmd: str) -> None:
     subprocess.run(["nsenter", "-t", _slurmd_pid(cluster, node), "-m", *cmd], check=True, timeout=30)
 
 
+@contextlib.contextmanager
+def mounted_node_local(tmp_path: Path, hosts: Sequence[str], size: str | None,
+                       in_host: Callable[..., object]) -> Iterator[tuple[Path, list[Path]]]:
+    """One path, a node-local directory on each host as a site has it: a mount only that host sees (a bind
+    mount of a directory of its own, or a tmpfs of ``size``), made in the host's mount namespace by
+    ``in_host(host, *command)``. (The path, each host's own directory behind it: empty for a tmpfs.)"""
+    where = tmp_path / "node-local"
+    where.mkdir()
+    backing = []
+    for host in hosts:
+        if size is None:
+            own = tmp_path / f"disk-{host}"
+            own.mkdir()
+            backing.append(own)
+            in_host(host, "mount", "--bind", str(own), str(where))
+        else:
+            in_host(host, "mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where))
+    try:
+        yield where, backing
+    finally:
+        for host in hosts:
+            in_host(host, "umount", "-l", str(where))
+
+
 @pytest.fixture
 def node_local(slurm_cluster: dict[str, str], tmp_path: Path,
                request: pytest.FixtureRequest) -> Iterator[tuple[Path, list[Path]]]:
-    """(the node-local directory's path, each node's own directory behind it); ``request.param``: a tmpfs size
-    instead (then the list is empty)."""
-    where = tmp_path / "node-local"
+    """The node-local directory on each of the cluster's nodes (:func:`mounted_node_local`); ``request.param``:
+    a tmpfs size instead of a bind mount."""
+    with mounted_node_local(tmp_path, [f"node{i}" for i in range(1, NODES + 1)], getattr(request, "param", None),
+                            lambda host, *cmd: _in_node(slurm_cluster, int(host[4:]), *cmd)) as mounted:
+        yield mounted
+
+
+def recorder(tmp_path: Path, out: str = "out") -> tuple[Path, Path]:
+    """The script each rank runs (:data:`RECORD`) and a new directory ``out`` for what they record."""
+    script = tmp_path / "record.py"
+    if not script.exists():
+        script.write_text(RECORD)
+    where = tmp_path / out
     where.mkdir()
-    size = getattr(request, "param", None)
-    backing = []
-    for i in range(1, NODES + 1):
-        if size is None:
-            own = tmp_path / f"disk-node{i}"
-            own.mkdir()
-            backing.append(own)
-            _in_node(slurm_cluster, i, "mount", "--bind", str(own), str(where))
-        else:
-            _in_node(slurm_cluster, i, "mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where))
-    yield where, backing
-    for i in range(1, NODES + 1):
-        _in_node(slurm_cluster, i, "umount", "-l", str(where))
+    return script, where
 
 
 def _small_venv(tmp_path: Path) -> Path:
@@ -117,12 +140,9 @@ def test_ranks_run_from_a_node_local_copy_packed_once(cluster_env: dict[str, str
                                                      node_local: tuple[Path, list[Path]]) -> None:
     where, backing = node_local
     venv = _small_venv(tmp_path)
-    script = tmp_path / "record.py"
-    script.write_text(RECORD)
     runs = []
     for n in (1, 2):
-        out = tmp_path / f"out{n}"
-        out.mkdir()
+        script, out = recorder(tmp_path, f"out{n}")
         r = _submit(cluster_env, tmp_path, where, venv / "bin" / "python", str(script), str(out))
         assert r.returncode == 0, r.stdout + r.stderr
         job = _job(r)
@@ -156,18 +176,14 @@ def test_failure_and_cancel_leave_nothing(cluster_env: dict[str, str], tmp_path:
                                           node_local: tuple[Path, list[Path]]) -> None:
     where, backing = node_local
     venv = _small_venv(tmp_path)
-    script = tmp_path / "record.py"
-    script.write_text(RECORD)
-    out = tmp_path / "fail"
-    out.mkdir()
+    script, out = recorder(tmp_path, "fail")
     r = _submit(cluster_env, tmp_path, where, venv / "bin" / "python", str(script), str(out), "fail")
     assert r.returncode == 3, r.stdout + r.stderr
     # the first rank to exit 3 ends the others (srun --kill-on-bad-exit), maybe before they wrote theirs
     recs = [json.loads(p.read_text()) for p in out.glob("rank-*.json")]
     assert recs and {rec["prefix"] for rec in recs} == {f"{where}/slurmlaunch-stage-{_job(r)}"}
     assert all(list(b.iterdir()) == [] for b in backing)
-    out = tmp_path / "cancel"
-    out.mkdir()
+    _, out = recorder(tmp_path, "cancel")
     r = _submit(cluster_env, tmp_path, where, venv / "bin" / "python", str(script), str(out), "sleep", wait=False)
     assert r.returncode == 0, r.stderr
     job = _job(r)
@@ -189,10 +205,7 @@ def test_too_small_node_local_space_is_one_line(cluster_env: dict[str, str], tmp
                                                node_local: tuple[Path, list[Path]]) -> None:
     where, _ = node_local
     venv = _small_venv(tmp_path)
-    script = tmp_path / "record.py"
-    script.write_text(RECORD)
-    out = tmp_path / "out"
-    out.mkdir()
+    script, out = recorder(tmp_path)
     r = _submit(cluster_env, tmp_path, where, venv / "bin" / "python", str(script), str(out))
     assert r.returncode == 1, r.stdout + r.stderr
     log = _batch_log(tmp_path, _job(r))
@@ -229,10 +242,7 @@ def test_torch_gloo_from_the_node_local_copy(cluster_env: dict[str, str], tmp_pa
     node's copy. The node-local directory is a tmpfs per node (as /dev/shm or a tmpfs /tmp is at many sites):
     the unpack and the clean-up of its 38,000 files take seconds, not the 96 s of rm -rf on this shared disk."""
     where, _ = node_local
-    script = tmp_path / "record.py"
-    script.write_text(RECORD)
-    out = tmp_path / "out"
-    out.mkdir()
+    script, out = recorder(tmp_path)
     r = _submit(cluster_env, tmp_path, where, Path(sys.prefix) / "bin" / "python", str(script), str(out), "torch",
                 timeout=600, cache=TORCH_CACHE)
     assert r.returncode == 0 or teardown_abort_only(r.stderr), r.stdout + r.stderr

@@ -23,7 +23,7 @@ import pytest
 from slurmlaunch.app.devcluster import pbs as pbscluster
 from tests.helpers import run_cli, teardown_abort_only
 from tests.real.test_pbs_real import AS_ROOT, submitted
-from tests.real.test_stage_env import RECORD, TORCH_CACHE, _small_venv
+from tests.real.test_stage_env import TORCH_CACHE, _small_venv, mounted_node_local, recorder
 
 pytestmark = pytest.mark.pbs
 
@@ -43,23 +43,11 @@ def _in_host(cluster: dict[str, str], host: str, *cmd: str) -> str:
 @pytest.fixture
 def node_local(pbs_cluster: dict[str, str], tmp_path: Path,
                request: pytest.FixtureRequest) -> Iterator[tuple[Path, list[Path]]]:
-    """(the node-local directory's path, each host's own directory behind it); ``request.param``: a tmpfs
-    size instead (then the list is empty)."""
-    where = tmp_path / "node-local"
-    where.mkdir()
-    size = getattr(request, "param", None)
-    backing = []
-    for host in HOSTS:
-        if size is None:
-            own = tmp_path / f"disk-{host}"
-            own.mkdir()
-            backing.append(own)
-            _in_host(pbs_cluster, host, "mount", "--bind", str(own), str(where))
-        else:
-            _in_host(pbs_cluster, host, "mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where))
-    yield where, backing
-    for host in HOSTS:
-        _in_host(pbs_cluster, host, "umount", "-l", str(where))
+    """The node-local directory on each host (tests/real/test_stage_env.py: mounted_node_local);
+    ``request.param``: a tmpfs size instead of a bind mount."""
+    with mounted_node_local(tmp_path, HOSTS, getattr(request, "param", None),
+                            lambda host, *cmd: _in_host(pbs_cluster, host, *cmd)) as mounted:
+        yield mounted
 
 
 def _submit(env: dict[str, str], cwd: Path, where: Path, python: Path, *args: str, stage: str = "--stage-env=on",
@@ -87,10 +75,7 @@ def test_pbs_ranks_import_torch_from_their_hosts_copy(pbs_env: dict[str, str], p
     and torch.__file__ are under its host's copy, gloo's all_reduce sums over all 4, and every host's
     node-local directory is empty after the job. The node-local directory is a tmpfs per host."""
     where, _ = node_local
-    script = tmp_path / "record.py"
-    script.write_text(RECORD)
-    out = tmp_path / "out"
-    out.mkdir()
+    script, out = recorder(tmp_path)
     r = _submit(pbs_env, tmp_path, where, Path(sys.prefix) / "bin" / "python", str(script), str(out), "torch",
                 timeout=900, cache=TORCH_CACHE)
     job = submitted(r.stderr)
@@ -112,18 +97,14 @@ def test_pbs_failure_and_qdel_leave_nothing(pbs_env: dict[str, str], tmp_path: P
     (`slurmlaunch cancel`) of a running staged job: the MoM's SIGTERM reaches each host's holder."""
     where, backing = node_local
     venv = _small_venv(tmp_path)
-    script = tmp_path / "record.py"
-    script.write_text(RECORD)
-    out = tmp_path / "fail"
-    out.mkdir()
+    script, out = recorder(tmp_path, "fail")
     r = _submit(pbs_env, tmp_path, where, venv / "bin" / "python", str(script), str(out), "fail")
     job = submitted(r.stderr)
     assert r.returncode != 0 and f"job {job} ended" in r.stderr, r.stdout + r.stderr
     recs = _records(out)
     assert recs and {rec["prefix"] for rec in recs} == {f"{where}/slurmlaunch-stage-{job.split('.')[0]}"}, recs
     assert all(list(b.iterdir()) == [] for b in backing), [list(b.iterdir()) for b in backing]
-    out = tmp_path / "cancel"
-    out.mkdir()
+    _, out = recorder(tmp_path, "cancel")
     r = _submit(pbs_env, tmp_path, where, venv / "bin" / "python", str(script), str(out), "sleep", wait=False)
     assert r.returncode == 0, r.stderr
     job = submitted(r.stderr)
@@ -146,10 +127,7 @@ def test_pbs_too_small_node_local_space_is_one_line(pbs_env: dict[str, str], tmp
                                                     node_local: tuple[Path, list[Path]]) -> None:
     where, _ = node_local
     venv = _small_venv(tmp_path)
-    script = tmp_path / "record.py"
-    script.write_text(RECORD)
-    out = tmp_path / "out"
-    out.mkdir()
+    script, out = recorder(tmp_path)
     r = _submit(pbs_env, tmp_path, where, venv / "bin" / "python", str(script), str(out))
     job = submitted(r.stderr)
     assert r.returncode == 1, r.stdout + r.stderr
