@@ -5,9 +5,9 @@ so the tests that cost the most wall time are not those that cost the most CPU. 
 into an accounting cgroup of its own (cgroup v1 ``cpuacct``, else v2 ``cpu.stat``; accounting only, the
 scheduler's shares are untouched). Everything it starts (its clusters' daemons, the ranks they start, the CLI,
 the local scheduler's detached jobs) inherits it, so the cgroup's usage across one test is that test's CPU, plus
-the little its worker's idle clusters spend meanwhile. Needs root and a cgroup file system; elsewhere it does
-nothing. With SLURMLAUNCH_TEST_CPU_DIR set, each worker writes its tests' CPU there and the run's summary lists
-the costliest and the workers' total (tests/run.sh sets it).
+the little its worker's idle clusters spend meanwhile. Only with SLURMLAUNCH_TEST_CPU_DIR set (tests/run.sh sets
+it): then each worker writes its tests' CPU there and the run's summary lists the costliest and the workers'
+total. Needs root and a cgroup file system; elsewhere it measures nothing.
 """
 
 from __future__ import annotations
@@ -117,7 +117,8 @@ class CpuPlugin:
 
 def pytest_configure(config: pytest.Config) -> None:
     out = os.environ.get("SLURMLAUNCH_TEST_CPU_DIR")
-    # under -n N the controller only hands out tests: its workers measure, it sums up
+    # under -n N the controller only hands out tests: its workers measure, it sums up. Unasked (the variable
+    # unset), no process is moved into a cgroup.
     controller = bool(getattr(config.option, "numprocesses", None)) and "PYTEST_XDIST_WORKER" not in os.environ
-    config.pluginmanager.register(CpuPlugin(Path(out) if out else None, runs_tests=not controller),
+    config.pluginmanager.register(CpuPlugin(Path(out) if out else None, runs_tests=bool(out) and not controller),
                                   "slurmlaunch-cpu-account")
