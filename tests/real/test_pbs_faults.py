@@ -115,6 +115,24 @@ def _host_processes(root: Path, host: str) -> list[int]:
     return found
 
 
+def _launched(root: Path, head: str, timeout: float = 60) -> None:
+    """Until mpiexec on ``head`` has no pbs_tmrsh left: its daemons' launch is over. Each pbs_tmrsh lingers
+    LINGER_S after its daemon detached (slurmlaunch/allocation/tmrsh.py); a host killed before then ends a
+    pbs_tmrsh still running, and Open MPI counts that daemon as never started ("ORTE was unable to reliably start
+    one or more daemons", seen once in a whole run): a failed launch, not the lost host this test is about."""
+    deadline = time.monotonic() + timeout
+    while "pbs_tmrsh" in map(_comm, _host_processes(root, head)):
+        assert time.monotonic() < deadline, f"pbs_tmrsh still running on {head} after {timeout:.0f} s"
+        time.sleep(0.2)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:  # gone meanwhile
+        return ""
+
+
 def _restart_mom(root: Path, host: str) -> None:
     """The MoM of ``host`` started again, and the host free again for the tests after this one. Its lock file
     goes first: the killed MoM may linger as a zombie, whose pid PBS's init script takes for a running MoM."""
@@ -138,8 +156,10 @@ def test_a_lost_host_is_named_by_wait_and_status(pbs_env: dict[str, str], tmp_pa
     try:
         wait_for_files(tmp_path, "up-*", 3, timeout=180)
         job = json.loads(run_cli("list", "--json", env=pbs_env, cwd=tmp_path).stdout)[-1]["job_id"]
-        lost = json.loads(run_cli("status", job, "--json", env=pbs_env, cwd=tmp_path).stdout)["nodes"]
-        lost = lost.split("+")[1].split("/")[0]
+        hosts = [h.split("/")[0] for h in
+                 json.loads(run_cli("status", job, "--json", env=pbs_env, cwd=tmp_path).stdout)["nodes"].split("+")]
+        lost = hosts[1]
+        _launched(root, hosts[0])
         for pid in _host_processes(root, lost):
             os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
