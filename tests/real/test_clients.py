@@ -12,7 +12,8 @@ still a job of several tasks, where Lightning's refusal of SLURM_NTASKS without 
 bug this matrix was made for, shows. 2 x 2 in the real srun step (several ranks per node, SLURM_LOCALID)
 measured 50 s of CPU against 24 s; the launcher's per-node mapping is tested elsewhere. The Python API runs
 on real Slurm (submitit's sbatch and srun); its local executor gives the ranks the local scheduler's
-variables, which the local default covers. The whole matrix: 142 s of CPU (README: Works with)."""
+variables, which the local default covers. The whole matrix alone on this 2-core machine kind: 375 s of CPU and
+241 s of wall (docs/reference/works-with.md), about a fifth of the suite's CPU."""
 
 from __future__ import annotations
 
@@ -48,6 +49,11 @@ ELASTIC = ("torchrun", "run")
 # world only on an accelerator, or on the CPU when told so (`accelerate launch --cpu` exports the same variable);
 # under plain torchrun on a CPU-only machine it stays one process per rank just the same.
 SETTINGS = {"accelerate": {"ACCELERATE_USE_CPU": "1"}}
+# What this machine needs, not the libraries: every rank of a way's 7 jobs shares this machine's two cores (14
+# at once), and torch gives each one thread per core by default (a world of 1 rank per node is no reason for
+# slurmlaunch to set it, nor for torchrun). One thread each cut the local default's matrix from 72.5 to 58.1 s
+# of CPU (2026-12-07); the ranks' answers are the same.
+MACHINE = {"OMP_NUM_THREADS": "1"}
 RECORD = re.compile(r"CLIENT ([\w-]+) (.*)$", re.M)
 
 
@@ -76,8 +82,13 @@ def argv(name: str, workdir: Path, per_node: int, epochs: int = 2) -> list[str]:
     return [str(CLIENTS / "ddp_snapshot.py"), str(epochs), "1", "--snapshot", str(workdir / "snapshot.pt")]
 
 
+def settings(name: str) -> dict[str, str]:
+    """The variables a job of that client is given: the library's (SETTINGS) and this machine's (MACHINE)."""
+    return {**SETTINGS.get(name, {}), **MACHINE}
+
+
 def env_options(name: str) -> list[str]:
-    return [f"--env={k}={v}" for k, v in SETTINGS.get(name, {}).items()]
+    return [f"--env={k}={v}" for k, v in settings(name).items()]
 
 
 def records(text: str, name: str) -> list[dict[str, str]]:
@@ -187,7 +198,8 @@ def test_local_default(tmp_path: Path, clients_installed: None) -> None:
     first = records(job_text(d), "ddp")
     for log in (d / "slurmlaunch-logs").glob("*.log"):
         log.unlink()
-    code, console = run_together({"again": (submit(*shape, *argv("ddp", d, per_node, 3)), no_slurm_env(d), d)})["again"]
+    again_cmd = submit(*shape, *env_options("ddp"), *argv("ddp", d, per_node, 3))
+    code, console = run_together({"again": (again_cmd, no_slurm_env(d), d)})["again"]
     assert succeeded(code, console, d), console[-4000:]
     text = job_text(d)
     again = check(text, "ddp", "local")
@@ -234,7 +246,7 @@ def test_run_two_nodes(tmp_path: Path, clients_installed: None) -> None:
                 [sys.executable, "-m", "slurmlaunch", "run", "--nnodes", str(NODES), "--node-rank", str(node),
                  "--master-addr", "127.0.0.1", "--master-port", port, "--allow-loopback", "--cpu",
                  "--nproc-per-node", str(per_node), *argv(name, d, per_node)],
-                dict(no_slurm_env(d), **SETTINGS.get(name, {})), d)
+                dict(no_slurm_env(d), **settings(name)), d)
     done = run_together(commands)
     for name in NAMES:
         text = ""
@@ -250,7 +262,7 @@ def test_run_two_nodes(tmp_path: Path, clients_installed: None) -> None:
 API_CODE = """
 import json, sys
 import slurmlaunch
-from tests.real.test_clients import NAMES, NODES, PER_NODE, SETTINGS, argv
+from tests.real.test_clients import NAMES, NODES, PER_NODE, argv, settings
 per_node = PER_NODE["api"]
 from pathlib import Path
 scheduler, root = sys.argv[1], Path(sys.argv[2])
@@ -260,7 +272,7 @@ for name in NAMES:
     d.mkdir()
     script, *args = argv(name, d, per_node)
     jobs[name] = slurmlaunch.submit_script(script, args, scheduler=scheduler, nodes=NODES, tasks_per_node=per_node,
-                                           time="5", output_dir=str(d / "logs"), env=SETTINGS.get(name, {}))
+                                           time="5", output_dir=str(d / "logs"), env=settings(name))
 out = {}
 for name, job in jobs.items():
     try:
@@ -273,7 +285,7 @@ print("API " + json.dumps(out))
 
 
 def api_run(scheduler: str, env: dict[str, str], tmp_path: Path) -> None:
-    # Each client's settings (SETTINGS) go as submit_script(env=...): the batch script's export lines, on every
+    # Each client's settings (settings()) go as submit_script(env=...): the batch script's export lines, on every
     # scheduler, as `submit --env` (not through the caller's environment, which once hid that the API dropped them)
     env = dict(env, PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-c", API_CODE, scheduler, str(tmp_path)], env=env, cwd=tmp_path,
@@ -326,8 +338,8 @@ def check_works_with_table(table: str, pins: dict[str, str], detailed: bool = Tr
         assert f"`{env}`" in rows["Lightning"] and f"`{env}`" in rows["Fabric"], env
     for env in set(IDR_ENV.values()):
         assert f"`{env}`" in rows["idr-torch"], env
-    for name, settings in SETTINGS.items():
-        for key, value in settings.items():
+    for name, values in SETTINGS.items():
+        for key, value in values.items():
             assert f"{key}={value}" in table, (name, key)
 
 
