@@ -2,7 +2,7 @@
 that problems are reported rather than stopped at): name resolution of MASTER_ADDR, whether rank 0's
 MASTER_PORT is reachable from every rank, the GPUs a task sees, Python and torch. Writes one JSON file per
 rank into the directory given as its argument (RankReport.to_json; doctor reads it back with from_json).
-Every wait is bounded by $SLURMLAUNCH_PROBE_TIMEOUT.
+Every wait is bounded by $SLURMLAUNCH_PROBE_TIMEOUT, torch's import (beside the port check) included.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -164,17 +165,30 @@ def main(argv: list[str]) -> int:
     deadline = time.monotonic() + timeout
     rank, world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
     addr, port = env.get("MASTER_ADDR", ""), int(env.get("MASTER_PORT", "0") or 0)
+    # torch's import (seconds of CPU, many more on a loaded node) runs beside the port check, within the same
+    # budget. After it, it came on top of that wait, which rank 0 spends whole when the others never connect
+    # (an unresolvable MASTER_ADDR): on a loaded machine the probe job outlived doctor's --timeout.
+    found: list[TorchFinding] = []
+    importer = threading.Thread(target=lambda: found.append(torch_info()), name="import-torch", daemon=True)
+    importer.start()
     resolved = resolve(addr) if addr else Finding(False, "MASTER_ADDR is not set")
     if rank == 0:
         port_found = serve(port, world - 1, deadline) if world > 1 else Finding(True, "one rank: nothing to reach")
     else:
         port_found = reach(addr, port, deadline) if resolved.ok else Finding(False, "skipped: MASTER_ADDR unresolved")
+    importer.join(max(0.0, deadline - time.monotonic()))
+    torch_found = found[0] if found else TorchFinding(False, f"import torch did not finish within the probe's "
+                                                             f"{timeout:g}s (a slow file system?)")
     report = RankReport(
         rank, env.get("LOCAL_RANK"), socket.gethostname(), addr, port, resolved, port_found,
         GpuView(env.get("CUDA_VISIBLE_DEVICES"), len(dev_gpu_ids()), env.get("SLURMLAUNCH_LOCAL_DEVICE")),
-        Finding(True, f"{sys.executable} {sys.version.split()[0]}"), torch_info())
+        Finding(True, f"{sys.executable} {sys.version.split()[0]}"), torch_found)
     with open(os.path.join(out_dir, report_name(rank)), "w") as f:
         json.dump(report.to_json(), f)
+    if importer.is_alive():  # an import still under way is not waited for, nor torn down at the exit
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ from slurmlaunch.app.doctor.command import (
     slurm_version,
 )
 from slurmlaunch.app.doctor.probe import MissingReport, ProbeJob, gpu_problem, probe_job, rank_rows
+from tests import ports
 from tests.helpers import no_slurm_env, run_cli
 
 
@@ -103,6 +107,26 @@ def test_probe_reports_an_unresolvable_master_within_its_bound(cluster_env: dict
     rows = [line for line in r.stdout.splitlines() if line[:1].isdigit()]
     assert len(rows) == 2 and all("FAIL no-such-host.invalid -> does not resolve" in row for row in rows)
     assert "of 1 other ranks connected before the timeout" in rows[0] and "skipped" in rows[1]
+
+
+def test_probe_rank_is_bounded_by_its_budget_torchs_import_included(tmp_path: Path) -> None:
+    """The probe's rank 0, whom no other rank reaches, with a torch whose import never ends: it reports within
+    its budget, the import named as what did not finish. (Before, the import came after the port's wait: a
+    loaded machine's slow import took the probe job past doctor's --timeout, seen in CI beside two busy loops.)"""
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import time\ntime.sleep(600)\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(fake.parent), RANK="0", LOCAL_RANK="0", WORLD_SIZE="2",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports.port()), SLURMLAUNCH_PROBE_TIMEOUT="2")
+    r = subprocess.run([sys.executable, "-m", "slurmlaunch.allocation.probe", str(out)], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)  # 600 s without the bound
+    assert r.returncode == 0, r.stderr
+    report = RankReport.from_json(json.loads((out / "rank-0.json").read_text()))
+    assert report.torch == TorchFinding(False, "import torch did not finish within the probe's 2s (a slow file "
+                                                "system?)"), report
+    assert report.port.detail.endswith("0 of 1 other ranks connected before the timeout"), report
 
 
 def _report(rank: int, torch: TorchFinding) -> RankReport:
