@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from slurmlaunch.app.devcluster import pbs as pbscluster
 from slurmlaunch.app.devcluster import slurm as slurmcluster
@@ -20,6 +21,12 @@ from tests.helpers import StaleShimLockSweeper, first_job_id, per_test_env, skip
 from tests.slurm_current import slurm_current_cluster, slurm_current_env  # noqa: F401  (fixtures: Slurm 25.11)
 
 pytest_plugins = ["tests.ordering", "tests.cpu_account"]  # the known-slow tests first; CPU per test
+
+# No time limit per generated example: hypothesis's default of 200 ms is a timed test, and beside two busy
+# loops one example of the URL masking took 296 ms (CI, Python 3.10's unit layer, 2026-12-07). Each test's
+# examples are still bounded by their number (max_examples).
+settings.register_profile("slurmlaunch", deadline=None)
+settings.load_profile("slurmlaunch")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -173,7 +173,7 @@ def test_more_ranks_than_gpus_is_an_error() -> None:
 
 # --- properties -------------------------------------------------------------------------------------
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(st.lists(st.integers(1, 5), min_size=1, max_size=9), st.integers(1, 10**6))
 def test_ranks_are_a_bijection_and_all_agree(counts: list[int], job: int) -> None:
     nodelist = f"gpu-[{1:03d}-{len(counts):03d}]"
@@ -184,7 +184,7 @@ def test_ranks_are_a_bijection_and_all_agree(counts: list[int], job: int) -> Non
     assert all(d.world_size == sum(counts) and d.num_nodes == len(counts) for d in results)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(st.dictionaries(
     st.sampled_from(["SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NODELIST",
                      "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_LOCALID", "SLURMD_NODENAME",

@@ -76,7 +76,7 @@ def test_counts_invalid(text: str) -> None:
         hostlist.parse_counts(text)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400)
 @given(st.text(alphabet=st.sampled_from(list("ab01-,[] \t+x9")), max_size=24))
 def test_any_input_gives_hosts_or_our_error(expr: str) -> None:
     try:
@@ -89,7 +89,7 @@ def test_any_input_gives_hosts_or_our_error(expr: str) -> None:
         assert hostlist.nth_host(expr, len(hosts) - 1) == hosts[-1]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(st.lists(st.tuples(st.integers(0, 500), st.integers(0, 30), st.integers(1, 4)), min_size=1, max_size=4))
 def test_generated_ranges_roundtrip(ranges: list[tuple[int, int, int]]) -> None:
     parts, expected = [], []
