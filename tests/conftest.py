@@ -16,6 +16,7 @@ from hypothesis import settings
 from slurmlaunch.app.devcluster import pbs as pbscluster
 from slurmlaunch.app.devcluster import slurm as slurmcluster
 from slurmlaunch.core.errors import DevClusterError
+from tests import ports
 from tests import sshd as _sshd
 from tests.helpers import StaleShimLockSweeper, first_job_id, per_test_env, skip_or_fail
 from tests.slurm_current import slurm_current_cluster, slurm_current_env  # noqa: F401  (fixtures: Slurm 25.11)
@@ -32,6 +33,13 @@ settings.load_profile("slurmlaunch")
 def pytest_configure(config: pytest.Config) -> None:
     # Submissions append to a per-user index of jobs: keep the suite's out of the real one.
     os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="slurmlaunch-test-state-")
+    # `slurmlaunch run` without --master-port listens on torchrun's default, 29500, as torchrun does: two test
+    # processes' runs at once found it held and exited 78 (CI run 19, 2026-12-07). Every run a test process
+    # starts defaults to a port of that process's own instead (PET_MASTER_PORT, read by `run` as by torchrun; a
+    # --master-port on the command line still wins). Not in xdist's controller, which runs no test.
+    controller = getattr(config.option, "numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ
+    if not controller and "PET_MASTER_PORT" not in os.environ:
+        os.environ["PET_MASTER_PORT"] = str(ports.run_port())
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -105,11 +105,17 @@ def port() -> int:
     return port_block(1).start
 
 
+def run_port() -> int:
+    """The port ``slurmlaunch run`` listens on when a test gives it none: the last of this process's own, never
+    handed out by :func:`port` (tests/conftest.py makes it the process's PET_MASTER_PORT)."""
+    return slot_ports()[-1]
+
+
 def port_block(count: int) -> range:
     """``count`` consecutive ports of this process's own, each free now: for a child process that needs
     several (it takes them in turn; the range is not handed out again until the slot's ports wrap around)."""
     global _next
-    ports = slot_ports()
+    ports = slot_ports()[:-1]  # the last is run_port()'s
     if not 0 < count <= len(ports) // 4:
         raise ValueError(f"port_block({count}): between 1 and {len(ports) // 4} ports at once")
     with _lock:

@@ -54,7 +54,7 @@ _ASK = """
 import json, sys
 from tests import ports
 got = [ports.port() for _ in range(20)] + list(ports.port_block(5))
-print(json.dumps({"slot": ports.slot(), "ports": got}), flush=True)
+print(json.dumps({"slot": ports.slot(), "ports": got, "run": ports.run_port()}), flush=True)
 sys.stdin.read()  # hold the slot until the test has seen every process's answer
 """
 
@@ -84,6 +84,8 @@ def test_many_test_processes_asking_at_once_never_share_a_slot_or_a_port(tmp_pat
         low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
         for a in answers:
             assert all(p in ports.slot_ports(a["slot"]) and not low <= p <= high for p in a["ports"]), a
+        runs = {a["run"] for a in answers}  # `slurmlaunch run`'s default port: one per slot, never handed out
+        assert len(runs) == ports.SLOTS and not runs & set(seen)
         ninth = ask()
         procs.append(ninth)
         time.sleep(1.5)
@@ -94,6 +96,14 @@ def test_many_test_processes_asking_at_once_never_share_a_slot_or_a_port(tmp_pat
         for p in procs:
             if p.poll() is None:
                 p.communicate("", timeout=30)
+
+
+def test_run_without_a_port_listens_on_this_test_process_s_own() -> None:
+    """Every `slurmlaunch run` a test starts without --master-port reads this process's PET_MASTER_PORT (as
+    torchrun would), not torchrun's 29500 that every worker would share."""
+    assert os.environ["PET_MASTER_PORT"] == str(ports.run_port())
+    handed = {ports.port() for _ in range(ports.PORTS_PER_SLOT)}  # a whole turn of the slot's ports
+    assert ports.run_port() in ports.slot_ports() and ports.run_port() not in handed
 
 
 @pytest.mark.slurm

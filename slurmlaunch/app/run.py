@@ -17,7 +17,7 @@ from ..allocation.net import HeldPort, all_loopback, bindable, holds_connection,
 from ..allocation.reasons import RDZV_TIMEOUT
 from ..core.distenv import check_master_addr
 from ..core.errors import SpecError
-from ..core.limits import MAX_NODES, MAX_PER_NODE, Count, Seconds, bounded_int, shown
+from ..core.limits import MAX_NODES, MAX_PER_NODE, Count, Seconds, bounded_int, parse_count, shown
 from ..core.rdzv import RDZV_TIMEOUT_VAR, parse_rendezvous_timeout
 
 TYPE_CHECKING = False
@@ -73,23 +73,38 @@ def _refusal(advice: str) -> Any:
     return Refuse
 
 
+class FromEnv(str):
+    """A default `run` read from a PET_* variable (as torchrun does): a bad one is named as such."""
+
+
+class PetCount(Count):
+    """Count, naming the PET_* variable when the value came from it and the option when the command line gave it
+    (argparse passes a string default through the same type)."""
+
+    def __init__(self, flag: str, name: str, minimum: int, maximum: int) -> None:
+        super().__init__(flag, minimum, maximum)
+        self.from_env = f"{flag} (from PET_{name})"
+
+    def __call__(self, text: str) -> int:
+        return parse_count(self.from_env if isinstance(text, FromEnv) else self.what, text, self.minimum,
+                           self.maximum)
+
+
 def add_run_options(p: Any, environ: Mapping[str, str]) -> None:
     import argparse
 
     def pet(name: str, default: object) -> object:
-        return environ.get(f"PET_{name}", default)  # torchrun reads its flags from PET_* too
-
-    def named(flag: str, name: str) -> str:  # a bad PET_* value is named as such
-        return f"{flag} (from PET_{name})" if f"PET_{name}" in environ else flag
+        value = environ.get(f"PET_{name}")  # torchrun reads its flags from PET_* too
+        return default if value is None else FromEnv(value)
 
     # String defaults go through `type` too (argparse converts them after parsing): a bad PET_* value is
     # one line when the command runs, not a traceback while the parser is built.
     p.add_argument("--nnodes", default=pet("NNODES", "1"), help="number of nodes (N, or N:N)")
-    p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=Count(named("--node-rank", "NODE_RANK"), 0,
+    p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=PetCount("--node-rank", "NODE_RANK", 0,
                    MAX_NODES - 1), default=pet("NODE_RANK", "0"))
     p.add_argument("--master-addr", "--master_addr", dest="master_addr", default=pet("MASTER_ADDR", "127.0.0.1"))
     p.add_argument("--master-port", "--master_port", dest="master_port",
-                   type=Count(named("--master-port", "MASTER_PORT"), 1, 65535),
+                   type=PetCount("--master-port", "MASTER_PORT", 1, 65535),
                    default=pet("MASTER_PORT", str(DEFAULT_PORT)))
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default=pet("RDZV_ENDPOINT", None),
                    help="HOST:PORT, the same as --master-addr HOST --master-port PORT")

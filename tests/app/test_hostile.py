@@ -27,7 +27,6 @@ from slurmlaunch.core import limits
 from slurmlaunch.core.detect import Context, detect
 from slurmlaunch.core.errors import EnvironmentMappingError, SpecError
 from slurmlaunch.core.spec import JobSpec, parse_array, parse_nodes, validate
-from tests import ports
 from tests.helpers import ROOT, no_slurm_env, step_env
 
 MEMORY_LIMIT = 100 * 2**20  # the issue's bound for any rejected input: ~100 MB of address space
@@ -58,11 +57,6 @@ def work(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """A working directory with t.py, an environment without Slurm, and a fake sbatch (dry runs only)."""
     (tmp_path / "t.py").write_text("print('ran')\n")
     env = no_slurm_env(tmp_path)
-    # `run` without --master-port listens on torchrun's default, 29500, on this machine: two workers' `run`s at
-    # once (the fuzz below, hundreds of them, and the trailing-newline walk) found it held and exited 78 (CI,
-    # 2026-12-07). A port of this worker's own is the default here (PET_*, as torchrun reads them); an option
-    # given on the command line still wins.
-    env["PET_MASTER_PORT"] = str(ports.port())
     fake = tmp_path / "fakebin"
     fake.mkdir()
     (fake / "sbatch").write_text("#!/bin/sh\nexit 99\n")

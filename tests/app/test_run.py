@@ -121,6 +121,9 @@ def test_print_env_per_rank(tmp_path: Path) -> None:
     (["--master-addr", "no-such-host.invalid"], {}, "'no-such-host.invalid' does not resolve"),
     (["--standalone", "--nnodes", "2"], {}, "--standalone is for one node"),
     (["--master-port", "0"], {}, "--master-port 0"),
+    # the command line's value is named as the option's, though PET_MASTER_PORT is set too (it was "from PET_...")
+    (["--master-port", "0"], {"PET_MASTER_PORT": "2999"}, "--master-port 0 is not valid"),
+    (["--node-rank", "x", "--nnodes", "2"], {"PET_NODE_RANK": "1"}, "--node-rank 'x' is not valid"),
     (["--bogus"], {}, "--bogus"),
     (["-m", "--no-python"], {}, "cannot be used together"),
 ])
