@@ -24,6 +24,9 @@ from tests.helpers import alive, no_slurm_env, run_cli, wait_for_files
 
 # Each rank says which process it is (pid-RANK, written whole), then waits for the file "go" (at most 120 s);
 # rank 0 then exits with code argv[2], the others with 0 (a failing rank 1 could stop rank 0 before it prints).
+# The wait is one line of C calls only, so that every rank's stack is the same wherever a dump finds it: with
+# the check and the sleep on two lines (and os.path's Python frames in the check), a loaded machine's dump caught
+# one rank in each and `cancel --stacks` showed two groups (CI, 2026-12-07).
 WAITER = """
 import os, sys, time
 d, rank = sys.argv[1], int(os.environ["RANK"])
@@ -31,9 +34,8 @@ with open(os.path.join(d, f".pid-{rank}"), "w") as f:
     f.write(str(os.getpid()))
 os.replace(os.path.join(d, f".pid-{rank}"), os.path.join(d, f"pid-{rank}"))
 print(f"started {rank}", flush=True)
-deadline = time.monotonic() + 120
-while not os.path.exists(os.path.join(d, "go")) and time.monotonic() < deadline:
-    time.sleep(0.05)
+deadline, go = time.monotonic() + 120, os.path.join(d, "go")
+while not os.access(go, os.F_OK) and time.monotonic() < deadline: time.sleep(0.05)
 print(f"finished {rank}", flush=True)
 sys.exit(int(sys.argv[2]) if rank == 0 else 0)
 """
