@@ -408,11 +408,10 @@ class Step:
         from .stacks import summary_main
 
         _signal.signal(_signal.SIGTERM, _signal.SIG_DFL)
-        for _ in range(30):
-            if self.pid is None or self._ended():
-                break
+        until = time.monotonic() + 3.0  # the whole wait, the dumps' included: Slurm's KillWait comes after it
+        while time.monotonic() < until and self.pid is not None and not self._ended():
             time.sleep(0.1)
-        summary_main([self.files.stacks])
+        summary_main([self.files.stacks], wait=max(0.0, until - time.monotonic()))
         sys.stderr.flush()
         os.kill(os.getpid(), _signal.SIGTERM)
 

@@ -24,6 +24,7 @@ from .smallfile import read_small
 DUMP_SIGNAL = signal.SIGWINCH  # why this one: script_runner's comment on the RUNNER
 DUMP_LIMIT = 1 << 20  # bytes read of one dump: faulthandler stops at 100 threads x 100 frames anyway
 SETTLE_S = 1.0  # a dump without the RUNNER's last frame (a stack cut at 100 frames) counts once it stops growing
+SAVED_WAIT_S = 2.0  # at most this long the summary after a stop waits for the dumps stopped ranks still write
 
 
 class Armed:
@@ -145,21 +146,44 @@ def collect(directory: str, host: str | None, timeout: float, ranks: Collection[
     return [out[r] for r in sorted(out)]
 
 
-def saved(directory: str) -> list[dict[str, object]]:
+def _whole(path: str, a: Armed | None, here: str, deadline: float, poll: float = 0.05) -> str:
+    """RANK.stopped once the rank's dump is whole, waiting until ``deadline`` at most. The summary can run while
+    a stopped rank still writes it (mpiexec may end before its ranks on the hosts the stop reached last; seen on
+    PBS under load: one rank's dump held its thread's header only, another's nothing yet). Whole: the RUNNER's
+    last frame is in it; or the rank's process, on this host, has ended (what it wrote is all there is); or, a
+    rank of another host, nothing came yet or it stopped growing for SETTLE_S (a stack cut at 100 frames)."""
+    text = _read_from(path, 0)
+    size, since = len(text), time.monotonic()
+    while not (text.strip() and complete(text)) and time.monotonic() < deadline:
+        if a is not None and a.host == here:
+            if not same_process(a):
+                break
+        elif not text.strip() or time.monotonic() - since >= SETTLE_S:
+            break
+        time.sleep(poll)
+        text = _read_from(path, 0)
+        if len(text) != size:
+            size, since = len(text), time.monotonic()
+    return text
+
+
+def saved(directory: str, wait: float = 0.0) -> list[dict[str, object]]:
     """The dumps the ranks wrote when a stop signal reached them (RANK.stopped), with the node from their pid
     file: one dict per rank that has one (rank, host, pid, state "ok", text). A rank stopped after its script
-    ended with an exception gives the stack it ended at (RANK.ended) instead."""
+    ended with an exception gives the stack it ended at (RANK.ended) instead. ``wait``: seconds at most, in all,
+    for dumps still being written (:func:`_whole`; right after a stop)."""
     hosts = {a.rank: a for a in armed(directory)}
     out: list[dict[str, object]] = []
     try:
         names = sorted(os.listdir(directory))
     except OSError:
         return out
+    here, deadline = this_host(), time.monotonic() + wait
     for name in names:
         rank = name.removesuffix(STACKS_STOP_SUFFIX)
         if not name.endswith(STACKS_STOP_SUFFIX) or not rank.isdigit() or len(rank) > 9:
             continue
-        text = _read_from(os.path.join(directory, name), 0)
+        text = _whole(os.path.join(directory, name), hosts.get(int(rank)), here, deadline)
         # a rank whose script had already ended with an exception (a peer stopped before it broke its
         # all_reduce) was stopped in its teardown, outside the job's code: where its script was is the stack
         # the RUNNER saved as it ended
@@ -227,13 +251,14 @@ def answers(entries: Sequence[dict[str, object]], timeout: float) -> list[RankSt
     return out
 
 
-def saved_summary(directory: str, lost: Mapping[int, tuple[str, str]] | None = None) -> list[str]:
+def saved_summary(directory: str, lost: Mapping[int, tuple[str, str]] | None = None,
+                  wait: float = SAVED_WAIT_S) -> list[str]:
     """One line per group of the stacks the ranks saved when a stop signal reached them ([] when none did),
     also written to ``directory``/summary for `slurmlaunch stacks` and --wait. ``lost``: ranks that could
     save none, rank -> (host, why) (their host was lost), named rather than left out. The file is written
     empty when no rank saved one: --wait waits for it after a stop, and an empty one says the batch step
     looked and found nothing (without it, --wait waited out its whole bound)."""
-    ranks = answers(saved(directory), 0)
+    ranks = answers(saved(directory, wait), 0)
     ranks += [RankStacks(rank, host, (), why) for rank, (host, why) in sorted((lost or {}).items())
               if all(r.rank != rank for r in ranks)]
     lines = group(ranks, source_line).lines() if ranks else []
@@ -252,14 +277,15 @@ def saved_summary(directory: str, lost: Mapping[int, tuple[str, str]] | None = N
 SUMMARY_USAGE = "usage: slurmlaunch stacks-summary DIR"
 
 
-def summary_main(argv: Sequence[str], lost: Mapping[int, tuple[str, str]] | None = None) -> int:
+def summary_main(argv: Sequence[str], lost: Mapping[int, tuple[str, str]] | None = None,
+                 wait: float = SAVED_WAIT_S) -> int:
     """`slurmlaunch stacks-summary DIR` (the batch script, after the ranks ended): the grouped stacks the
     ranks saved when they were stopped, on stderr, prefixed as the batch log's other lines (``lost``: see
     :func:`saved_summary`)."""
     if len(argv) != 1 or argv[0].startswith("-"):
         sys.stderr.write(f"slurmlaunch: error: {SUMMARY_USAGE}\n")
         return 2
-    lines = saved_summary(argv[0], lost)
+    lines = saved_summary(argv[0], lost, wait)
     if lines:
         sys.stderr.write(f"slurmlaunch: {STOPPED_HEADER} ({len(lines)} group(s); every thread in {argv[0]}):\n")
         sys.stderr.write("".join(f"slurmlaunch:   {line}\n" for line in lines))

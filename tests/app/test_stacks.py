@@ -121,6 +121,63 @@ def test_the_runner_arms_a_dump_on_demand_and_at_a_stop(tmp_path: Path) -> None:
     assert collect(str(tmp_path / "st"), None, 30)[0]["state"] == "ended"
 
 
+def _pid_line(pid: int, host: str) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        start = f.read().rsplit(b")", 1)[1].split()[19].decode()
+    return f"{pid} {start} {host}\n"
+
+
+def test_the_summary_after_a_stop_waits_for_dumps_still_being_written(tmp_path: Path) -> None:
+    """The stop summary can run while stopped ranks still write their dumps (PBS under load, CI 2026-12-07: rank 3
+    read as "no Python frame", its dump's first line only; rank 1's not begun). Each rank's dump here is written
+    in two halves, the second 0.4 s late: a rank of this host whose process lives, and one of another host whose
+    dump grows, are read whole; one of another host with nothing yet, and one of this host whose process has
+    ended, are not waited for; the whole wait has its bound."""
+    from slurmlaunch.allocation.stacks import this_host
+
+    st = tmp_path / "st"
+    st.mkdir()
+    here, live = this_host(), subprocess.Popen(["sleep", "60"])
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    try:
+        pids = {0: _pid_line(live.pid, here), 1: _pid_line(live.pid, "elsewhere"), 2: _pid_line(live.pid, "elsewhere"),
+                3: f"{ended.pid} 1 {here}\n"}
+        for rank, line in pids.items():
+            (st / f"{rank}.pid").write_text(line)
+        head, rest = SLEEPING.split("\n", 1)
+        for rank in (0, 1, 3):
+            (st / f"{rank}.stopped").write_text(head + "\n")
+        (st / "2.stopped").write_text("")
+
+        def finish() -> None:
+            time.sleep(0.4)
+            for rank in (0, 1):  # rank 3's process has ended: its half dump is all it will ever write
+                with open(st / f"{rank}.stopped", "a") as f:
+                    f.write(rest)
+
+        import threading
+
+        writer = threading.Thread(target=finish)
+        writer.start()
+        start = time.monotonic()
+        got = {e["rank"]: parse(str(e["text"])) for e in saved(str(st), wait=5.0)}
+        took = time.monotonic() - start
+        writer.join()
+        assert got[0][-1].frames[0].function == "load_batch" and got[1][-1].frames[0].function == "load_batch"
+        assert 3 in got and got[3][-1].frames == () and 2 not in got  # ended: as it was; nothing: not listed
+        assert took < 5.0  # the bound was not reached: rank 3 (ended) and rank 2 (nothing) were not waited for
+        # a rank of this host that lives on and never finishes its dump: the bound, not forever
+        (st / "4.pid").write_text(_pid_line(live.pid, here))
+        (st / "4.stopped").write_text(head + "\n")
+        start = time.monotonic()
+        assert parse(str(next(e for e in saved(str(st), wait=0.5) if e["rank"] == 4)["text"]))[-1].frames == ()
+        assert 0.5 <= time.monotonic() - start < 5.0
+    finally:
+        live.kill()
+        live.wait()
+
+
 BROKEN = """
 import atexit, os, sys, time
 def linger():  # the teardown a stop then finds it in (torch's: settle, garbage collection, atexit)
