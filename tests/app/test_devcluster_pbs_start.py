@@ -1,6 +1,8 @@
 """The PBS dev cluster's head-host start and pbs_db_utility's datastore race (seen in CI at load 13: PostgreSQL's
 socket not there yet when createdb runs). The failure text is OpenPBS's own (/opt/pbs/libexec/pbs_db_utility);
-PBS removes the half-made datastore itself, so only that failure is tried again, a bounded number of times."""
+PBS removes the half-made datastore itself, so only that failure is tried again, a bounded number of times.
+Then the server, which `pbs_init.d start` leaves still initializing on a busy machine: waited for while it
+refuses connections, in bounded time."""
 
 from __future__ import annotations
 
@@ -51,4 +53,30 @@ def test_any_other_failure_is_said_at_once(monkeypatch: pytest.MonkeyPatch) -> N
                                  "License error"])
     with pytest.raises(DevClusterError, match="License error"):
         pbs._start_head(Path("/nonexistent"), "pbs_init.d", 10)
+    assert len(calls) == 1
+
+
+# What qstat says while pbs_server is not listening (real: tests/real/test_devcluster_pbs.py injects it)
+REFUSED = ("asking the PBS server: `qstat -B` failed (exit 2): Connection refused\n"
+           "qstat: cannot connect to server head (errno=15010)")
+
+
+def test_the_server_is_waited_for_until_it_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = starts(monkeypatch, [REFUSED, REFUSED])
+    pbs._wait_server(Path("/nonexistent"), 10)
+    assert len(calls) == 3 and all(argv[-1] == "-B" for argv in calls)
+
+
+def test_a_server_that_never_answers_is_said_in_bounded_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = starts(monkeypatch, [REFUSED] * 1000)
+    with pytest.raises(DevClusterError) as e:
+        pbs._wait_server(Path("/nonexistent"), 1)
+    assert "the PBS server on head did not accept a connection within 1s" in str(e.value), e.value
+    assert "Connection refused" in str(e.value) and 2 <= len(calls) <= 10
+
+
+def test_any_other_answer_of_the_server_is_said_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = starts(monkeypatch, ["asking the PBS server: `qstat -B` failed (exit 1): qstat: Unauthorized Request"])
+    with pytest.raises(DevClusterError, match="Unauthorized Request"):
+        pbs._wait_server(Path("/nonexistent"), 10)
     assert len(calls) == 1

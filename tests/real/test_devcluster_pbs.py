@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -115,3 +116,50 @@ def test_down_after_a_crashed_up_stops_every_daemon_and_removes_the_network(tmp_
     assert not (root / devcluster.LEDGER).exists()
     st = run_cli("dev-cluster", "status", "--dir", str(root), timeout=60)
     assert st.returncode != 0
+
+
+def test_up_waits_for_a_server_that_is_not_listening_yet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race seen on a busy machine (`pbs_init.d start` returned while pbs_server was still initializing, and
+    qmgr's first connection was refused), injected on the real head host: once it has started, its pbs_server
+    is stopped (qterm) and started again 3 s later. `up` waits for it and goes on."""
+    if devcluster_pbs.missing_requirements() or not devcluster_pbs.installed():
+        skip_or_fail(devcluster_pbs.missing_requirements() or "OpenPBS is not installed (tests/run.sh)")
+    real_start = devcluster_pbs._start_head
+    restarts: list[threading.Thread] = []
+    refused: list[str] = []
+
+    def start_then_stop_the_server(root: Path, init: str, timeout: float) -> None:
+        real_start(root, init, timeout)
+        qstat = [*devcluster_pbs.enter(root, devcluster_pbs.HEAD), str(devcluster_pbs.PBS_EXEC / "bin" / "qstat"), "-B"]
+        subprocess.run([*devcluster_pbs.enter(root, devcluster_pbs.HEAD),
+                        str(devcluster_pbs.PBS_EXEC / "bin" / "qterm"), "-t", "quick"], capture_output=True, timeout=60)
+        deadline = time.monotonic() + 30
+        while not refused:  # the fault is in place: a client's connection is refused
+            r = subprocess.run(qstat, capture_output=True, text=True, timeout=60, env=devcluster_pbs.QUIET_ENV)
+            if devcluster_pbs.SERVER_DOWN in r.stdout + r.stderr:
+                refused.append(r.stdout + r.stderr)
+            assert time.monotonic() < deadline, f"pbs_server still answers 30 s after qterm: {r.stdout}{r.stderr}"
+            time.sleep(0.2)
+
+        def restart() -> None:
+            time.sleep(3)
+            subprocess.run([*devcluster_pbs.enter(root, devcluster_pbs.HEAD), init, "start"], capture_output=True,
+                           timeout=180, env=devcluster_pbs.QUIET_ENV)
+
+        restarts.append(threading.Thread(target=restart))
+        restarts[0].start()
+
+    monkeypatch.setattr(devcluster_pbs, "_start_head", start_then_stop_the_server)
+    root = tmp_path / "c"
+    try:
+        env = devcluster_pbs.up(root, nodes=1, cpus=2)
+        assert refused and restarts, "the fault was not injected"
+        print("refused while stopped:", refused[0].strip())
+        assert devcluster_pbs.node_states(root) == {"node1": "free"}
+        job = subprocess.run(["qsub", "-l", "select=1:ncpus=1", "--", "/bin/true"], env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert job.returncode == 0, job.stderr
+    finally:
+        for t in restarts:
+            t.join(timeout=200)
+        devcluster_pbs.down(root)

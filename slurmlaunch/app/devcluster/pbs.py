@@ -335,6 +335,7 @@ def up(root: Path, nodes: int = 3, cpus: int = 8, gpus: int = 0, timeout: float 
             f"$max_check_poll {MOM_POLL_S[1]}\n")
     init = str(PBS_EXEC / "libexec" / "pbs_init.d")
     _start_head(root, init, max(timeout, 180))
+    _wait_server(root, timeout)
     for setting in SERVER_SETTINGS:
         _qmgr(root, setting, timeout)
     if gpus:
@@ -376,6 +377,28 @@ def _start_head(root: Path, init: str, timeout: float) -> None:
             sys.stderr.write(f"slurmlaunch dev-cluster: PBS's datastore was not listening in time when its "
                              f"database was created (a busy machine); starting the head host again "
                              f"({attempt + 1} of {HEAD_START_TRIES})\n")
+
+
+# What PBS's clients say while pbs_server is not listening (yet): "Connection refused", then this
+SERVER_DOWN = "cannot connect to server"
+
+
+def _wait_server(root: Path, timeout: float) -> None:
+    """Wait (``timeout`` seconds at most) until the head host's pbs_server answers a client. `pbs_init.d start`
+    returns once the daemons are started, and on a busy machine pbs_server was still initializing then: the
+    first qmgr's connection was refused. Any other failure is said at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _in(root, HEAD, [str(PBS_EXEC / "bin" / "qstat"), "-B"], "asking the PBS server", timeout)
+            return
+        except DevClusterError as e:
+            if SERVER_DOWN not in str(e):
+                raise
+            if time.monotonic() > deadline:
+                raise DevClusterError(f"the PBS server on {HEAD} did not accept a connection within {timeout:.0f}s "
+                                      f"of its start: {e}") from None
+        time.sleep(0.3)
 
 
 def node_states(root: Path, timeout: float = 30.0) -> dict[str, str]:
