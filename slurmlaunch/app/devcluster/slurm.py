@@ -141,19 +141,34 @@ def accounting_missing() -> str | None:
     return None
 
 
+def db_tmpdir(root: Path) -> Path:
+    """The cluster's own directory for MariaDB's temporary tables, not the machine's /tmp: with /tmp shared, the
+    clusters that started at the same moment lost each other's ("Could not remove temporary table
+    '/tmp/#sql-temptable-...', error: 2", then "Unknown table 'mysql.tmp_user_sys'"): 5 of 18 bootstraps, 6 at
+    once, failed so; with a directory each, none of 24."""
+    d = root / "dbtmp"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def install_db(root: Path, inside: tuple[str, ...] = ()) -> None:
+    """MariaDB's system tables in ROOT/db (``inside``: as start_accounting's)."""
+    r = subprocess.run([*inside, _tool("mariadb-install-db"), "--no-defaults", f"--datadir={root / 'db'}",
+                        f"--tmpdir={db_tmpdir(root)}", "--user=root", "--skip-test-db"], capture_output=True, text=True)
+    if r.returncode != 0:  # its own words, or a failed cluster start says only "exit status 1"
+        raise DevClusterError(f"mariadb-install-db failed (exit {r.returncode}): {(r.stdout + r.stderr)[-1500:]}")
+
+
 def start_accounting(root: Path, conf: Path, dbd_port: int, timeout: float, inside: tuple[str, ...] = ()) -> None:
     """MariaDB on a unix socket only, then slurmdbd on it, then the cluster registered: sacct works.
     ``inside`` prefixes every command (the hub's ``nsenter`` in the networked mode)."""
     db = root / "db"
     sock = root / "mysql.sock"
     if not db.exists():
-        r = subprocess.run([*inside, _tool("mariadb-install-db"), "--no-defaults", f"--datadir={db}", "--user=root",
-                            "--skip-test-db"], capture_output=True, text=True)
-        if r.returncode != 0:  # its own words, or a failed cluster start says only "exit status 1"
-            raise DevClusterError(f"mariadb-install-db failed (exit {r.returncode}): {(r.stdout + r.stderr)[-1500:]}")
+        install_db(root, inside)
     subprocess.Popen([*inside, _tool("mariadbd"), "--no-defaults", f"--datadir={db}", f"--socket={sock}",
                       "--skip-networking", f"--pid-file={root}/mariadb.pid", "--user=root",
-                      f"--log-error={root}/log/mariadb.log"],
+                      f"--tmpdir={db_tmpdir(root)}", f"--log-error={root}/log/mariadb.log"],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True)
     _wait_pidfile(root / "mariadb.pid", timeout)
